@@ -1,0 +1,54 @@
+# Berth: `make demo` runs the portal on a demo cluster; `make test` runs the whole suite.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+export PG_PORT ?= 55433
+export REDIS_PORT ?= 56379
+export DATABASE_URL ?= postgres://berth:berth@127.0.0.1:$(PG_PORT)/berth
+export REDIS_URL ?= redis://127.0.0.1:$(REDIS_PORT)/0
+export DJANGO_SETTINGS_MODULE ?= portal.settings
+PORT ?= 8000
+
+.PHONY: venv lock services stop migrate demo-data demo test test-fast lint typecheck bench clean
+
+$(BIN)/.installed: pyproject.toml requirements.lock
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements.lock
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e .
+	touch $@
+
+venv: $(BIN)/.installed
+
+lock:  ## re-resolve the pinned tree after editing pyproject.toml
+	$(BIN)/pip install -q -e '.[dev]' && $(BIN)/pip freeze --exclude-editable | grep -v '^-e' > requirements.lock
+
+services:
+	@scripts/services.sh start
+
+stop:
+	@scripts/demo.sh stop 2>/dev/null || true
+	@scripts/services.sh stop
+
+migrate: venv services
+	$(BIN)/python manage.py migrate --noinput
+
+demo: venv services
+	@scripts/demo.sh start
+
+test: venv services
+	@scripts/test.sh
+
+test-fast: venv services  ## skip Slurm, browser and slow tests
+	$(BIN)/pytest -q -m "not slurm and not e2e and not slow"
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+
+typecheck: venv
+	$(BIN)/mypy scheduling/engine forecasting/core scheduling/backends scheduling/sim
+
+clean: stop
+	rm -rf .run

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class ForecastingConfig(AppConfig):
+    name = "forecasting"
+    default_auto_field = "django.db.models.BigAutoField"

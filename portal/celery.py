@@ -1,0 +1,11 @@
+"""The Celery app shared by the worker and beat; configuration comes from Django settings."""
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+
+app = Celery("berth")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()

@@ -1,0 +1,63 @@
+"""The one protocol every cluster backend implements (DESIGN §5).
+
+Backends translate and never decide: the engine's `Plan` says what to do, a backend does it
+and reports what really runs.  Repeating an action that is already done counts as success.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol, runtime_checkable
+
+from scheduling.engine.types import Node, Plan
+
+
+class BackendError(Exception):
+    """The backend could not be reached or refused an action; callers retry."""
+
+
+class ObservedState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    PREEMPTED = "preempted"
+    LOST = "lost"
+
+
+@dataclass(frozen=True, slots=True)
+class ObservedJob:
+    job_id: str  # Berth's id for the job (backends map their own ids to it)
+    state: ObservedState
+    gpu_ids: tuple[int, ...] = ()
+    started_at: float | None = None
+    ended_at: float | None = None
+    backend_ref: str = ""  # the backend's own id (Slurm job id, pod name)
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ObservedCluster:
+    at: float
+    nodes: tuple[Node, ...]
+    jobs: tuple[ObservedJob, ...]
+    is_degraded: bool = False
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ActionResult:
+    action: str  # "start" | "preempt" | "reserve" | "release" | "cancel"
+    target_id: str
+    is_ok: bool
+    message: str = ""
+    backend_ref: str = ""
+
+
+@runtime_checkable
+class ClusterBackend(Protocol):
+    def snapshot(self) -> ObservedCluster: ...
+
+    def apply(self, plan: Plan) -> list[ActionResult]: ...
