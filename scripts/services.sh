@@ -8,7 +8,14 @@ RUN="$PWD/.run"
 PG_PORT=${PG_PORT:-55433}
 REDIS_PORT=${REDIS_PORT:-56379}
 PGBIN=${PGBIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n1)}
-PGDATA="$RUN/pg/data"
+PGDIR="$RUN/pg"
+# As root the server runs as "postgres", which must reach its directory; a clone under a private
+# home (mode 700) is not reachable, so fall back to a per-checkout directory under /var/tmp.
+if [ "$(id -u)" = 0 ] && id postgres >/dev/null 2>&1 && ! runuser -u postgres -- test -x "$(dirname "$RUN")" 2>/dev/null; then
+  PGDIR="/var/tmp/berth-pg-$(printf '%s' "$PWD" | md5sum | cut -c1-8)"
+fi
+PGDATA="$PGDIR/data"
+export PGOPTIONS="-c client_min_messages=warning"
 
 as_pg() {  # PostgreSQL refuses to run as root: use the postgres account when we are root
   if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
@@ -17,16 +24,16 @@ as_pg() {  # PostgreSQL refuses to run as root: use the postgres account when we
 pg_start() {
   [ -n "${DATABASE_URL:-}" ] && { echo "DATABASE_URL set: not starting PostgreSQL"; return; }
   [ -x "$PGBIN/initdb" ] || { echo "PostgreSQL server not found (apt-get install postgresql)" >&2; exit 1; }
-  mkdir -p "$RUN/pg"
-  [ "$(id -u)" = 0 ] && chown postgres: "$RUN/pg"
+  mkdir -p "$PGDIR"
+  if [ "$(id -u)" = 0 ]; then chown postgres: "$PGDIR"; fi
   if [ ! -s "$PGDATA/PG_VERSION" ]; then
-    as_pg "$PGBIN/initdb" -D "$PGDATA" -U postgres -A trust --no-sync -E UTF8 >"$RUN/pg/initdb.log"
+    as_pg "$PGBIN/initdb" -D "$PGDATA" -U postgres -A trust --no-sync -E UTF8 >"$PGDIR/initdb.log"
   fi
   if as_pg "$PGBIN/pg_ctl" -D "$PGDATA" status >/dev/null 2>&1; then
     echo "PostgreSQL already running on 127.0.0.1:$PG_PORT"
   else
-    as_pg "$PGBIN/pg_ctl" -D "$PGDATA" -l "$RUN/pg/server.log" -w -o \
-      "-p $PG_PORT -k $RUN/pg -c listen_addresses=127.0.0.1 -c max_connections=300 -c fsync=off -c synchronous_commit=off -c full_page_writes=off" start >/dev/null
+    as_pg "$PGBIN/pg_ctl" -D "$PGDATA" -l "$PGDIR/server.log" -w -o \
+      "-p $PG_PORT -k $PGDIR -c listen_addresses=127.0.0.1 -c max_connections=300 -c fsync=off -c synchronous_commit=off -c full_page_writes=off" start >/dev/null
     echo "PostgreSQL started on 127.0.0.1:$PG_PORT"
   fi
   psql "host=127.0.0.1 port=$PG_PORT user=postgres dbname=postgres" -qtA -v ON_ERROR_STOP=1 <<'SQL' >/dev/null
