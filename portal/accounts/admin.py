@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+from django.contrib import admin
+
+from portal.accounts.models import Membership, Project, Quota
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 0
+    autocomplete_fields = ["user"]
+
+
+class QuotaInline(admin.TabularInline):
+    model = Quota
+    extra = 0
+
+
+@admin.register(Project)
+class ProjectAdmin(admin.ModelAdmin):
+    list_display = ["name", "slug", "fair_share_weight", "is_active", "created_at"]
+    list_filter = ["is_active"]
+    search_fields = ["name", "slug"]
+    prepopulated_fields = {"slug": ["name"]}
+    inlines = [MembershipInline, QuotaInline]
+
+
+@admin.register(Membership)
+class MembershipAdmin(admin.ModelAdmin):
+    list_display = ["user", "project", "role", "created_at"]
+    list_filter = ["role", "project"]
+    search_fields = ["user__username", "user__email", "project__name", "project__slug"]
+    list_select_related = ["user", "project"]
+    autocomplete_fields = ["user", "project"]
+
+
+@admin.register(Quota)
+class QuotaAdmin(admin.ModelAdmin):
+    list_display = ["project", "gpu_type", "guaranteed_gpus", "borrow_limit_gpus"]
+    list_filter = ["gpu_type"]
+    search_fields = ["project__name", "project__slug", "gpu_type__name"]
+    list_select_related = ["project", "gpu_type"]
