@@ -1,0 +1,31 @@
+# One image for web (gunicorn), Celery worker and Celery beat; docker-compose.yml picks the command.
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    DJANGO_SETTINGS_MODULE=portal.settings \
+    STATIC_ROOT=/app/staticfiles \
+    PORT=8000
+
+WORKDIR /app
+
+# The pinned tree first, so that code changes do not reinstall it. psycopg[binary] bundles libpq
+# and the Prophet wheel bundles CmdStan, so no compiler or system library is needed.
+COPY requirements.lock ./
+RUN pip install -r requirements.lock
+
+COPY . .
+RUN pip install --no-deps -e . \
+ && DJANGO_SECRET_KEY=collectstatic-only python manage.py collectstatic --noinput -v 0 \
+ && useradd --system --uid 10001 --home-dir /app --shell /usr/sbin/nologin berth \
+ && chown -R berth /app/staticfiles
+
+USER berth
+EXPOSE 8000
+
+HEALTHCHECK --interval=30s --timeout=5s --start-period=20s \
+  CMD python -c "import os, urllib.request; urllib.request.urlopen(f'http://127.0.0.1:{os.environ[\"PORT\"]}/login/', timeout=4)" || exit 1
+
+CMD ["sh", "-c", "exec gunicorn portal.wsgi:application --bind 0.0.0.0:${PORT} --workers ${WEB_CONCURRENCY:-3} --access-logfile - --error-logfile -"]

@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# The demo lab: migrate, load the demo cluster, run web + Celery worker + Celery beat on loopback.
+#   scripts/demo.sh start   # foreground; Ctrl-C stops what it started
+#   scripts/demo.sh stop    # stops a demo started elsewhere (make stop)
+#   scripts/demo.sh status
+# `make demo` runs `scripts/services.sh start` first (project-local PostgreSQL and Redis).
+# Environment: PORT (8000), DATABASE_URL, REDIS_URL, DEMO_ARGS (extra demo_lab flags, e.g. "--reset").
+# Logs and pid files: .run/demo/{web,worker,beat}.{log,pid}.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT="$PWD"
+BIN="$ROOT/.venv/bin"
+RUN="$ROOT/.run/demo"
+PORT=${PORT:-8000}
+HOST=127.0.0.1
+export DJANGO_SETTINGS_MODULE=${DJANGO_SETTINGS_MODULE:-portal.settings}
+export PG_PORT=${PG_PORT:-55433}
+export REDIS_PORT=${REDIS_PORT:-56379}
+export DATABASE_URL=${DATABASE_URL:-postgres://berth:berth@127.0.0.1:$PG_PORT/berth}
+export REDIS_URL=${REDIS_URL:-redis://127.0.0.1:$REDIS_PORT/0}
+# Celery refuses nothing as root with JSON-only serialisation; the warning only adds noise to the log.
+export C_FORCE_ROOT=${C_FORCE_ROOT:-1}
+SERVICES=(web worker beat)
+
+is_running() {  # is_running NAME: the pid file names a live process
+  local pidfile="$RUN/$1.pid"
+  [ -s "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null
+}
+
+stop_one() {  # stop_one NAME: TERM, wait up to 15 s (Celery finishes its task), then KILL
+  local name=$1 pidfile="$RUN/$1.pid" pid
+  [ -s "$pidfile" ] || return 0
+  pid=$(cat "$pidfile")
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$pid" 2>/dev/null; then
+      echo "  $name (pid $pid) did not stop in 15 s: killing it"
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+    echo "  stopped $name (pid $pid)"
+  fi
+  rm -f "$pidfile"
+}
+
+stop_all() {
+  local name
+  # Beat first so that it sends nothing more, web last so that the page answers until the end.
+  for name in beat worker web; do stop_one "$name"; done
+}
+
+launch() {  # launch NAME CMD...: background, own session (Ctrl-C reaches only this script), log + pid
+  local name=$1; shift
+  : >"$RUN/$name.log"
+  setsid "$@" >>"$RUN/$name.log" 2>&1 </dev/null &
+  echo $! >"$RUN/$name.pid"
+}
+
+wait_for_web() {
+  local url="http://$HOST:$PORT/login/"
+  for _ in $(seq 150); do
+    if "$BIN/python" - "$url" <<'PY' 2>/dev/null; then return 0; fi
+import sys, urllib.request
+with urllib.request.urlopen(sys.argv[1], timeout=2) as r:  # noqa: S310 - loopback URL built above
+    sys.exit(0 if r.status == 200 else 1)
+PY
+    is_running web || return 1
+    sleep 0.2
+  done
+  return 1
+}
+
+start() {
+  [ -x "$BIN/python" ] || { echo "no virtualenv in .venv: run 'make demo' (it creates one)" >&2; exit 1; }
+  mkdir -p "$RUN"
+  local name
+  for name in "${SERVICES[@]}"; do
+    if is_running "$name"; then
+      echo "the demo is already running ($name pid $(cat "$RUN/$name.pid")): 'make stop' first" >&2
+      exit 1
+    fi
+  done
+  if (exec 3<>"/dev/tcp/$HOST/$PORT") 2>/dev/null; then
+    echo "port $PORT on $HOST is taken: choose another with PORT=8010 make demo" >&2
+    exit 1
+  fi
+
+  echo "==> migrate"
+  "$BIN/python" manage.py migrate --noinput | grep -v '^  Applying' || true
+  echo "==> collectstatic"
+  "$BIN/python" manage.py collectstatic --noinput -v 0
+  echo "==> demo lab"
+  # shellcheck disable=SC2086  # DEMO_ARGS is a list of flags on purpose
+  "$BIN/python" manage.py demo_lab ${DEMO_ARGS:-} | tee "$RUN/demo_lab.log"
+
+  trap 'echo; echo "==> stopping"; stop_all; exit 0' INT TERM
+  echo "==> starting web, worker and beat (logs in .run/demo/)"
+  launch web "$BIN/gunicorn" portal.wsgi:application --bind "$HOST:$PORT" --workers 2 --threads 2 \
+    --timeout 60 --access-logfile - --error-logfile -
+  launch worker "$BIN/celery" -A portal worker --loglevel INFO --concurrency 1 --hostname "berth-demo@%h"
+  launch beat "$BIN/celery" -A portal beat --loglevel INFO \
+    --scheduler django_celery_beat.schedulers:DatabaseScheduler
+
+  if ! wait_for_web; then
+    echo "the web server did not come up; last lines of .run/demo/web.log:" >&2
+    tail -n 20 "$RUN/web.log" >&2 || true
+    stop_all
+    exit 1
+  fi
+
+  cat <<EOF
+
+  Berth demo is running:  http://$HOST:$PORT/
+  API:                    http://$HOST:$PORT/api/v1/   (docs: http://$HOST:$PORT/api/docs/)
+  Logs:                   .run/demo/web.log  .run/demo/worker.log  .run/demo/beat.log
+
+EOF
+  sed -n '/^Logins/,$p' "$RUN/demo_lab.log"
+  echo
+  echo "Press Ctrl-C to stop (or run 'make stop' from another terminal)."
+
+  # Stay in the foreground; if one of the three dies, say so and stop the others.
+  while true; do
+    for name in "${SERVICES[@]}"; do
+      if [ ! -e "$RUN/$name.pid" ]; then  # 'make stop' removed it: stopped on purpose
+        echo "stopped from elsewhere (make stop)"; stop_all; exit 0
+      fi
+      if ! is_running "$name"; then
+        echo "$name exited; last lines of .run/demo/$name.log:" >&2
+        tail -n 20 "$RUN/$name.log" >&2 || true
+        stop_all
+        exit 1
+      fi
+    done
+    sleep 2
+  done
+}
+
+status() {
+  local name
+  for name in "${SERVICES[@]}"; do
+    if is_running "$name"; then echo "$name: running (pid $(cat "$RUN/$name.pid"))"; else echo "$name: stopped"; fi
+  done
+}
+
+case "${1:-start}" in
+  start) start ;;
+  stop) mkdir -p "$RUN"; stop_all ;;
+  status) status ;;
+  *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+esac
