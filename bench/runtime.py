@@ -72,7 +72,7 @@ def _score(pred: np.ndarray, actual: np.ndarray) -> dict[str, float]:
         "within_2x": float(np.mean((ratio >= 0.5) & (ratio <= 2.0))),
         "mae_s": float(np.mean(np.abs(p - a))),
         "median_ae_s": float(np.median(np.abs(p - a))),
-        "n": int(len(a)),
+        "n": len(a),
     }
 
 
