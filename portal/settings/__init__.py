@@ -110,6 +110,18 @@ LOGOUT_REDIRECT_URL = "login"
 
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", default=256 * 1024)
 
+# ---- booking and job limits (scheduling.services) ----
+# A booking may start this far in the past (clock skew, slow forms) and no further.
+BERTH_BOOKING_PAST_TOLERANCE_S = env.int("BERTH_BOOKING_PAST_TOLERANCE_S", default=5 * 60)
+BERTH_BOOKING_MAX_ADVANCE_S = env.int("BERTH_BOOKING_MAX_ADVANCE_S", default=90 * 86_400)
+BERTH_BOOKING_MAX_DURATION_S = env.int("BERTH_BOOKING_MAX_DURATION_S", default=7 * 86_400)
+BERTH_JOB_MAX_REQUESTED_S = env.int("BERTH_JOB_MAX_REQUESTED_S", default=30 * 86_400)
+# How far ahead a refused booking looks for the nearest free alternative windows.
+BERTH_ALTERNATIVES_HORIZON_S = env.int("BERTH_ALTERNATIVES_HORIZON_S", default=14 * 86_400)
+# Availability queries: smallest step and most steps in one answer.
+BERTH_AVAILABILITY_MIN_STEP_S = env.int("BERTH_AVAILABILITY_MIN_STEP_S", default=5 * 60)
+BERTH_AVAILABILITY_MAX_STEPS = env.int("BERTH_AVAILABILITY_MAX_STEPS", default=2_000)
+
 # Where the real public traces live (read-only); the project ships small samples of its own.
 TRACES_DIR = env.path("BERTH_TRACES_DIR", default=BASE_DIR.parent / "shared" / "traces")
 

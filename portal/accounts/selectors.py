@@ -1,0 +1,58 @@
+"""Reads about projects and memberships, scoped by who asks."""
+
+from __future__ import annotations
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db.models import Prefetch, QuerySet
+from django.http import Http404
+
+from portal.accounts.models import Membership, Project, Quota
+
+AnyUser = AbstractBaseUser | AnonymousUser
+
+
+def _is_staff(user: AnyUser) -> bool:
+    return bool(getattr(user, "is_staff", False))
+
+
+def membership_role_get(user: AnyUser, *, project_id: int) -> str | None:
+    """The user's role in the project (``member``/``manager``), or ``None`` if not a member."""
+    if not user.is_authenticated:
+        return None
+    return (
+        Membership.objects.filter(user_id=user.pk, project_id=project_id)
+        .values_list("role", flat=True)
+        .first()
+    )
+
+
+def managed_project_ids(user: AnyUser) -> list[int]:
+    """Ids of the projects this user manages (whose members' work they may see and manage)."""
+    if not user.is_authenticated:
+        return []
+    return list(
+        Membership.objects.filter(user_id=user.pk, role=Membership.Role.MANAGER).values_list(
+            "project_id", flat=True
+        )
+    )
+
+
+def project_list(user: AnyUser) -> QuerySet[Project]:
+    """Projects the user may see: their own, or all of them for staff; quotas prefetched."""
+    qs = Project.objects.all() if _is_staff(user) else Project.objects.filter(memberships__user_id=user.pk)
+    return qs.prefetch_related(
+        Prefetch("quotas", queryset=Quota.objects.select_related("gpu_type").order_by("gpu_type__name"))
+    ).order_by("name")
+
+
+def project_get(user: AnyUser, *, slug: str) -> Project:
+    """One project by slug; a project the user is not in does not exist for them (404)."""
+    project = project_list(user).filter(slug=slug).first()
+    if project is None:
+        raise Http404("No such project.")
+    return project
+
+
+def membership_list(user: AnyUser) -> QuerySet[Membership]:
+    """The user's own memberships with their projects."""
+    return Membership.objects.filter(user_id=user.pk).select_related("project").order_by("project__name")

@@ -1,0 +1,61 @@
+"""Writes for projects, memberships and quotas (used by admin tooling, the demo lab and tests)."""
+
+from __future__ import annotations
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils.text import slugify
+
+from portal.accounts.models import Membership, Project, Quota
+from scheduling.models import GpuType
+
+
+@transaction.atomic
+def project_create(
+    *, name: str, slug: str = "", fair_share_weight: float = 1.0, description: str = ""
+) -> Project:
+    """Create a project; ``slug`` defaults to the slugified name."""
+    if fair_share_weight <= 0:
+        raise ValidationError({"fair_share_weight": "Must be greater than zero."})
+    slug = slug or slugify(name)
+    if not slug:
+        raise ValidationError({"slug": "A project needs a slug (letters, digits, dashes)."})
+    if Project.objects.filter(slug=slug).exists() or Project.objects.filter(name=name).exists():
+        raise ValidationError({"slug": "A project with this name or slug already exists."})
+    return Project.objects.create(
+        name=name, slug=slug, fair_share_weight=fair_share_weight, description=description
+    )
+
+
+@transaction.atomic
+def membership_set(
+    *, project: Project, user: AbstractBaseUser, role: str = Membership.Role.MEMBER
+) -> Membership:
+    """Add the user to the project, or change their role; idempotent."""
+    if role not in Membership.Role.values:
+        raise ValidationError({"role": f"Unknown role {role!r}."})
+    membership, _ = Membership.objects.update_or_create(
+        user_id=user.pk, project=project, defaults={"role": role}
+    )
+    return membership
+
+
+@transaction.atomic
+def quota_set(
+    *, project: Project, gpu_type: GpuType, guaranteed_gpus: int, borrow_limit_gpus: int | None = None
+) -> Quota:
+    """Set the project's guaranteed and borrowable GPUs of one type; idempotent."""
+    errors: dict[str, str] = {}
+    if guaranteed_gpus < 0:
+        errors["guaranteed_gpus"] = "Cannot be negative."
+    if borrow_limit_gpus is not None and borrow_limit_gpus < 0:
+        errors["borrow_limit_gpus"] = "Cannot be negative."
+    if errors:
+        raise ValidationError(errors)
+    quota, _ = Quota.objects.update_or_create(
+        project=project,
+        gpu_type=gpu_type,
+        defaults={"guaranteed_gpus": guaranteed_gpus, "borrow_limit_gpus": borrow_limit_gpus},
+    )
+    return quota

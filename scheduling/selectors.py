@@ -1,0 +1,405 @@
+"""Every read of scheduling data, scoped by who asks.
+
+Visibility: a user sees their own bookings and jobs, a project manager also sees those of
+their projects, staff see everything.  Anything else does not exist for the user (404).
+Availability is public to every signed-in user: it says how many GPUs are free, not whose.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.postgres.fields.ranges import DateTimeTZRange
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db.models import Count, Prefetch, Q, QuerySet
+from django.http import Http404
+from django.utils import timezone
+
+from portal.accounts.models import Membership, Project
+from scheduling.models import Allocation, AuditEvent, Booking, Cluster, Gpu, GpuType, Job, Node
+
+AnyUser = AbstractBaseUser | AnonymousUser
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _is_staff(user: AnyUser) -> bool:
+    return bool(getattr(user, "is_staff", False))
+
+
+def _visible_q(user: AnyUser) -> Q:
+    """Own objects, plus those of projects the user manages (one subquery, no extra round trip)."""
+    managed = Membership.objects.filter(user_id=user.pk, role=Membership.Role.MANAGER).values("project_id")
+    return Q(user_id=user.pk) | Q(project_id__in=managed)
+
+
+# ---- bookings and jobs ----
+
+
+def booking_list(
+    user: AnyUser,
+    *,
+    status: Sequence[str] = (),
+    project_slug: str | None = None,
+    mine_only: bool = False,
+) -> QuerySet[Booking]:
+    """Bookings the user may see, newest start first, with everything the API shows preloaded."""
+    qs = Booking.objects.all()
+    if mine_only:
+        qs = qs.filter(user_id=user.pk)
+    elif not _is_staff(user):
+        qs = qs.filter(_visible_q(user))
+    if status:
+        qs = qs.filter(status__in=status)
+    if project_slug:
+        qs = qs.filter(project__slug=project_slug)
+    held = Allocation.objects.exclude(state=Allocation.State.RELEASED).only("id", "gpu_id", "booking_id")
+    return qs.select_related("user", "project", "cluster", "gpu_type").prefetch_related(
+        Prefetch("allocations", queryset=held.order_by("gpu_id"), to_attr="held_allocations")
+    )
+
+
+def booking_get(user: AnyUser, *, booking_id: int) -> Booking:
+    """One visible booking, else 404 (another user's booking does not exist for you)."""
+    booking = booking_list(user).filter(pk=booking_id).first()
+    if booking is None:
+        raise Http404("No such booking.")
+    return booking
+
+
+def job_list(
+    user: AnyUser,
+    *,
+    status: Sequence[str] = (),
+    project_slug: str | None = None,
+    mine_only: bool = False,
+) -> QuerySet[Job]:
+    """Jobs the user may see, newest submission first."""
+    qs = Job.objects.all()
+    if mine_only:
+        qs = qs.filter(user_id=user.pk)
+    elif not _is_staff(user):
+        qs = qs.filter(_visible_q(user))
+    if status:
+        qs = qs.filter(status__in=status)
+    if project_slug:
+        qs = qs.filter(project__slug=project_slug)
+    return qs.select_related("user", "project", "cluster", "gpu_type")
+
+
+def job_get(user: AnyUser, *, job_id: int) -> Job:
+    """One visible job, else 404."""
+    job = job_list(user).filter(pk=job_id).first()
+    if job is None:
+        raise Http404("No such job.")
+    return job
+
+
+def audit_event_list(
+    user: AnyUser, *, entity_type: str | None = None, entity_id: int | None = None
+) -> QuerySet[AuditEvent]:
+    """The audit log; staff only (it names every user's actions)."""
+    if not _is_staff(user):
+        raise PermissionDenied("The audit log is for staff.")
+    qs = AuditEvent.objects.select_related("actor")
+    if entity_type:
+        qs = qs.filter(entity_type=entity_type)
+    if entity_id is not None:
+        qs = qs.filter(entity_id=entity_id)
+    return qs
+
+
+# ---- inventory ----
+
+
+def gpu_type_list() -> QuerySet[GpuType]:
+    return GpuType.objects.order_by("name")
+
+
+def cluster_list() -> QuerySet[Cluster]:
+    return Cluster.objects.filter(is_active=True).order_by("name")
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterCapacity:
+    gpu_type: str
+    gpu_count: int  # all GPUs of the type in the cluster
+    up_gpu_count: int  # on nodes that are up (bookable)
+
+
+def cluster_capacity() -> dict[int, list[ClusterCapacity]]:
+    """GPUs per cluster and type, in one grouped query."""
+    rows = (
+        Node.objects.values("cluster_id", "gpu_type__name")
+        .annotate(
+            total=Count("gpus"),
+            up=Count("gpus", filter=Q(status=Node.Status.UP)),
+        )
+        .order_by("cluster_id", "gpu_type__name")
+    )
+    out: dict[int, list[ClusterCapacity]] = defaultdict(list)
+    for row in rows:
+        out[row["cluster_id"]].append(ClusterCapacity(row["gpu_type__name"], row["total"], row["up"]))
+    return out
+
+
+# ---- availability ----
+
+
+@dataclass(frozen=True, slots=True)
+class AvailabilitySlot:
+    start_at: datetime
+    end_at: datetime
+    free_gpus: int  # GPUs free during the whole slot
+
+
+@dataclass(frozen=True, slots=True)
+class Availability:
+    gpu_type: str
+    cluster: str | None
+    capacity: int  # GPUs of the type on up nodes
+    step_s: int
+    slots: tuple[AvailabilitySlot, ...]
+
+
+def _validate_query_window(*, start_at: datetime, end_at: datetime, step_s: int) -> int:
+    errors: dict[str, list[str]] = defaultdict(list)
+    for name, value in (("start", start_at), ("end", end_at)):
+        if timezone.is_naive(value):
+            errors[name].append("Give a timezone (for example 2026-01-31T09:00:00Z).")
+    if errors:
+        raise ValidationError(dict(errors))
+    if end_at <= start_at:
+        errors["end"].append("The end must be after the start.")
+    if step_s < settings.BERTH_AVAILABILITY_MIN_STEP_S:
+        errors["step"].append(f"The step is at least {settings.BERTH_AVAILABILITY_MIN_STEP_S} s.")
+    if errors:
+        raise ValidationError(dict(errors))
+    steps = math.ceil((end_at - start_at).total_seconds() / step_s)
+    if steps > settings.BERTH_AVAILABILITY_MAX_STEPS:
+        raise ValidationError(
+            {"step": [f"At most {settings.BERTH_AVAILABILITY_MAX_STEPS} steps; use a larger step or window."]}
+        )
+    return steps
+
+
+def availability_get(
+    *,
+    gpu_type_name: str,
+    start_at: datetime,
+    end_at: datetime,
+    step_s: int = 3600,
+    cluster_name: str | None = None,
+) -> Availability:
+    """Free GPUs of one type per time step over ``[start_at, end_at)``.
+
+    A GPU counts as free in a step only if nothing holds it at any instant of that step, so
+    a step's count is what one could book for that whole step.  Two queries (capacity,
+    overlapping allocations) and a sweep in Python: O(allocations log allocations + steps).
+    """
+    steps = _validate_query_window(start_at=start_at, end_at=end_at, step_s=step_s)
+    node_filter = Q(nodes__status=Node.Status.UP, nodes__cluster__is_active=True)
+    if cluster_name:
+        node_filter &= Q(nodes__cluster__name=cluster_name)
+    row = (
+        GpuType.objects.filter(name=gpu_type_name)
+        .annotate(capacity=Count("nodes__gpus", filter=node_filter))
+        .values_list("id", "capacity")
+        .first()
+    )
+    if row is None:
+        raise ValidationError({"gpu_type": [f"Unknown GPU type {gpu_type_name!r}."]})
+    gpu_type_id, capacity = row
+
+    allocations = (
+        Allocation.objects.filter(
+            gpu__node__gpu_type_id=gpu_type_id,
+            gpu__node__status=Node.Status.UP,
+            gpu__node__cluster__is_active=True,
+            period__overlap=DateTimeTZRange(start_at, end_at, "[)"),
+        )
+        .exclude(state=Allocation.State.RELEASED)
+        .order_by()
+    )
+    if cluster_name:
+        allocations = allocations.filter(gpu__node__cluster__name=cluster_name)
+
+    t0 = (start_at - _EPOCH).total_seconds()
+    t_end = (end_at - _EPOCH).total_seconds()
+    spans: list[tuple[int, int, int]] = []  # (gpu_id, first step, last step) inclusive
+    for gpu_id, period in allocations.values_list("gpu_id", "period"):
+        lo = t0 if period.lower is None else max(t0, (period.lower - _EPOCH).total_seconds())
+        hi = t_end if period.upper is None else min(t_end, (period.upper - _EPOCH).total_seconds())
+        if hi <= lo:
+            continue
+        spans.append((gpu_id, int((lo - t0) // step_s), math.ceil((hi - t0) / step_s) - 1))
+    spans.sort()
+
+    # Merge each GPU's spans so a GPU held twice within one step is counted once.
+    busy_delta = [0] * (steps + 1)
+    current: tuple[int, int, int] | None = None
+    for span in spans:
+        if current is not None and span[0] == current[0] and span[1] <= current[2] + 1:
+            current = (current[0], current[1], max(current[2], span[2]))
+            continue
+        if current is not None:
+            busy_delta[current[1]] += 1
+            busy_delta[current[2] + 1] -= 1
+        current = span
+    if current is not None:
+        busy_delta[current[1]] += 1
+        busy_delta[current[2] + 1] -= 1
+
+    slots: list[AvailabilitySlot] = []
+    busy = 0
+    step = timedelta(seconds=step_s)
+    for i in range(steps):
+        busy += busy_delta[i]
+        slot_start = start_at + i * step
+        slots.append(AvailabilitySlot(slot_start, min(slot_start + step, end_at), max(capacity - busy, 0)))
+    return Availability(gpu_type_name, cluster_name, capacity, step_s, tuple(slots))
+
+
+# ---- conflicts: alternatives and quota peaks ----
+
+
+@dataclass(frozen=True, slots=True)
+class Alternative:
+    """A free window offered when a booking is refused."""
+
+    cluster: str
+    gpu_type: str
+    gpu_count: int
+    start_at: datetime
+    end_at: datetime
+
+
+def _earliest_start(
+    *,
+    gpu_ids: Sequence[int],
+    busy: dict[int, list[tuple[datetime, datetime | None]]],
+    gpu_count: int,
+    duration: timedelta,
+    start_at: datetime,
+    latest_start: datetime,
+) -> datetime | None:
+    """Earliest ``t`` in ``[start_at, latest_start]`` with ``gpu_count`` GPUs free over ``[t, t+duration)``.
+
+    Only ``start_at`` and the instants where an allocation ends can be the earliest such ``t``.
+    """
+    candidates = {start_at}
+    for gpu_id in gpu_ids:
+        for _, upper in busy.get(gpu_id, ()):
+            if upper is not None and start_at < upper <= latest_start:
+                candidates.add(upper)
+    for t in sorted(candidates)[: settings.BERTH_AVAILABILITY_MAX_STEPS]:
+        end = t + duration
+        free = 0
+        for gpu_id in gpu_ids:
+            if all(
+                (upper is not None and upper <= t) or lower >= end for lower, upper in busy.get(gpu_id, ())
+            ):
+                free += 1
+                if free >= gpu_count:
+                    return t
+    return None
+
+
+def booking_alternatives(
+    *,
+    gpu_type: GpuType,
+    gpu_count: int,
+    start_at: datetime,
+    end_at: datetime,
+    cluster_ids: Sequence[int] | None = None,
+    limit: int = 3,
+) -> list[Alternative]:
+    """The nearest free windows of the same length: the earliest for the requested type first,
+    then the earliest for other types with enough memory, each at or after ``start_at``.
+
+    Three queries (types, GPUs, overlapping allocations) whatever the horizon.
+    """
+    duration = end_at - start_at
+    latest_start = start_at + timedelta(seconds=settings.BERTH_ALTERNATIVES_HORIZON_S)
+    types = {
+        t.pk: t for t in GpuType.objects.filter(Q(pk=gpu_type.pk) | Q(memory_gib__gte=gpu_type.memory_gib))
+    }
+    gpus = Gpu.objects.filter(
+        node__gpu_type_id__in=list(types),
+        node__status=Node.Status.UP,
+        node__cluster__is_active=True,
+    )
+    if cluster_ids is not None:
+        gpus = gpus.filter(node__cluster_id__in=cluster_ids)
+    groups: dict[tuple[int, int, str], list[int]] = defaultdict(list)
+    for gpu_id, type_id, cluster_id, cluster_name in gpus.values_list(
+        "id", "node__gpu_type_id", "node__cluster_id", "node__cluster__name"
+    ):
+        groups[(type_id, cluster_id, cluster_name)].append(gpu_id)
+    busy: dict[int, list[tuple[datetime, datetime | None]]] = defaultdict(list)
+    window = DateTimeTZRange(start_at, latest_start + duration, "[)")
+    all_gpu_ids = [g for ids in groups.values() for g in ids]
+    for gpu_id, period in (
+        Allocation.objects.filter(gpu_id__in=all_gpu_ids, period__overlap=window)
+        .exclude(state=Allocation.State.RELEASED)
+        .values_list("gpu_id", "period")
+    ):
+        busy[gpu_id].append((period.lower or start_at, period.upper))
+
+    best_by_type: dict[int, Alternative] = {}
+    for (type_id, _cluster_id, cluster_name), gpu_ids in sorted(groups.items(), key=lambda kv: kv[0][2]):
+        if len(gpu_ids) < gpu_count:
+            continue
+        t = _earliest_start(
+            gpu_ids=gpu_ids,
+            busy=busy,
+            gpu_count=gpu_count,
+            duration=duration,
+            start_at=start_at,
+            latest_start=latest_start,
+        )
+        if t is None:
+            continue
+        known = best_by_type.get(type_id)
+        if known is None or t < known.start_at:
+            best_by_type[type_id] = Alternative(cluster_name, types[type_id].name, gpu_count, t, t + duration)
+    same = [best_by_type.pop(gpu_type.pk)] if gpu_type.pk in best_by_type else []
+    others = sorted(best_by_type.values(), key=lambda a: (a.start_at, a.gpu_type))
+    return (same + others)[:limit]
+
+
+def peak_concurrent_gpus(
+    *,
+    project: Project,
+    gpu_type: GpuType,
+    start_at: datetime,
+    end_at: datetime,
+    exclude_booking_id: int | None = None,
+) -> int:
+    """Most GPUs of the type the project's open bookings hold at one instant within the window."""
+    bookings = Booking.objects.filter(
+        project=project,
+        gpu_type=gpu_type,
+        status__in=Booking.OPEN_STATUSES,
+        start_at__lt=end_at,
+        end_at__gt=start_at,
+    )
+    if exclude_booking_id is not None:
+        bookings = bookings.exclude(pk=exclude_booking_id)
+    events: list[tuple[datetime, int]] = []
+    for b_start, b_end, count in bookings.values_list("start_at", "end_at", "gpu_count"):
+        events.append((max(b_start, start_at), count))
+        events.append((min(b_end, end_at), -count))
+    # Ends sort before starts at the same instant: [a, b) and [b, c) do not overlap.
+    events.sort(key=lambda e: (e[0], e[1]))
+    peak = current = 0
+    for _, delta in events:
+        current += delta
+        peak = max(peak, current)
+    return peak

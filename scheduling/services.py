@@ -1,0 +1,829 @@
+"""Every write to bookings, jobs and allocations, with an audit event for each state change.
+
+Locking protocol (keep it when adding writers, e.g. the engine's plan persistence):
+
+* a writer that places allocations locks the ``Node`` rows of the GPU type it places on,
+  in id order, with ``select_for_update`` before reading what is free; concurrent bookings
+  of the same type are then serialized instead of racing;
+* a writer that changes one booking or job locks that row first, then nodes;
+* the btree_gist exclusion constraint on ``Allocation`` stays the last line of defence for
+  any writer that skipped the lock: an exclusion violation makes ``booking_create`` pick
+  again (twice), then refuse with the nearest alternatives.
+
+Services raise ``django.core.exceptions.ValidationError`` with field keys (400),
+``PermissionDenied`` (403) when the user may not act on the project or object, and
+``BookingConflictError`` (409) when the GPUs are taken.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg.errors
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.postgres.fields.ranges import DateTimeTZRange
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import IntegrityError, transaction
+from django.db.models import Exists, OuterRef
+from django.utils import timezone
+
+from portal.accounts.models import Membership, Project, Quota
+from scheduling.models import (
+    Allocation,
+    AuditEvent,
+    Booking,
+    Cluster,
+    Gpu,
+    GpuType,
+    Job,
+    Node,
+)
+from scheduling.selectors import (
+    Alternative,
+    booking_alternatives,
+    peak_concurrent_gpus,
+)
+
+logger = logging.getLogger(__name__)
+
+# How many times booking_create picks GPUs again after the exclusion constraint refused its pick.
+_PLACEMENT_ATTEMPTS = 3
+
+
+class BookingConflictError(Exception):
+    """The requested GPUs are not free; carries the nearest free alternative windows (409)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        alternatives: Sequence[Alternative] = (),
+        fields: dict[str, list[str]] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.alternatives = list(alternatives)
+        self.fields = fields or {}
+
+
+# ---- audit ----
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def _booking_state(booking: Booking) -> dict[str, Any]:
+    return {
+        "status": booking.status,
+        "start_at": _iso(booking.start_at),
+        "end_at": _iso(booking.end_at),
+        "ended_at": _iso(booking.ended_at),
+        "gpu_count": booking.gpu_count,
+    }
+
+
+def _job_state(job: Job) -> dict[str, Any]:
+    return {
+        "status": job.status,
+        "started_at": _iso(job.started_at),
+        "ended_at": _iso(job.ended_at),
+        "attempt": job.attempt,
+    }
+
+
+def _allocation_state(allocation: Allocation) -> dict[str, Any]:
+    period = allocation.period
+    return {
+        "gpu_id": allocation.gpu_id,
+        "state": allocation.state,
+        "lower": _iso(period.lower),
+        "upper": _iso(period.upper),
+        "is_preemptible": allocation.is_preemptible,
+    }
+
+
+def _actor_id(actor: AbstractBaseUser | None) -> int | None:
+    return int(actor.pk) if actor is not None and actor.pk is not None else None
+
+
+def audit_event_record(
+    *,
+    actor: AbstractBaseUser | None,
+    actor_label: str,
+    verb: str,
+    entity_type: str,
+    entity_id: int,
+    before: dict[str, Any] | None,
+    after: dict[str, Any] | None,
+    at: datetime,
+) -> AuditEvent:
+    """Write one audit event; call it inside the transaction that makes the change."""
+    return AuditEvent.objects.create(
+        actor_id=_actor_id(actor),
+        actor_label=actor_label,
+        verb=verb,
+        entity_type=entity_type,
+        entity_id=entity_id,
+        before=before,
+        after=after,
+        at=at,
+    )
+
+
+def _allocation_events(
+    *,
+    changes: Iterable[tuple[Allocation, dict[str, Any] | None]],
+    actor: AbstractBaseUser | None,
+    actor_label: str,
+    verb: str,
+    at: datetime,
+) -> None:
+    """One audit event per changed allocation, in one INSERT."""
+    AuditEvent.objects.bulk_create(
+        AuditEvent(
+            actor_id=_actor_id(actor),
+            actor_label=actor_label,
+            verb=verb,
+            entity_type="allocation",
+            entity_id=allocation.pk,
+            before=before,
+            after=_allocation_state(allocation),
+            at=at,
+        )
+        for allocation, before in changes
+    )
+
+
+# ---- shared checks ----
+
+
+def _now(now: datetime | None) -> datetime:
+    return now if now is not None else timezone.now()
+
+
+def _require_member(user: AbstractBaseUser, *, project: Project) -> None:
+    """Members act for their project; staff may act for any project."""
+    if getattr(user, "is_staff", False):
+        return
+    if not Membership.objects.filter(user_id=user.pk, project=project).exists():
+        raise PermissionDenied("You are not a member of this project.")
+
+
+def _require_can_manage(user: AbstractBaseUser, *, owner_id: int, project_id: int) -> None:
+    """The owner, a manager of the object's project, or staff may change it."""
+    if getattr(user, "is_staff", False) or user.pk == owner_id:
+        return
+    is_manager = Membership.objects.filter(
+        user_id=user.pk, project_id=project_id, role=Membership.Role.MANAGER
+    ).exists()
+    if not is_manager:
+        raise PermissionDenied("Only the owner or a project manager may change this.")
+
+
+def _validate_window(*, start_at: datetime, end_at: datetime, now: datetime) -> None:
+    errors: dict[str, list[str]] = defaultdict(list)
+    for name, value in (("start_at", start_at), ("end_at", end_at)):
+        if timezone.is_naive(value):
+            errors[name].append("Give a timezone (for example 2026-01-31T09:00:00Z).")
+    if errors:
+        raise ValidationError(dict(errors))
+    if end_at <= start_at:
+        errors["end_at"].append("The end must be after the start.")
+    if start_at < now - timedelta(seconds=settings.BERTH_BOOKING_PAST_TOLERANCE_S):
+        errors["start_at"].append("The start is in the past.")
+    max_advance = timedelta(seconds=settings.BERTH_BOOKING_MAX_ADVANCE_S)
+    if start_at > now + max_advance:
+        errors["start_at"].append(f"Bookings open at most {max_advance.days} days ahead.")
+    max_duration = timedelta(seconds=settings.BERTH_BOOKING_MAX_DURATION_S)
+    if end_at - start_at > max_duration:
+        errors["end_at"].append(f"A booking lasts at most {_human(max_duration)}.")
+    if errors:
+        raise ValidationError(dict(errors))
+
+
+def _human(delta: timedelta) -> str:
+    hours = delta.total_seconds() / 3600
+    return f"{hours / 24:g} days" if hours >= 48 else f"{hours:g} hours"
+
+
+def _is_exclusion_violation(exc: IntegrityError) -> bool:
+    return isinstance(exc.__cause__, psycopg.errors.ExclusionViolation)
+
+
+def _lock_nodes(*, gpu_type: GpuType, cluster_ids: Sequence[int]) -> None:
+    """Serialize placements on one GPU type (see the locking protocol in the module docstring)."""
+    list(
+        Node.objects.select_for_update()
+        .filter(gpu_type=gpu_type, cluster_id__in=cluster_ids)
+        .order_by("id")
+        .values_list("id", flat=True)
+    )
+
+
+# ---- booking placement ----
+
+
+@dataclass(frozen=True, slots=True)
+class _FreeNode:
+    node_id: int
+    name: str
+    cluster_id: int
+    gpu_ids: tuple[int, ...]
+
+
+def _free_nodes(*, gpu_type: GpuType, cluster_ids: Sequence[int], period: DateTimeTZRange) -> list[_FreeNode]:
+    """GPUs of the type on up nodes with no blocking allocation overlapping ``period``."""
+    busy = Allocation.objects.filter(gpu_id=OuterRef("pk"), period__overlap=period).exclude(
+        state=Allocation.State.RELEASED
+    )
+    rows = (
+        Gpu.objects.filter(
+            ~Exists(busy),
+            node__gpu_type=gpu_type,
+            node__cluster_id__in=cluster_ids,
+            node__status=Node.Status.UP,
+        )
+        .order_by("node_id", "index")
+        .values_list("id", "node_id", "node__name", "node__cluster_id")
+    )
+    by_node: dict[int, list[int]] = defaultdict(list)
+    meta: dict[int, tuple[str, int]] = {}
+    for gpu_id, node_id, node_name, cluster_id in rows:
+        by_node[node_id].append(gpu_id)
+        meta[node_id] = (node_name, cluster_id)
+    return [_FreeNode(n, meta[n][0], meta[n][1], tuple(g)) for n, g in by_node.items()]
+
+
+def _pick_gpus(nodes: Sequence[_FreeNode], *, gpu_count: int) -> tuple[tuple[int, ...], int] | None:
+    """Choose GPUs in one cluster: one node when it fits there, else as few nodes as possible.
+
+    Returns ``(gpu_ids, cluster_id)`` or ``None``.  One-node picks take the node with the
+    fewest free GPUs that still fits (best fit keeps large holes for large requests).
+    """
+    by_cluster: dict[int, list[_FreeNode]] = defaultdict(list)
+    for node in nodes:
+        by_cluster[node.cluster_id].append(node)
+    best: tuple[tuple[int, int, str], tuple[int, ...], int] | None = None
+    for cluster_id, members in by_cluster.items():
+        fitting = [n for n in members if len(n.gpu_ids) >= gpu_count]
+        if fitting:
+            node = min(fitting, key=lambda n: (len(n.gpu_ids), n.name))
+            key = (1, len(node.gpu_ids) - gpu_count, node.name)
+            pick = node.gpu_ids[:gpu_count]
+        else:
+            if sum(len(n.gpu_ids) for n in members) < gpu_count:
+                continue
+            # Fill the largest holes first, then finish on the best-fitting node.
+            remaining = gpu_count
+            chosen: list[int] = []
+            pool = sorted(members, key=lambda n: (-len(n.gpu_ids), n.name))
+            while remaining > 0:
+                fits = [n for n in pool if len(n.gpu_ids) >= remaining]
+                if fits:
+                    node = min(fits, key=lambda n: (len(n.gpu_ids), n.name))
+                    chosen.extend(node.gpu_ids[:remaining])
+                    remaining = 0
+                else:
+                    node = pool.pop(0)
+                    chosen.extend(node.gpu_ids)
+                    remaining -= len(node.gpu_ids)
+            key = (2, len(chosen), "")
+            pick = tuple(chosen)
+        if best is None or key < best[0]:
+            best = (key, tuple(pick), cluster_id)
+    if best is None:
+        return None
+    return best[1], best[2]
+
+
+def _capacity_by_cluster(*, gpu_type: GpuType, cluster_ids: Sequence[int]) -> dict[int, int]:
+    counts: dict[int, int] = defaultdict(int)
+    for cluster_id in Gpu.objects.filter(
+        node__gpu_type=gpu_type, node__cluster_id__in=cluster_ids
+    ).values_list("node__cluster_id", flat=True):
+        counts[cluster_id] += 1
+    return counts
+
+
+def _check_booking_quota(
+    *,
+    project: Project,
+    gpu_type: GpuType,
+    gpu_count: int,
+    start_at: datetime,
+    end_at: datetime,
+    exclude_booking_id: int | None = None,
+) -> None:
+    quota = Quota.objects.filter(project=project, gpu_type=gpu_type).first()
+    if quota is None or quota.max_gpus is None:
+        return
+    peak = peak_concurrent_gpus(
+        project=project,
+        gpu_type=gpu_type,
+        start_at=start_at,
+        end_at=end_at,
+        exclude_booking_id=exclude_booking_id,
+    )
+    if peak + gpu_count > quota.max_gpus:
+        raise ValidationError(
+            {
+                "gpu_count": (
+                    f"Project {project.slug} may hold at most {quota.max_gpus} {gpu_type.name} GPUs at once "
+                    f"and already has {peak} booked in that window."
+                )
+            }
+        )
+
+
+def booking_create(
+    user: AbstractBaseUser,
+    *,
+    project: Project,
+    gpu_type: GpuType,
+    gpu_count: int,
+    start_at: datetime,
+    end_at: datetime,
+    cluster: Cluster | None = None,
+    note: str = "",
+    actor_label: str = AuditEvent.Actor.USER,
+    now: datetime | None = None,
+) -> Booking:
+    """Book ``gpu_count`` GPUs of ``gpu_type`` over ``[start_at, end_at)`` on concrete GPUs.
+
+    Picks free GPUs on one node when the count fits one node (best fit), else across as few
+    nodes of one cluster as possible, and inserts one allocation per GPU.  Raises
+    ``ValidationError`` for bad input, ``PermissionDenied`` for a project the user is not in
+    and ``BookingConflictError`` (with the nearest free windows) when the GPUs are taken.
+    Nothing is written unless the whole booking succeeds.
+    """
+    now = _now(now)
+    _validate_window(start_at=start_at, end_at=end_at, now=now)
+    if gpu_count < 1:
+        raise ValidationError({"gpu_count": "Book at least one GPU."})
+    _require_member(user, project=project)
+    if not project.is_active:
+        raise ValidationError({"project": "This project is archived."})
+
+    clusters = [cluster] if cluster is not None else list(Cluster.objects.filter(is_active=True))
+    if cluster is not None and not cluster.is_active:
+        raise ValidationError({"cluster": "This cluster is not active."})
+    cluster_ids = [c.pk for c in clusters]
+    capacity = _capacity_by_cluster(gpu_type=gpu_type, cluster_ids=cluster_ids)
+    largest = max(capacity.values(), default=0)
+    if largest == 0:
+        raise ValidationError({"gpu_type": f"No cluster here has {gpu_type.name} GPUs."})
+    if gpu_count > largest:
+        raise ValidationError(
+            {
+                "gpu_count": (
+                    f"At most {largest} {gpu_type.name} GPUs exist in one cluster; asked for {gpu_count}."
+                )
+            }
+        )
+    _check_booking_quota(
+        project=project, gpu_type=gpu_type, gpu_count=gpu_count, start_at=start_at, end_at=end_at
+    )
+
+    period = DateTimeTZRange(start_at, end_at, "[)")
+    for attempt in range(_PLACEMENT_ATTEMPTS):
+        try:
+            with transaction.atomic():
+                _lock_nodes(gpu_type=gpu_type, cluster_ids=cluster_ids)
+                pick = _pick_gpus(
+                    _free_nodes(gpu_type=gpu_type, cluster_ids=cluster_ids, period=period),
+                    gpu_count=gpu_count,
+                )
+                if pick is None:
+                    break
+                gpu_ids, cluster_id = pick
+                booking = Booking.objects.create(
+                    user=user,
+                    project=project,
+                    cluster_id=cluster_id,
+                    gpu_type=gpu_type,
+                    gpu_count=gpu_count,
+                    start_at=start_at,
+                    end_at=end_at,
+                    note=note,
+                    status=Booking.Status.CONFIRMED,
+                )
+                allocations = Allocation.objects.bulk_create(
+                    Allocation(gpu_id=g, booking=booking, period=period, state=Allocation.State.PLANNED)
+                    for g in gpu_ids
+                )
+                audit_event_record(
+                    actor=user,
+                    actor_label=actor_label,
+                    verb="booking.create",
+                    entity_type="booking",
+                    entity_id=booking.pk,
+                    before=None,
+                    after={**_booking_state(booking), "gpu_ids": list(gpu_ids), "cluster_id": cluster_id},
+                    at=now,
+                )
+                _allocation_events(
+                    changes=((a, None) for a in allocations),
+                    actor=user,
+                    actor_label=actor_label,
+                    verb="allocation.create",
+                    at=now,
+                )
+                return booking
+        except IntegrityError as exc:
+            if not _is_exclusion_violation(exc):
+                raise
+            # Another writer (one that skipped the node lock) took a GPU between our read
+            # and our insert: read again and pick other GPUs.
+            logger.info("booking_create: exclusion violation on attempt %d; picking again", attempt + 1)
+
+    alternatives = booking_alternatives(
+        gpu_type=gpu_type,
+        gpu_count=gpu_count,
+        start_at=start_at,
+        end_at=end_at,
+        cluster_ids=cluster_ids,
+    )
+    raise BookingConflictError(
+        f"{gpu_count} {gpu_type.name} GPU(s) are not free from {start_at:%Y-%m-%d %H:%M} "
+        f"to {end_at:%Y-%m-%d %H:%M} UTC.",
+        alternatives=alternatives,
+        fields={"start_at": ["Not enough free GPUs in this window."]},
+    )
+
+
+def _lock_booking(booking: Booking) -> Booking:
+    return Booking.objects.select_for_update().get(pk=booking.pk)
+
+
+def _close_allocations(
+    allocations: Iterable[Allocation],
+    *,
+    at: datetime,
+    actor: AbstractBaseUser | None,
+    actor_label: str,
+    verb: str,
+) -> None:
+    """End blocking allocations at ``at``: truncate what had started, release what had not."""
+    changed: list[tuple[Allocation, dict[str, Any]]] = []
+    for allocation in allocations:
+        if allocation.state in (Allocation.State.RELEASED, Allocation.State.ENDED):
+            continue
+        before = _allocation_state(allocation)
+        lower, upper = allocation.period.lower, allocation.period.upper
+        if lower is not None and lower < at:
+            if upper is None or upper > at:
+                allocation.period = DateTimeTZRange(lower, at, "[)")
+            allocation.state = Allocation.State.ENDED
+        else:
+            allocation.state = Allocation.State.RELEASED
+        changed.append((allocation, before))
+    if changed:
+        Allocation.objects.bulk_update([a for a, _ in changed], ["period", "state"])
+        _allocation_events(changes=changed, actor=actor, actor_label=actor_label, verb=verb, at=at)
+
+
+@transaction.atomic
+def booking_cancel(
+    booking: Booking,
+    *,
+    user: AbstractBaseUser,
+    actor_label: str = AuditEvent.Actor.USER,
+    now: datetime | None = None,
+) -> Booking:
+    """Cancel an open booking.
+
+    Before its start, its allocations are released (they stop blocking at once).  After its
+    start, it ends now: allocations are truncated to ``[start, now)`` and kept as history.
+    """
+    now = _now(now)
+    booking = _lock_booking(booking)
+    _require_can_manage(user, owner_id=booking.user_id, project_id=booking.project_id)
+    if booking.status not in Booking.OPEN_STATUSES:
+        raise ValidationError({"status": f"This booking is already {booking.status}."})
+    before = _booking_state(booking)
+    booking.status = Booking.Status.CANCELLED
+    if booking.start_at < now:
+        booking.ended_at = now
+    booking.save(update_fields=["status", "ended_at", "updated_at"])
+    _close_allocations(
+        booking.allocations.all(), at=now, actor=user, actor_label=actor_label, verb="allocation.cancel"
+    )
+    audit_event_record(
+        actor=user,
+        actor_label=actor_label,
+        verb="booking.cancel",
+        entity_type="booking",
+        entity_id=booking.pk,
+        before=before,
+        after=_booking_state(booking),
+        at=now,
+    )
+    return booking
+
+
+@transaction.atomic
+def booking_end_early(
+    booking: Booking,
+    *,
+    user: AbstractBaseUser,
+    actor_label: str = AuditEvent.Actor.USER,
+    now: datetime | None = None,
+) -> Booking:
+    """End a running booking now; its GPUs are free again from now on.
+
+    Only for a booking that has started and not yet ended (use ``booking_cancel`` before the start).
+    """
+    now = _now(now)
+    booking = _lock_booking(booking)
+    _require_can_manage(user, owner_id=booking.user_id, project_id=booking.project_id)
+    if booking.status not in Booking.OPEN_STATUSES:
+        raise ValidationError({"status": f"This booking is already {booking.status}."})
+    if now <= booking.start_at:
+        raise ValidationError({"status": "This booking has not started yet; cancel it instead."})
+    if now >= booking.end_at:
+        raise ValidationError({"status": "This booking has already ended."})
+    before = _booking_state(booking)
+    booking.status = Booking.Status.COMPLETED
+    booking.ended_at = now
+    booking.save(update_fields=["status", "ended_at", "updated_at"])
+    _close_allocations(
+        booking.allocations.all(), at=now, actor=user, actor_label=actor_label, verb="allocation.end"
+    )
+    audit_event_record(
+        actor=user,
+        actor_label=actor_label,
+        verb="booking.end_early",
+        entity_type="booking",
+        entity_id=booking.pk,
+        before=before,
+        after=_booking_state(booking),
+        at=now,
+    )
+    return booking
+
+
+def _extension_limit(*, gpu_ids: Sequence[int], after: datetime, exclude_booking_id: int) -> datetime | None:
+    """The earliest start of another blocking allocation on these GPUs at or after ``after``."""
+    starts = (
+        Allocation.objects.filter(gpu_id__in=gpu_ids, period__overlap=DateTimeTZRange(after, None, "[)"))
+        .exclude(state=Allocation.State.RELEASED)
+        .exclude(booking_id=exclude_booking_id)
+        .values_list("period", flat=True)
+    )
+    lowers = [max(p.lower, after) for p in starts if p.lower is not None]
+    return min(lowers, default=None)
+
+
+def booking_extend(
+    booking: Booking,
+    *,
+    user: AbstractBaseUser,
+    end_at: datetime,
+    actor_label: str = AuditEvent.Actor.USER,
+    now: datetime | None = None,
+) -> Booking:
+    """Move an open booking's end later, on the same GPUs, atomically.
+
+    Raises ``BookingConflictError`` when another allocation starts on one of its GPUs before
+    the new end; its one alternative is the latest end that is still free.
+    """
+    now = _now(now)
+    if timezone.is_naive(end_at):
+        raise ValidationError({"end_at": "Give a timezone (for example 2026-01-31T09:00:00Z)."})
+    with transaction.atomic():
+        booking = _lock_booking(booking)
+        _require_can_manage(user, owner_id=booking.user_id, project_id=booking.project_id)
+        if booking.status not in Booking.OPEN_STATUSES:
+            raise ValidationError({"status": f"This booking is already {booking.status}."})
+        if booking.end_at <= now:
+            raise ValidationError({"status": "This booking has already ended."})
+        if end_at <= booking.end_at:
+            raise ValidationError({"end_at": "The new end must be after the current end."})
+        max_duration = timedelta(seconds=settings.BERTH_BOOKING_MAX_DURATION_S)
+        if end_at - booking.start_at > max_duration:
+            raise ValidationError({"end_at": f"A booking lasts at most {_human(max_duration)}."})
+        if end_at > now + timedelta(seconds=settings.BERTH_BOOKING_MAX_ADVANCE_S):
+            raise ValidationError({"end_at": "That is too far ahead."})
+        _check_booking_quota(
+            project=booking.project,
+            gpu_type=booking.gpu_type,
+            gpu_count=booking.gpu_count,
+            start_at=booking.start_at,
+            end_at=end_at,
+            exclude_booking_id=booking.pk,
+        )
+        _lock_nodes(gpu_type=booking.gpu_type, cluster_ids=[booking.cluster_id])
+        allocations = list(booking.allocations.exclude(state=Allocation.State.RELEASED))
+        gpu_ids = [a.gpu_id for a in allocations]
+        limit = _extension_limit(gpu_ids=gpu_ids, after=booking.end_at, exclude_booking_id=booking.pk)
+        conflict = limit is not None and limit < end_at
+        if not conflict:
+            changed = []
+            for allocation in allocations:
+                before = _allocation_state(allocation)
+                allocation.period = DateTimeTZRange(allocation.period.lower, end_at, "[)")
+                changed.append((allocation, before))
+            try:
+                with transaction.atomic():
+                    Allocation.objects.bulk_update([a for a, _ in changed], ["period"])
+            except IntegrityError as exc:
+                if not _is_exclusion_violation(exc):
+                    raise
+                conflict = True
+        if not conflict:
+            before_booking = _booking_state(booking)
+            booking.end_at = end_at
+            booking.save(update_fields=["end_at", "updated_at"])
+            _allocation_events(
+                changes=changed, actor=user, actor_label=actor_label, verb="allocation.extend", at=now
+            )
+            audit_event_record(
+                actor=user,
+                actor_label=actor_label,
+                verb="booking.extend",
+                entity_type="booking",
+                entity_id=booking.pk,
+                before=before_booking,
+                after=_booking_state(booking),
+                at=now,
+            )
+            return booking
+    alternatives: list[Alternative] = []
+    if limit is not None and limit > booking.end_at:
+        alternatives.append(
+            Alternative(
+                cluster=booking.cluster.name,
+                gpu_type=booking.gpu_type.name,
+                gpu_count=booking.gpu_count,
+                start_at=booking.start_at,
+                end_at=limit,
+            )
+        )
+    raise BookingConflictError(
+        "Its GPUs are booked by someone else before the new end"
+        + (f"; it can be extended until {limit:%Y-%m-%d %H:%M} UTC." if limit is not None else "."),
+        alternatives=alternatives,
+        fields={"end_at": ["The GPUs are not free until then."]},
+    )
+
+
+# ---- jobs ----
+
+
+def _job_candidate_types(
+    *, gpu_type: GpuType | None, min_memory_gib: float, precisions: Sequence[str]
+) -> list[GpuType]:
+    types = [gpu_type] if gpu_type is not None else list(GpuType.objects.all())
+    wanted = set(precisions)
+    return [t for t in types if t.memory_gib >= min_memory_gib and wanted <= set(t.precisions)]
+
+
+def job_submit(
+    user: AbstractBaseUser,
+    *,
+    project: Project,
+    name: str,
+    gpu_count: int,
+    cluster: Cluster | None = None,
+    gpu_type: GpuType | None = None,
+    kind: str = Job.Kind.BATCH,
+    min_memory_gib: float = 0.0,
+    precisions: Sequence[str] = (),
+    requested_s: int | None = None,
+    is_preemptible: bool = False,
+    is_checkpointable: bool = False,
+    checkpoint_interval_s: int | None = None,
+    priority: int = Job.Priority.NORMAL,
+    payload: dict[str, Any] | None = None,
+    actor_label: str = AuditEvent.Actor.USER,
+    now: datetime | None = None,
+) -> Job:
+    """Queue a job; the engine places it in a later round and explains why it waits.
+
+    Checks that some GPU type in the cluster satisfies the type, memory and precision
+    constraints with at least ``gpu_count`` GPUs (else the job could never run).
+    """
+    now = _now(now)
+    errors: dict[str, list[str]] = defaultdict(list)
+    if not name.strip():
+        errors["name"].append("Give the job a name.")
+    if gpu_count < 1:
+        errors["gpu_count"].append("A job needs at least one GPU.")
+    if min_memory_gib < 0:
+        errors["min_memory_gib"].append("Cannot be negative.")
+    if requested_s is not None and not 0 < requested_s <= settings.BERTH_JOB_MAX_REQUESTED_S:
+        errors["requested_s"].append(
+            f"Give a runtime estimate between 1 s and {settings.BERTH_JOB_MAX_REQUESTED_S} s."
+        )
+    if checkpoint_interval_s is not None and (not is_checkpointable or checkpoint_interval_s <= 0):
+        errors["checkpoint_interval_s"].append(
+            "Only a checkpointable job has a (positive) checkpoint interval."
+        )
+    if kind not in Job.Kind.values:
+        errors["kind"].append(f"Unknown kind {kind!r}.")
+    if priority not in Job.Priority.values:
+        errors["priority"].append(f"Unknown priority {priority!r}.")
+    if errors:
+        raise ValidationError(dict(errors))
+    _require_member(user, project=project)
+    if not project.is_active:
+        raise ValidationError({"project": "This project is archived."})
+
+    types = _job_candidate_types(gpu_type=gpu_type, min_memory_gib=min_memory_gib, precisions=precisions)
+    if not types:
+        raise ValidationError({"gpu_type": "No GPU type satisfies the memory and precision constraints."})
+    clusters = [cluster] if cluster is not None else list(Cluster.objects.filter(is_active=True))
+    best: tuple[int, Cluster] | None = None
+    for candidate in clusters:
+        for gt in types:
+            capacity = _capacity_by_cluster(gpu_type=gt, cluster_ids=[candidate.pk]).get(candidate.pk, 0)
+            if best is None or capacity > best[0]:
+                best = (capacity, candidate)
+    if best is None or best[0] == 0:
+        raise ValidationError({"gpu_type": "No cluster here has a GPU that satisfies the constraints."})
+    if gpu_count > best[0]:
+        raise ValidationError({"gpu_count": f"At most {best[0]} fitting GPUs exist in one cluster."})
+
+    with transaction.atomic():
+        job = Job.objects.create(
+            user=user,
+            project=project,
+            cluster=best[1],
+            name=name.strip(),
+            kind=kind,
+            gpu_count=gpu_count,
+            gpu_type=gpu_type,
+            min_memory_gib=min_memory_gib,
+            precisions=sorted(set(precisions)),
+            requested_s=requested_s,
+            is_preemptible=is_preemptible,
+            is_checkpointable=is_checkpointable,
+            checkpoint_interval_s=checkpoint_interval_s,
+            priority=priority,
+            payload=payload or {},
+            status=Job.Status.PENDING,
+            submitted_at=now,
+            first_submitted_at=now,
+            pending_sentence="Waiting for the next scheduling round.",
+        )
+        audit_event_record(
+            actor=user,
+            actor_label=actor_label,
+            verb="job.submit",
+            entity_type="job",
+            entity_id=job.pk,
+            before=None,
+            after=_job_state(job),
+            at=now,
+        )
+    return job
+
+
+@transaction.atomic
+def job_cancel(
+    job: Job,
+    *,
+    user: AbstractBaseUser,
+    actor_label: str = AuditEvent.Actor.USER,
+    now: datetime | None = None,
+) -> Job:
+    """Cancel a pending or running job; its GPUs are free from now on.
+
+    The backend stops a running job in the next engine round (it sees the job cancelled
+    with a ``backend_ref`` still running), so no backend call happens inside this transaction.
+    """
+    now = _now(now)
+    job = Job.objects.select_for_update().get(pk=job.pk)
+    _require_can_manage(user, owner_id=job.user_id, project_id=job.project_id)
+    if job.status not in Job.OPEN_STATUSES:
+        raise ValidationError({"status": f"This job is already {job.status}."})
+    before = _job_state(job)
+    job.status = Job.Status.CANCELLED
+    job.ended_at = now
+    job.pending_reason = Job.PendingReason.NONE
+    job.pending_sentence = ""
+    job.eta_p50_at = job.eta_p90_at = None
+    job.save(
+        update_fields=["status", "ended_at", "pending_reason", "pending_sentence", "eta_p50_at", "eta_p90_at"]
+    )
+    _close_allocations(
+        job.allocations.all(), at=now, actor=user, actor_label=actor_label, verb="allocation.cancel"
+    )
+    audit_event_record(
+        actor=user,
+        actor_label=actor_label,
+        verb="job.cancel",
+        entity_type="job",
+        entity_id=job.pk,
+        before=before,
+        after=_job_state(job),
+        at=now,
+    )
+    return job

@@ -1,0 +1,83 @@
+"""Small fixtures shared by the database tests: one cluster of A100 nodes and a project member."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import pytest
+from django.contrib.auth.models import User
+from django.utils import timezone
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from portal.accounts.models import Membership, Project
+from scheduling.models import Cluster, GpuType, Node
+from tests.factories import (
+    ClusterFactory,
+    GpuTypeFactory,
+    MembershipFactory,
+    NodeFactory,
+    ProjectFactory,
+    UserFactory,
+)
+
+
+@pytest.fixture
+def a100() -> GpuType:
+    return GpuTypeFactory(name="A100", memory_gib=80.0, precisions=["fp64", "tf32", "bf16", "fp16"])
+
+
+@pytest.fixture
+def cluster() -> Cluster:
+    return ClusterFactory(name="alpha")
+
+
+@pytest.fixture
+def nodes(cluster: Cluster, a100: GpuType) -> list[Node]:
+    """Two up nodes of four A100s each: eight bookable GPUs."""
+    return [NodeFactory(cluster=cluster, gpu_type=a100, name=f"a{i}", gpu_count=4) for i in range(2)]
+
+
+@pytest.fixture
+def project() -> Project:
+    return ProjectFactory(name="Vision", slug="vision")
+
+
+@pytest.fixture
+def member(project: Project) -> User:
+    return MembershipFactory(project=project, role=Membership.Role.MEMBER).user
+
+
+@pytest.fixture
+def manager(project: Project) -> User:
+    return MembershipFactory(project=project, role=Membership.Role.MANAGER).user
+
+
+@pytest.fixture
+def outsider() -> User:
+    """A signed-in user in another project."""
+    return MembershipFactory().user
+
+
+@pytest.fixture
+def staff() -> User:
+    return UserFactory(is_staff=True)
+
+
+@pytest.fixture
+def soon() -> datetime:
+    """A whole hour a little ahead, so windows are valid but not in the past."""
+    return (timezone.now() + timedelta(hours=2)).replace(minute=0, second=0, microsecond=0)
+
+
+def token_client(user: User) -> APIClient:
+    """An API client authenticated with a real DRF token (the way scripts call the API)."""
+    client = APIClient()
+    token, _ = Token.objects.get_or_create(user=user)
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    return client
+
+
+@pytest.fixture
+def member_client(member: User) -> APIClient:
+    return token_client(member)
