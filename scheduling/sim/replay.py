@@ -1,0 +1,609 @@
+"""The replay driver: a trace plus overlays, through `plan_round`, on the simulator backend.
+
+The driver plays the portal's part (queue, bookings, predictions, policy set-up) and the
+simulator backend plays the cluster's.  Time advances from event to event: arrivals,
+completions, preemption kills, booking creation / start / owner arrival / owner leaving / end,
+and a tick while something is pending and a GPU is free (30 s, doubling up to
+``max_tick_s`` while rounds change nothing, reset by any other event).  `plan_round` runs after
+every event batch except batch arrivals while no GPU is free (nothing could start, and batch
+arrivals cannot trigger a preemption: the replay configures no guaranteed quotas).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import math
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from scheduling.backends.simulator import SimulatorBackend, TransitionKind
+from scheduling.engine.types import (
+    Booking,
+    ClusterSnapshot,
+    JobKind,
+    JobRequest,
+    Plan,
+    PolicyConfig,
+    RunningJob,
+)
+from scheduling.sim.inventory import Inventory
+from scheduling.sim.metrics import UNEXPLAINED, BookingOutcome, JobOutcome, ReplayRecord, percentile
+from scheduling.sim.overlays import HOUR_S, BookingPlan, Overlay, demand_series
+from scheduling.sim.runtime import RuntimePredictor
+from scheduling.sim.trace import Trace
+
+PlanFn = Callable[..., Plan]  # plan_round(snapshot, policy=PolicyConfig, now=float) -> Plan
+
+POLICIES = ("fifo", "easy", "static", "berth")
+
+# Event kinds, in processing order within one instant.
+_ARRIVE, _SESSION, _BK_CREATE, _BK_WAKE, _BK_OWNER_IN, _BK_OWNER_OUT, _BK_END, _TICK = range(8)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayOptions:
+    tick_s: float = 30.0
+    max_tick_s: float = 600.0
+    static_quantile: float = 95.0  # static partition sized for this percentile of overlay demand
+    headroom_quantile: float = 90.0  # berth headroom: this percentile of the same hour-of-week
+    predict_for: frozenset[str] = frozenset({"berth"})  # policies that get runtime predictions
+    strict: bool = True  # raise on a double allocation instead of refusing the start
+    horizon_s: float = 7 * 86_400.0  # bookings passed to the engine: starting before now + horizon
+    max_idle_rounds: int = 3  # stop when only ticks remain and this many rounds changed nothing
+
+
+@dataclass(slots=True)
+class _Meta:
+    request: JobRequest
+    runtime_s: float  # true total work
+    kind: JobKind
+    fits: bool  # some empty-cluster placement exists
+    started_at: float | None = None  # first start
+    saved_s: float = 0.0  # kept progress so far
+
+
+@dataclass(slots=True)
+class _BookingState:
+    plan: BookingPlan
+    gpu_ids: tuple[int, ...]
+    booking: Booking
+    owner_arrived_at: float | None = None
+    holding_since: float | None = None
+    is_closed: bool = False
+
+
+@dataclass(slots=True)
+class _Headroom:
+    """p-quantile of past hourly peaks of on-demand interactive GPU demand, per hour-of-week."""
+
+    quantile: float
+    peaks: list[int] = field(default_factory=list)  # index: hour since t = 0
+    cache: dict[int, int] = field(default_factory=dict)
+
+    def record(self, start: float, end: float, level: int) -> None:
+        if end <= start:
+            return
+        first, last = int(start // HOUR_S), int((end - 1e-9) // HOUR_S)
+        while len(self.peaks) <= last:
+            self.peaks.append(0)
+        for hour in range(first, last + 1):
+            if level > self.peaks[hour]:
+                self.peaks[hour] = level
+
+    def forecast(self, now: float) -> int:
+        hour = int(now // HOUR_S)
+        cached = self.cache.get(hour)
+        if cached is not None:
+            return cached
+        # Only hours that are complete: strictly before the current one.
+        history = self.peaks[: min(hour, len(self.peaks))]
+        same_week_hour = history[hour - 168 :: -168] if hour >= 168 else []
+        values = same_week_hour or (history[hour - 24 :: -24] if hour >= 24 else [])
+        value = math.ceil(percentile([float(v) for v in values], self.quantile)) if values else 0
+        self.cache[hour] = value
+        return value
+
+
+def policy_config(
+    policy: str, *, inventory: Inventory, overlay: Overlay, options: ReplayOptions, seed: int = 0
+) -> PolicyConfig:
+    """The per-policy set-up: ``static`` gets a fixed interactive partition sized for the
+    overlay's p95 interactive + booking demand; the others start from the defaults (``berth``'s
+    headroom is updated every hour from the forecast during the replay)."""
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
+    if policy != "static":
+        return PolicyConfig(name=policy, seed=seed)
+    demand = [float(level) for _, level in demand_series(overlay)]
+    want = math.ceil(percentile(demand, options.static_quantile))
+    partition: list[str] = []
+    covered = 0
+    for node in reversed(inventory.nodes):  # the last nodes form the partition
+        if covered >= want:
+            break
+        partition.append(node.id)
+        covered += len(node.gpu_ids)
+    return PolicyConfig(name=policy, seed=seed, interactive_partition=tuple(sorted(partition)))
+
+
+class Replay:
+    """One policy over one workload.  Use `run_replay` unless you need the internals."""
+
+    def __init__(
+        self,
+        trace: Trace,
+        inventory: Inventory,
+        overlay: Overlay,
+        *,
+        policy: str,
+        plan_fn: PlanFn,
+        predictor: RuntimePredictor | None = None,
+        options: ReplayOptions | None = None,
+        seed: int = 0,
+        config: PolicyConfig | None = None,
+    ) -> None:
+        self.trace = trace
+        self.inventory = inventory
+        self.overlay = overlay
+        self.policy = policy
+        self.plan_fn = plan_fn
+        self.options = options or ReplayOptions()
+        self.predictor = predictor if policy in self.options.predict_for else None
+        self.config = config or policy_config(
+            policy, inventory=inventory, overlay=overlay, options=self.options, seed=seed
+        )
+        self.backend = SimulatorBackend(inventory.nodes, strict=self.options.strict)
+        self.record = ReplayRecord(capacity_gpus=inventory.capacity_gpus)
+        self._capacity_by_type = Counter[str]()
+        for node in inventory.nodes:
+            self._capacity_by_type[node.gpu_type] += len(node.gpu_ids)
+        self._partition_gpus = {
+            g
+            for node in inventory.nodes
+            if node.id in self.config.interactive_partition
+            for g in node.gpu_ids
+        }
+        self._events: list[tuple[float, int, int, int]] = []
+        self._seq = 0
+        self._pending: dict[str, JobRequest] = {}
+        self._running: dict[str, RunningJob] = {}
+        self._meta: dict[str, _Meta] = {}
+        self._feasible_pending = 0
+        self._interactive_gpus = 0  # pending + running on-demand session GPUs
+        self._bookings: dict[str, _BookingState] = {}
+        self._booked: dict[int, list[tuple[float, float]]] = {}  # GPU -> booked windows
+        self._waiting_owners: list[str] = []
+        self._tick_gen = 0
+        self._tick_interval = self.options.tick_s
+        self._idle_counts: Counter[str] = Counter()
+        self._last_t = 0.0
+        self._idle_tick_rounds = 0
+        self._headroom = _Headroom(self.options.headroom_quantile)
+        self._rejected_bookings = 0
+
+    # ---- events ----
+
+    def _push(self, at: float, kind: int, index: int) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (at, kind, self._seq, index))
+
+    def _seed_events(self) -> None:
+        events: list[tuple[float, int, int, int]] = []
+        for index, job in enumerate(self.trace.jobs):
+            events.append((job.submit_at, _ARRIVE, index, index))
+        offset = len(events)
+        for index, session in enumerate(self.overlay.sessions):
+            events.append((session.submit_at, _SESSION, offset + index, index))
+        offset = len(events)
+        for index, booking in enumerate(self.overlay.bookings):
+            events.append((booking.created_at, _BK_CREATE, offset + index, index))
+        heapq.heapify(events)
+        self._events = events
+        self._seq = len(events)
+
+    # ---- main loop ----
+
+    def run(self) -> ReplayRecord:
+        """Replay everything; returns the record (metrics come from `compute_metrics`)."""
+        wall_start = time.perf_counter()
+        self._seed_events()
+        backend = self.backend
+        while True:
+            t_driver = self._events[0][0] if self._events else math.inf
+            t_backend = backend.next_event_at()
+            t = min(t_driver, t_backend if t_backend is not None else math.inf)
+            if t == math.inf:
+                break
+            self._accrue(t)
+            freed = self._handle_transitions(t)
+            kinds: set[int] = set()
+            while self._events and self._events[0][0] <= t:
+                _, kind, _, index = heapq.heappop(self._events)
+                if kind == _TICK and index != self._tick_gen:
+                    continue  # superseded tick
+                kinds.add(kind)
+                self._handle_event(kind, index, t)
+            seated = self._seat_owners(t) if self._waiting_owners else False
+            if not (freed or kinds or seated):
+                continue
+            is_tick = kinds == {_TICK} and not freed and not seated
+            if is_tick and backend.next_event_at() is None and self._only_ticks_left():
+                self._idle_tick_rounds += 1
+                if self._idle_tick_rounds > self.options.max_idle_rounds:
+                    break  # only jobs that can never start are left
+            if kinds == {_ARRIVE} and not freed and not seated and backend.free_gpu_count == 0:
+                continue  # nothing can start and a batch arrival preempts nothing
+            acted = self._round(t)
+            if acted:
+                self._idle_tick_rounds = 0
+            self._schedule_tick(t, after_tick=is_tick, acted=acted)
+        self._finish(wall_start)
+        return self.record
+
+    def _only_ticks_left(self) -> bool:
+        return all(kind == _TICK for _, kind, _, _ in self._events)
+
+    def _accrue(self, t: float) -> None:
+        dt = t - self._last_t
+        if dt > 0:
+            if self._feasible_pending:
+                self.record.add_queue_window(self._last_t, t)
+            for reason, count in self._idle_counts.items():
+                self.record.idle_gpu_s[reason] = self.record.idle_gpu_s.get(reason, 0.0) + count * dt
+            self._headroom.record(self._last_t, t, self._interactive_gpus)
+        self._last_t = t
+
+    def _schedule_tick(self, t: float, *, after_tick: bool, acted: bool) -> None:
+        self._tick_gen += 1
+        if not self._pending or self.backend.free_gpu_count == 0:
+            self._tick_interval = self.options.tick_s
+            return
+        if after_tick and not acted:
+            self._tick_interval = min(self._tick_interval * 2, self.options.max_tick_s)
+        else:
+            self._tick_interval = self.options.tick_s
+        self._push(t + self._tick_interval, _TICK, self._tick_gen)
+
+    # ---- jobs ----
+
+    def _fits(self, gpu_count: int, gpu_type: str | None) -> bool:
+        if gpu_type is None:
+            return gpu_count <= self.inventory.capacity_gpus
+        return gpu_count <= self._capacity_by_type.get(gpu_type, 0)
+
+    def _enqueue(self, request: JobRequest, meta: _Meta) -> None:
+        if self.predictor is not None and request.kind == JobKind.BATCH:
+            p50, p90 = self.predictor.predict(request)
+            if meta.saved_s:
+                # A restarted job only has its remaining work to do.
+                p50, p90 = max(p50 - meta.saved_s, 60.0), max(p90 - meta.saved_s, 60.0)
+            request = dataclasses.replace(request, predicted_p50_s=p50, predicted_p90_s=p90)
+        self._pending[request.id] = request
+        if meta.fits:
+            self._feasible_pending += 1
+        if request.kind == JobKind.INTERACTIVE:
+            self._interactive_gpus += request.gpu_count
+
+    def _handle_event(self, kind: int, index: int, t: float) -> None:
+        if kind == _ARRIVE:
+            job = self.trace.jobs[index]
+            is_preemptible = job.id in self.overlay.preemptible
+            is_checkpointable = job.id in self.overlay.checkpointable
+            request = JobRequest(
+                id=job.id,
+                user=job.user,
+                project=job.project,
+                gpu_count=job.gpu_count,
+                submit_at=job.submit_at,
+                gpu_type=job.gpu_type,
+                requested_s=job.requested_s,
+                is_preemptible=is_preemptible,
+                is_checkpointable=is_checkpointable,
+                checkpoint_interval_s=self.overlay.checkpoint_interval_s if is_checkpointable else None,
+                first_submit_at=job.submit_at,
+            )
+            fits = self._fits(job.gpu_count, job.gpu_type)
+            self._meta[job.id] = _Meta(request, job.runtime_s, JobKind.BATCH, fits)
+            self.backend.register(
+                job.id,
+                work_s=job.runtime_s,
+                is_preemptible=is_preemptible,
+                checkpoint_interval_s=request.checkpoint_interval_s,
+            )
+            self._enqueue(request, self._meta[job.id])
+        elif kind == _SESSION:
+            session = self.overlay.sessions[index]
+            request = JobRequest(
+                id=session.id,
+                user=session.user,
+                project=session.project,
+                gpu_count=session.gpu_count,
+                submit_at=session.submit_at,
+                kind=JobKind.INTERACTIVE,
+                requested_s=session.requested_s,
+                first_submit_at=session.submit_at,
+            )
+            meta = _Meta(
+                request, session.duration_s, JobKind.INTERACTIVE, self._fits(session.gpu_count, None)
+            )
+            self._meta[session.id] = meta
+            self.backend.register(session.id, work_s=session.duration_s)
+            self._enqueue(request, meta)
+        elif kind == _BK_CREATE:
+            self._create_booking(self.overlay.bookings[index], t)
+        elif kind in (_BK_WAKE, _BK_OWNER_IN, _BK_OWNER_OUT, _BK_END):
+            self._booking_event(kind, self.overlay.bookings[index], t)
+        # _TICK: nothing to do but a round
+
+    def _handle_transitions(self, t: float) -> bool:
+        transitions = self.backend.advance_to(t)
+        for tr in transitions:
+            meta = self._meta[tr.job_id]
+            running = self._running.pop(tr.job_id)
+            if meta.kind == JobKind.INTERACTIVE:
+                self._interactive_gpus -= running.job.gpu_count
+            self.record.segments.append((tr.started_at, tr.started_at + tr.saved_s, len(tr.gpu_ids)))
+            meta.saved_s += tr.saved_s
+            if tr.kind == TransitionKind.COMPLETED:
+                if meta.kind == JobKind.BATCH:
+                    self.record.jobs.append(
+                        JobOutcome(
+                            id=tr.job_id,
+                            user=meta.request.user,
+                            gpu_count=meta.request.gpu_count,
+                            submit_at=meta.request.submit_at,
+                            runtime_s=meta.runtime_s,
+                            end_at=t,
+                        )
+                    )
+                    if self.predictor is not None:
+                        self.predictor.observe(meta.request, meta.runtime_s)
+                del self._meta[tr.job_id]
+            else:
+                self.record.preemptions += 1
+                self.record.lost_gpu_s += tr.lost_s * len(tr.gpu_ids)
+                request = dataclasses.replace(
+                    running.job,
+                    submit_at=t,
+                    attempt=running.job.attempt + 1,
+                    first_submit_at=meta.request.submit_at,
+                )
+                self._enqueue(request, meta)
+        return bool(transitions)
+
+    # ---- bookings ----
+
+    def _booking_gpu_order(self) -> list[tuple[int, ...]]:
+        """Node GPU lists in the portal's preference order for bookings."""
+        nodes = list(reversed(self.inventory.nodes))
+        if self._partition_gpus:
+            nodes.sort(key=lambda node: node.id not in self.config.interactive_partition)
+        return [node.gpu_ids for node in nodes]
+
+    def _gpu_free_for(self, gpu: int, start: float, end: float, now: float) -> bool:
+        windows = self._booked.get(gpu)
+        if not windows:
+            return True
+        windows[:] = [w for w in windows if w[1] > now]
+        return all(w_end <= start or w_start >= end for w_start, w_end in windows)
+
+    def _create_booking(self, plan: BookingPlan, t: float) -> None:
+        """Assign concrete GPUs like the portal does (no overlap with other bookings)."""
+        order = self._booking_gpu_order()
+        chosen: tuple[int, ...] = ()
+        spread: list[int] = []
+        for gpu_ids in order:
+            free = [g for g in gpu_ids if self._gpu_free_for(g, plan.start_at, plan.end_at, t)]
+            if len(free) >= plan.gpu_count and not chosen:
+                chosen = tuple(free[: plan.gpu_count])
+                break
+            if len(spread) < plan.gpu_count:
+                spread.extend(free[: plan.gpu_count - len(spread)])
+        if not chosen and len(spread) == plan.gpu_count:
+            chosen = tuple(spread)
+        if not chosen:
+            self._rejected_bookings += 1
+            self.record.bookings.append(BookingOutcome(plan.id, is_honored=False))
+            return
+        for g in chosen:
+            self._booked.setdefault(g, []).append((plan.start_at, plan.end_at))
+        booking = Booking(
+            id=plan.id,
+            user=plan.user,
+            project=plan.project,
+            gpu_count=plan.gpu_count,
+            start_at=plan.start_at,
+            end_at=plan.end_at,
+            gpu_ids=tuple(sorted(chosen)),
+        )
+        state = _BookingState(plan, booking.gpu_ids, booking)
+        self._bookings[plan.id] = state
+        index = int(plan.id.split("-")[1])
+        lead = self.config.booking_lead_s + self.config.grace_s
+        if plan.start_at - lead > t:
+            self._push(plan.start_at - lead, _BK_WAKE, index)
+        self._push(plan.start_at, _BK_WAKE, index)
+        if plan.use_start_at is not None and plan.use_end_at is not None:
+            self._push(plan.use_start_at, _BK_OWNER_IN, index)
+            self._push(plan.use_end_at, _BK_OWNER_OUT, index)
+        self._push(plan.end_at, _BK_END, index)
+
+    def _booking_event(self, kind: int, plan: BookingPlan, t: float) -> None:
+        state = self._bookings.get(plan.id)
+        if state is None or state.is_closed:
+            return
+        if kind == _BK_OWNER_IN:
+            state.owner_arrived_at = t
+            state.booking = dataclasses.replace(state.booking, is_in_use=True)
+            self._waiting_owners.append(plan.id)
+        elif kind in (_BK_OWNER_OUT, _BK_END):
+            self._close_booking(state, t)
+
+    def _seat_owners(self, t: float) -> bool:
+        """Give waiting booking owners their GPUs where free; True if anyone was seated."""
+        still: list[str] = []
+        for booking_id in self._waiting_owners:
+            state = self._bookings.get(booking_id)
+            if state is None or state.is_closed:
+                continue
+            if self.backend.hold(booking_id, state.gpu_ids):
+                state.holding_since = t
+                assert state.owner_arrived_at is not None
+                wait = t - state.owner_arrived_at
+                self.record.bookings.append(
+                    BookingOutcome(
+                        booking_id, is_honored=wait <= self.config.grace_s + 1e-6, owner_wait_s=wait
+                    )
+                )
+            else:
+                still.append(booking_id)
+        seated = len(still) != len(self._waiting_owners)
+        self._waiting_owners = still
+        return seated
+
+    def _close_booking(self, state: _BookingState, t: float) -> None:
+        state.is_closed = True
+        booking_id = state.plan.id
+        if state.holding_since is not None:
+            self.backend.unhold(booking_id)
+            self.record.segments.append((state.holding_since, t, len(state.gpu_ids)))
+        elif state.owner_arrived_at is not None:
+            # The owner came and never got the GPUs.
+            self.record.bookings.append(
+                BookingOutcome(booking_id, is_honored=False, owner_wait_s=t - state.owner_arrived_at)
+            )
+        elif state.plan.use_start_at is None:
+            self.record.bookings.append(BookingOutcome(booking_id, is_honored=None))
+        # The rest of the window is given back: the portal shortens the booking.
+        del self._bookings[booking_id]
+
+    # ---- rounds ----
+
+    def _snapshot(self, t: float) -> ClusterSnapshot:
+        horizon = t + self.options.horizon_s
+        bookings = tuple(
+            state.booking for state in self._bookings.values() if state.booking.start_at < horizon
+        )
+        return ClusterSnapshot(
+            cluster=self.inventory.name,
+            gpu_types=self.inventory.gpu_types,
+            nodes=self.inventory.nodes,
+            running=tuple(self._running.values()),
+            pending=tuple(self._pending.values()),
+            bookings=bookings,
+        )
+
+    def _round(self, t: float) -> bool:
+        """One engine round at ``t``; True if the plan started or preempted anything."""
+        config = self.config
+        if self.policy == "berth":
+            headroom = self._headroom.forecast(t)
+            wanted = (("*", headroom),) if headroom else ()
+            if wanted != config.interactive_headroom:
+                config = self.config = dataclasses.replace(config, interactive_headroom=wanted)
+        snapshot = self._snapshot(t)
+        started = time.perf_counter()
+        plan = self.plan_fn(snapshot, policy=config, now=t)
+        self.record.round_ms.append((time.perf_counter() - started) * 1000.0)
+        results = self.backend.apply(plan)
+        acted = False
+        by_start = {(r.target_id): r for r in results if r.action == "start"}
+        for action in plan.starts:
+            result = by_start.get(action.job_id)
+            request = self._pending.get(action.job_id)
+            if result is None or not result.is_ok or request is None:
+                continue
+            del self._pending[action.job_id]
+            meta = self._meta[action.job_id]
+            if meta.fits:
+                self._feasible_pending -= 1
+            if meta.started_at is None:
+                meta.started_at = t
+                if meta.kind == JobKind.INTERACTIVE:
+                    self.record.interactive_waits_s.append(t - request.submit_at)
+            self._running[action.job_id] = RunningJob(
+                job=request,
+                gpu_ids=tuple(action.gpu_ids),
+                started_at=t,
+                is_preemptible=action.is_preemptible,
+            )
+            acted = True
+        for preempt, result in zip(
+            plan.preemptions, [r for r in results if r.action == "preempt"], strict=True
+        ):
+            running = self._running.get(preempt.job_id)
+            if result.is_ok and running is not None and running.grace_until is None:
+                self._running[preempt.job_id] = dataclasses.replace(running, grace_until=preempt.kill_at)
+                acted = True
+        self._count_idle(plan)
+        return acted
+
+    def _count_idle(self, plan: Plan) -> None:
+        counts: Counter[str] = Counter()
+        explained = 0
+        for gpu_id, reason in plan.idle:
+            if self.backend.is_free(gpu_id):
+                counts[reason.value] += 1
+                explained += 1
+        missing = self.backend.free_gpu_count - explained
+        if missing > 0:
+            counts[UNEXPLAINED] += missing
+        self._idle_counts = counts
+
+    def _finish(self, wall_start: float) -> None:
+        record = self.record
+        for job_id, meta in self._meta.items():
+            if meta.kind == JobKind.BATCH:
+                record.jobs.append(
+                    JobOutcome(
+                        id=job_id,
+                        user=meta.request.user,
+                        gpu_count=meta.request.gpu_count,
+                        submit_at=meta.request.submit_at,
+                        runtime_s=meta.runtime_s,
+                        end_at=None,
+                    )
+                )
+            elif meta.started_at is None:
+                record.interactive_waits_s.append(self._last_t - meta.request.submit_at)
+        for state in list(self._bookings.values()):
+            self._close_booking(state, self._last_t)
+        record.span_start = 0.0
+        record.span_end = self._last_t  # the last event: the last completion or booking end
+        record.wall_s = time.perf_counter() - wall_start
+        counters = self.backend.counters
+        record.extra = {
+            "refused_starts": counters.refused_starts,
+            "double_allocations_refused": counters.double_allocations_refused,
+            "preemptions_refused": counters.preemptions_refused,
+            "bookings_rejected": self._rejected_bookings,
+            "backend_messages": counters.messages[:10],
+        }
+
+
+def run_replay(
+    trace: Trace,
+    inventory: Inventory,
+    overlay: Overlay,
+    *,
+    policy: str,
+    plan_fn: PlanFn,
+    predictor: RuntimePredictor | None = None,
+    options: ReplayOptions | None = None,
+    seed: int = 0,
+) -> ReplayRecord:
+    """Replay ``trace`` + ``overlay`` on ``inventory`` under ``policy``; deterministic for a seed."""
+    replay = Replay(
+        trace,
+        inventory,
+        overlay,
+        policy=policy,
+        plan_fn=plan_fn,
+        predictor=predictor,
+        options=options,
+        seed=seed,
+    )
+    return replay.run()
