@@ -97,6 +97,7 @@ from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
+from pydantic import ValidationError
 
 from scheduling.backends.base import (
     ActionResult,
@@ -422,7 +423,7 @@ class KubernetesBackend:
                     "start", action.job_id, is_ok=False, message=_describe(exc), backend_ref=name
                 )
             raise _backend_error(f"create job {name}", exc) from exc
-        except urllib3.exceptions.HTTPError as exc:
+        except (urllib3.exceptions.HTTPError, ValidationError) as exc:
             raise _backend_error(f"create job {name}", exc) from exc
         prefix = "dry run: " if self.config.dry_run else ""
         nodes = ",".join(action.node_ids)
@@ -580,7 +581,7 @@ class KubernetesBackend:
             return call()
         except ApiException as exc:
             raise _backend_error(doing, exc) from exc
-        except urllib3.exceptions.HTTPError as exc:
+        except (urllib3.exceptions.HTTPError, ValidationError) as exc:
             raise _backend_error(doing, exc) from exc
 
     def _call_absent_ok(self, doing: str, call: Callable[[], object]) -> bool:
@@ -591,7 +592,7 @@ class KubernetesBackend:
             if exc.status == 404:
                 return False
             raise _backend_error(doing, exc) from exc
-        except urllib3.exceptions.HTTPError as exc:
+        except (urllib3.exceptions.HTTPError, ValidationError) as exc:
             raise _backend_error(doing, exc) from exc
         return True
 
@@ -796,6 +797,10 @@ def _describe(exc: ApiException) -> str:
 def _backend_error(doing: str, exc: Exception) -> BackendError:
     if isinstance(exc, ApiException):
         return BackendError(f"Kubernetes API: {doing} failed: {_describe(exc)}")
+    if isinstance(exc, ValidationError):
+        # The v37 client validates every response against the API schema; a proxy or an incompatible
+        # server version can send a shape it refuses.
+        return BackendError(f"Kubernetes API: {doing} returned an unexpected object: {exc}")
     return BackendError(f"Kubernetes API: {doing} failed: {type(exc).__name__}: {exc}")
 
 
