@@ -1,0 +1,141 @@
+"""Browser forms: they parse and check input; the services decide and write."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django import forms
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from portal.accounts.models import Project
+from scheduling.models import GpuType
+
+# <input type="datetime-local"> sends "2026-11-30T14:15" (no seconds, no zone).
+DATETIME_LOCAL_FORMAT = "%Y-%m-%dT%H:%M"
+DURATION_CHOICES = (
+    ("0.5", "30 minutes"),
+    ("1", "1 hour"),
+    ("2", "2 hours"),
+    ("4", "4 hours"),
+    ("8", "8 hours"),
+    ("12", "12 hours"),
+    ("24", "1 day"),
+    ("72", "3 days"),
+)
+DEFAULT_DURATION_H = "2"
+MAX_GPUS_PER_BOOKING = 64
+
+
+class DateTimeLocalInput(forms.DateTimeInput):
+    input_type = "datetime-local"
+
+    def __init__(self, attrs: dict[str, Any] | None = None) -> None:
+        super().__init__(attrs=attrs, format=DATETIME_LOCAL_FORMAT)
+
+
+def next_quarter_hour(now: datetime) -> datetime:
+    """The next quarter-hour boundary after ``now`` (a sensible default start)."""
+    base = now.replace(second=0, microsecond=0)
+    return base + timedelta(minutes=15 - base.minute % 15)
+
+
+class BookingForm(forms.Form):
+    """Book a GPU window: project, GPU type, count, start, and an end or a duration.
+
+    ``end_at`` wins over ``duration_h`` when both are given; ``window()`` returns the pair.
+    Times are read in the site time zone (UTC by default) and are aware after cleaning.
+    """
+
+    # Chosen by slug and name (not id), so availability links read well and survive a reset.
+    project = forms.ModelChoiceField(queryset=Project.objects.none(), empty_label=None, to_field_name="slug")
+    gpu_type = forms.ModelChoiceField(
+        queryset=GpuType.objects.none(), empty_label=None, to_field_name="name", label="GPU type"
+    )
+    gpu_count = forms.IntegerField(
+        label="GPUs",
+        min_value=1,
+        max_value=MAX_GPUS_PER_BOOKING,
+        initial=1,
+        widget=forms.NumberInput(attrs={"inputmode": "numeric"}),
+    )
+    start_at = forms.DateTimeField(
+        label="Start",
+        input_formats=[DATETIME_LOCAL_FORMAT, "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M"],
+        widget=DateTimeLocalInput(),
+    )
+    duration_h = forms.TypedChoiceField(
+        label="Duration",
+        choices=DURATION_CHOICES,
+        coerce=float,
+        empty_value=None,
+        initial=DEFAULT_DURATION_H,
+        required=False,
+    )
+    end_at = forms.DateTimeField(
+        label="Or an exact end",
+        required=False,
+        input_formats=[DATETIME_LOCAL_FORMAT, "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M"],
+        widget=DateTimeLocalInput(),
+        help_text="Optional; overrides the duration.",
+    )
+    note = forms.CharField(
+        required=False,
+        max_length=500,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="What the window is for (shown to admins).",
+    )
+
+    def __init__(
+        self,
+        *args: Any,
+        projects: QuerySet[Project],
+        gpu_types: QuerySet[GpuType],
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["project"].queryset = projects  # type: ignore[attr-defined]
+        self.fields["gpu_type"].queryset = gpu_types  # type: ignore[attr-defined]
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        start_at: datetime | None = cleaned.get("start_at")
+        end_at: datetime | None = cleaned.get("end_at")
+        duration_h: float | None = cleaned.get("duration_h")
+        if start_at is None:
+            return cleaned
+        if end_at is None:
+            if not duration_h:
+                self.add_error("duration_h", "Choose a duration or give an end.")
+                return cleaned
+            end_at = start_at + timedelta(hours=duration_h)
+        if end_at <= start_at:
+            self.add_error("end_at", "The end must be after the start.")
+            return cleaned
+        cleaned["end_at"] = end_at
+        return cleaned
+
+    def window(self) -> tuple[datetime, datetime]:
+        """``(start_at, end_at)`` of a valid form, both aware."""
+        return self.cleaned_data["start_at"], self.cleaned_data["end_at"]
+
+
+def booking_form_initial(
+    *, project_slug: str | None, gpu_type_name: str | None, now: datetime | None = None
+) -> dict[str, str]:
+    """Values of an empty booking form, as submitted strings: the next quarter hour, two
+    hours, one GPU.  Being strings, they serve both as ``initial`` and as data to preview
+    availability before the user changes anything.
+    """
+    start = next_quarter_hour(timezone.localtime(now or timezone.now()))
+    initial = {
+        "start_at": start.strftime(DATETIME_LOCAL_FORMAT),
+        "duration_h": DEFAULT_DURATION_H,
+        "gpu_count": "1",
+    }
+    if project_slug:
+        initial["project"] = project_slug
+    if gpu_type_name:
+        initial["gpu_type"] = gpu_type_name
+    return initial

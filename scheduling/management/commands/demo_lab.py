@@ -1,0 +1,98 @@
+"""``manage.py demo_lab``: build (or rebuild) the demo cluster, people and history."""
+
+from __future__ import annotations
+
+import time
+from argparse import ArgumentParser
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+from scheduling.management.demo_lab import (
+    DEFAULT_HISTORY_DAYS,
+    DEFAULT_SCALE,
+    DemoLabError,
+    demo_lab_build,
+    demo_lab_reset,
+)
+
+
+class Command(BaseCommand):
+    help = (
+        "Build the demo lab: a scaled-down real GPU inventory, demo users and projects with quotas, "
+        "months of job history from a real trace, and a few upcoming bookings. Idempotent."
+    )
+
+    def add_arguments(self, parser: ArgumentParser) -> None:
+        parser.add_argument(
+            "--scale",
+            type=float,
+            default=DEFAULT_SCALE,
+            help=f"fraction of the real inventory's nodes to keep (default {DEFAULT_SCALE})",
+        )
+        parser.add_argument(
+            "--history-days",
+            type=int,
+            default=DEFAULT_HISTORY_DAYS,
+            help=f"days of job history ending now (default {DEFAULT_HISTORY_DAYS})",
+        )
+        parser.add_argument(
+            "--traces",
+            type=Path,
+            default=None,
+            help="directory with the real traces (default settings.TRACES_DIR; shipped samples if absent)",
+        )
+        parser.add_argument("--reset", action="store_true", help="delete the demo lab first, then rebuild")
+        parser.add_argument("--no-bookings", action="store_true", help="skip the upcoming demo bookings")
+        parser.add_argument(
+            "--allow-production",
+            action="store_true",
+            help="run even with DJANGO_ENV=production (the demo logins have printed passwords)",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if getattr(settings, "IS_PRODUCTION", False) and not options["allow_production"]:
+            raise CommandError("refusing to create demo logins in production; pass --allow-production")
+        scale: float = options["scale"]
+        if not 0 < scale <= 1:
+            raise CommandError("--scale must be in (0, 1]")
+        if options["history_days"] < 0:
+            raise CommandError("--history-days must be >= 0")
+        traces_dir: Path | None = options["traces"] or getattr(settings, "TRACES_DIR", None)
+        if options["traces"] is not None and not options["traces"].is_dir():
+            raise CommandError(f"--traces {options['traces']}: no such directory")
+
+        started = time.monotonic()
+        if options["reset"]:
+            demo_lab_reset()
+            self.stdout.write("reset: removed the previous demo lab")
+        try:
+            report = demo_lab_build(
+                traces_dir=Path(traces_dir) if traces_dir else None,
+                scale=scale,
+                history_days=options["history_days"],
+                make_bookings=not options["no_bookings"],
+                log=self.stdout.write,
+            )
+        except DemoLabError as exc:
+            raise CommandError(str(exc)) from exc
+
+        out = self.stdout.write
+        out(f"Inventory from {report.inventory_source}")
+        types = ", ".join(f"{name} {count}" for name, count in report.gpus_by_type.items())
+        out(f"Cluster 'demo': {report.nodes} nodes, {report.gpus} GPUs ({types})")
+        out(f"Projects: {report.projects}; users created now: {report.users_created}")
+        span = ""
+        if report.history_from and report.history_to:
+            span = f" from {report.history_from:%Y-%m-%d %H:%M} to {report.history_to:%Y-%m-%d %H:%M} UTC"
+        out(f"History from {report.history_source}")
+        out(f"Jobs: {report.jobs_total} in the history{span} ({report.jobs_created} created now)")
+        out(f"Upcoming bookings created now: {report.bookings_created}")
+        for reason in report.bookings_skipped:
+            out(f"  skipped a booking: {reason}")
+        out(f"Done in {time.monotonic() - started:.1f} s")
+        out("Logins (username / password):")
+        for username, password, what in report.logins:
+            out(f"  {username:<10} {password:<12} {what}")

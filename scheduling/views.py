@@ -1,0 +1,294 @@
+"""Browser pages (server-rendered, htmx): book a GPU window, my bookings, my jobs.
+
+Each view renders its full page, or only the named partial of that page when htmx asks
+(``page.html#name``; the DOM id is the partial's name), and varies its cache on
+``HX-Request``.  Views parse input, call one selector or service and render: every write
+goes through ``scheduling.services``; bad input comes back as form errors, never a 500.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django.views.decorators.vary import vary_on_headers
+from django_htmx.http import HttpResponseClientRedirect
+from django_htmx.middleware import HtmxDetails
+
+from portal.accounts.selectors import project_list
+from scheduling.forms import BookingForm, booking_form_initial
+from scheduling.models import Booking, GpuType, Job
+from scheduling.selectors import (
+    Alternative,
+    availability_get,
+    booking_alternatives,
+    booking_list,
+    cluster_capacity,
+    gpu_type_list,
+    job_list,
+)
+from scheduling.services import BookingConflictError, booking_cancel, booking_create
+
+BOOK_TEMPLATE = "scheduling/book.html"
+BOOKINGS_TEMPLATE = "scheduling/my_bookings.html"
+JOBS_TEMPLATE = "scheduling/my_jobs.html"
+JOBS_PER_PAGE = 50
+# Status codes whose htmx responses are swapped in (base.html sets htmx's responseHandling).
+UNPROCESSABLE = 422
+CONFLICT = 409
+
+
+class HtmxHttpRequest(HttpRequest):
+    """A request that went through django-htmx's middleware (typed, as django-htmx suggests)."""
+
+    htmx: HtmxDetails
+
+
+def _render(
+    request: HtmxHttpRequest, template: str, partial: str, context: dict[str, Any], *, status: int = 200
+) -> HttpResponse:
+    """The whole page, or only ``partial`` of it for an htmx request."""
+    name = f"{template}#{partial}" if request.htmx else template
+    return render(request, name, context, status=status)
+
+
+# ---- book a GPU window ----
+
+
+@dataclass(frozen=True, slots=True)
+class AvailabilityView:
+    """What the live availability box says about the window in the form."""
+
+    gpu_type: str
+    gpu_count: int
+    start_at: datetime
+    end_at: datetime
+    capacity: int
+    free_gpus: int
+    alternatives: tuple[Alternative, ...]
+
+    @property
+    def is_enough(self) -> bool:
+        return self.free_gpus >= self.gpu_count
+
+    @property
+    def free_percent(self) -> int:
+        return round(100 * self.free_gpus / self.capacity) if self.capacity else 0
+
+
+def _booking_initial(request: HtmxHttpRequest) -> dict[str, str]:
+    """Defaults: the user's first project and the GPU type with the most bookable GPUs."""
+    project = project_list(request.user).first()
+    totals: dict[str, int] = {}
+    for capacities in cluster_capacity().values():
+        for capacity in capacities:
+            totals[capacity.gpu_type] = totals.get(capacity.gpu_type, 0) + capacity.up_gpu_count
+    gpu_type_name = max(totals, key=lambda name: (totals[name], name)) if totals else None
+    return booking_form_initial(project_slug=project.slug if project else None, gpu_type_name=gpu_type_name)
+
+
+def _booking_form(
+    request: HtmxHttpRequest, data: Any = None, *, initial: dict[str, str] | None = None
+) -> BookingForm:
+    return BookingForm(
+        data,
+        projects=project_list(request.user),
+        gpu_types=gpu_type_list().filter(nodes__cluster__is_active=True).distinct(),
+        initial=initial,
+    )
+
+
+def _availability(form: BookingForm) -> AvailabilityView | None:
+    """Free GPUs of the form's type over its whole window, and alternatives when short.
+
+    ``None`` while the form is incomplete or invalid (its errors say why on submit).
+    """
+    if not form.is_valid():
+        return None
+    gpu_type: GpuType = form.cleaned_data["gpu_type"]
+    gpu_count: int = form.cleaned_data["gpu_count"]
+    start_at, end_at = form.window()
+    step_s = max(1, int((end_at - start_at).total_seconds()))
+    try:
+        # One step as long as the window: a GPU counts only if it is free for all of it.
+        availability = availability_get(
+            gpu_type_name=gpu_type.name, start_at=start_at, end_at=end_at, step_s=step_s
+        )
+    except ValidationError:
+        return None
+    free = min((slot.free_gpus for slot in availability.slots), default=0)
+    alternatives: tuple[Alternative, ...] = ()
+    if free < gpu_count:
+        alternatives = tuple(
+            booking_alternatives(
+                gpu_type=gpu_type, gpu_count=gpu_count, start_at=start_at, end_at=end_at, limit=1
+            )
+        )
+    return AvailabilityView(
+        gpu_type=gpu_type.name,
+        gpu_count=gpu_count,
+        start_at=start_at,
+        end_at=end_at,
+        capacity=availability.capacity,
+        free_gpus=free,
+        alternatives=alternatives,
+    )
+
+
+# Service error keys that are not form fields land on the form as a whole.
+_FORM_FIELDS = frozenset({"project", "gpu_type", "gpu_count", "start_at", "end_at", "note"})
+
+
+def _add_service_errors(form: BookingForm, exc: ValidationError) -> None:
+    if hasattr(exc, "error_dict"):
+        for field, errors in exc.message_dict.items():
+            target = field if field in _FORM_FIELDS else None
+            for message in errors:
+                form.add_error(target, message)
+    else:
+        for message in exc.messages:
+            form.add_error(None, message)
+
+
+def _book_context(form: BookingForm, **extra: Any) -> dict[str, Any]:
+    return {"form": form, "availability": extra.pop("availability", None), "alternatives": (), **extra}
+
+
+@login_required
+@vary_on_headers("HX-Request")
+@require_http_methods(["GET", "POST"])
+def booking_new(request: HtmxHttpRequest) -> HttpResponse:
+    """The home page: a form to book GPUs; POST books them through ``booking_create``."""
+    if request.method == "GET":
+        initial = _booking_initial(request)
+        form = _booking_form(request, initial=initial)
+        # Show availability for the initial values at once: an unbound form is never valid,
+        # so check a bound copy of its initial data.
+        preview = _booking_form(request, initial)
+        return _render(
+            request, BOOK_TEMPLATE, "booking-form", _book_context(form, availability=_availability(preview))
+        )
+
+    form = _booking_form(request, request.POST)
+    if not form.is_valid():
+        return _render(request, BOOK_TEMPLATE, "booking-form", _book_context(form), status=UNPROCESSABLE)
+    start_at, end_at = form.window()
+    try:
+        booking = booking_create(
+            request.user,
+            project=form.cleaned_data["project"],
+            gpu_type=form.cleaned_data["gpu_type"],
+            gpu_count=form.cleaned_data["gpu_count"],
+            start_at=start_at,
+            end_at=end_at,
+            note=form.cleaned_data["note"],
+        )
+    except BookingConflictError as exc:
+        form.add_error(None, exc.message)
+        context = _book_context(form, availability=_availability(form), alternatives=tuple(exc.alternatives))
+        return _render(request, BOOK_TEMPLATE, "booking-form", context, status=CONFLICT)
+    except ValidationError as exc:
+        _add_service_errors(form, exc)
+        return _render(request, BOOK_TEMPLATE, "booking-form", _book_context(form), status=UNPROCESSABLE)
+    except PermissionDenied as exc:
+        form.add_error("project", str(exc) or "You may not book for this project.")
+        return _render(request, BOOK_TEMPLATE, "booking-form", _book_context(form), status=UNPROCESSABLE)
+
+    start, end = timezone.localtime(booking.start_at), timezone.localtime(booking.end_at)
+    messages.success(
+        request,
+        f"Booked {booking.gpu_count} {booking.gpu_type.name} GPU(s) from {start:%Y-%m-%d %H:%M} "
+        f"to {end:%Y-%m-%d %H:%M}.",
+    )
+    url = f"{reverse('my-bookings')}#booking-row-{booking.pk}"
+    if request.htmx:
+        return HttpResponseClientRedirect(url)
+    return HttpResponseRedirect(url, status=303)
+
+
+@login_required
+@vary_on_headers("HX-Request")
+@require_GET
+def booking_availability(request: HtmxHttpRequest) -> HttpResponse:
+    """The live availability box for the form's values (htmx), or the page with it (no JS)."""
+    form = _booking_form(request, request.GET)
+    availability = _availability(form)
+    if request.htmx:
+        return render(request, f"{BOOK_TEMPLATE}#availability", {"form": form, "availability": availability})
+    return render(request, BOOK_TEMPLATE, _book_context(form, availability=availability))
+
+
+# ---- my bookings ----
+
+
+def _my_booking(request: HtmxHttpRequest, booking_id: int) -> Booking:
+    """One of the user's own bookings; anyone else's (even a managed project's) is a 404 here."""
+    booking = booking_list(request.user, mine_only=True).filter(pk=booking_id).first()
+    if booking is None:
+        raise Http404("No such booking.")
+    return booking
+
+
+@login_required
+@vary_on_headers("HX-Request")
+@require_GET
+def my_bookings(request: HtmxHttpRequest) -> HttpResponse:
+    """The user's bookings: open ones first (soonest first), then the last 50 closed ones."""
+    bookings = booking_list(request.user, mine_only=True)
+    open_bookings = list(bookings.filter(status__in=Booking.OPEN_STATUSES).order_by("start_at", "id"))
+    closed_bookings = list(
+        bookings.exclude(status__in=Booking.OPEN_STATUSES).order_by("-start_at", "-id")[:50]
+    )
+    context = {"open_bookings": open_bookings, "closed_bookings": closed_bookings}
+    return _render(request, BOOKINGS_TEMPLATE, "booking-list", context)
+
+
+@login_required
+@vary_on_headers("HX-Request")
+@require_POST
+def booking_cancel_view(request: HtmxHttpRequest, booking_id: int) -> HttpResponse:
+    """Cancel one of the user's bookings; htmx gets the updated row back, others a redirect."""
+    booking = _my_booking(request, booking_id)
+    error = ""
+    try:
+        booking = booking_cancel(booking, user=request.user)
+    except (ValidationError, PermissionDenied) as exc:
+        error = " ".join(exc.messages) if isinstance(exc, ValidationError) else str(exc)
+    if request.htmx:
+        booking = _my_booking(request, booking_id)
+        return render(request, f"{BOOKINGS_TEMPLATE}#booking-row", {"booking": booking, "row_error": error})
+    if error:
+        messages.error(request, error)
+    else:
+        messages.success(request, f"Cancelled booking {booking.pk}.")
+    return HttpResponseRedirect(reverse("my-bookings"), status=303)
+
+
+# ---- my jobs ----
+
+
+@login_required
+@vary_on_headers("HX-Request")
+@require_GET
+def my_jobs(request: HtmxHttpRequest) -> HttpResponse:
+    """The user's jobs, newest first, a page at a time, optionally by status."""
+    status = request.GET.get("status", "")
+    valid_statuses = {value for value, _ in Job.Status.choices}
+    jobs = job_list(request.user, mine_only=True, status=[status] if status in valid_statuses else ())
+    page = Paginator(jobs, JOBS_PER_PAGE).get_page(request.GET.get("page"))
+    context = {
+        "page": page,
+        "status": status if status in valid_statuses else "",
+        "statuses": Job.Status.choices,
+    }
+    return _render(request, JOBS_TEMPLATE, "job-list", context)

@@ -1,0 +1,436 @@
+"""Browser pages: full page or htmx fragment, form errors instead of 500s, own bookings only.
+
+Runs against the real PostgreSQL test database; bookings are placed through the real
+``booking_create`` service (nothing is mocked).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+from django.urls import reverse
+
+from portal.accounts.models import Project
+from scheduling.models import Booking, GpuType, Job, Node
+from scheduling.services import booking_create
+from tests.factories import JobFactory, MembershipFactory
+
+pytestmark = pytest.mark.django_db
+
+HTMX = {"HTTP_HX_REQUEST": "true"}
+LOCAL = "%Y-%m-%dT%H:%M"
+
+
+@pytest.fixture
+def member_web(client: Client, member: User) -> Client:
+    client.force_login(member)
+    return client
+
+
+def _form(
+    project: Project, *, start: datetime, hours: float = 2, gpus: int = 1, **extra: str
+) -> dict[str, str]:
+    data = {
+        "project": project.slug,
+        "gpu_type": "A100",
+        "gpu_count": str(gpus),
+        "start_at": start.strftime(LOCAL),
+        "duration_h": str(hours) if hours != int(hours) else str(int(hours)),
+        "note": "",
+    }
+    data.update(extra)
+    return data
+
+
+# ---- access ----
+
+
+@pytest.mark.parametrize(
+    ("method", "name", "kwargs"),
+    [
+        ("get", "home", {}),
+        ("get", "booking-availability", {}),
+        ("get", "my-bookings", {}),
+        ("get", "my-jobs", {}),
+        ("post", "booking-cancel", {"booking_id": 1}),
+    ],
+)
+def test_pages_require_login(client: Client, method: str, name: str, kwargs: dict[str, int]) -> None:
+    url = reverse(name, kwargs=kwargs)
+    response = getattr(client, method)(url)
+    assert response.status_code == 302
+    assert response["Location"].startswith(reverse("login"))
+
+
+def test_login_and_logout_with_django_auth(client: Client, member: User) -> None:
+    page = client.get(reverse("login"))
+    assert page.status_code == 200
+    assert b'autocomplete="current-password"' in page.content
+
+    response = client.post(reverse("login"), {"username": member.username, "password": "pw-not-secret"})
+    assert response.status_code == 302
+    assert response["Location"] == reverse("home")
+    assert client.get(reverse("home")).status_code == 200
+
+    response = client.post(reverse("logout"))
+    assert response.status_code == 302
+    assert client.get(reverse("home")).status_code == 302
+
+
+def test_wrong_password_is_a_form_error(client: Client, member: User) -> None:
+    response = client.post(reverse("login"), {"username": member.username, "password": "nope"})
+    assert response.status_code == 200
+    assert b'role="alert"' in response.content
+
+
+# ---- full page or fragment ----
+
+
+@pytest.mark.parametrize(
+    ("name", "fragment_id"),
+    [("home", "booking-form"), ("my-bookings", "booking-list"), ("my-jobs", "job-list")],
+)
+def test_htmx_gets_only_the_fragment(
+    member_web: Client, nodes: list[Node], name: str, fragment_id: str
+) -> None:
+    full = member_web.get(reverse(name))
+    fragment = member_web.get(reverse(name), **HTMX)
+
+    assert full.status_code == fragment.status_code == 200
+    assert b"<html" in full.content
+    assert f'id="{fragment_id}"'.encode() in full.content
+    # The CSRF token rides on <body hx-headers> for every htmx request of the page.
+    assert (
+        b"hx-headers='{&quot;X-CSRFToken&quot;" in full.content
+        or b'hx-headers=\'{"X-CSRFToken"' in full.content
+    )
+
+    body = fragment.content.decode().strip()
+    assert "<html" not in body
+    assert "<body" not in body
+    assert body.startswith(f'<div id="{fragment_id}"')
+    for response in (full, fragment):
+        assert "HX-Request" in response["Vary"]
+
+
+def test_every_hx_get_has_an_href_or_a_form_action(
+    member_web: Client, member: User, project: Project, nodes: list[Node]
+) -> None:
+    JobFactory.create_batch(60, user=member, project=project)  # enough for the pager links
+    for name in ("home", "my-bookings", "my-jobs"):
+        html = member_web.get(reverse(name)).content.decode()
+        for tag in re.findall(r"<(?:a|div|form)\b[^>]*\bhx-get=[^>]*>", html):
+            if tag.startswith("<a"):
+                assert "href=" in tag, tag
+        # The live availability box has a no-JavaScript twin: a submit button to the same URL.
+        if name == "home":
+            assert f'formaction="{reverse("booking-availability")}"' in html
+
+
+# ---- live availability ----
+
+
+def test_availability_counts_free_gpus_over_the_window(
+    member_web: Client, member: User, project: Project, nodes: list[Node], a100: GpuType, soon: datetime
+) -> None:
+    url = reverse("booking-availability")
+    params = _form(project, start=soon, hours=2, gpus=4)
+
+    empty = member_web.get(url, params, **HTMX)
+    assert empty.status_code == 200
+    assert empty.content.decode().strip().startswith('<section id="availability"')
+    assert re.search(r'class="big-number">\s*8\b', empty.content.decode())
+    assert "Enough" in empty.content.decode()
+
+    booking_create(
+        member, project=project, gpu_type=a100, gpu_count=6, start_at=soon, end_at=soon + timedelta(hours=1)
+    )
+    short = member_web.get(url, params, **HTMX).content.decode()
+    assert re.search(r'class="big-number">\s*2\b', short)
+    assert "Not enough" in short
+    # The nearest alternative starts when the 6-GPU booking ends, offered as one click.
+    assert "Book this instead" in short
+    assert f'value="{(soon + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%S")}"' in short
+
+
+def test_availability_without_htmx_renders_the_page(
+    member_web: Client, project: Project, nodes: list[Node], soon: datetime
+) -> None:
+    response = member_web.get(reverse("booking-availability"), _form(project, start=soon))
+    assert response.status_code == 200
+    assert b"<html" in response.content
+    assert b'id="availability"' in response.content
+
+
+def test_availability_with_bad_input_is_not_an_error(member_web: Client, nodes: list[Node]) -> None:
+    response = member_web.get(
+        reverse("booking-availability"), {"gpu_count": "lots", "start_at": "soon"}, **HTMX
+    )
+    assert response.status_code == 200
+    assert b"Fill in" in response.content
+
+
+# ---- booking ----
+
+
+def test_booking_is_created_through_the_service(
+    member_web: Client, member: User, project: Project, nodes: list[Node], soon: datetime
+) -> None:
+    response = member_web.post(reverse("home"), _form(project, start=soon, hours=4, gpus=2, note="ablation"))
+
+    assert response.status_code == 303
+    booking = Booking.objects.get(user=member)
+    assert (booking.gpu_count, booking.end_at - booking.start_at, booking.note) == (
+        2,
+        timedelta(hours=4),
+        "ablation",
+    )
+    assert booking.allocations.count() == 2  # placed on concrete GPUs by booking_create
+    assert response["Location"].endswith(f"#booking-row-{booking.pk}")
+
+
+def test_booking_with_an_exact_end_overrides_the_duration(
+    member_web: Client, member: User, project: Project, nodes: list[Node], soon: datetime
+) -> None:
+    end = soon + timedelta(hours=3, minutes=30)
+    member_web.post(reverse("home"), _form(project, start=soon, hours=1, end_at=end.strftime(LOCAL)))
+    booking = Booking.objects.get(user=member)
+    assert booking.end_at == end
+
+
+def test_htmx_booking_redirects_on_the_client(
+    member_web: Client, project: Project, nodes: list[Node], soon: datetime
+) -> None:
+    response = member_web.post(reverse("home"), _form(project, start=soon), **HTMX)
+    assert response.status_code == 200
+    assert response["HX-Redirect"].startswith(reverse("my-bookings"))
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "message"),
+    [
+        ({"gpu_count": "0"}, "gpu_count", "greater than or equal to 1"),
+        ({"gpu_count": "many"}, "gpu_count", "Enter a whole number"),
+        ({"start_at": "next tuesday"}, "start_at", "Enter a valid date/time"),
+        ({"start_at": ""}, "start_at", "This field is required"),
+        ({"gpu_type": "H999"}, "gpu_type", "Select a valid choice"),
+        ({"project": "someone-elses"}, "project", "Select a valid choice"),
+        ({"duration_h": "", "end_at": ""}, "duration_h", "Choose a duration"),
+        ({"duration_h": "5000"}, "duration_h", "Select a valid choice"),
+    ],
+)
+def test_bad_form_input_is_shown_as_form_errors(
+    member_web: Client,
+    member: User,
+    project: Project,
+    nodes: list[Node],
+    soon: datetime,
+    changes: dict[str, str],
+    field: str,
+    message: str,
+) -> None:
+    data = {**_form(project, start=soon), **changes}
+    for extra in ({}, HTMX):
+        response = member_web.post(reverse("home"), data, **extra)
+        assert response.status_code == 422
+        assert message in response.content.decode()
+        assert f'id="id_{field}_error"'.encode() in response.content
+    assert not Booking.objects.filter(user=member).exists()
+
+
+@pytest.mark.parametrize(
+    ("start_shift", "hours", "gpus", "message"),
+    [
+        (timedelta(days=-2), 2, 1, "The start is in the past."),
+        (timedelta(days=400), 2, 1, "Bookings open at most"),
+        (timedelta(0), 2, 9, "At most 8 A100 GPUs exist"),
+    ],
+)
+def test_service_refusals_come_back_as_form_errors(
+    member_web: Client,
+    member: User,
+    project: Project,
+    nodes: list[Node],
+    soon: datetime,
+    start_shift: timedelta,
+    hours: int,
+    gpus: int,
+    message: str,
+) -> None:
+    response = member_web.post(
+        reverse("home"), _form(project, start=soon + start_shift, hours=hours, gpus=gpus)
+    )
+    assert response.status_code == 422
+    assert message in response.content.decode()
+    assert not Booking.objects.filter(user=member).exists()
+
+
+def test_end_before_start_is_a_form_error(
+    member_web: Client, project: Project, nodes: list[Node], soon: datetime
+) -> None:
+    data = _form(project, start=soon, end_at=(soon - timedelta(hours=1)).strftime(LOCAL))
+    response = member_web.post(reverse("home"), data)
+    assert response.status_code == 422
+    assert b"The end must be after the start." in response.content
+
+
+def test_conflict_offers_the_nearest_alternative_in_one_click(
+    member_web: Client, member: User, project: Project, nodes: list[Node], a100: GpuType, soon: datetime
+) -> None:
+    other = MembershipFactory(project=project).user
+    booking_create(
+        other, project=project, gpu_type=a100, gpu_count=8, start_at=soon, end_at=soon + timedelta(hours=3)
+    )
+
+    response = member_web.post(reverse("home"), _form(project, start=soon, hours=2, gpus=2), **HTMX)
+
+    assert response.status_code == 409
+    html = response.content.decode()
+    assert "are not free" in html
+    assert "Book this instead" in html
+    # Re-post exactly what the first "book this instead" button carries.
+    alt_form = re.search(
+        r'<form method="post" action="/"[^>]*>(.*?)</form>', html.split("Free windows nearby")[1], re.S
+    )
+    assert alt_form is not None
+    fields = dict(re.findall(r'name="(\w+)" value="([^"]*)"', alt_form.group(1)))
+    assert fields["start_at"] == (soon + timedelta(hours=3)).strftime("%Y-%m-%dT%H:%M:%S")
+
+    again = member_web.post(reverse("home"), fields, **HTMX)
+    assert again.status_code == 200, again.content.decode()[:500]
+    booking = Booking.objects.get(user=member)
+    assert (booking.start_at, booking.end_at) == (soon + timedelta(hours=3), soon + timedelta(hours=5))
+
+
+# ---- my bookings and cancel ----
+
+
+def test_my_bookings_lists_only_mine(
+    member_web: Client,
+    member: User,
+    outsider: User,
+    project: Project,
+    nodes: list[Node],
+    a100: GpuType,
+    soon: datetime,
+) -> None:
+    mine = booking_create(
+        member, project=project, gpu_type=a100, gpu_count=1, start_at=soon, end_at=soon + timedelta(hours=1)
+    )
+    other = MembershipFactory(project=project).user
+    theirs = booking_create(
+        other, project=project, gpu_type=a100, gpu_count=1, start_at=soon, end_at=soon + timedelta(hours=1)
+    )
+
+    html = member_web.get(reverse("my-bookings")).content.decode()
+    assert f'id="booking-row-{mine.pk}"' in html
+    assert f'id="booking-row-{theirs.pk}"' not in html
+
+
+def test_cancel_swaps_the_row_and_frees_the_gpus(
+    member_web: Client, member: User, project: Project, nodes: list[Node], a100: GpuType, soon: datetime
+) -> None:
+    booking = booking_create(
+        member, project=project, gpu_type=a100, gpu_count=8, start_at=soon, end_at=soon + timedelta(hours=1)
+    )
+
+    response = member_web.post(reverse("booking-cancel", kwargs={"booking_id": booking.pk}), **HTMX)
+
+    assert response.status_code == 200
+    html = response.content.decode().strip()
+    assert html.startswith(f'<tr id="booking-row-{booking.pk}"')
+    assert "Cancelled" in html
+    assert "hx-post" not in html  # no cancel button on a cancelled booking
+    booking.refresh_from_db()
+    assert booking.status == Booking.Status.CANCELLED
+    # The GPUs are free again: the same window can be booked in full.
+    assert booking_create(
+        member, project=project, gpu_type=a100, gpu_count=8, start_at=soon, end_at=soon + timedelta(hours=1)
+    )
+
+
+def test_cancel_without_htmx_redirects_with_a_message(
+    member_web: Client, member: User, project: Project, nodes: list[Node], a100: GpuType, soon: datetime
+) -> None:
+    booking = booking_create(
+        member, project=project, gpu_type=a100, gpu_count=1, start_at=soon, end_at=soon + timedelta(hours=1)
+    )
+    response = member_web.post(reverse("booking-cancel", kwargs={"booking_id": booking.pk}), follow=True)
+    assert response.redirect_chain[-1] == (reverse("my-bookings"), 303)
+    assert f"Cancelled booking {booking.pk}." in response.content.decode()
+
+
+def test_cancelling_twice_is_a_message_not_an_error(
+    member_web: Client, member: User, project: Project, nodes: list[Node], a100: GpuType, soon: datetime
+) -> None:
+    booking = booking_create(
+        member, project=project, gpu_type=a100, gpu_count=1, start_at=soon, end_at=soon + timedelta(hours=1)
+    )
+    url = reverse("booking-cancel", kwargs={"booking_id": booking.pk})
+    member_web.post(url, **HTMX)
+    response = member_web.post(url, **HTMX)
+    assert response.status_code == 200
+    assert "already cancelled" in response.content.decode()
+
+
+@pytest.mark.parametrize("as_manager", [False, True])
+def test_cancelling_someone_elses_booking_is_404(
+    client: Client,
+    manager: User,
+    project: Project,
+    nodes: list[Node],
+    a100: GpuType,
+    soon: datetime,
+    as_manager: bool,
+) -> None:
+    owner = MembershipFactory(project=project).user
+    booking = booking_create(
+        owner, project=project, gpu_type=a100, gpu_count=1, start_at=soon, end_at=soon + timedelta(hours=1)
+    )
+    # Even a manager of the project cannot cancel it from *my* bookings: the page is per person.
+    client.force_login(manager if as_manager else MembershipFactory().user)
+
+    for extra in ({}, HTMX):
+        response = client.post(reverse("booking-cancel", kwargs={"booking_id": booking.pk}), **extra)
+        assert response.status_code == 404
+    booking.refresh_from_db()
+    assert booking.status == Booking.Status.CONFIRMED
+
+
+def test_cancel_is_post_only(
+    member_web: Client, member: User, project: Project, nodes: list[Node], a100: GpuType, soon: datetime
+) -> None:
+    booking = booking_create(
+        member, project=project, gpu_type=a100, gpu_count=1, start_at=soon, end_at=soon + timedelta(hours=1)
+    )
+    assert member_web.get(reverse("booking-cancel", kwargs={"booking_id": booking.pk})).status_code == 405
+
+
+# ---- my jobs ----
+
+
+def test_my_jobs_pages_and_filters_my_jobs_only(
+    member_web: Client, member: User, project: Project, outsider: User
+) -> None:
+    JobFactory.create_batch(55, user=member, project=project, status=Job.Status.COMPLETED)
+    JobFactory.create_batch(3, user=member, project=project, status=Job.Status.FAILED)
+    JobFactory(user=outsider, name="not-mine")
+
+    first = member_web.get(reverse("my-jobs")).content.decode()
+    assert "58 jobs" in first
+    assert first.count('id="job-row-') == 50
+    assert "not-mine" not in first
+
+    second = member_web.get(reverse("my-jobs"), {"page": 2}, **HTMX).content.decode()
+    assert second.count('id="job-row-') == 8
+
+    failed = member_web.get(reverse("my-jobs"), {"status": "failed"}, **HTMX).content.decode()
+    assert failed.count('id="job-row-') == 3
+
+    unknown = member_web.get(reverse("my-jobs"), {"status": "bogus", "page": "x"})
+    assert unknown.status_code == 200
+    assert "58 jobs" in unknown.content.decode()
