@@ -64,6 +64,7 @@ class ReplayRecord:
     segments: list[tuple[float, float, int]] = field(default_factory=list)
     # disjoint, sorted intervals during which some queued job could run on the empty cluster
     queue_windows: list[tuple[float, float]] = field(default_factory=list)
+    useful_gpu_s_by_kind: dict[str, float] = field(default_factory=dict)  # batch / interactive / booking
     preemptions: int = 0
     lost_gpu_s: float = 0.0
     idle_gpu_s: dict[str, float] = field(default_factory=dict)
@@ -180,6 +181,9 @@ def compute_metrics(record: ReplayRecord) -> dict[str, Any]:
         "wall_s": record.wall_s,
         "unfinished_jobs": len(record.jobs) - len(finished),
         "useful_gpu_hours": useful_gpu_s / 3600.0,
+        "useful_gpu_hours_by_kind": {
+            kind: gpu_s / 3600.0 for kind, gpu_s in record.useful_gpu_s_by_kind.items()
+        },
         "rounds": len(record.round_ms),
         **record.extra,
     }

@@ -40,7 +40,7 @@ PlanFn = Callable[..., Plan]  # plan_round(snapshot, policy=PolicyConfig, now=fl
 POLICIES = ("fifo", "easy", "static", "berth")
 
 # Event kinds, in processing order within one instant.
-_ARRIVE, _SESSION, _BK_CREATE, _BK_WAKE, _BK_OWNER_IN, _BK_OWNER_OUT, _BK_END, _TICK = range(8)
+_ARRIVE, _SESSION, _BK_CREATE, _BK_WAKE, _BK_OWNER_IN, _BK_OWNER_OUT, _BK_END, _WAKE, _TICK = range(9)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +183,7 @@ class Replay:
         self._idle_tick_rounds = 0
         self._headroom = _Headroom(self.options.headroom_quantile)
         self._rejected_bookings = 0
+        self._wakes: set[float] = set()
 
     # ---- events ----
 
@@ -230,7 +231,8 @@ class Replay:
             if not (freed or kinds or seated):
                 continue
             is_tick = kinds == {_TICK} and not freed and not seated
-            if is_tick and backend.next_event_at() is None and self._only_ticks_left():
+            is_idle = kinds <= {_TICK, _WAKE} and not freed and not seated
+            if is_idle and backend.next_event_at() is None and self._only_ticks_left():
                 self._idle_tick_rounds += 1
                 if self._idle_tick_rounds > self.options.max_idle_rounds:
                     break  # only jobs that can never start are left
@@ -244,7 +246,7 @@ class Replay:
         return self.record
 
     def _only_ticks_left(self) -> bool:
-        return all(kind == _TICK for _, kind, _, _ in self._events)
+        return all(kind in (_TICK, _WAKE) for _, kind, _, _ in self._events)
 
     def _accrue(self, t: float) -> None:
         dt = t - self._last_t
@@ -336,7 +338,7 @@ class Replay:
             self._create_booking(self.overlay.bookings[index], t)
         elif kind in (_BK_WAKE, _BK_OWNER_IN, _BK_OWNER_OUT, _BK_END):
             self._booking_event(kind, self.overlay.bookings[index], t)
-        # _TICK: nothing to do but a round
+        # _WAKE (the engine asked for a round) and _TICK: nothing to do but a round
 
     def _handle_transitions(self, t: float) -> bool:
         transitions = self.backend.advance_to(t)
@@ -345,7 +347,7 @@ class Replay:
             running = self._running.pop(tr.job_id)
             if meta.kind == JobKind.INTERACTIVE:
                 self._interactive_gpus -= running.job.gpu_count
-            self.record.segments.append((tr.started_at, tr.started_at + tr.saved_s, len(tr.gpu_ids)))
+            self._add_segment(meta.kind.value, tr.started_at, tr.started_at + tr.saved_s, len(tr.gpu_ids))
             meta.saved_s += tr.saved_s
             if tr.kind == TransitionKind.COMPLETED:
                 if meta.kind == JobKind.BATCH:
@@ -469,7 +471,7 @@ class Replay:
         booking_id = state.plan.id
         if state.holding_since is not None:
             self.backend.unhold(booking_id)
-            self.record.segments.append((state.holding_since, t, len(state.gpu_ids)))
+            self._add_segment("booking", state.holding_since, t, len(state.gpu_ids))
         elif state.owner_arrived_at is not None:
             # The owner came and never got the GPUs.
             self.record.bookings.append(
@@ -479,6 +481,11 @@ class Replay:
             self.record.bookings.append(BookingOutcome(booking_id, is_honored=None))
         # The rest of the window is given back: the portal shortens the booking.
         del self._bookings[booking_id]
+
+    def _add_segment(self, kind: str, start: float, useful_end: float, gpus: int) -> None:
+        self.record.segments.append((start, useful_end, gpus))
+        by_kind = self.record.useful_gpu_s_by_kind
+        by_kind[kind] = by_kind.get(kind, 0.0) + (useful_end - start) * gpus
 
     # ---- rounds ----
 
@@ -538,6 +545,10 @@ class Replay:
             if result.is_ok and running is not None and running.grace_until is None:
                 self._running[preempt.job_id] = dataclasses.replace(running, grace_until=preempt.kill_at)
                 acted = True
+        next_round_at = getattr(plan, "next_round_at", None)  # added to the contract by the engine
+        if next_round_at is not None and next_round_at > t and next_round_at not in self._wakes:
+            self._wakes.add(next_round_at)
+            self._push(next_round_at, _WAKE, 0)
         self._count_idle(plan)
         return acted
 

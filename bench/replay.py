@@ -1,0 +1,167 @@
+"""Trace replay benchmark (DESIGN §8): every policy on the same workload through the simulator.
+
+    python -m bench.replay --trace CSV --cluster SPEC [--cluster-scale F] \
+        --policies fifo,easy,static,berth [--interactive-share F] [--booking-share F] \
+        [--seed N] [--limit-jobs N] --out FILE.json
+
+``SPEC`` is ``NxG[:TYPE]`` or an inventory CSV (scaled by ``--cluster-scale``, keeping the GPU
+type mix and node sizes).  Arrivals and runtimes come from the trace, never its start times;
+overlays and batch preemptibility flags are seeded and identical for every policy.  The
+semantics of each metric are in ``scheduling/sim/metrics.py`` and ``docs/benchmarks.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from bench._util import DEFAULT_ENGINE, format_table, load_callable, write_json
+from scheduling.sim.inventory import load_inventory
+from scheduling.sim.metrics import compute_metrics
+from scheduling.sim.overlays import OverlayConfig, build_overlay
+from scheduling.sim.replay import POLICIES, ReplayOptions, run_replay
+from scheduling.sim.runtime import SimpleHistoryPredictor, default_predictor
+from scheduling.sim.trace import load_trace
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.replay", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trace", required=True, help="trace CSV (gzip allowed)")
+    parser.add_argument("--cluster", required=True, help="NxG[:TYPE] or an inventory CSV")
+    parser.add_argument("--cluster-scale", type=float, default=1.0, help="share of the inventory CSV's nodes")
+    parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated policy names")
+    parser.add_argument(
+        "--interactive-share", type=float, default=0.0, help="on-demand sessions, share of GPU-h"
+    )
+    parser.add_argument("--booking-share", type=float, default=0.0, help="advance bookings, share of GPU-h")
+    parser.add_argument("--preemptible-share", type=float, default=OverlayConfig().preemptible_share)
+    parser.add_argument("--checkpointable-share", type=float, default=OverlayConfig().checkpointable_share)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--limit-jobs", type=int, default=None, help="replay only the first N jobs")
+    parser.add_argument(
+        "--predictor",
+        choices=("default", "simple"),
+        default="default",
+        help="runtime predictor for berth: forecasting.core.runtime when installed, or ours",
+    )
+    parser.add_argument(
+        "--engine", default=DEFAULT_ENGINE, help="module:function with plan_round's signature"
+    )
+    parser.add_argument("--out", required=True, help="JSON output path")
+    return parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Replay every requested policy and return the benchmark's JSON document."""
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    unknown = sorted(set(policies) - set(POLICIES))
+    if unknown:
+        raise SystemExit(f"unknown policies {unknown}; expected some of {', '.join(POLICIES)}")
+    plan_fn = load_callable(args.engine)
+    trace = load_trace(args.trace, limit_jobs=args.limit_jobs)
+    inventory = load_inventory(args.cluster, scale=args.cluster_scale, seed=args.seed)
+    overlay = build_overlay(
+        trace,
+        OverlayConfig(
+            interactive_share=args.interactive_share,
+            booking_share=args.booking_share,
+            preemptible_share=args.preemptible_share,
+            checkpointable_share=args.checkpointable_share,
+            seed=args.seed,
+        ),
+    )
+    options = ReplayOptions()
+    results: dict[str, Any] = {}
+    for policy in policies:
+        predictor = default_predictor() if args.predictor == "default" else SimpleHistoryPredictor()
+        started = time.perf_counter()
+        record = run_replay(
+            trace,
+            inventory,
+            overlay,
+            policy=policy,
+            plan_fn=plan_fn,
+            predictor=predictor,
+            options=options,
+            seed=args.seed,
+        )
+        record.wall_s = time.perf_counter() - started
+        results[policy] = compute_metrics(record)
+        results[policy]["predictor"] = type(predictor).__name__ if policy in options.predict_for else None
+        print(f"  {policy}: {record.wall_s:.1f} s wall, {len(record.round_ms)} rounds", file=sys.stderr)
+    return {
+        "trace": trace.name,
+        "jobs": len(trace.jobs),
+        "capacity_gpus": inventory.capacity_gpus,
+        "cluster": inventory.name,
+        "gpu_types": {
+            t.name: sum(len(n.gpu_ids) for n in inventory.nodes if n.gpu_type == t.name)
+            for t in inventory.gpu_types
+        },
+        "seed": args.seed,
+        "skipped_jobs": {"no_runtime": trace.skipped_no_runtime, "no_gpus": trace.skipped_no_gpus},
+        "trace_gpu_hours": trace.gpu_hours,
+        "overlay": {
+            "interactive_share": args.interactive_share,
+            "booking_share": args.booking_share,
+            "preemptible_share": args.preemptible_share,
+            "checkpointable_share": args.checkpointable_share,
+            **overlay.stats(),
+        },
+        "policies": results,
+    }
+
+
+def summary(document: dict[str, Any]) -> str:
+    """The short table printed after a run."""
+    header = [
+        "policy",
+        "util",
+        "busy_util",
+        "wait_mean_s",
+        "wait_p95_s",
+        "bsld",
+        "int_wait_p95",
+        "honored",
+        "preempt",
+        "lost_gpu_h",
+        "frag_idle_h",
+        "wall_s",
+    ]
+    rows = []
+    for name, m in document["policies"].items():
+        rows.append(
+            [
+                name,
+                m["utilization"],
+                m["busy_utilization"],
+                m["wait_mean_s"],
+                m["wait_p95_s"],
+                m["bounded_slowdown_mean"],
+                m["interactive_wait_p95_s"],
+                m["bookings_honored"],
+                m["preemptions"],
+                m["lost_gpu_hours"],
+                m["idle_gpu_hours"].get("fragmentation", 0.0),
+                m["wall_s"],
+            ]
+        )
+    title = (
+        f"{document['trace']}: {document['jobs']} jobs on {document['capacity_gpus']} GPUs"
+        f" ({document['cluster']})"
+    )
+    return title + "\n" + format_table(header, rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    document = run(args)
+    write_json(args.out, document)
+    print(summary(document))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
