@@ -149,6 +149,12 @@ class PolicyConfig:
     fairshare_weight: float = 1.0
     backfill_depth: int = 1_000  # pending jobs considered for backfill each round
     seed: int = 0
+    # Added with defaults (engine issue 3); the meaning of the fields above is unchanged.
+    max_age_s: float = 7 * 86_400.0  # age factor saturates here (Slurm PriorityMaxAge)
+    overdue_epsilon_s: float = 60.0  # a job past its estimate is assumed to end this soon (easy)
+    overrun_fraction: float = 0.5  # berth: a job past its p90 is expected to run this x elapsed more
+    short_job_weight: float = 1.0  # berth: priority bonus for short predicted GPU-time
+    interactive_priority: float = 1_000.0  # priority bonus of on-demand interactive sessions
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,3 +227,6 @@ class Plan:
     pending: tuple[PendingExplanation, ...] = ()
     idle: tuple[tuple[int, IdleReason], ...] = ()  # (gpu_id, reason) for every idle GPU
     notes: tuple[str, ...] = field(default=())
+    # The engine wants another round by this time even if nothing else happens (a booking's
+    # reclaim signal is due, a reservation starts); None when no such deadline exists.
+    next_round_at: float | None = None

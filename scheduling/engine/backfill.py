@@ -1,0 +1,77 @@
+"""Availability profile and EASY shadow time.
+
+The profile answers "when could this job start, and on which GPUs" from the expected end of
+every running job (the policy's runtime model), GPUs being reclaimed, starts planned this round
+and booking windows.  EASY reserves the earliest such start for the top job only; backfill may
+use a reserved GPU only if it leaves it by the shadow time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from scheduling.engine.placement import INF
+
+# Availability of a GPU for a job of a given duration starting at or after a base time.
+Window = tuple[float, float]
+
+
+@dataclass(frozen=True, slots=True)
+class Shadow:
+    start_at: float
+    gpu_ids: tuple[int, ...]
+
+
+def first_gap(base: float, duration_s: float, windows: list[Window] | None) -> float:
+    """Earliest time >= ``base`` at which ``duration_s`` fits between booking windows."""
+    if not windows:
+        return base
+    at = base
+    for start, end in windows:  # sorted by start
+        if at + duration_s <= start:
+            return at
+        if at < end:
+            at = end
+    return at
+
+
+def earliest_start(
+    *,
+    node_gpus: Iterable[tuple[int, tuple[int, ...]]],
+    available_at: Callable[[int], float],
+    gpu_count: int,
+    is_single_node: bool,
+    duration_s: float,
+    windows: dict[int, list[Window]],
+) -> Shadow | None:
+    """Earliest (start, GPUs) for a gang of ``gpu_count`` over the given nodes, or None.
+
+    ``node_gpus`` yields (node index, GPU ids) of eligible schedulable nodes;
+    ``available_at(gpu)`` is when the GPU comes free (INF: never).  A single-node gang takes
+    the node whose k-th earliest GPU is earliest; a multi-node gang takes the k earliest GPUs.
+    """
+    best: Shadow | None = None
+    everything: list[tuple[float, int]] = []
+    for _node, gpus in node_gpus:
+        times: list[tuple[float, int]] = []
+        for gpu in gpus:
+            at = available_at(gpu)
+            if at == INF:
+                continue
+            times.append((first_gap(at, duration_s, windows.get(gpu)), gpu))
+        if not is_single_node:
+            everything.extend(times)
+            continue
+        if len(times) < gpu_count:
+            continue
+        times.sort()
+        start = times[gpu_count - 1][0]
+        if best is None or start < best.start_at:
+            best = Shadow(start, tuple(sorted(g for _t, g in times[:gpu_count])))
+    if not is_single_node:
+        if len(everything) < gpu_count:
+            return None
+        everything.sort()
+        return Shadow(everything[gpu_count - 1][0], tuple(sorted(g for _t, g in everything[:gpu_count])))
+    return best

@@ -1,0 +1,190 @@
+"""Explanations: a reason, a sentence and an ETA for every pending job; one reason per idle GPU.
+
+ETAs come from the availability profile of the job's eligible types (when the k-th GPU of
+those types is expected free, on p50 and on the planning estimate) and from the GPU-time of
+higher-priority waiting work ahead of it, so a job deep in the queue does not get "in 5 min".
+Idle reasons follow one precedence:
+down > draining > allocated_but_idle > scheduler_latency > reserved_unused > quota_blocked >
+constraint_mismatch > fragmentation > no_demand.
+"""
+
+from __future__ import annotations
+
+from scheduling.engine.outcome import Verdict
+from scheduling.engine.scheduler import Scheduler, fmt_s
+from scheduling.engine.types import (
+    IdleReason,
+    JobRequest,
+    NodeStatus,
+    PendingExplanation,
+    PendingReason,
+    Plan,
+)
+
+
+def _profiles(sched: Scheduler) -> dict[str, tuple[list[float], list[float], int]]:
+    """Per type: sorted expected free times (p50, planning) of its usable GPUs, and capacity."""
+    state = sched.state
+    now = sched.now
+    profiles: dict[str, tuple[list[float], list[float], int]] = {}
+    for i in sched.schedulable:
+        node = state.nodes[i]
+        p50s, holds, capacity = profiles.setdefault(node.gpu_type, ([], [], 0))
+        for gpu in node.gpu_ids:
+            ends = sched.started_end.get(gpu)
+            if ends is not None:
+                p50, hold = ends
+            elif gpu in sched.active_booking_gpu:
+                p50 = hold = sched.active_booking_gpu[gpu].end_at
+            else:
+                running = state.running_by_gpu.get(gpu)
+                if running is None:
+                    p50 = hold = now
+                else:
+                    p50 = state.end_p50[running.job.id]
+                    hold = state.end_hold[running.job.id]
+            p50s.append(p50)
+            holds.append(hold)
+        profiles[node.gpu_type] = (p50s, holds, capacity + len(node.gpu_ids))
+    for p50s, holds, _capacity in profiles.values():
+        p50s.sort()
+        holds.sort()
+    return profiles
+
+
+def explain_pending(sched: Scheduler, queue: list[JobRequest]) -> tuple[PendingExplanation, ...]:
+    """One explanation per job of ``queue`` not started this round, in queue order."""
+    started = {start.job_id for start in sched.out.starts}
+    verdicts = sched.out.verdicts
+    profiles = _profiles(sched)
+    now = sched.now
+    ahead_p50: dict[str, float] = {}
+    ahead_hold: dict[str, float] = {}
+    explanations: list[PendingExplanation] = []
+    for job in queue:
+        if job.id in started:
+            continue
+        verdict = verdicts.get(job.id)
+        if verdict is None:
+            verdict = Verdict(
+                PendingReason.PRIORITY, f"Waiting behind higher-priority work for {job.gpu_count} GPUs."
+            )
+        types = sched.types_for(job)
+        estimate = sched.state.estimate(job)
+        eta50: float | None = None
+        eta90: float | None = None
+        if types:
+            for name in types:
+                p50s, holds, capacity = profiles.get(name, ([], [], 0))
+                if len(holds) < job.gpu_count or capacity <= 0:
+                    continue
+                queue50 = now + ahead_p50.get(name, 0.0) / capacity
+                queue90 = now + ahead_hold.get(name, 0.0) / capacity
+                t50 = max(p50s[job.gpu_count - 1], queue50)
+                t90 = max(holds[job.gpu_count - 1], queue90)
+                if eta50 is None or t50 < eta50:
+                    eta50 = t50
+                if eta90 is None or t90 < eta90:
+                    eta90 = t90
+            share = 1.0 / len(types)
+            for name in types:
+                ahead_p50[name] = ahead_p50.get(name, 0.0) + share * job.gpu_count * estimate.p50_s
+                ahead_hold[name] = ahead_hold.get(name, 0.0) + share * job.gpu_count * estimate.hold_s
+        if verdict.eta_p50_at is not None:
+            # the scheduler knows better for the top job and reclaims: its own start time
+            eta90 = verdict.eta_p50_at if eta90 is None else max(eta90, verdict.eta_p50_at)
+            eta50 = verdict.eta_p50_at if eta50 is None else min(max(eta50, now), verdict.eta_p50_at)
+        if verdict.reason in (PendingReason.CONSTRAINT, PendingReason.QUOTA) and eta50 is None:
+            sentence = verdict.sentence
+        elif eta50 is not None and eta90 is not None:
+            eta90 = max(eta90, eta50)
+            sentence = (
+                f"{verdict.sentence} Expected start in {fmt_s(eta50 - now)} (p90 {fmt_s(eta90 - now)})."
+            )
+        else:
+            sentence = verdict.sentence
+        explanations.append(
+            PendingExplanation(
+                job_id=job.id,
+                reason=verdict.reason,
+                sentence=sentence,
+                eta_p50_at=eta50,
+                eta_p90_at=eta90,
+            )
+        )
+    return tuple(explanations)
+
+
+def idle_reasons(
+    sched: Scheduler, explanations: tuple[PendingExplanation, ...]
+) -> tuple[tuple[int, IdleReason], ...]:
+    """Exactly one reason for every GPU idle after this plan (and for allocated-but-idle ones)."""
+    state = sched.state
+    started: set[int] = set(sched.started_end)
+    telemetry_idle = state.snapshot.gpus_in_use_idle
+    reasons_by_job = {e.job_id: e.reason for e in explanations}
+    pending = [job for job in state.snapshot.pending if job.id in reasons_by_job]
+    eligible: set[str] = set()
+    quota: set[str] = set()
+    fragmented: set[str] = set()
+    for job in pending:
+        types = state.eligible_types(job)
+        eligible.update(types)
+        reason = reasons_by_job[job.id]
+        if reason == PendingReason.QUOTA:
+            quota.update(types)
+        elif reason == PendingReason.FRAGMENTATION:
+            fragmented.update(types)
+    held: set[int] = set()
+    for pool in {id(sched.batch_pool): sched.batch_pool, id(sched.inter_pool): sched.inter_pool}.values():
+        held.update(g for g in pool.free_gpus() if pool.hold_of(g) is not None)
+    result: list[tuple[int, IdleReason]] = []
+    for i, node in enumerate(state.nodes):
+        for gpu in node.gpu_ids:
+            running = state.running_by_gpu.get(gpu)
+            if running is not None or gpu in started:
+                if running is not None and gpu in telemetry_idle:
+                    result.append((gpu, IdleReason.ALLOCATED_BUT_IDLE))
+                continue
+            booking = sched.active_booking_gpu.get(gpu)
+            if booking is not None and booking.is_in_use:
+                if gpu in telemetry_idle:
+                    result.append((gpu, IdleReason.ALLOCATED_BUT_IDLE))
+                continue
+            idle: IdleReason
+            if node.status == NodeStatus.DOWN:
+                idle = IdleReason.DOWN
+            elif node.status == NodeStatus.DRAINING:
+                idle = IdleReason.DRAINING
+            elif gpu in sched.out.claimed:
+                idle = IdleReason.SCHEDULER_LATENCY
+            elif booking is not None or gpu in held or i in sched.partition_nodes:
+                idle = IdleReason.RESERVED_UNUSED
+            elif not pending:
+                idle = IdleReason.NO_DEMAND
+            elif node.gpu_type in quota:
+                idle = IdleReason.QUOTA_BLOCKED
+            elif node.gpu_type not in eligible:
+                idle = IdleReason.CONSTRAINT_MISMATCH
+            elif node.gpu_type in fragmented:
+                idle = IdleReason.FRAGMENTATION
+            else:
+                idle = IdleReason.NO_DEMAND
+            result.append((gpu, idle))
+    return tuple(result)
+
+
+def build_plan(sched: Scheduler, queue: list[JobRequest]) -> Plan:
+    """Freeze a scheduler's decisions into a `Plan` with all explanations."""
+    explanations = explain_pending(sched, queue)
+    out = sched.out
+    return Plan(
+        starts=tuple(out.starts),
+        preemptions=tuple(out.preemptions),
+        reservations=tuple(out.reservations),
+        releases=tuple(out.releases),
+        pending=explanations,
+        idle=idle_reasons(sched, explanations),
+        notes=tuple(out.notes),
+        next_round_at=out.next_round_at,
+    )

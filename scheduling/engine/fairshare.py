@@ -1,0 +1,63 @@
+"""Fair share across projects: decayed, value-weighted usage against project weights.
+
+The factor follows Slurm's classic formula ``F = 2 ** (-U / S)``: ``U`` is the project's share
+of all (decayed, GPU-value-weighted) usage, ``S`` its share of all weights.  A project that used
+exactly its share gets 0.5, an idle one 1.0, a heavy one tends to 0.
+"""
+
+from __future__ import annotations
+
+import math
+
+from scheduling.engine.types import ClusterSnapshot, GpuType
+
+_RUNNING_HORIZON_H = 1.0  # running work counts as this many hours of usage "right now"
+
+
+def decay_usage(usage: float, *, elapsed_s: float, half_life_s: float) -> float:
+    """Exponential decay of accumulated usage over ``elapsed_s`` seconds.
+
+    Callers (the portal's usage rollup, the simulator) add new GPU-hours x type value and decay
+    with this, so the engine and its callers agree on one formula.
+    """
+    if half_life_s <= 0:
+        return 0.0
+    return usage * math.pow(0.5, max(0.0, elapsed_s) / half_life_s)
+
+
+def fairshare_factors(snapshot: ClusterSnapshot, gpu_types: dict[str, GpuType]) -> dict[str, float]:
+    """Fair-share factor in (0, 1] per project that appears in the snapshot.
+
+    Usage is ``ProjectShare.decayed_usage`` plus the value of what the project runs right now
+    (GPUs x type value x one hour), so a project that just grabbed many GPUs drops at once
+    even when the caller's usage rollup lags.  Unknown projects have weight 1 and no history.
+    """
+    weights: dict[str, float] = {}
+    usage: dict[str, float] = {}
+    for share in snapshot.projects:
+        weights[share.name] = max(share.weight, 0.0)
+        usage[share.name] = max(share.decayed_usage, 0.0)
+    for job in snapshot.pending:
+        weights.setdefault(job.project, 1.0)
+        usage.setdefault(job.project, 0.0)
+    gpu_value = {name: t.value for name, t in gpu_types.items()}
+    node_type = {gpu: node.gpu_type for node in snapshot.nodes for gpu in node.gpu_ids}
+    for running in snapshot.running:
+        project = running.job.project
+        weights.setdefault(project, 1.0)
+        value = sum(gpu_value.get(node_type.get(gpu, ""), 1.0) for gpu in running.gpu_ids)
+        usage[project] = usage.get(project, 0.0) + value * _RUNNING_HORIZON_H
+    total_usage = sum(usage.values())
+    total_weight = sum(weights.values())
+    factors: dict[str, float] = {}
+    for project, weight in weights.items():
+        if total_usage <= 0:
+            factors[project] = 1.0
+            continue
+        norm_share = weight / total_weight if total_weight > 0 else 0.0
+        used = usage.get(project, 0.0) / total_usage
+        if norm_share <= 0:
+            factors[project] = 0.0 if used > 0 else 1.0
+        else:
+            factors[project] = math.pow(2.0, -used / norm_share)
+    return factors

@@ -1,0 +1,50 @@
+"""The mutable accumulator of one round's decisions, frozen into a `Plan` at the end."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scheduling.engine.types import (
+    PendingReason,
+    PreemptAction,
+    ReleaseAction,
+    ReserveAction,
+    StartAction,
+)
+
+
+@dataclass(slots=True)
+class Verdict:
+    """Why a job waits, with the numbers a sentence needs; ETAs are filled in by explain."""
+
+    reason: PendingReason
+    sentence: str
+    eta_p50_at: float | None = None
+    eta_p90_at: float | None = None
+
+
+@dataclass(slots=True)
+class Outcome:
+    starts: list[StartAction] = field(default_factory=list)
+    preemptions: list[PreemptAction] = field(default_factory=list)
+    reservations: list[ReserveAction] = field(default_factory=list)
+    releases: list[ReleaseAction] = field(default_factory=list)
+    verdicts: dict[str, Verdict] = field(default_factory=dict)
+    # free GPUs set aside this round for a demand whose other GPUs are still being reclaimed
+    claimed: dict[int, str] = field(default_factory=dict)
+    # running jobs that were signalled this round (never twice, never re-used as victims)
+    preempted: set[str] = field(default_factory=set)
+    # GPUs of running jobs already promised to a demand (in grace or signalled now)
+    promised: set[int] = field(default_factory=set)
+    notes: list[str] = field(default_factory=list)
+    next_round_at: float | None = None
+
+    def wake_at(self, at: float, now: float) -> None:
+        """Ask for another round at ``at`` (only future instants count)."""
+        if at > now and (self.next_round_at is None or at < self.next_round_at):
+            self.next_round_at = at
+
+    def wait(self, job_id: str, reason: PendingReason, sentence: str, eta: float | None = None) -> None:
+        """Record a waiting verdict unless the job already has one (the first reason wins)."""
+        if job_id not in self.verdicts:
+            self.verdicts[job_id] = Verdict(reason, sentence, eta, None)

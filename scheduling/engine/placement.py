@@ -1,0 +1,321 @@
+"""Where a job's GPUs go: type/memory/precision-aware, node-bounded, all-or-nothing, best fit.
+
+`FreePool` is the per-round index of free GPUs.  It is mutable on purpose (one round, one
+owner, never shared) so placement is O(node sizes + held nodes) instead of O(nodes) per query:
+
+* free GPUs are bucketed by node and by how many *plain* (unheld) free GPUs a node has, so the
+  best-fit node for a k-GPU job is the first non-empty bucket >= k;
+* GPUs *held* for something later (a booking, the top job's reservation, interactive headroom)
+  stay in the pool with a `Hold`, and a query may use them only if it leaves them in time.
+
+A job of at most one node's GPUs goes on one node (gangs never straddle a node when they fit in
+one); a bigger job takes whole nodes first and tops up on the best-fitting node.  All GPUs of a
+job are of one type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from scheduling.engine.types import GpuType, JobRequest, Node
+
+INF = float("inf")
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """GPUs free now but promised to something later.
+
+    ``normal_until``: a non-preemptible start may use the GPU if it expects to end by then.
+    ``lent_until``: a preemptible (lent) start may use it if it can be evicted by then.
+    ``is_strict``: a promise to a person (booking): non-preemptible starts are checked against
+    their hard limit (``strict_until``) rather than a prediction.
+    """
+
+    holder: str
+    normal_until: float
+    lent_until: float
+    is_strict: bool = False
+
+    def merge(self, other: Hold) -> Hold:
+        """The stricter of two holds on one GPU (the earlier holder names it)."""
+        first = self if self.normal_until <= other.normal_until else other
+        return Hold(
+            holder=first.holder,
+            normal_until=min(self.normal_until, other.normal_until),
+            lent_until=min(self.lent_until, other.lent_until),
+            is_strict=self.is_strict or other.is_strict,
+        )
+
+
+ConstraintKey = tuple[str | None, float, frozenset[str]]
+
+
+def constraint_key(job: JobRequest) -> ConstraintKey:
+    """The part of a job that decides which GPU types it may use."""
+    return (job.gpu_type, job.min_memory_gib, job.precisions)
+
+
+def type_satisfies(gpu_type: GpuType, key: ConstraintKey) -> bool:
+    """Whether one GPU type meets a job's type, memory and precision constraints."""
+    name, min_memory_gib, precisions = key
+    if name is not None and gpu_type.name != name:
+        return False
+    if gpu_type.memory_gib < min_memory_gib:
+        return False
+    return precisions <= gpu_type.precisions
+
+
+class FreePool:
+    """Free GPUs of one round, indexed for best-fit queries (see the module docstring)."""
+
+    __slots__ = (
+        "_buckets",
+        "_free",
+        "_gpu_node",
+        "_held",
+        "_held_nodes",
+        "_max_size",
+        "_node_type",
+        "_nonempty",
+        "_plain",
+        "_type_free",
+    )
+
+    def __init__(self, nodes: Sequence[Node], free_gpus: Iterable[int]) -> None:
+        """Index ``free_gpus`` (each must belong to one of ``nodes``)."""
+        self._node_type: list[str] = [node.gpu_type for node in nodes]
+        self._gpu_node: dict[int, int] = {}
+        self._max_size: dict[str, int] = {}
+        for index, node in enumerate(nodes):
+            for gpu in node.gpu_ids:
+                self._gpu_node[gpu] = index
+            size = len(node.gpu_ids)
+            if size > self._max_size.get(node.gpu_type, 0):
+                self._max_size[node.gpu_type] = size
+        self._free: dict[int, list[int]] = {}
+        for gpu in sorted(free_gpus):
+            self._free.setdefault(self._gpu_node[gpu], []).append(gpu)
+        self._held: dict[int, Hold] = {}
+        self._plain: dict[int, int] = {i: len(gpus) for i, gpus in self._free.items()}
+        self._buckets: dict[str, list[set[int]]] = {
+            name: [set() for _ in range(size + 1)] for name, size in self._max_size.items()
+        }
+        self._held_nodes: dict[str, set[int]] = {name: set() for name in self._max_size}
+        self._nonempty: dict[str, set[int]] = {name: set() for name in self._max_size}
+        self._type_free: dict[str, int] = dict.fromkeys(self._max_size, 0)
+        for node_index, gpus in self._free.items():
+            name = self._node_type[node_index]
+            self._buckets[name][len(gpus)].add(node_index)
+            self._nonempty[name].add(node_index)
+            self._type_free[name] += len(gpus)
+
+    # ---- reads ----
+
+    def free_count(self, gpu_type: str) -> int:
+        """Free GPUs of a type, held ones included."""
+        return self._type_free.get(gpu_type, 0)
+
+    def max_node_size(self, gpu_type: str) -> int:
+        return self._max_size.get(gpu_type, 0)
+
+    def is_free(self, gpu: int) -> bool:
+        node = self._gpu_node.get(gpu)
+        return node is not None and gpu in self._free.get(node, ())
+
+    def hold_of(self, gpu: int) -> Hold | None:
+        return self._held.get(gpu)
+
+    def free_gpus(self) -> list[int]:
+        """Every free GPU, sorted."""
+        return sorted(gpu for gpus in self._free.values() for gpu in gpus)
+
+    def node_free(self, node: int) -> list[int]:
+        return list(self._free.get(node, ()))
+
+    def node_of(self, gpu: int) -> int:
+        return self._gpu_node[gpu]
+
+    # ---- writes ----
+
+    def take(self, gpus: Iterable[int]) -> None:
+        """Remove GPUs from the pool (they were started on, claimed or set aside)."""
+        for gpu in gpus:
+            node = self._gpu_node[gpu]
+            free = self._free[node]
+            free.remove(gpu)
+            name = self._node_type[node]
+            self._type_free[name] -= 1
+            if gpu in self._held:
+                del self._held[gpu]
+                if not any(g in self._held for g in free):
+                    self._held_nodes[name].discard(node)
+            else:
+                self._move(node, name, self._plain[node] - 1)
+            if not free:
+                del self._free[node]
+                self._nonempty[name].discard(node)
+
+    def hold(self, gpus: Iterable[int], hold: Hold) -> None:
+        """Put a hold on free GPUs (non-free ones are ignored); holds on one GPU merge."""
+        for gpu in gpus:
+            node = self._gpu_node.get(gpu)
+            if node is None or gpu not in self._free.get(node, ()):
+                continue
+            previous = self._held.get(gpu)
+            if previous is None:
+                self._held[gpu] = hold
+                name = self._node_type[node]
+                self._move(node, name, self._plain[node] - 1)
+                self._held_nodes[name].add(node)
+            else:
+                self._held[gpu] = previous.merge(hold)
+
+    def _move(self, node: int, name: str, count: int) -> None:
+        buckets = self._buckets[name]
+        buckets[self._plain[node]].discard(node)
+        self._plain[node] = count
+        if count > 0:
+            buckets[count].add(node)
+
+    # ---- queries ----
+
+    def _usable(self, gpu: int, until: float, strict_until: float, is_lent: bool) -> bool:
+        hold = self._held.get(gpu)
+        if hold is None:
+            return True
+        if is_lent:
+            return until <= hold.lent_until
+        return (strict_until if hold.is_strict else until) <= hold.normal_until
+
+    def node_usable(self, node: int, *, until: float, strict_until: float, is_lent: bool) -> list[int]:
+        """Usable free GPUs of a node: plain ones first, then held ones that are released in time."""
+        free = self._free.get(node, ())
+        held_map = self._held
+        if not held_map:
+            return list(free)
+        plain = [g for g in free if g not in held_map]
+        held = [g for g in free if g in held_map and self._usable(g, until, strict_until, is_lent)]
+        return plain + held
+
+    def pick_fragments(self, gpu_types: Sequence[str], count: int) -> list[int]:
+        """Up to ``count`` plain free GPUs from the emptiest-looking nodes (smallest free counts).
+
+        Used to set GPUs aside (interactive headroom) where they hurt big gangs least.
+        """
+        chosen: list[int] = []
+        for name in gpu_types:
+            buckets = self._buckets.get(name)
+            if buckets is None:
+                continue
+            for bucket in buckets[1:]:
+                for node in sorted(bucket):
+                    for gpu in self._free[node]:
+                        if gpu not in self._held:
+                            chosen.append(gpu)
+                            if len(chosen) >= count:
+                                return chosen
+        return chosen
+
+    def find(
+        self,
+        gpu_types: Sequence[str],
+        gpu_count: int,
+        *,
+        until: float,
+        strict_until: float | None = None,
+        is_lent: bool = False,
+        prefer_type_order: bool = False,
+    ) -> tuple[int, ...] | None:
+        """GPUs for a job, or None; does not take them.
+
+        ``gpu_types`` are the eligible types in preference order.  With ``prefer_type_order``
+        the first type that fits wins (keep scarce types for jobs that need them); otherwise
+        the tightest fit over all types wins, ties broken by that order.  ``until`` is when the
+        job expects to be off the GPUs (for lent starts: when it can be evicted);
+        ``strict_until`` (default ``until``) is checked against bookings' strict holds.
+        """
+        strict = until if strict_until is None else strict_until
+        best: tuple[int, int, tuple[int, ...]] | None = None  # (leftover, rank, gpus)
+        for rank, name in enumerate(gpu_types):
+            if self._type_free.get(name, 0) < gpu_count:
+                continue
+            if gpu_count <= self._max_size[name]:
+                found = self._find_single(name, gpu_count, until, strict, is_lent)
+            else:
+                found = self._find_multi(name, gpu_count, until, strict, is_lent)
+            if found is None:
+                continue
+            leftover, gpus = found
+            if prefer_type_order:
+                return gpus
+            if best is None or leftover < best[0]:
+                best = (leftover, rank, gpus)
+                if leftover == 0:
+                    break
+        return None if best is None else best[2]
+
+    def _find_single(
+        self, name: str, gpu_count: int, until: float, strict: float, is_lent: bool
+    ) -> tuple[int, tuple[int, ...]] | None:
+        best_node = -1
+        best_count = 0
+        buckets = self._buckets[name]
+        for count in range(gpu_count, len(buckets)):
+            bucket = buckets[count]
+            if bucket:
+                best_node = next(iter(bucket))
+                best_count = count
+                break
+        for node in self._held_nodes[name]:
+            plain = self._plain[node]
+            if best_node >= 0 and plain >= best_count:
+                continue  # cannot fit tighter than the plain best
+            usable = self.node_usable(node, until=until, strict_until=strict, is_lent=is_lent)
+            if len(usable) >= gpu_count and (
+                best_node < 0 or len(usable) < best_count or (len(usable) == best_count and node < best_node)
+            ):
+                best_node = node
+                best_count = len(usable)
+        if best_node < 0:
+            return None
+        usable = self.node_usable(best_node, until=until, strict_until=strict, is_lent=is_lent)
+        return best_count - gpu_count, tuple(sorted(usable[:gpu_count]))
+
+    def _find_multi(
+        self, name: str, gpu_count: int, until: float, strict: float, is_lent: bool
+    ) -> tuple[int, tuple[int, ...]] | None:
+        per_node: list[tuple[int, int, list[int]]] = []
+        total = 0
+        for node in self._nonempty[name]:
+            usable = self.node_usable(node, until=until, strict_until=strict, is_lent=is_lent)
+            if usable:
+                per_node.append((-len(usable), node, usable))
+                total += len(usable)
+        if total < gpu_count:
+            return None
+        per_node.sort()
+        chosen: list[int] = []
+        remaining = gpu_count
+        rest: list[tuple[int, int, list[int]]] = []
+        # whole nodes first, largest first, so big gangs span as few nodes as possible
+        for negative, node, usable in per_node:
+            if -negative <= remaining:
+                chosen.extend(usable)
+                remaining += negative
+            else:
+                rest.append((-negative, node, usable))
+            if remaining == 0:
+                break
+        if remaining > 0:
+            # top up on the node that fits the remainder most tightly
+            rest.sort()
+            for _size, _node, usable in rest:
+                if len(usable) >= remaining:
+                    chosen.extend(usable[:remaining])
+                    remaining = 0
+                    break
+        if remaining > 0:
+            return None
+        return 0, tuple(sorted(chosen))

@@ -1,0 +1,1 @@
+"""The four policies; each is a pure function ``(snapshot, policy, now) -> Plan``."""

@@ -1,0 +1,37 @@
+"""``berth``: lending with guaranteed reclaim, predicted-runtime backfill, value-aware placement.
+
+Order of a round:
+1. bookings whose reclaim time has come signal the lent work on their GPUs;
+2. interactive sessions start at once, or reclaim lent work (victims losing least work first);
+3. interactive headroom is held: idle, but lendable to preemptible work;
+4. the EASY pass on predicted runtimes (p90 to plan, p50 to lend), with a short-job bonus in
+   the priority; the top job reclaims lent work when that gains more than it loses, else gets
+   a shadow reservation; backfill that would run into a reservation, a booking or the headroom
+   starts only as preemptible (lent) work;
+5. work above a project's guaranteed quota runs only as preemptible.
+"""
+
+from __future__ import annotations
+
+from scheduling.engine.explain import build_plan
+from scheduling.engine.priority import priority_order
+from scheduling.engine.scheduler import Knobs, Scheduler
+from scheduling.engine.types import ClusterSnapshot, Plan, PolicyConfig
+
+BERTH = Knobs(
+    is_predicted=True,
+    has_short_bonus=True,
+    can_preempt=True,
+    can_lend=True,
+    prefers_cheap_types=True,
+    enforces_guarantees=True,
+)
+
+
+def plan_berth(snapshot: ClusterSnapshot, policy: PolicyConfig, now: float) -> Plan:
+    """One berth round (see the module docstring)."""
+    sched = Scheduler(snapshot, policy, now, BERTH)
+    sched.reclaim_for_bookings()
+    queue = priority_order(sched.state, with_short_bonus=True)
+    sched.easy_pass(queue, interactive_first=True)
+    return build_plan(sched, queue)

@@ -1,0 +1,44 @@
+"""``fifo``: strict arrival order, first fit, stop at the first job that does not fit."""
+
+from __future__ import annotations
+
+from scheduling.engine.explain import build_plan
+from scheduling.engine.priority import fifo_order
+from scheduling.engine.scheduler import Knobs, Scheduler
+from scheduling.engine.types import ClusterSnapshot, PendingReason, Plan, PolicyConfig
+
+
+def plan_fifo(snapshot: ClusterSnapshot, policy: PolicyConfig, now: float) -> Plan:
+    """Start jobs in submit order until one does not fit; everyone behind it waits.
+
+    Bookings are still honoured as reservations (a start that would run into a booking's
+    window on its user estimate does not fit).
+    """
+    sched = Scheduler(snapshot, policy, now, Knobs())
+    queue = fifo_order(snapshot.pending)
+    blocker: str | None = None
+    for job in queue:
+        if blocker is not None:
+            sched.out.wait(
+                job.id,
+                PendingReason.PRIORITY,
+                f"Strict arrival order: job {blocker}, submitted earlier, does not fit yet.",
+            )
+            continue
+        types = sched.types_for(job)
+        if not types:
+            sched.out.wait(
+                job.id, PendingReason.CONSTRAINT, "No GPU in the cluster satisfies its constraints."
+            )
+            continue  # can never run; skipping it cannot reorder anything that could
+        if sched.is_over_limit(job):
+            sched.out.wait(job.id, PendingReason.QUOTA, f"Project {job.project} is at its GPU limit.")
+            blocker = job.id
+            continue
+        estimate = sched.state.estimate(job)
+        if sched.try_start(job, types, estimate):
+            continue
+        blocker = job.id
+        # the head job waits for GPUs to free up; what is free now waits with it
+        sched.reserve_top(job, types, estimate)
+    return build_plan(sched, queue)

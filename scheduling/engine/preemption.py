@@ -1,0 +1,161 @@
+"""Choosing what to reclaim for higher-class demand, losing as little work as possible.
+
+Only running jobs started as preemptible (lent or borrowed capacity) are candidates; a job in
+its grace period is never signalled again, and its GPUs count as "arriving" for one demand only.
+The kill time is never before ``started_at + min_runtime_s`` and never before the grace ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from scheduling.engine.cluster import RoundState
+from scheduling.engine.types import JobKind, RunningJob
+
+
+@dataclass(frozen=True, slots=True)
+class Victim:
+    running: RunningJob
+    kill_at: float
+    lost_gpu_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Reclaim:
+    """A way to get GPUs for a demand: free ones now, ones in grace, and new victims."""
+
+    free_gpus: tuple[int, ...]
+    incoming_gpus: tuple[int, ...]  # from jobs already in grace (or signalled now)
+    victims: tuple[Victim, ...]
+    ready_at: float
+
+
+def kill_time(state: RoundState, running: RunningJob) -> float:
+    """Earliest kill time of a signal sent now: after the grace and after the minimum runtime."""
+    policy = state.policy
+    return max(state.now + policy.grace_s, running.started_at + policy.min_runtime_s)
+
+
+def victim_of(state: RoundState, running: RunningJob) -> Victim:
+    return Victim(
+        running=running,
+        kill_at=kill_time(state, running),
+        lost_gpu_s=state.lost_work_s(running) * len(running.gpu_ids),
+    )
+
+
+def is_reclaimable(running: RunningJob, *, excluded: set[str]) -> bool:
+    """Lent batch work that is not already being reclaimed."""
+    return (
+        running.is_preemptible
+        and running.grace_until is None
+        and running.job.kind == JobKind.BATCH
+        and running.job.id not in excluded
+    )
+
+
+def _victim_order(state: RoundState, victim: Victim) -> tuple[bool, float, float, str]:
+    # Past their minimum runtime first (the demand waits only the grace), then least lost work
+    # (checkpointed recently, or young), then youngest, then id for determinism.
+    slow = victim.kill_at > state.now + state.policy.grace_s
+    return (slow, victim.lost_gpu_s, -victim.running.started_at, victim.running.job.id)
+
+
+def plan_reclaim(
+    state: RoundState,
+    *,
+    node_indexes: Iterable[int],
+    gpu_count: int,
+    free_on_node: Callable[[int], list[int]],
+    incoming: dict[int, float],
+    excluded_jobs: set[str],
+    is_single_node: bool,
+) -> Reclaim | None:
+    """The cheapest way to assemble ``gpu_count`` GPUs on the given nodes, or None.
+
+    ``free_on_node`` gives usable free GPUs of a node; ``incoming`` maps GPUs of jobs already in
+    grace (and not promised to another demand) to the time they come free.  A single-node
+    demand is placed on the one node with the lowest (ready time, lost work); a multi-node one
+    takes free GPUs, then incoming ones, then victims in victim order until it has enough.
+    """
+    best: tuple[tuple[float, float, int], Reclaim] | None = None
+    pool_free: list[int] = []
+    pool_incoming: list[tuple[float, int]] = []
+    pool_victims: dict[str, Victim] = {}
+    for node_index in node_indexes:
+        node = state.nodes[node_index]
+        free = free_on_node(node_index)
+        arriving = sorted((incoming[g], g) for g in node.gpu_ids if g in incoming)
+        victims: dict[str, Victim] = {}
+        for gpu in node.gpu_ids:
+            running = state.running_by_gpu.get(gpu)
+            if (
+                running is not None
+                and running.job.id not in victims
+                and is_reclaimable(running, excluded=excluded_jobs)
+            ):
+                victims[running.job.id] = victim_of(state, running)
+        if not is_single_node:
+            pool_free.extend(free)
+            pool_incoming.extend(arriving)
+            pool_victims.update(victims)
+            continue
+        if (
+            len(free)
+            + len(arriving)
+            + sum(
+                sum(1 for g in v.running.gpu_ids if state.gpu_node.get(g) == node_index)
+                for v in victims.values()
+            )
+            < gpu_count
+        ):
+            continue
+        reclaim = _assemble(state, free, arriving, victims.values(), gpu_count, node_index)
+        if reclaim is None:
+            continue
+        cost = (reclaim.ready_at, sum(v.lost_gpu_s for v in reclaim.victims), node_index)
+        if best is None or cost < best[0]:
+            best = (cost, reclaim)
+    if not is_single_node:
+        return _assemble(state, pool_free, sorted(pool_incoming), pool_victims.values(), gpu_count, None)
+    return None if best is None else best[1]
+
+
+def _assemble(
+    state: RoundState,
+    free: list[int],
+    arriving: list[tuple[float, int]],
+    victims: Iterable[Victim],
+    gpu_count: int,
+    node_index: int | None,
+) -> Reclaim | None:
+    chosen_free = tuple(sorted(free)[:gpu_count])
+    need = gpu_count - len(chosen_free)
+    chosen_incoming: list[int] = []
+    ready_at = state.now
+    for at, gpu in arriving:
+        if need <= 0:
+            break
+        chosen_incoming.append(gpu)
+        ready_at = max(ready_at, at)
+        need -= 1
+    chosen_victims: list[Victim] = []
+    for victim in sorted(victims, key=lambda v: _victim_order(state, v)):
+        if need <= 0:
+            break
+        gained = [
+            g for g in victim.running.gpu_ids if node_index is None or state.gpu_node.get(g) == node_index
+        ]
+        chosen_victims.append(victim)
+        chosen_incoming.extend(gained)
+        ready_at = max(ready_at, victim.kill_at)
+        need -= len(gained)
+    if need > 0:
+        return None
+    return Reclaim(
+        free_gpus=chosen_free,
+        incoming_gpus=tuple(chosen_incoming),
+        victims=tuple(chosen_victims),
+        ready_at=ready_at,
+    )

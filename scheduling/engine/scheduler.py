@@ -1,0 +1,631 @@
+"""One round of scheduling: admit -> order -> place -> explain, shared by every policy.
+
+A `Scheduler` lives for one `plan_round` call.  The policies (``policies/``) only choose its
+`Knobs` and the order of the passes; the passes themselves are here:
+
+* bookings: choose GPUs (when the portal left it to the engine), hold them, and (berth)
+  reclaim lent work in time;
+* the EASY pass: start jobs in priority order while they fit; the first that does not becomes
+  the *top job* and gets a shadow reservation; later jobs backfill only if they leave reserved
+  GPUs in time (on their estimate) or, with lending, as preemptible work;
+* berth extras: interactive sessions reclaim lent work, interactive headroom lendable to
+  preemptible work, the top job reclaims lent work from its reservation, quota guarantees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from scheduling.engine.backfill import Shadow, Window, earliest_start
+from scheduling.engine.cluster import Estimate, RoundState
+from scheduling.engine.outcome import Outcome
+from scheduling.engine.placement import INF, FreePool, Hold
+from scheduling.engine.preemption import Reclaim, is_reclaimable, kill_time, plan_reclaim
+from scheduling.engine.types import (
+    Booking,
+    ClusterSnapshot,
+    JobKind,
+    JobRequest,
+    PendingReason,
+    PolicyConfig,
+    PreemptAction,
+    ReserveAction,
+    RunningJob,
+    StartAction,
+)
+
+HEADROOM = "interactive-headroom"
+
+
+@dataclass(frozen=True, slots=True)
+class Knobs:
+    """What distinguishes the policies; see ``policies/``."""
+
+    is_predicted: bool = False  # backfill and ETAs on predicted runtimes (else user estimates)
+    has_short_bonus: bool = False  # priority bonus for short predicted GPU-time
+    can_preempt: bool = False  # reclaim lent work for higher-class demand
+    can_lend: bool = False  # start preemptible work on held / headroom GPUs
+    has_partition: bool = False  # static interactive partition
+    prefers_cheap_types: bool = False  # place on the least valuable fitting GPU type first
+    enforces_guarantees: bool = False  # work above a project's guarantee runs preemptible only
+
+
+def fmt_s(seconds: float) -> str:
+    """A duration for humans: 45 s, 12 min, 3.5 h, 2.1 d."""
+    if seconds < 90:
+        return f"{max(seconds, 0.0):.0f} s"
+    if seconds < 5_400:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172_800:
+        return f"{seconds / 3_600:.1f} h"
+    return f"{seconds / 86_400:.1f} d"
+
+
+class Scheduler:
+    """Mutable state of one round; build it, run passes, then `explain.build_plan`."""
+
+    def __init__(self, snapshot: ClusterSnapshot, policy: PolicyConfig, now: float, knobs: Knobs) -> None:
+        """Index the snapshot, place bookings and build the free-GPU pools."""
+        self.knobs = knobs
+        self.state = state = RoundState(snapshot, policy, now, is_predicted=knobs.is_predicted)
+        self.out = Outcome()
+        self.now = now
+        self.policy = policy
+        order = state.type_order
+        if knobs.prefers_cheap_types:
+            order = tuple(
+                sorted(order, key=lambda n: (state.types[n].value, state.types[n].memory_gib, order.index(n)))
+            )
+        self.type_rank = {name: i for i, name in enumerate(order)}
+        partition = set(policy.interactive_partition) if knobs.has_partition else set()
+        self.partition_nodes = frozenset(i for i, node in enumerate(state.nodes) if node.id in partition)
+        self.schedulable = [i for i, node in enumerate(state.nodes) if state.is_schedulable(node)]
+        # GPU -> (p50 end, hold end) of jobs started this round (for profiles and ETAs)
+        self.started_end: dict[int, tuple[float, float]] = {}
+        self.windows: dict[int, list[Window]] = {}
+        self.booking_gpus: dict[str, tuple[int, ...]] = {}
+        self.active_booking_gpu: dict[int, Booking] = {}
+        self.top: JobRequest | None = None
+        self.top_shadow: Shadow | None = None
+        self.reclaim_ready: dict[str, float] = {}
+        self.scores: dict[str, float] = {}
+        # running GPUs (in grace or signalled) promised to a demand earlier in this round
+        self.round_promised: set[int] = set()
+        busy = set(state.running_by_gpu)
+        free = {g for i in self.schedulable for g in state.nodes[i].gpu_ids if g not in busy}
+        self._place_bookings(free)
+        self.free_at_start = frozenset(free)
+        if knobs.has_partition:
+            self.inter_pool = FreePool(
+                state.nodes,
+                (g for g in free if state.gpu_node[g] in self.partition_nodes),
+            )
+            self.batch_pool = FreePool(
+                state.nodes,
+                (g for g in free if state.gpu_node[g] not in self.partition_nodes),
+            )
+        else:
+            self.batch_pool = FreePool(state.nodes, free)
+            self.inter_pool = self.batch_pool
+        self._hold_bookings()
+        self._init_quotas()
+
+    # ---- helpers ----
+
+    def types_for(self, job: JobRequest) -> list[str]:
+        """Eligible types of a job in this policy's preference order."""
+        return sorted(self.state.eligible_types(job), key=self.type_rank.__getitem__)
+
+    def pool_for(self, job: JobRequest) -> FreePool:
+        return self.inter_pool if job.kind == JobKind.INTERACTIVE else self.batch_pool
+
+    def nodes_for(self, job: JobRequest | None, types: Sequence[str]) -> Iterator[int]:
+        """Schedulable node indexes of the given types that the job may use (static partition)."""
+        wanted = set(types)
+        is_interactive = job is None or job.kind == JobKind.INTERACTIVE
+        for i in self.schedulable:
+            node = self.state.nodes[i]
+            if node.gpu_type not in wanted:
+                continue
+            if self.partition_nodes and ((i in self.partition_nodes) != is_interactive):
+                continue
+            yield i
+
+    def is_single_node(self, types: Sequence[str], gpu_count: int) -> bool:
+        sizes = [self.batch_pool.max_node_size(t) or self._type_max_size(t) for t in types]
+        return gpu_count <= max(sizes, default=0)
+
+    def _type_max_size(self, name: str) -> int:
+        return max((len(n.gpu_ids) for n in self.state.nodes if n.gpu_type == name), default=0)
+
+    # ---- bookings ----
+
+    def _booking_availability(self, gpu: int, free: set[int]) -> float:
+        if gpu in free:
+            return self.now
+        running = self.state.running_by_gpu.get(gpu)
+        if running is None:
+            return INF
+        end = self.state.end_hold[running.job.id]
+        if self.knobs.can_preempt and is_reclaimable(running, excluded=set()):
+            end = min(end, kill_time(self.state, running))
+        return end
+
+    def _place_bookings(self, free: set[int]) -> None:
+        state = self.state
+        bookings = sorted(
+            (b for b in state.snapshot.bookings if b.end_at > self.now),
+            key=lambda b: (b.start_at, b.id),
+        )
+        taken: list[tuple[Booking, tuple[int, ...]]] = [(b, b.gpu_ids) for b in bookings if b.gpu_ids]
+        for booking in bookings:
+            gpus = booking.gpu_ids
+            if not gpus:
+                blocked = {
+                    g
+                    for other, other_gpus in taken
+                    if other.start_at < booking.end_at and booking.start_at < other.end_at
+                    for g in other_gpus
+                }
+                types = state.booking_types(booking)
+                single = booking.gpu_count <= max((self._type_max_size(t) for t in types), default=0)
+                shadow = earliest_start(
+                    node_gpus=((i, state.nodes[i].gpu_ids) for i in self.nodes_for(None, types)),
+                    available_at=lambda g, blocked=blocked: (  # type: ignore[misc]
+                        INF if g in blocked else self._booking_availability(g, free)
+                    ),
+                    gpu_count=booking.gpu_count,
+                    is_single_node=single,
+                    duration_s=0.0,
+                    windows={},
+                )
+                if shadow is None:
+                    self.out.notes.append(
+                        f"Booking {booking.id}: no {booking.gpu_count} GPUs of a fitting type exist."
+                    )
+                    continue
+                gpus = shadow.gpu_ids
+                taken.append((booking, gpus))
+            self.booking_gpus[booking.id] = gpus
+            self.out.reservations.append(
+                ReserveAction(
+                    holder_id=booking.id, gpu_ids=gpus, start_at=booking.start_at, end_at=booking.end_at
+                )
+            )
+            if booking.start_at <= self.now:
+                for gpu in gpus:
+                    self.active_booking_gpu[gpu] = booking
+                    free.discard(gpu)
+            else:
+                lead_at = booking.start_at - self.policy.booking_lead_s
+                for gpu in gpus:
+                    self.windows.setdefault(gpu, []).append((lead_at, booking.end_at))
+                self.out.wake_at(booking.start_at, self.now)
+                if self.knobs.can_preempt:
+                    self.out.wake_at(lead_at - self.policy.grace_s, self.now)
+        for windows in self.windows.values():
+            windows.sort()
+
+    def _hold_bookings(self) -> None:
+        for booking in self.state.snapshot.bookings:
+            if booking.start_at <= self.now or booking.id not in self.booking_gpus:
+                continue
+            lead_at = booking.start_at - self.policy.booking_lead_s
+            hold = Hold(holder=booking.id, normal_until=lead_at, lent_until=lead_at, is_strict=True)
+            self.inter_pool.hold(self.booking_gpus[booking.id], hold)
+            if self.batch_pool is not self.inter_pool:
+                self.batch_pool.hold(self.booking_gpus[booking.id], hold)
+
+    def reclaim_for_bookings(self) -> None:
+        """Berth: signal lent work on a booking's GPUs so they are free at its start."""
+        state = self.state
+        for booking in sorted(state.snapshot.bookings, key=lambda b: (b.start_at, b.id)):
+            gpus = self.booking_gpus.get(booking.id)
+            if not gpus or booking.end_at <= self.now:
+                continue
+            signal_at = booking.start_at - self.policy.booking_lead_s - self.policy.grace_s
+            if self.now < signal_at:
+                continue
+            for gpu in gpus:
+                running = state.running_by_gpu.get(gpu)
+                if running is None:
+                    continue
+                self.out.promised.update(running.gpu_ids)
+                if is_reclaimable(running, excluded=self.out.preempted):
+                    self._preempt(running, for_id=booking.id, why=f"booking {booking.id} starts")
+                elif running.grace_until is None and running.job.id not in self.out.preempted:
+                    self.out.notes.append(
+                        f"Booking {booking.id}: GPU {gpu} is still running non-preemptible job "
+                        f"{running.job.id}; the booking may start late."
+                    )
+
+    # ---- quotas ----
+
+    def _init_quotas(self) -> None:
+        state = self.state
+        self.shares = {share.name: share for share in state.snapshot.projects}
+        self.used: dict[str, int] = {}
+        self.guaranteed_used: dict[tuple[str, str], int] = {}
+        for running in state.snapshot.running:
+            project = running.job.project
+            self.used[project] = self.used.get(project, 0) + len(running.gpu_ids)
+            if not running.is_preemptible:
+                for gpu in running.gpu_ids:
+                    key = (project, state.gpu_type.get(gpu, ""))
+                    self.guaranteed_used[key] = self.guaranteed_used.get(key, 0) + 1
+
+    def _limit(self, project: str) -> int | None:
+        share = self.shares.get(project)
+        if share is None or share.borrow_limit is None:
+            return None
+        return sum(n for _t, n in share.guaranteed) + share.borrow_limit
+
+    def _guarantee_left(self, project: str, gpu_type: str) -> int | None:
+        """Guaranteed GPUs of a type not yet used by non-preemptible work (None: no quota)."""
+        share = self.shares.get(project)
+        if share is None or (not share.guaranteed and share.borrow_limit is None):
+            return None
+        total = sum(n for t, n in share.guaranteed if t in (gpu_type, "*"))
+        return total - self.guaranteed_used.get((project, gpu_type), 0)
+
+    def is_over_limit(self, job: JobRequest) -> bool:
+        limit = self._limit(job.project)
+        return limit is not None and self.used.get(job.project, 0) + job.gpu_count > limit
+
+    # ---- actions ----
+
+    def start(self, job: JobRequest, gpus: tuple[int, ...], estimate: Estimate, *, is_lent: bool) -> None:
+        state = self.state
+        self.pool_for(job).take(gpus)
+        nodes: list[str] = []
+        for gpu in gpus:
+            node_id = state.nodes[state.gpu_node[gpu]].id
+            if node_id not in nodes:
+                nodes.append(node_id)
+            self.started_end[gpu] = (self.now + estimate.p50_s, self.now + estimate.hold_s)
+        self.out.starts.append(
+            StartAction(
+                job_id=job.id,
+                gpu_ids=gpus,
+                node_ids=tuple(nodes),
+                is_preemptible=is_lent,
+                expected_end_at=self.now + estimate.hold_s,
+            )
+        )
+        self.used[job.project] = self.used.get(job.project, 0) + len(gpus)
+        if not is_lent:
+            for gpu in gpus:
+                key = (job.project, state.gpu_type[gpu])
+                self.guaranteed_used[key] = self.guaranteed_used.get(key, 0) + 1
+
+    def _preempt(self, running: RunningJob, *, for_id: str, why: str) -> None:
+        kill_at = kill_time(self.state, running)
+        self.out.preemptions.append(
+            PreemptAction(
+                job_id=running.job.id,
+                signal_at=self.now,
+                kill_at=kill_at,
+                reason=(
+                    f"Preempted for {why}: it ran {fmt_s(self.now - running.started_at)} on lent GPUs; "
+                    f"grace until +{fmt_s(kill_at - self.now)}."
+                ),
+                for_id=for_id,
+            )
+        )
+        self.out.preempted.add(running.job.id)
+        self.out.promised.update(running.gpu_ids)
+
+    # ---- the EASY pass ----
+
+    def lent_until(self, job: JobRequest, estimate: Estimate) -> float:
+        """Earliest time a lent start of this job could be off its GPUs again.
+
+        Checkpointable work loses little when reclaimed, so it may borrow for as long as its
+        minimum runtime; other work only where its median runtime fits before the need.
+        """
+        policy = self.policy
+        held = policy.min_runtime_s if job.is_checkpointable else max(estimate.p50_s, policy.min_runtime_s)
+        return self.now + held + policy.grace_s
+
+    def try_start(self, job: JobRequest, types: Sequence[str], estimate: Estimate) -> bool:
+        """Start the job now if it fits without hurting anything held; lent if it must."""
+        pool = self.pool_for(job)
+        until = self.now + estimate.hold_s
+        # a booking is honoured on the user's own limit: predictions are not promises
+        strict_until = self.now + max(estimate.hold_s, job.requested_s or 0.0)
+        must_lend = False
+        if self.knobs.enforces_guarantees and job.kind == JobKind.BATCH:
+            left = [self._guarantee_left(job.project, t) for t in types]
+            if all(x is not None and x < job.gpu_count for x in left):
+                must_lend = True
+                if not job.is_preemptible:
+                    self.out.wait(
+                        job.id,
+                        PendingReason.QUOTA,
+                        f"Project {job.project} has used its guaranteed GPUs and this job is not "
+                        f"preemptible, so it cannot run on borrowed capacity; it needs {job.gpu_count} GPUs.",
+                    )
+                    return False
+        prefer = self.knobs.prefers_cheap_types
+        gpus = pool.find(
+            types, job.gpu_count, until=until, strict_until=strict_until, prefer_type_order=prefer
+        )
+        if gpus is not None:
+            self.start(job, gpus, estimate, is_lent=must_lend)
+            return True
+        if self.knobs.can_lend and job.is_preemptible and job.kind == JobKind.BATCH:
+            gpus = pool.find(
+                types,
+                job.gpu_count,
+                until=self.lent_until(job, estimate),
+                is_lent=True,
+                prefer_type_order=prefer,
+            )
+            if gpus is not None:
+                self.start(job, gpus, estimate, is_lent=True)
+                return True
+        return False
+
+    def available_at(self, gpu: int, *, for_job: str, with_reclaim: bool = True) -> float:
+        """When a GPU comes free for the top job (INF: not for it)."""
+        state = self.state
+        holder = self.out.claimed.get(gpu)
+        if holder is not None:
+            return self.now if holder == for_job else INF
+        if gpu in self.active_booking_gpu:
+            return self.active_booking_gpu[gpu].end_at
+        ends = self.started_end.get(gpu)
+        if ends is not None:
+            return ends[1]
+        running = state.running_by_gpu.get(gpu)
+        if running is None:
+            return self.now
+        if gpu in self.out.promised and running.grace_until is None:
+            return INF  # signalled this round for another demand
+        end = state.end_hold[running.job.id]
+        if with_reclaim and self.knobs.can_preempt and is_reclaimable(running, excluded=self.out.preempted):
+            end = min(end, kill_time(state, running))
+        return end
+
+    def reserve_top(self, job: JobRequest, types: Sequence[str], estimate: Estimate) -> None:
+        """Make the blocked head job the top job: reclaim lent work for it, or reserve its shadow."""
+        state = self.state
+        pool = self.pool_for(job)
+        single = self.is_single_node(types, job.gpu_count)
+        if self.knobs.can_preempt and self._reclaim(job, types, estimate, single=single):
+            return
+        shadow = earliest_start(
+            node_gpus=((i, state.nodes[i].gpu_ids) for i in self.nodes_for(job, types)),
+            available_at=lambda g: self.available_at(g, for_job=job.id),
+            gpu_count=job.gpu_count,
+            is_single_node=single,
+            duration_s=estimate.hold_s,
+            windows=self.windows,
+        )
+        if shadow is None:
+            self.out.wait(
+                job.id,
+                PendingReason.RESOURCES,
+                f"Needs {job.gpu_count} GPUs of type {'/'.join(types)}; not enough of them are up now.",
+            )
+            return
+        self.top = job
+        self.top_shadow = shadow
+        pool.hold(
+            shadow.gpu_ids, Hold(holder=job.id, normal_until=shadow.start_at, lent_until=shadow.start_at)
+        )
+        self.out.reservations.append(
+            ReserveAction(
+                holder_id=job.id,
+                gpu_ids=shadow.gpu_ids,
+                start_at=shadow.start_at,
+                end_at=shadow.start_at + estimate.hold_s,
+            )
+        )
+        free_now = sum(1 for g in shadow.gpu_ids if pool.is_free(g))
+        self.out.wait(
+            job.id,
+            PendingReason.RESOURCES,
+            f"Top of the queue; needs {job.gpu_count} GPUs, {free_now} are free now. "
+            f"GPUs are reserved for it from +{fmt_s(shadow.start_at - self.now)}.",
+            shadow.start_at,
+        )
+
+    def _reclaim(self, job: JobRequest, types: Sequence[str], estimate: Estimate, *, single: bool) -> bool:
+        """Berth: get GPUs for a blocked interactive session or top job by reclaiming lent work."""
+        state = self.state
+        pool = self.pool_for(job)
+        until = self.now + estimate.hold_s
+        incoming: dict[int, float] = {}
+        for running in state.snapshot.running:
+            if running.grace_until is not None or running.job.id in self.out.preempted:
+                for gpu in running.gpu_ids:
+                    if gpu not in self.out.promised or running.grace_until is not None:
+                        incoming[gpu] = max(running.grace_until or self.now, self.now)
+        # GPUs promised to a demand earlier in this round are not arriving for this one
+        for gpu in self.round_promised:
+            incoming.pop(gpu, None)
+        reclaim = plan_reclaim(
+            state,
+            node_indexes=self.nodes_for(job, types),
+            gpu_count=job.gpu_count,
+            free_on_node=lambda i: pool.node_usable(i, until=until, strict_until=until, is_lent=False),
+            incoming=incoming,
+            excluded_jobs=self.out.preempted,
+            is_single_node=single,
+        )
+        if reclaim is None or (not reclaim.victims and not reclaim.incoming_gpus):
+            return False
+        if job.kind != JobKind.INTERACTIVE and not self._worth_reclaiming(
+            job, types, estimate, reclaim, single
+        ):
+            return False
+        for victim in reclaim.victims:
+            self._preempt(
+                victim.running,
+                for_id=job.id,
+                why=("interactive session " if job.kind == JobKind.INTERACTIVE else "reserved top job ")
+                + job.id,
+            )
+        pool.take(reclaim.free_gpus)
+        for gpu in reclaim.free_gpus:
+            self.out.claimed[gpu] = job.id
+        self.round_promised.update(reclaim.incoming_gpus)
+        self.out.promised.update(reclaim.incoming_gpus)
+        self.reclaim_ready[job.id] = reclaim.ready_at
+        if self.top is None and job.kind != JobKind.INTERACTIVE:
+            self.top = job
+        self.out.wait(
+            job.id,
+            PendingReason.PREEMPTING,
+            f"{len(reclaim.free_gpus)} of its {job.gpu_count} GPUs are free and the rest are being "
+            f"reclaimed from lent work ({len(reclaim.victims)} job(s) signalled now); "
+            f"it starts in about {fmt_s(reclaim.ready_at - self.now)}.",
+            reclaim.ready_at,
+        )
+        self.out.wake_at(reclaim.ready_at, self.now)
+        return True
+
+    def _worth_reclaiming(
+        self, job: JobRequest, types: Sequence[str], estimate: Estimate, reclaim: Reclaim, single: bool
+    ) -> bool:
+        """Reclaim for the top job only if it gains more GPU-time than the victims lose."""
+        if not reclaim.victims:
+            return True
+        state = self.state
+        shadow = earliest_start(
+            node_gpus=((i, state.nodes[i].gpu_ids) for i in self.nodes_for(job, types)),
+            available_at=lambda g: self.available_at(g, for_job=job.id, with_reclaim=False),
+            gpu_count=job.gpu_count,
+            is_single_node=single,
+            duration_s=estimate.hold_s,
+            windows=self.windows,
+        )
+        if shadow is None:
+            return True
+        gained = (shadow.start_at - reclaim.ready_at) * job.gpu_count
+        lost = sum(v.lost_gpu_s for v in reclaim.victims)
+        return gained > lost
+
+    def easy_pass(self, queue: Sequence[JobRequest], *, interactive_first: bool) -> None:
+        """Start, reserve and backfill ``queue`` (already in priority order)."""
+        scanned = 0
+        depth = self.policy.backfill_depth
+        headroom_done = not interactive_first
+        for job in queue:
+            if job.id in self.out.verdicts:
+                continue
+            if not headroom_done and job.kind != JobKind.INTERACTIVE:
+                self.hold_headroom()
+                headroom_done = True
+            types = self.types_for(job)
+            if not types:
+                self.out.wait(
+                    job.id,
+                    PendingReason.CONSTRAINT,
+                    f"No GPU in cluster {self.state.snapshot.cluster} satisfies its constraints "
+                    f"(type {job.gpu_type or 'any'}, >= {job.min_memory_gib:g} GiB, "
+                    f"precisions {', '.join(sorted(job.precisions)) or 'any'}).",
+                )
+                continue
+            if self.is_over_limit(job):
+                limit = self._limit(job.project)
+                self.out.wait(
+                    job.id,
+                    PendingReason.QUOTA,
+                    f"Project {job.project} runs {self.used.get(job.project, 0)} GPUs of its limit "
+                    f"of {limit}; this job needs {job.gpu_count} more.",
+                )
+                continue
+            estimate = self.state.estimate(job)
+            if self.top is None:
+                if self.try_start(job, types, estimate):
+                    continue
+                if job.id in self.out.verdicts:
+                    continue  # waits on quota
+                if (
+                    self.knobs.can_preempt
+                    and job.kind == JobKind.INTERACTIVE
+                    and self._reclaim(job, types, estimate, single=self.is_single_node(types, job.gpu_count))
+                ):
+                    continue
+                self.reserve_top(job, types, estimate)
+                continue
+            scanned += 1
+            if scanned > depth:
+                self.out.wait(
+                    job.id,
+                    PendingReason.PRIORITY,
+                    f"{scanned - 1} higher-priority jobs are ahead of it; it is beyond this round's "
+                    f"backfill window of {depth} jobs.",
+                )
+                continue
+            if self.try_start(job, types, estimate):
+                continue
+            if job.id in self.out.verdicts:
+                continue
+            self._explain_blocked(job, types, estimate)
+        if not headroom_done:
+            self.hold_headroom()
+
+    def _explain_blocked(self, job: JobRequest, types: Sequence[str], estimate: Estimate) -> None:
+        pool = self.pool_for(job)
+        free = sum(pool.free_count(t) for t in types)
+        top = self.top
+        if free >= job.gpu_count:
+            ignoring_holds = pool.find(types, job.gpu_count, until=-INF, strict_until=-INF)
+            if ignoring_holds is not None:
+                holder = pool.hold_of(ignoring_holds[0])
+                what = holder.holder if holder is not None else "a reservation"
+                whom = (
+                    "interactive headroom"
+                    if what == HEADROOM
+                    else ("the top job " + what if top is not None and what == top.id else "booking " + what)
+                )
+                self.out.wait(
+                    job.id,
+                    PendingReason.RESERVATION,
+                    f"{free} fitting GPUs are free, but they are held for {whom} and this job's "
+                    f"estimated {fmt_s(estimate.hold_s)} would run into that.",
+                )
+                return
+            self.out.wait(
+                job.id,
+                PendingReason.FRAGMENTATION,
+                f"{free} fitting GPUs are free in total, but no node has {job.gpu_count} of them together.",
+            )
+            return
+        ahead = f"; top job {top.id} holds the next free GPUs" if top is not None else ""
+        self.out.wait(
+            job.id,
+            PendingReason.RESOURCES if top is None or top.id == job.id else PendingReason.PRIORITY,
+            f"Needs {job.gpu_count} GPUs of type {'/'.join(types)}; {free} are free{ahead}.",
+        )
+
+    # ---- headroom ----
+
+    def hold_headroom(self) -> None:
+        """Berth: keep ``interactive_headroom`` GPUs idle or running only reclaimable work."""
+        if not self.knobs.can_lend or not self.policy.interactive_headroom:
+            return
+        pool = self.inter_pool
+        state = self.state
+        for type_name, count in self.policy.interactive_headroom:
+            types = list(self.type_rank) if type_name == "*" else [type_name]
+            lent = sum(
+                len(r.gpu_ids)
+                for r in state.snapshot.running
+                if is_reclaimable(r, excluded=self.out.preempted)
+                and state.gpu_type.get(r.gpu_ids[0]) in types
+            )
+            lent += sum(
+                len(s.gpu_ids)
+                for s in self.out.starts
+                if s.is_preemptible and state.gpu_type[s.gpu_ids[0]] in types
+            )
+            need = count - lent
+            if need <= 0:
+                continue
+            chosen = pool.pick_fragments(types, need)
+            pool.hold(chosen, Hold(holder=HEADROOM, normal_until=-INF, lent_until=INF))
