@@ -72,6 +72,8 @@ ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 MpiDefault=none
 SwitchType=switch/none
+# The fake nodes claim more CPUs than the host has, so that GPUs, not CPUs, limit how many jobs fit.
+SlurmdParameters=config_overrides
 MailProg=/bin/true
 ReturnToService=2
 SchedulerType=sched/backfill
@@ -91,8 +93,8 @@ SlurmdTimeout=30
 InactiveLimit=0
 KillWait=5
 Waittime=0
-NodeName=n[1-2] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[$((NODE_PORT_BASE + 1))-$((NODE_PORT_BASE + 2))] CPUs=2 RealMemory=4000 Gres=gpu:a100:4 State=UNKNOWN
-NodeName=n[3-4] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[$((NODE_PORT_BASE + 3))-$((NODE_PORT_BASE + 4))] CPUs=2 RealMemory=4000 Gres=gpu:h100:8 State=UNKNOWN
+NodeName=n[1-2] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[$((NODE_PORT_BASE + 1))-$((NODE_PORT_BASE + 2))] CPUs=16 RealMemory=16000 Gres=gpu:a100:4 State=UNKNOWN
+NodeName=n[3-4] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[$((NODE_PORT_BASE + 3))-$((NODE_PORT_BASE + 4))] CPUs=16 RealMemory=16000 Gres=gpu:h100:8 State=UNKNOWN
 PartitionName=gpu  Nodes=ALL    Default=YES MaxTime=INFINITE State=UP
 PartitionName=a100 Nodes=n[1-2] MaxTime=INFINITE State=UP
 PartitionName=h100 Nodes=n[3-4] MaxTime=INFINITE State=UP

@@ -507,14 +507,19 @@ def parse_jobs(text: str, *, prefix: str, gpu_ids: Mapping[str, tuple[int, ...]]
 
 
 def signalled_at(raw: Mapping[str, Any]) -> float | None:
-    """When Berth sent the grace signal, from the job's comment (None: not yet)."""
+    """When Berth sent the grace signal to the job's current run, from its comment (None: not yet).
+
+    A mark older than the run's start belongs to an earlier run (Slurm requeued the job by itself).
+    """
     comment = str(raw.get("comment") or "")
     if not comment.startswith(SIGNAL_MARK):
         return None
     try:
-        return float(comment[len(SIGNAL_MARK) :])
+        at = float(comment[len(SIGNAL_MARK) :])
     except ValueError:
         return None
+    started = _epoch_or_none(raw.get("start_time"))
+    return None if started is not None and at < started else at
 
 
 def slurm_time(epoch_s: float) -> str:
@@ -843,7 +848,7 @@ class SlurmBackend:
                     "POST",
                     f"/job/{ref}",
                     doing=f"mark job {ref}",
-                    body={"comment": f"{SIGNAL_MARK}{now:.0f}"},
+                    body={"comment": f"{SIGNAL_MARK}{math.ceil(now)}"},
                 )
                 notes.append(f"sent SIG{self.config.preempt_signal}")
                 if now >= action.kill_at:
