@@ -1,15 +1,61 @@
-"""One exception handler for the whole API: every error is ``{"message", "fields"}``."""
+"""One exception handler for the whole API: every error is ``{"message", "fields"}``.
+
+Also the JSON parser the API uses, which enforces ``DATA_UPLOAD_MAX_MEMORY_SIZE`` (DRF reads
+the request stream itself, so Django's own limit never applies to JSON bodies).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import io
+import logging
+from collections.abc import Mapping
+from typing import IO, TYPE_CHECKING, Any
 
-from django.core.exceptions import PermissionDenied
+from django.conf import settings
+from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404
-from rest_framework import exceptions, status
+from rest_framework import exceptions, parsers, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
+
+if TYPE_CHECKING:
+    from scheduling.services import BookingConflictError
+
+logger = logging.getLogger(__name__)
+
+
+class RequestTooLargeError(exceptions.APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_detail = "The request body is too large."
+    default_code = "request_too_large"
+
+
+class JSONParser(parsers.JSONParser):
+    """DRF's JSON parser with a body size limit (413 above ``DATA_UPLOAD_MAX_MEMORY_SIZE``)."""
+
+    def parse(
+        self,
+        stream: IO[Any] | None,
+        media_type: str | None = None,
+        parser_context: Mapping[str, Any] | None = None,
+    ) -> Any:
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        request = (parser_context or {}).get("request")
+        if limit is not None and request is not None:
+            try:
+                declared = int(request.META.get("CONTENT_LENGTH") or 0)
+            except ValueError:
+                declared = 0
+            if declared > limit:
+                raise RequestTooLargeError()
+        if stream is not None and limit is not None:
+            # Content-Length may be absent or lie: never read more than the limit.
+            body = stream.read(limit + 1)
+            if len(body) > limit:
+                raise RequestTooLargeError()
+            stream = io.BytesIO(body)
+        return super().parse(stream, media_type, parser_context)
 
 
 def _flatten(detail: Any) -> Any:
@@ -24,14 +70,39 @@ def _flatten(detail: Any) -> Any:
     return [str(detail)]
 
 
+def _conflict_response(exc: BookingConflictError) -> Response:
+    alternatives = [
+        {
+            "cluster": a.cluster,
+            "gpu_type": a.gpu_type,
+            "gpu_count": a.gpu_count,
+            "start_at": a.start_at.isoformat(),
+            "end_at": a.end_at.isoformat(),
+        }
+        for a in exc.alternatives
+    ]
+    return Response(
+        {"message": exc.message, "fields": exc.fields, "alternatives": alternatives},
+        status=status.HTTP_409_CONFLICT,
+    )
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    """Map service and DRF errors to ``{"message", "fields"}`` (409 adds ``alternatives``)."""
+    # Imported here: DRF loads this module while apps are still loading.
+    from scheduling.services import BookingConflictError
+
+    if isinstance(exc, BookingConflictError):
+        return _conflict_response(exc)
     if isinstance(exc, DjangoValidationError):
         fields = exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}
         exc = exceptions.ValidationError(detail=fields)
     elif isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):
-        exc = exceptions.PermissionDenied()
+        exc = exceptions.PermissionDenied(detail=str(exc) or None)
+    elif isinstance(exc, RequestDataTooBig):
+        exc = RequestTooLargeError()
 
     response = drf_exception_handler(exc, context)
     if response is None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db.models import Prefetch, QuerySet
+from django.db.models import OuterRef, Prefetch, QuerySet, Subquery
 from django.http import Http404
 
 from portal.accounts.models import Membership, Project, Quota
@@ -38,11 +38,19 @@ def managed_project_ids(user: AnyUser) -> list[int]:
 
 
 def project_list(user: AnyUser) -> QuerySet[Project]:
-    """Projects the user may see: their own, or all of them for staff; quotas prefetched."""
+    """Projects the user may see: their own, or all of them for staff.
+
+    Each carries ``my_role`` (the user's role, ``None`` for staff outside it); quotas are prefetched.
+    """
     qs = Project.objects.all() if _is_staff(user) else Project.objects.filter(memberships__user_id=user.pk)
-    return qs.prefetch_related(
-        Prefetch("quotas", queryset=Quota.objects.select_related("gpu_type").order_by("gpu_type__name"))
-    ).order_by("name")
+    role = Membership.objects.filter(user_id=user.pk, project_id=OuterRef("pk")).values("role")[:1]
+    return (
+        qs.annotate(my_role=Subquery(role))
+        .prefetch_related(
+            Prefetch("quotas", queryset=Quota.objects.select_related("gpu_type").order_by("gpu_type__name"))
+        )
+        .order_by("name")
+    )
 
 
 def project_get(user: AnyUser, *, slug: str) -> Project:

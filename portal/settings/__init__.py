@@ -24,9 +24,7 @@ if IS_PRODUCTION:
     DATABASES = {"default": env.db("DATABASE_URL")}
 else:
     SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="dev-only-insecure-key-not-for-production")
-    DATABASES = {
-        "default": env.db("DATABASE_URL", default="postgres://berth:berth@127.0.0.1:55433/berth")
-    }
+    DATABASES = {"default": env.db("DATABASE_URL", default="postgres://berth:berth@127.0.0.1:55433/berth")}
 DATABASES["default"]["ENGINE"] = "django.db.backends.postgresql"
 DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DB_CONN_MAX_AGE", default=60))
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
@@ -143,12 +141,13 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "scheduling.api.schema.AutoSchema",
     "DEFAULT_PAGINATION_CLASS": "scheduling.api.pagination.CursorPagination",
     "PAGE_SIZE": 50,
     "EXCEPTION_HANDLER": "portal.api.exception_handler",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    # DRF's JSON parser plus the DATA_UPLOAD_MAX_MEMORY_SIZE limit (413), which DRF skips.
+    "DEFAULT_PARSER_CLASSES": ["portal.api.JSONParser"],
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Berth API",
@@ -156,6 +155,11 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "MembershipRoleEnum": "portal.accounts.models.Membership.Role",
+        "BookingStatusEnum": "scheduling.models.Booking.Status",
+        "JobStatusEnum": "scheduling.models.Job.Status",
+    },
 }
 
 # ---- Celery (JSON only, time limits, never eager) ----

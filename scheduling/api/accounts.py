@@ -1,0 +1,73 @@
+"""Projects and the signed-in user."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from portal.accounts import selectors as account_selectors
+from portal.accounts.models import Membership
+from scheduling.api.common import PaginatedApi, errors
+
+
+class QuotaSerializer(serializers.Serializer):
+    gpu_type = serializers.CharField(source="gpu_type.name")
+    guaranteed_gpus = serializers.IntegerField()
+    borrow_limit_gpus = serializers.IntegerField(allow_null=True)
+
+
+class ProjectOutputSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    slug = serializers.SlugField()
+    description = serializers.CharField()
+    fair_share_weight = serializers.FloatField()
+    is_active = serializers.BooleanField()
+    my_role = serializers.ChoiceField(choices=Membership.Role.choices, allow_null=True)
+    quotas = QuotaSerializer(many=True)
+
+
+class ProjectListApi(PaginatedApi):
+    OutputSerializer = ProjectOutputSerializer
+
+    @extend_schema(operation_id="projects_list", responses={200: OutputSerializer(many=True), **errors(401)})
+    def get(self, request: Request) -> Response:
+        return self.paginate(request, account_selectors.project_list(request.user), self.OutputSerializer)
+
+
+class ProjectDetailApi(APIView):
+    @extend_schema(
+        operation_id="projects_retrieve", responses={200: ProjectOutputSerializer, **errors(401, 404)}
+    )
+    def get(self, request: Request, slug: str) -> Response:
+        project = account_selectors.project_get(request.user, slug=slug)
+        return Response(ProjectOutputSerializer(project).data)
+
+
+class MembershipSerializer(serializers.Serializer):
+    project = serializers.SlugField(source="project.slug")
+    project_name = serializers.CharField(source="project.name")
+    role = serializers.ChoiceField(choices=Membership.Role.choices)
+
+
+class MeApi(APIView):
+    class OutputSerializer(serializers.Serializer):
+        id = serializers.IntegerField()
+        username = serializers.CharField()
+        email = serializers.EmailField()
+        is_staff = serializers.BooleanField()
+        memberships = MembershipSerializer(many=True)
+
+    @extend_schema(operation_id="me_retrieve", responses={200: OutputSerializer, **errors(401)})
+    def get(self, request: Request) -> Response:
+        user = request.user
+        data = {
+            "id": user.pk,
+            "username": user.get_username(),
+            "email": getattr(user, "email", ""),
+            "is_staff": user.is_staff,
+            "memberships": account_selectors.membership_list(user),
+        }
+        return Response(self.OutputSerializer(data).data)

@@ -1,0 +1,74 @@
+"""Pieces shared by the API views: error schemas, pagination and slug lookups."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from django.db.models import QuerySet
+from drf_spectacular.utils import OpenApiResponse
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from scheduling.api.pagination import CursorPagination
+
+
+class ErrorSerializer(serializers.Serializer):
+    message = serializers.CharField()
+    fields = serializers.DictField(child=serializers.ListField(child=serializers.CharField()))
+
+
+class AlternativeSerializer(serializers.Serializer):
+    cluster = serializers.CharField()
+    gpu_type = serializers.CharField()
+    gpu_count = serializers.IntegerField()
+    start_at = serializers.DateTimeField()
+    end_at = serializers.DateTimeField()
+
+
+class ConflictSerializer(ErrorSerializer):
+    alternatives = AlternativeSerializer(many=True)
+
+
+def errors(*codes: int) -> dict[int, OpenApiResponse]:
+    """OpenAPI responses for the error codes a view can return."""
+    descriptions = {
+        400: "Invalid input; `fields` names each bad field.",
+        401: "Not signed in.",
+        403: "Not allowed.",
+        404: "Not found (or not yours).",
+        409: "The GPUs are taken; `alternatives` lists the nearest free windows.",
+        413: "The request body is too large.",
+    }
+    return {
+        code: OpenApiResponse(
+            ConflictSerializer if code == 409 else ErrorSerializer, description=descriptions[code]
+        )
+        for code in codes
+    }
+
+
+class PaginatedApi(APIView):
+    """A list view with the project's cursor pagination (and its schema)."""
+
+    pagination_class = CursorPagination
+
+    def paginate(
+        self, request: Request, queryset: QuerySet[Any], serializer: type[serializers.Serializer]
+    ) -> Response:
+        paginator = self.pagination_class()
+        page = paginator.paginate_queryset(queryset, request, view=self)
+        return paginator.get_paginated_response(serializer(page, many=True).data)
+
+
+def csv_values(raw: str | None, *, allowed: Sequence[str], name: str) -> list[str]:
+    """Parse ``a,b`` query values against allowed choices (400 on an unknown one)."""
+    if not raw:
+        return []
+    values = [v.strip() for v in raw.split(",") if v.strip()]
+    unknown = sorted(set(values) - set(allowed))
+    if unknown:
+        raise serializers.ValidationError({name: [f"Unknown value(s): {', '.join(unknown)}."]})
+    return values

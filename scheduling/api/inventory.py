@@ -1,0 +1,118 @@
+"""Reference data and availability: GPU types, clusters, free GPUs over time."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from scheduling import selectors
+from scheduling.api.common import errors
+from scheduling.models import Cluster
+
+
+class GpuTypeListApi(APIView):
+    class OutputSerializer(serializers.Serializer):
+        name = serializers.CharField()
+        memory_gib = serializers.FloatField()
+        precisions = serializers.ListField(child=serializers.CharField())
+        relative_speed = serializers.FloatField()
+        value = serializers.FloatField()
+
+    @extend_schema(operation_id="gpu_types_list", responses={200: OutputSerializer(many=True), **errors(401)})
+    def get(self, request: Request) -> Response:
+        return Response(self.OutputSerializer(selectors.gpu_type_list(), many=True).data)
+
+
+class ClusterCapacitySerializer(serializers.Serializer):
+    gpu_type = serializers.CharField()
+    gpu_count = serializers.IntegerField()
+    up_gpu_count = serializers.IntegerField()
+
+
+class AvailabilitySlotSerializer(serializers.Serializer):
+    start_at = serializers.DateTimeField()
+    end_at = serializers.DateTimeField()
+    free_gpus = serializers.IntegerField()
+
+
+class ClusterListApi(APIView):
+    class OutputSerializer(serializers.Serializer):
+        name = serializers.CharField()
+        backend = serializers.ChoiceField(choices=Cluster.Backend.choices)
+        is_degraded = serializers.BooleanField()
+        status_message = serializers.CharField()
+        capacity = ClusterCapacitySerializer(many=True)
+
+    @extend_schema(operation_id="clusters_list", responses={200: OutputSerializer(many=True), **errors(401)})
+    def get(self, request: Request) -> Response:
+        capacity = selectors.cluster_capacity()
+        data = [
+            {
+                "name": c.name,
+                "backend": c.backend,
+                "is_degraded": c.is_degraded,
+                "status_message": c.status_message,
+                "capacity": ClusterCapacitySerializer(capacity.get(c.pk, []), many=True).data,
+            }
+            for c in selectors.cluster_list()
+        ]
+        return Response(data)
+
+
+class AvailabilityApi(APIView):
+    class FilterSerializer(serializers.Serializer):
+        gpu_type = serializers.CharField(max_length=40)
+        start = serializers.DateTimeField()
+        end = serializers.DateTimeField()
+        step = serializers.IntegerField(
+            min_value=1, max_value=31 * 86_400, default=3600, help_text="Step in seconds."
+        )
+        cluster = serializers.CharField(max_length=60, required=False)
+
+    class OutputSerializer(serializers.Serializer):
+        gpu_type = serializers.CharField()
+        cluster = serializers.CharField(allow_null=True)
+        capacity = serializers.IntegerField()
+        step_s = serializers.IntegerField()
+        slots = AvailabilitySlotSerializer(many=True)
+
+    @extend_schema(
+        operation_id="availability_retrieve",
+        description=(
+            "Free GPUs of one type per step over [start, end). A GPU counts as free in a step only "
+            "if nothing holds it at any instant of the step."
+        ),
+        parameters=[FilterSerializer],
+        responses={200: OutputSerializer, **errors(400, 401)},
+    )
+    def get(self, request: Request) -> Response:
+        filters = self.FilterSerializer(data=request.query_params)
+        filters.is_valid(raise_exception=True)
+        params = filters.validated_data
+        availability = selectors.availability_get(
+            gpu_type_name=params["gpu_type"],
+            start_at=params["start"],
+            end_at=params["end"],
+            step_s=params["step"],
+            cluster_name=params.get("cluster"),
+        )
+        # Built by hand rather than through serializers: this endpoint is the hot path.
+        return Response(
+            {
+                "gpu_type": availability.gpu_type,
+                "cluster": availability.cluster,
+                "capacity": availability.capacity,
+                "step_s": availability.step_s,
+                "slots": [
+                    {
+                        "start_at": s.start_at.isoformat(),
+                        "end_at": s.end_at.isoformat(),
+                        "free_gpus": s.free_gpus,
+                    }
+                    for s in availability.slots
+                ],
+            }
+        )
