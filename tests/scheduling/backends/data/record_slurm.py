@@ -22,7 +22,8 @@ URL = "http://127.0.0.1:46820/slurm/v0.0.38"
 
 
 def token() -> str:
-    out = subprocess.run([str(ROOT / "scripts/slurm.sh"), "token"], capture_output=True, text=True, check=True)
+    argv = [str(ROOT / "scripts/slurm.sh"), "token"]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True)
     return out.stdout.strip()
 
 
@@ -85,7 +86,8 @@ def main() -> None:
     save("slurm_jobs.json", requests.get(f"{URL}/jobs", headers=HEADERS, timeout=20).text)
     subprocess.run(["scontrol", "update", "nodename=n2", "state=resume"], check=True)
     bad = {"script": "#!/bin/bash\ntrue\n", "job": {"name": "x", "environment": {}, "no_such_key": 1}}
-    save("slurm_submit_rejected.json", requests.post(f"{URL}/job/submit", json=bad, headers=HEADERS, timeout=20).text)
+    resp = requests.post(f"{URL}/job/submit", json=bad, headers=HEADERS, timeout=20)
+    save("slurm_submit_rejected.json", resp.text)
     for job_id in made:
         requests.delete(f"{URL}/job/{job_id}", headers=HEADERS, timeout=20)
     subprocess.run([str(ROOT / "scripts/slurm.sh"), "stop-controller"], check=True)
