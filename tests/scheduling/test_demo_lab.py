@@ -1,0 +1,198 @@
+"""The demo lab: scaling keeps the GPU mix, history ends now, and building twice changes nothing.
+
+The command runs on the samples the project ships (an empty ``--traces`` directory forces
+them), against the real PostgreSQL test database and the real booking service.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db.models import Max, Min, Sum
+from django.test import Client
+from django.utils import timezone
+
+from portal.accounts.models import Membership, Project, Quota
+from scheduling.management.demo_lab import (
+    CLUSTER_NAME,
+    KTH_EPOCH,
+    PROJECTS,
+    RESEARCHERS,
+    SAMPLES_DIR,
+    NodeRow,
+    history_shift,
+    read_nodes,
+    read_trace,
+    scale_nodes,
+)
+from scheduling.models import Allocation, Booking, Cluster, Gpu, Job, Node
+
+
+def _nodes(spec: dict[tuple[str, int], int]) -> list[NodeRow]:
+    return [
+        NodeRow(name=f"{gpu_type}-{size}-{i:03d}", gpu_type=gpu_type, gpu_count=size)
+        for (gpu_type, size), count in spec.items()
+        for i in range(count)
+    ]
+
+
+# ---- pure helpers (no database) ----
+
+
+def test_scaling_keeps_group_sizes_in_proportion_and_every_type() -> None:
+    rows = _nodes({("G2", 8): 400, ("T4", 2): 200, ("T4", 4): 20, ("A10", 1): 2})
+
+    kept = scale_nodes(rows, scale=0.05)
+
+    by_group: dict[tuple[str, int], int] = {}
+    for row in kept:
+        by_group[(row.gpu_type, row.gpu_count)] = by_group.get((row.gpu_type, row.gpu_count), 0) + 1
+    assert by_group[("G2", 8)] == 20
+    assert by_group[("T4", 2)] == 10
+    assert by_group[("T4", 4)] == 1
+    # A10 rounds to zero nodes but keeps one, so no GPU type vanishes from the demo.
+    assert by_group[("A10", 1)] == 1
+    assert len({r.name for r in kept}) == len(kept)
+
+
+def test_scaling_is_deterministic_and_spread_over_the_list() -> None:
+    rows = _nodes({("G2", 8): 100})
+    first = scale_nodes(rows, scale=0.1)
+    assert first == scale_nodes(list(reversed(rows)), scale=0.1)
+    indexes = [int(r.name.rsplit("-", 1)[1]) for r in first]
+    assert indexes[0] < 10
+    assert indexes[-1] >= 90
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.1, 1.5])
+def test_scaling_rejects_a_fraction_outside_0_1(scale: float) -> None:
+    with pytest.raises(ValueError, match="scale"):
+        scale_nodes(_nodes({("G2", 8): 4}), scale=scale)
+
+
+@pytest.mark.parametrize(
+    "now",
+    [datetime(2026, 11, 30, 9, 0, tzinfo=UTC), datetime(2027, 3, 1, 23, 59, tzinfo=UTC)],
+)
+def test_history_shift_is_whole_weeks_and_ends_within_a_week_after_now(now: datetime) -> None:
+    trace_end_s = 28_765_020
+    shift = history_shift(trace_end_s=trace_end_s, now=now)
+
+    assert shift % timedelta(weeks=1) == timedelta(0)  # keeps weekday and hour of day
+    end = KTH_EPOCH + timedelta(seconds=trace_end_s) + shift
+    assert now <= end < now + timedelta(weeks=1)
+
+
+def test_shipped_samples_are_small_and_readable() -> None:
+    for path in SAMPLES_DIR.glob("*.csv.gz"):
+        assert path.stat().st_size < 300 * 1024, path
+    nodes = read_nodes(SAMPLES_DIR / "alibaba_openb_2023_nodes.csv.gz")
+    jobs = read_trace(SAMPLES_DIR / "pwa_kth_sp2_1996.csv.gz")
+    assert 100 <= len(nodes) <= 1000
+    assert len({n.gpu_type for n in nodes}) >= 5
+    assert len(jobs) > 1000
+    assert all(j.end_s >= j.start_s >= j.submit_s and j.gpu_count >= 1 for j in jobs)
+
+
+# ---- the command ----
+
+
+def _counts() -> dict[str, int]:
+    cluster = Cluster.objects.get(name=CLUSTER_NAME)
+    return {
+        "nodes": Node.objects.filter(cluster=cluster).count(),
+        "gpus": Gpu.objects.filter(node__cluster=cluster).count(),
+        "jobs": Job.objects.filter(cluster=cluster).count(),
+        "bookings": Booking.objects.filter(cluster=cluster).count(),
+        "allocations": Allocation.objects.filter(booking__cluster=cluster).count(),
+        "projects": Project.objects.filter(slug__in=[p.slug for p in PROJECTS]).count(),
+        "memberships": Membership.objects.filter(project__slug__in=[p.slug for p in PROJECTS]).count(),
+        "quotas": Quota.objects.filter(project__slug__in=[p.slug for p in PROJECTS]).count(),
+    }
+
+
+@pytest.fixture
+def fast_hasher(settings: Any) -> None:
+    # PBKDF2 costs ~0.5 s per password on this machine; the hash algorithm is not under test.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("fast_hasher")
+def test_demo_lab_builds_from_the_shipped_samples_and_is_idempotent(tmp_path: Path) -> None:
+    args = ["--traces", str(tmp_path), "--scale", "0.01", "--history-days", "30"]
+    started = timezone.now()
+    call_command("demo_lab", *args, stdout=open(tmp_path / "out.txt", "w"))  # noqa: SIM115
+    output = (tmp_path / "out.txt").read_text()
+
+    counts = _counts()
+    cluster = Cluster.objects.get(name=CLUSTER_NAME)
+    assert "shipped sample" in output
+    assert "Logins" in output
+    assert "admin" in output
+    # 1% of the real inventory (a quarter of it is in the sample): small, but every type.
+    assert 8 <= counts["nodes"] <= 40
+    assert counts["gpus"] == Node.objects.filter(cluster=cluster).aggregate(n=Sum("gpu_count"))["n"]
+    assert Node.objects.filter(cluster=cluster).values("gpu_type").distinct().count() == 7
+    assert counts["projects"] == len(PROJECTS)
+    assert counts["memberships"] == sum(len(p.members) for p in PROJECTS)
+
+    jobs = Job.objects.filter(cluster=cluster)
+    assert counts["jobs"] > 100
+    assert set(jobs.values_list("status", flat=True)) <= {Job.Status.COMPLETED, Job.Status.FAILED}
+    span = jobs.aggregate(first=Min("submitted_at"), last=Max("ended_at"))
+    assert span["first"] >= started - timedelta(days=30, minutes=5)
+    assert span["last"] <= timezone.now()
+    assert span["last"] >= started - timedelta(days=2)  # the history reaches (nearly) now
+    assert set(jobs.values_list("user__username", flat=True)) <= {u for u, _, _ in RESEARCHERS}
+    # No job asks for more GPUs of its type than the demo cluster has.
+    capacity: dict[int, int] = {}
+    for type_id, gpu_count in Node.objects.filter(cluster=cluster).values_list("gpu_type_id", "gpu_count"):
+        capacity[type_id] = capacity.get(type_id, 0) + gpu_count
+    for type_id, gpu_count in jobs.values_list("gpu_type_id", "gpu_count"):
+        assert 1 <= gpu_count <= capacity[type_id]
+    # Upcoming bookings went through booking_create: each holds one allocation per GPU.
+    assert counts["bookings"] >= 3
+    for booking in Booking.objects.filter(cluster=cluster):
+        assert booking.allocations.count() == booking.gpu_count
+        assert booking.start_at > started
+
+    call_command("demo_lab", *args, stdout=open(tmp_path / "again.txt", "w"))  # noqa: SIM115
+    assert _counts() == counts
+
+    call_command("demo_lab", *args, "--reset", stdout=open(tmp_path / "reset.txt", "w"))  # noqa: SIM115
+    rebuilt = _counts()
+    assert rebuilt["nodes"] == counts["nodes"]
+    assert rebuilt["bookings"] == counts["bookings"]
+    assert abs(rebuilt["jobs"] - counts["jobs"]) <= 5  # "now" moved a few seconds
+    assert Cluster.objects.filter(name=CLUSTER_NAME).count() == 1
+    # The printed logins work.
+    assert Client().login(username="admin", password="berth-admin")
+    assert Client().login(username="ada", password="berth-demo")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--scale", "0"], "--scale"),
+        (["--scale", "2"], "--scale"),
+        (["--history-days", "-1"], "--history-days"),
+        (["--traces", "/nonexistent/traces"], "no such directory"),
+    ],
+)
+def test_demo_lab_rejects_bad_arguments(args: list[str], message: str) -> None:
+    with pytest.raises(CommandError, match=message):
+        call_command("demo_lab", *args)
+    assert not Cluster.objects.filter(name=CLUSTER_NAME).exists()
+
+
+@pytest.mark.django_db
+def test_demo_lab_refuses_production_without_the_flag(settings: object, tmp_path: Path) -> None:
+    settings.IS_PRODUCTION = True  # type: ignore[attr-defined]
+    with pytest.raises(CommandError, match="production"):
+        call_command("demo_lab", "--traces", str(tmp_path))
