@@ -58,12 +58,13 @@ Preemption and cancel
     `PreemptAction`: annotate and delete the job's pods with grace ``ceil(kill_at - signal_at)`` seconds
     (the kubelet sends SIGTERM now and SIGKILL after the grace), then delete the Job with
     ``propagationPolicy=Background`` and the same grace.  The explicit pod deletes matter: the Job's own
-    grace period is not passed on to its pods, the garbage collector deletes them with the pod template's
-    ``terminationGracePeriodSeconds`` (``termination_grace_s``), and a shorter later delete shortens a
-    running grace; so the effective grace on a real cluster is ``min(planned, termination_grace_s)``: set
-    ``termination_grace_s`` to at least the longest grace the policy grants.  `KubernetesBackend.cancel`
-    does the same with ``termination_grace_s``.  Deleting what is already gone (404) is success; so is
-    creating a Job that already exists for the same plan (409).
+    grace period is not passed on to its pods (kubernetes/kubernetes#25055), the garbage collector deletes
+    them with the pod template's ``terminationGracePeriodSeconds`` (``termination_grace_s``), and a grace
+    period, once set, can only shrink (kubernetes/kubernetes#8641); so the effective grace on a real
+    cluster is ``min(planned, termination_grace_s)``: set ``termination_grace_s`` to at least the longest
+    grace the policy grants.  `KubernetesBackend.cancel` does the same with ``termination_grace_s``.
+    Deleting what is already gone (404) is success; so is creating a Job that already exists for the same
+    plan (409).
 
 Not supported
     Reservations: Kubernetes has none; `ReserveAction`/`ReleaseAction` succeed with a message saying so,
@@ -194,10 +195,10 @@ def job_name(job_id: str) -> str:
     suffix so that two ids differing only in case or punctuation never share a name.
     """
     clean = _NOT_DNS.sub("-", job_id.lower()).strip("-")
-    if clean == job_id and len(clean) <= 57:
+    if clean and clean == job_id and len(clean) <= 57:
         return f"berth-{clean}"
     digest = hashlib.sha256(job_id.encode()).hexdigest()[:10]
-    return f"berth-{clean[:46]}-{digest}".replace("--", "-")
+    return f"berth-{clean[:46]}-{digest}" if clean else f"berth-{digest}"
 
 
 def job_label_value(job_id: str) -> str:
@@ -663,6 +664,12 @@ def _finished_condition(job: k8s_client.V1Job) -> k8s_client.V1JobCondition | No
     return next((c for c in conditions if c.type in ("Complete", "Failed") and c.status == "True"), None)
 
 
+def _owner_uid(pod: k8s_client.V1Pod) -> str | None:
+    """The uid of the Job that owns a pod, None when the pod names no owning Job."""
+    owners = (pod.metadata.owner_references if pod.metadata else None) or []
+    return next((o.uid for o in owners if o.kind == "Job"), None)
+
+
 def _is_scheduler_preempted(pod: k8s_client.V1Pod) -> bool:
     conditions = (pod.status.conditions if pod.status else None) or []
     return any(c.type == "DisruptionTarget" and c.reason == "PreemptionByScheduler" for c in conditions)
@@ -694,8 +701,14 @@ def _observe(job_id: str, job: k8s_client.V1Job | None, pods: list[k8s_client.V1
     annotations = (meta.annotations if meta else None) or {}
     gpu_ids = _parse_gpu_ids(annotations.get(GPU_IDS_ANNOTATION))
     ref = (meta.name if meta else None) or ""
+    earlier: list[k8s_client.V1Pod] = []
     if job is not None:
         ref = (job.metadata.name if job.metadata else None) or ref
+        # A requeued job gets a new Job of the same name while the pods of the preempted attempt may still be
+        # in their grace period: only pods owned by this Job (by uid) describe it.
+        uid = job.metadata.uid if job.metadata else None
+        earlier = [p for p in pods if _owner_uid(p) not in (None, uid)]
+        pods = [p for p in pods if p not in earlier]
     started = [t for t in (_epoch(p.status.start_time if p.status else None) for p in pods) if t is not None]
     job_started = _epoch(job.status.start_time if job is not None and job.status else None)
     started_at = min(started) if started else job_started
@@ -745,6 +758,10 @@ def _observe(job_id: str, job: k8s_client.V1Job | None, pods: list[k8s_client.V1
     else:
         state = ObservedState.PENDING
     message = _waiting_reason(pods) if state is ObservedState.PENDING else ""
+    if earlier:
+        message = "; ".join(
+            filter(None, (message, f"{len(earlier)} pod(s) of an earlier attempt still exist"))
+        )
     return ObservedJob(job_id, state, gpu_ids, started_at=started_at, backend_ref=ref, message=message)
 
 

@@ -350,6 +350,46 @@ def test_snapshot_maps_jobs_and_pods_to_observed_states(
     assert observed["run-1"].backend_ref == "berth-run-1"
 
 
+def test_snapshot_of_a_requeued_job_ignores_pods_of_the_earlier_attempt(
+    emulator: Emulator, nodes: list[dict[str, Any]], namespace: str
+) -> None:
+    """Seeded (the emulator has no Job controller): the new attempt's Job with its pending pod, and the
+    preempted attempt's pod, owned by the old Job's uid, still in its grace period."""
+    job_id = "requeued-1"
+    emulator.put(
+        JOBS,
+        namespace,
+        {
+            "metadata": {
+                "name": job_name(job_id),
+                "uid": "new-uid",
+                "labels": {JOB_ID_LABEL: job_id},
+                "annotations": {"berth.dev/job-id": job_id, GPU_IDS_ANNOTATION: "2,3"},
+            },
+            "spec": {"template": {"spec": {"containers": [{"name": "main", "image": PAYLOAD.image}]}}},
+            "status": {},
+        },
+    )
+    new_pod = _pod_of(job_id, suffix="new", gpu_ids="2,3")
+    new_pod["metadata"]["ownerReferences"] = [
+        {"apiVersion": "batch/v1", "kind": "Job", "name": job_name(job_id), "uid": "new-uid"}
+    ]
+    new_pod["status"] = {"phase": "Pending"}
+    old_pod = _pod_of(job_id, suffix="old", gpu_ids="0,1")
+    old_pod["metadata"]["ownerReferences"] = [
+        {"apiVersion": "batch/v1", "kind": "Job", "name": job_name(job_id), "uid": "old-uid"}
+    ]
+    old_pod["metadata"]["deletionTimestamp"] = "2026-11-30T08:20:30Z"
+    old_pod["metadata"]["annotations"][STOP_REASON_ANNOTATION] = "preempted"
+    emulator.put(PODS, namespace, new_pod)
+    emulator.put(PODS, namespace, old_pod)
+
+    [job] = _backend(emulator, namespace).snapshot().jobs
+
+    assert (job.state, job.gpu_ids, job.started_at) == (ObservedState.PENDING, (2, 3), None)
+    assert "earlier attempt" in job.message
+
+
 # ---- start ----
 
 
@@ -447,6 +487,48 @@ def test_repeating_a_start_is_success_and_a_different_start_is_refused(
     other = backend.apply(Plan(starts=(_start("job-9", (3,), ("gpu-a",)),)))
     assert not other[0].is_ok
     assert _read_job(emulator, namespace, job_name("job-9")).metadata.annotations[GPU_IDS_ANNOTATION] == "0"
+
+
+@pytest.mark.parametrize(
+    ("metadata", "status", "expected"),
+    [
+        (
+            {"deletionTimestamp": "2026-11-30T08:00:00Z", "finalizers": ["foregroundDeletion"]},
+            {},
+            "being deleted",
+        ),
+        ({}, {"conditions": [{"type": "Complete", "status": "True"}]}, "has finished"),
+    ],
+)
+def test_start_over_a_deleting_or_finished_job_of_that_name_is_refused(
+    emulator: Emulator,
+    nodes: list[dict[str, Any]],
+    namespace: str,
+    metadata: dict[str, Any],
+    status: dict[str, Any],
+    expected: str,
+) -> None:
+    """The Job of an earlier attempt is seeded into the emulator (its 409 is real, the state is seeded)."""
+    job_id = "job-14"
+    emulator.put(
+        JOBS,
+        namespace,
+        {
+            "metadata": {
+                "name": job_name(job_id),
+                "labels": {JOB_ID_LABEL: job_id},
+                "annotations": {"berth.dev/job-id": job_id, GPU_IDS_ANNOTATION: "0"},
+                **metadata,
+            },
+            "spec": {"template": {"spec": {"containers": [{"name": "main", "image": PAYLOAD.image}]}}},
+            "status": status,
+        },
+    )
+    [result] = _backend(emulator, namespace).apply(
+        Plan(starts=(_start(job_id, (0,), ("gpu-a",)),)), payloads={job_id: PAYLOAD}
+    )
+    assert not result.is_ok
+    assert expected in result.message
 
 
 def test_multi_node_start_is_an_indexed_job_with_one_pod_per_node(
