@@ -8,10 +8,8 @@ use a reserved GPU only if it leaves it by the shadow time.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
-
-from scheduling.engine.placement import INF
 
 # Availability of a GPU for a job of a given duration starting at or after a base time.
 Window = tuple[float, float]
@@ -39,7 +37,7 @@ def first_gap(base: float, duration_s: float, windows: list[Window] | None) -> f
 def earliest_start(
     *,
     node_gpus: Iterable[tuple[int, tuple[int, ...]]],
-    available_at: Callable[[int], float],
+    available: dict[int, float],
     gpu_count: int,
     is_single_node: bool,
     duration_s: float,
@@ -48,18 +46,16 @@ def earliest_start(
     """Earliest (start, GPUs) for a gang of ``gpu_count`` over the given nodes, or None.
 
     ``node_gpus`` yields (node index, GPU ids) of eligible schedulable nodes;
-    ``available_at(gpu)`` is when the GPU comes free (INF: never).  A single-node gang takes
+    ``available[gpu]`` is when the GPU comes free (missing: never).  A single-node gang takes
     the node whose k-th earliest GPU is earliest; a multi-node gang takes the k earliest GPUs.
     """
     best: Shadow | None = None
     everything: list[tuple[float, int]] = []
     for _node, gpus in node_gpus:
-        times: list[tuple[float, int]] = []
-        for gpu in gpus:
-            at = available_at(gpu)
-            if at == INF:
-                continue
-            times.append((first_gap(at, duration_s, windows.get(gpu)), gpu))
+        if windows:
+            times = [(first_gap(available[g], duration_s, windows.get(g)), g) for g in gpus if g in available]
+        else:
+            times = [(available[g], g) for g in gpus if g in available]
         if not is_single_node:
             everything.extend(times)
             continue

@@ -69,11 +69,77 @@ def running_ends(
     return now + min(remaining_p50, remaining_hold), now + remaining_hold
 
 
+class Topology:
+    """Indexes that depend only on the node and type tuples of a snapshot.
+
+    Callers pass the same (immutable) node tuple round after round, so `topology_of` keeps the
+    last few by identity: the result is exactly what a fresh build would give, only cheaper.
+    """
+
+    __slots__ = (
+        "by_type",
+        "eligible_cache",
+        "gpu_node",
+        "gpu_type",
+        "max_size",
+        "node_index",
+        "nodes",
+        "schedulable",
+        "type_order",
+        "types",
+    )
+
+    def __init__(self, nodes: tuple[Node, ...], gpu_types: tuple[GpuType, ...]) -> None:
+        """Build every node/GPU index for one inventory."""
+        self.nodes = nodes
+        self.types: dict[str, GpuType] = {t.name: t for t in gpu_types}
+        self.node_index: dict[str, int] = {node.id: i for i, node in enumerate(nodes)}
+        self.gpu_node: dict[int, int] = {}
+        self.gpu_type: dict[int, str] = {}
+        self.max_size: dict[str, int] = {}
+        self.by_type: dict[str, list[int]] = {}  # GPUs of schedulable nodes, per type
+        present: list[str] = []
+        for index, node in enumerate(nodes):
+            name = node.gpu_type
+            if name not in self.types:
+                self.types[name] = GpuType(name=name)
+            if name not in present:
+                present.append(name)
+            self.max_size[name] = max(self.max_size.get(name, 0), len(node.gpu_ids))
+            for gpu in node.gpu_ids:
+                self.gpu_node[gpu] = index
+                self.gpu_type[gpu] = name
+            if node.status == NodeStatus.UP:
+                self.by_type.setdefault(name, []).extend(node.gpu_ids)
+        # Types in snapshot order (the baselines' order); berth re-ranks by value.
+        self.type_order: tuple[str, ...] = tuple(present)
+        self.schedulable: list[int] = [i for i, node in enumerate(nodes) if node.status == NodeStatus.UP]
+        self.eligible_cache: dict[ConstraintKey, tuple[str, ...]] = {}
+
+
+_TOPOLOGIES: list[Topology] = []
+_TOPOLOGY_CACHE_SIZE = 8
+
+
+def topology_of(snapshot: ClusterSnapshot) -> Topology:
+    """The `Topology` of a snapshot, reused when the very same node tuple comes back."""
+    for topology in _TOPOLOGIES:
+        if topology.nodes is snapshot.nodes and tuple(topology.types.values())[: len(snapshot.gpu_types)] == (
+            snapshot.gpu_types
+        ):
+            return topology
+    topology = Topology(snapshot.nodes, snapshot.gpu_types)
+    _TOPOLOGIES.insert(0, topology)
+    del _TOPOLOGIES[_TOPOLOGY_CACHE_SIZE:]
+    return topology
+
+
 class RoundState:
     """Read-only indexes over one snapshot for one round."""
 
     __slots__ = (
         "_eligible_cache",
+        "_estimates",
         "end_hold",
         "end_p50",
         "gpu_node",
@@ -86,6 +152,7 @@ class RoundState:
         "running_by_gpu",
         "running_by_id",
         "snapshot",
+        "topology",
         "type_order",
         "types",
     )
@@ -98,22 +165,13 @@ class RoundState:
         self.policy = policy
         self.now = now
         self.is_predicted = is_predicted
-        self.types: dict[str, GpuType] = {t.name: t for t in snapshot.gpu_types}
+        self.topology = topology = topology_of(snapshot)
+        self.types = topology.types
         self.nodes: tuple[Node, ...] = snapshot.nodes
-        self.node_index: dict[str, int] = {node.id: i for i, node in enumerate(snapshot.nodes)}
-        self.gpu_node: dict[int, int] = {}
-        self.gpu_type: dict[int, str] = {}
-        present: list[str] = []
-        for index, node in enumerate(snapshot.nodes):
-            if node.gpu_type not in self.types:
-                self.types[node.gpu_type] = GpuType(name=node.gpu_type)
-            if node.gpu_type not in present:
-                present.append(node.gpu_type)
-            for gpu in node.gpu_ids:
-                self.gpu_node[gpu] = index
-                self.gpu_type[gpu] = node.gpu_type
-        # Types in snapshot order (the baselines' order); berth re-ranks by value.
-        self.type_order: tuple[str, ...] = tuple(present)
+        self.node_index = topology.node_index
+        self.gpu_node = topology.gpu_node
+        self.gpu_type = topology.gpu_type
+        self.type_order = topology.type_order
         self.running_by_gpu: dict[int, RunningJob] = {}
         self.running_by_id: dict[str, RunningJob] = {}
         self.end_p50: dict[str, float] = {}
@@ -129,7 +187,8 @@ class RoundState:
                 p50 = min(p50, hold)
             self.end_p50[running.job.id] = p50
             self.end_hold[running.job.id] = hold
-        self._eligible_cache: dict[ConstraintKey, tuple[str, ...]] = {}
+        self._eligible_cache = topology.eligible_cache
+        self._estimates: dict[str, Estimate] = {}
 
     def eligible_types(self, job: JobRequest) -> tuple[str, ...]:
         """Types present in the cluster that satisfy the job, in ``type_order``."""
@@ -149,7 +208,11 @@ class RoundState:
         return node.status == NodeStatus.UP
 
     def estimate(self, job: JobRequest) -> Estimate:
-        return job_estimate(job, self.policy, is_predicted=self.is_predicted)
+        """The policy's runtime estimate of a pending job (cached for the round)."""
+        cached = self._estimates.get(job.id)
+        if cached is None:
+            cached = self._estimates[job.id] = job_estimate(job, self.policy, is_predicted=self.is_predicted)
+        return cached
 
     def lost_work_s(self, running: RunningJob) -> float:
         """Seconds of work a preemption now would lose (since the last checkpoint)."""

@@ -24,32 +24,18 @@ from scheduling.engine.types import (
 
 def _profiles(sched: Scheduler) -> dict[str, tuple[list[float], list[float], int]]:
     """Per type: sorted expected free times (p50, planning) of its usable GPUs, and capacity."""
-    state = sched.state
+    by_type = sched.state.topology.by_type
+    p50 = sched.avail_p50
+    hold = sched.avail_hold
     now = sched.now
-    profiles: dict[str, tuple[list[float], list[float], int]] = {}
-    for i in sched.schedulable:
-        node = state.nodes[i]
-        p50s, holds, capacity = profiles.setdefault(node.gpu_type, ([], [], 0))
-        for gpu in node.gpu_ids:
-            ends = sched.started_end.get(gpu)
-            if ends is not None:
-                p50, hold = ends
-            elif gpu in sched.active_booking_gpu:
-                p50 = hold = sched.active_booking_gpu[gpu].end_at
-            else:
-                running = state.running_by_gpu.get(gpu)
-                if running is None:
-                    p50 = hold = now
-                else:
-                    p50 = state.end_p50[running.job.id]
-                    hold = state.end_hold[running.job.id]
-            p50s.append(p50)
-            holds.append(hold)
-        profiles[node.gpu_type] = (p50s, holds, capacity + len(node.gpu_ids))
-    for p50s, holds, _capacity in profiles.values():
-        p50s.sort()
-        holds.sort()
-    return profiles
+    return {
+        name: (
+            sorted(p50.get(g, now) for g in gpus),
+            sorted(hold.get(g, now) for g in gpus),
+            len(gpus),
+        )
+        for name, gpus in by_type.items()
+    }
 
 
 def explain_pending(sched: Scheduler, queue: list[JobRequest]) -> tuple[PendingExplanation, ...]:

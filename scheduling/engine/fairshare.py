@@ -25,7 +25,9 @@ def decay_usage(usage: float, *, elapsed_s: float, half_life_s: float) -> float:
     return usage * math.pow(0.5, max(0.0, elapsed_s) / half_life_s)
 
 
-def fairshare_factors(snapshot: ClusterSnapshot, gpu_types: dict[str, GpuType]) -> dict[str, float]:
+def fairshare_factors(
+    snapshot: ClusterSnapshot, gpu_types: dict[str, GpuType], gpu_type_of: dict[int, str]
+) -> dict[str, float]:
     """Fair-share factor in (0, 1] per project that appears in the snapshot.
 
     Usage is ``ProjectShare.decayed_usage`` plus the value of what the project runs right now
@@ -41,11 +43,14 @@ def fairshare_factors(snapshot: ClusterSnapshot, gpu_types: dict[str, GpuType]) 
         weights.setdefault(job.project, 1.0)
         usage.setdefault(job.project, 0.0)
     gpu_value = {name: t.value for name, t in gpu_types.items()}
-    node_type = {gpu: node.gpu_type for node in snapshot.nodes for gpu in node.gpu_ids}
+    is_uniform = all(value == 1.0 for value in gpu_value.values())
     for running in snapshot.running:
         project = running.job.project
         weights.setdefault(project, 1.0)
-        value = sum(gpu_value.get(node_type.get(gpu, ""), 1.0) for gpu in running.gpu_ids)
+        if is_uniform:
+            value = float(len(running.gpu_ids))
+        else:
+            value = sum(gpu_value.get(gpu_type_of.get(gpu, ""), 1.0) for gpu in running.gpu_ids)
         usage[project] = usage.get(project, 0.0) + value * _RUNNING_HORIZON_H
     total_usage = sum(usage.values())
     total_weight = sum(weights.values())

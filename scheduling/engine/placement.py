@@ -74,6 +74,7 @@ class FreePool:
         "_buckets",
         "_free",
         "_gpu_node",
+        "_groups",
         "_held",
         "_held_nodes",
         "_max_size",
@@ -81,23 +82,24 @@ class FreePool:
         "_nonempty",
         "_plain",
         "_type_free",
+        "_type_plain",
     )
 
-    def __init__(self, nodes: Sequence[Node], free_gpus: Iterable[int]) -> None:
-        """Index ``free_gpus`` (each must belong to one of ``nodes``)."""
+    def __init__(self, nodes: Sequence[Node], free_gpus: Iterable[int], gpu_node: dict[int, int]) -> None:
+        """Index ``free_gpus``; ``gpu_node`` maps every GPU to its index in ``nodes``."""
         self._node_type: list[str] = [node.gpu_type for node in nodes]
-        self._gpu_node: dict[int, int] = {}
+        self._gpu_node = gpu_node
         self._max_size: dict[str, int] = {}
-        for index, node in enumerate(nodes):
-            for gpu in node.gpu_ids:
-                self._gpu_node[gpu] = index
+        for node in nodes:
             size = len(node.gpu_ids)
             if size > self._max_size.get(node.gpu_type, 0):
                 self._max_size[node.gpu_type] = size
         self._free: dict[int, list[int]] = {}
         for gpu in sorted(free_gpus):
-            self._free.setdefault(self._gpu_node[gpu], []).append(gpu)
+            self._free.setdefault(gpu_node[gpu], []).append(gpu)
         self._held: dict[int, Hold] = {}
+        # per type: hold -> its free GPUs, so "how many GPUs may this query use" is O(holds)
+        self._groups: dict[str, dict[Hold, set[int]]] = {name: {} for name in self._max_size}
         self._plain: dict[int, int] = {i: len(gpus) for i, gpus in self._free.items()}
         self._buckets: dict[str, list[set[int]]] = {
             name: [set() for _ in range(size + 1)] for name, size in self._max_size.items()
@@ -105,11 +107,13 @@ class FreePool:
         self._held_nodes: dict[str, set[int]] = {name: set() for name in self._max_size}
         self._nonempty: dict[str, set[int]] = {name: set() for name in self._max_size}
         self._type_free: dict[str, int] = dict.fromkeys(self._max_size, 0)
+        self._type_plain: dict[str, int] = dict.fromkeys(self._max_size, 0)
         for node_index, gpus in self._free.items():
             name = self._node_type[node_index]
             self._buckets[name][len(gpus)].add(node_index)
             self._nonempty[name].add(node_index)
             self._type_free[name] += len(gpus)
+            self._type_plain[name] += len(gpus)
 
     # ---- reads ----
 
@@ -126,6 +130,9 @@ class FreePool:
 
     def hold_of(self, gpu: int) -> Hold | None:
         return self._held.get(gpu)
+
+    def held_gpus(self) -> list[int]:
+        return list(self._held)
 
     def free_gpus(self) -> list[int]:
         """Every free GPU, sorted."""
@@ -147,11 +154,16 @@ class FreePool:
             free.remove(gpu)
             name = self._node_type[node]
             self._type_free[name] -= 1
-            if gpu in self._held:
-                del self._held[gpu]
+            hold = self._held.pop(gpu, None)
+            if hold is not None:
+                group = self._groups[name][hold]
+                group.discard(gpu)
+                if not group:
+                    del self._groups[name][hold]
                 if not any(g in self._held for g in free):
                     self._held_nodes[name].discard(node)
             else:
+                self._type_plain[name] -= 1
                 self._move(node, name, self._plain[node] - 1)
             if not free:
                 del self._free[node]
@@ -163,14 +175,22 @@ class FreePool:
             node = self._gpu_node.get(gpu)
             if node is None or gpu not in self._free.get(node, ()):
                 continue
+            name = self._node_type[node]
+            groups = self._groups[name]
             previous = self._held.get(gpu)
             if previous is None:
-                self._held[gpu] = hold
-                name = self._node_type[node]
+                merged = hold
+                self._type_plain[name] -= 1
                 self._move(node, name, self._plain[node] - 1)
                 self._held_nodes[name].add(node)
             else:
-                self._held[gpu] = previous.merge(hold)
+                merged = previous.merge(hold)
+                group = groups[previous]
+                group.discard(gpu)
+                if not group:
+                    del groups[previous]
+            self._held[gpu] = merged
+            groups.setdefault(merged, set()).add(gpu)
 
     def _move(self, node: int, name: str, count: int) -> None:
         buckets = self._buckets[name]
@@ -181,26 +201,34 @@ class FreePool:
 
     # ---- queries ----
 
-    def _usable(self, gpu: int, until: float, strict_until: float, is_lent: bool) -> bool:
-        hold = self._held.get(gpu)
-        if hold is None:
-            return True
+    @staticmethod
+    def _hold_allows(hold: Hold, until: float, strict_until: float, is_lent: bool) -> bool:
         if is_lent:
             return until <= hold.lent_until
         return (strict_until if hold.is_strict else until) <= hold.normal_until
+
+    def usable_count(self, gpu_type: str, *, until: float, strict_until: float, is_lent: bool) -> int:
+        """How many free GPUs of a type a query may use, across nodes."""
+        count = self._type_plain.get(gpu_type, 0)
+        for hold, gpus in self._groups.get(gpu_type, {}).items():
+            if self._hold_allows(hold, until, strict_until, is_lent):
+                count += len(gpus)
+        return count
 
     def node_usable(self, node: int, *, until: float, strict_until: float, is_lent: bool) -> list[int]:
         """Usable free GPUs of a node: plain ones first, then held ones that are released in time."""
         free = self._free.get(node, ())
         held_map = self._held
-        if not held_map:
+        if not held_map or self._plain.get(node, 0) == len(free):
             return list(free)
         plain = [g for g in free if g not in held_map]
-        held = [g for g in free if g in held_map and self._usable(g, until, strict_until, is_lent)]
+        held = [
+            g for g in free if g in held_map and self._hold_allows(held_map[g], until, strict_until, is_lent)
+        ]
         return plain + held
 
     def pick_fragments(self, gpu_types: Sequence[str], count: int) -> list[int]:
-        """Up to ``count`` plain free GPUs from the emptiest-looking nodes (smallest free counts).
+        """Up to ``count`` plain free GPUs from the nodes with the fewest free GPUs.
 
         Used to set GPUs aside (interactive headroom) where they hurt big gangs least.
         """
@@ -240,6 +268,8 @@ class FreePool:
         best: tuple[int, int, tuple[int, ...]] | None = None  # (leftover, rank, gpus)
         for rank, name in enumerate(gpu_types):
             if self._type_free.get(name, 0) < gpu_count:
+                continue
+            if self.usable_count(name, until=until, strict_until=strict, is_lent=is_lent) < gpu_count:
                 continue
             if gpu_count <= self._max_size[name]:
                 found = self._find_single(name, gpu_count, until, strict, is_lent)
@@ -286,15 +316,12 @@ class FreePool:
     def _find_multi(
         self, name: str, gpu_count: int, until: float, strict: float, is_lent: bool
     ) -> tuple[int, tuple[int, ...]] | None:
+        # the caller checked usable_count >= gpu_count, so a multi-node gang always fits
         per_node: list[tuple[int, int, list[int]]] = []
-        total = 0
         for node in self._nonempty[name]:
             usable = self.node_usable(node, until=until, strict_until=strict, is_lent=is_lent)
             if usable:
                 per_node.append((-len(usable), node, usable))
-                total += len(usable)
-        if total < gpu_count:
-            return None
         per_node.sort()
         chosen: list[int] = []
         remaining = gpu_count

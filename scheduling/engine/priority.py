@@ -33,7 +33,7 @@ def priority_scores(state: RoundState, *, with_short_bonus: bool) -> dict[str, f
     starving).
     """
     policy = state.policy
-    factors = fairshare_factors(state.snapshot, state.types)
+    factors = fairshare_factors(state.snapshot, state.types, state.gpu_type)
     max_age = policy.max_age_s if policy.max_age_s > 0 else 1.0
     scores: dict[str, float] = {}
     for job in state.snapshot.pending:

@@ -80,7 +80,7 @@ class Scheduler:
         self.type_rank = {name: i for i, name in enumerate(order)}
         partition = set(policy.interactive_partition) if knobs.has_partition else set()
         self.partition_nodes = frozenset(i for i, node in enumerate(state.nodes) if node.id in partition)
-        self.schedulable = [i for i, node in enumerate(state.nodes) if state.is_schedulable(node)]
+        self.schedulable = state.topology.schedulable
         # GPU -> (p50 end, hold end) of jobs started this round (for profiles and ETAs)
         self.started_end: dict[int, tuple[float, float]] = {}
         self.windows: dict[int, list[Window]] = {}
@@ -92,30 +92,67 @@ class Scheduler:
         self.scores: dict[str, float] = {}
         # running GPUs (in grace or signalled) promised to a demand earlier in this round
         self.round_promised: set[int] = set()
-        busy = set(state.running_by_gpu)
+        self._types_cache: dict[tuple[str, ...], list[str]] = {}
+        self._max_size = dict.fromkeys(state.type_order, 0)
+        for node in state.nodes:
+            self._max_size[node.gpu_type] = max(self._max_size[node.gpu_type], len(node.gpu_ids))
+        busy = state.running_by_gpu
         free = {g for i in self.schedulable for g in state.nodes[i].gpu_ids if g not in busy}
         self._place_bookings(free)
         self.free_at_start = frozenset(free)
+        self._init_availability(free)
         if knobs.has_partition:
             self.inter_pool = FreePool(
                 state.nodes,
                 (g for g in free if state.gpu_node[g] in self.partition_nodes),
+                state.gpu_node,
             )
             self.batch_pool = FreePool(
                 state.nodes,
                 (g for g in free if state.gpu_node[g] not in self.partition_nodes),
+                state.gpu_node,
             )
         else:
-            self.batch_pool = FreePool(state.nodes, free)
+            self.batch_pool = FreePool(state.nodes, free, state.gpu_node)
             self.inter_pool = self.batch_pool
         self._hold_bookings()
         self._init_quotas()
+
+    def _init_availability(self, free: set[int]) -> None:
+        """Expected free time of every schedulable GPU (p50 and planning), updated by starts."""
+        state = self.state
+        now = self.now
+        self.avail_p50: dict[int, float] = {}
+        self.avail_hold: dict[int, float] = {}
+        # berth: when a lent job's GPUs could be back if reclaimed now
+        self.avail_reclaim: dict[int, float] = {}
+        can_preempt = self.knobs.can_preempt
+        no_one: set[str] = set()
+        for gpus in state.topology.by_type.values():
+            for gpu in gpus:
+                if gpu in free:
+                    self.avail_p50[gpu] = self.avail_hold[gpu] = now
+                    continue
+                booking = self.active_booking_gpu.get(gpu)
+                running = state.running_by_gpu.get(gpu)
+                if running is not None:
+                    job_id = running.job.id
+                    self.avail_p50[gpu] = state.end_p50[job_id]
+                    self.avail_hold[gpu] = state.end_hold[job_id]
+                    if can_preempt and is_reclaimable(running, excluded=no_one):
+                        self.avail_reclaim[gpu] = kill_time(state, running)
+                elif booking is not None:
+                    self.avail_p50[gpu] = self.avail_hold[gpu] = booking.end_at
 
     # ---- helpers ----
 
     def types_for(self, job: JobRequest) -> list[str]:
         """Eligible types of a job in this policy's preference order."""
-        return sorted(self.state.eligible_types(job), key=self.type_rank.__getitem__)
+        eligible = self.state.eligible_types(job)
+        cached = self._types_cache.get(eligible)
+        if cached is None:
+            cached = self._types_cache[eligible] = sorted(eligible, key=self.type_rank.__getitem__)
+        return cached
 
     def pool_for(self, job: JobRequest) -> FreePool:
         return self.inter_pool if job.kind == JobKind.INTERACTIVE else self.batch_pool
@@ -133,11 +170,7 @@ class Scheduler:
             yield i
 
     def is_single_node(self, types: Sequence[str], gpu_count: int) -> bool:
-        sizes = [self.batch_pool.max_node_size(t) or self._type_max_size(t) for t in types]
-        return gpu_count <= max(sizes, default=0)
-
-    def _type_max_size(self, name: str) -> int:
-        return max((len(n.gpu_ids) for n in self.state.nodes if n.gpu_type == name), default=0)
+        return gpu_count <= max((self._max_size.get(t, 0) for t in types), default=0)
 
     # ---- bookings ----
 
@@ -151,6 +184,16 @@ class Scheduler:
         if self.knobs.can_preempt and is_reclaimable(running, excluded=set()):
             end = min(end, kill_time(self.state, running))
         return end
+
+    def _booking_available(self, types: Sequence[str], blocked: set[int], free: set[int]) -> dict[int, float]:
+        available: dict[int, float] = {}
+        for i in self.nodes_for(None, types):
+            for gpu in self.state.nodes[i].gpu_ids:
+                if gpu not in blocked:
+                    at = self._booking_availability(gpu, free)
+                    if at < INF:
+                        available[gpu] = at
+        return available
 
     def _place_bookings(self, free: set[int]) -> None:
         state = self.state
@@ -169,12 +212,10 @@ class Scheduler:
                     for g in other_gpus
                 }
                 types = state.booking_types(booking)
-                single = booking.gpu_count <= max((self._type_max_size(t) for t in types), default=0)
+                single = self.is_single_node(types, booking.gpu_count)
                 shadow = earliest_start(
                     node_gpus=((i, state.nodes[i].gpu_ids) for i in self.nodes_for(None, types)),
-                    available_at=lambda g, blocked=blocked: (  # type: ignore[misc]
-                        INF if g in blocked else self._booking_availability(g, free)
-                    ),
+                    available=self._booking_available(types, blocked, free),
                     gpu_count=booking.gpu_count,
                     is_single_node=single,
                     duration_s=0.0,
@@ -247,10 +288,11 @@ class Scheduler:
         self.shares = {share.name: share for share in state.snapshot.projects}
         self.used: dict[str, int] = {}
         self.guaranteed_used: dict[tuple[str, str], int] = {}
+        has_quotas = any(share.guaranteed or share.borrow_limit is not None for share in self.shares.values())
         for running in state.snapshot.running:
             project = running.job.project
             self.used[project] = self.used.get(project, 0) + len(running.gpu_ids)
-            if not running.is_preemptible:
+            if has_quotas and not running.is_preemptible:
                 for gpu in running.gpu_ids:
                     key = (project, state.gpu_type.get(gpu, ""))
                     self.guaranteed_used[key] = self.guaranteed_used.get(key, 0) + 1
@@ -284,6 +326,9 @@ class Scheduler:
             if node_id not in nodes:
                 nodes.append(node_id)
             self.started_end[gpu] = (self.now + estimate.p50_s, self.now + estimate.hold_s)
+            self.avail_p50[gpu] = self.now + estimate.p50_s
+            self.avail_hold[gpu] = self.now + estimate.hold_s
+            self.avail_reclaim.pop(gpu, None)
         self.out.starts.append(
             StartAction(
                 job_id=job.id,
@@ -367,26 +412,23 @@ class Scheduler:
                 return True
         return False
 
-    def available_at(self, gpu: int, *, for_job: str, with_reclaim: bool = True) -> float:
-        """When a GPU comes free for the top job (INF: not for it)."""
-        state = self.state
-        holder = self.out.claimed.get(gpu)
-        if holder is not None:
-            return self.now if holder == for_job else INF
-        if gpu in self.active_booking_gpu:
-            return self.active_booking_gpu[gpu].end_at
-        ends = self.started_end.get(gpu)
-        if ends is not None:
-            return ends[1]
-        running = state.running_by_gpu.get(gpu)
-        if running is None:
-            return self.now
-        if gpu in self.out.promised and running.grace_until is None:
-            return INF  # signalled this round for another demand
-        end = state.end_hold[running.job.id]
-        if with_reclaim and self.knobs.can_preempt and is_reclaimable(running, excluded=self.out.preempted):
-            end = min(end, kill_time(state, running))
-        return end
+    def availability(self, *, for_job: str, with_reclaim: bool = True) -> dict[int, float]:
+        """When each GPU comes free for the top job (missing: not for it)."""
+        avail = dict(self.avail_hold)
+        if with_reclaim and self.avail_reclaim:
+            for gpu, at in self.avail_reclaim.items():
+                if at < avail[gpu]:
+                    avail[gpu] = at
+        for gpu in self.out.promised:
+            running = self.state.running_by_gpu.get(gpu)
+            if running is not None and running.grace_until is None:
+                avail.pop(gpu, None)  # signalled this round for another demand
+        for gpu, holder in self.out.claimed.items():
+            if holder != for_job:
+                avail.pop(gpu, None)
+            else:
+                avail[gpu] = self.now
+        return avail
 
     def reserve_top(self, job: JobRequest, types: Sequence[str], estimate: Estimate) -> None:
         """Make the blocked head job the top job: reclaim lent work for it, or reserve its shadow."""
@@ -397,7 +439,7 @@ class Scheduler:
             return
         shadow = earliest_start(
             node_gpus=((i, state.nodes[i].gpu_ids) for i in self.nodes_for(job, types)),
-            available_at=lambda g: self.available_at(g, for_job=job.id),
+            available=self.availability(for_job=job.id),
             gpu_count=job.gpu_count,
             is_single_node=single,
             duration_s=estimate.hold_s,
@@ -496,7 +538,7 @@ class Scheduler:
         state = self.state
         shadow = earliest_start(
             node_gpus=((i, state.nodes[i].gpu_ids) for i in self.nodes_for(job, types)),
-            available_at=lambda g: self.available_at(g, for_job=job.id, with_reclaim=False),
+            available=self.availability(for_job=job.id, with_reclaim=False),
             gpu_count=job.gpu_count,
             is_single_node=single,
             duration_s=estimate.hold_s,
