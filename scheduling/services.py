@@ -29,7 +29,7 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.contrib.postgres.fields.ranges import DateTimeTZRange
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, OperationalError, transaction
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
@@ -215,6 +215,11 @@ def _human(delta: timedelta) -> str:
 
 def _is_exclusion_violation(exc: IntegrityError) -> bool:
     return isinstance(exc.__cause__, psycopg.errors.ExclusionViolation)
+
+
+def _is_deadlock(exc: OperationalError) -> bool:
+    # Two writers that skip the node lock can wait on each other's exclusion-index entries.
+    return isinstance(exc.__cause__, psycopg.errors.DeadlockDetected)
 
 
 def _lock_nodes(*, gpu_type: GpuType, cluster_ids: Sequence[int]) -> None:
@@ -436,12 +441,17 @@ def booking_create(
                     at=now,
                 )
                 return booking
-        except IntegrityError as exc:
-            if not _is_exclusion_violation(exc):
+        except (IntegrityError, OperationalError) as exc:
+            is_retryable = (
+                _is_exclusion_violation(exc) if isinstance(exc, IntegrityError) else _is_deadlock(exc)
+            )
+            if not is_retryable:
                 raise
             # Another writer (one that skipped the node lock) took a GPU between our read
             # and our insert: read again and pick other GPUs.
-            logger.info("booking_create: exclusion violation on attempt %d; picking again", attempt + 1)
+            logger.info(
+                "booking_create: %s on attempt %d; picking again", type(exc.__cause__).__name__, attempt + 1
+            )
 
     alternatives = booking_alternatives(
         gpu_type=gpu_type,

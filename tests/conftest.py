@@ -81,3 +81,9 @@ def token_client(user: User) -> APIClient:
 @pytest.fixture
 def member_client(member: User) -> APIClient:
     return token_client(member)
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(settings) -> None:
+    """PBKDF2 costs ~0.1-0.3 s per user on this machine; tests create dozens of users."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
