@@ -86,12 +86,13 @@ import functools
 import hashlib
 import json
 import math
+import os
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import TypeVar
+from datetime import UTC, datetime
+from typing import Any, TypeVar
 
 import urllib3
 from kubernetes import client as k8s_client
@@ -169,6 +170,30 @@ class KubernetesConfig:
     timeout_s: float = 10.0  # connect and read timeout of every request
     dry_run: bool = False
 
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> KubernetesConfig:
+        """Build a config from ``BERTH_K8S_*`` environment variables; unset ones keep the defaults.
+
+        ``BERTH_K8S_HOST``, ``BERTH_K8S_TOKEN``, ``BERTH_K8S_CA_CERT``, ``BERTH_K8S_IN_CLUSTER`` (1/true/yes),
+        ``BERTH_K8S_KUBECONFIG``, ``BERTH_K8S_CONTEXT``, ``BERTH_K8S_NAMESPACE``, ``BERTH_K8S_DRY_RUN``.
+        """
+        env = os.environ if env is None else env
+        base = cls()
+
+        def flag(name: str) -> bool:
+            return env.get(name, "").strip().lower() in {"1", "true", "yes"}
+
+        return cls(
+            namespace=env.get("BERTH_K8S_NAMESPACE") or base.namespace,
+            host=env.get("BERTH_K8S_HOST") or None,
+            token=env.get("BERTH_K8S_TOKEN") or None,
+            ca_cert=env.get("BERTH_K8S_CA_CERT") or None,
+            in_cluster=flag("BERTH_K8S_IN_CLUSTER"),
+            kubeconfig=env.get("BERTH_K8S_KUBECONFIG") or None,
+            context=env.get("BERTH_K8S_CONTEXT") or None,
+            dry_run=flag("BERTH_K8S_DRY_RUN"),
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class JobPayload:
@@ -184,8 +209,51 @@ class JobPayload:
     service_account: str | None = None
     active_deadline_s: int | None = None  # hard wall-clock limit; None: the job runs until it ends
 
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> JobPayload:
+        """Build a payload from a job's stored backend payload (JSON); raise `ValueError` when unusable.
 
-PayloadSource = Callable[[str], JobPayload | None]
+        ``image`` is required; ``command`` and ``args`` are lists of strings (a string ``command`` runs
+        through ``/bin/sh -c``); ``env``, ``requests`` and ``labels`` map strings to strings; ``kind`` is
+        ``batch`` or ``interactive``.
+        """
+        image = data.get("image")
+        if not isinstance(image, str) or not image.strip():
+            raise ValueError("payload needs a non-empty 'image'")
+        command = data.get("command") or ()
+        if isinstance(command, str):
+            command = ("/bin/sh", "-c", command)
+        try:
+            return cls(
+                image=image,
+                command=_strings("command", command),
+                args=_strings("args", data.get("args") or ()),
+                env=_string_map("env", data.get("env") or {}),
+                kind=JobKind(data.get("kind") or JobKind.BATCH),
+                requests=_string_map("requests", data.get("requests") or {}),
+                labels=_string_map("labels", data.get("labels") or {}),
+                service_account=data.get("service_account") or None,
+                active_deadline_s=data.get("active_deadline_s") or None,
+            )
+        except TypeError as exc:
+            raise ValueError(str(exc)) from exc
+
+
+PayloadSource = Callable[[str], "JobPayload | Mapping[str, Any] | None"]
+
+
+def _strings(name: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str) or not all(isinstance(item, str) for item in value):
+        raise TypeError(f"payload '{name}' must be a list of strings")
+    return tuple(value)
+
+
+def _string_map(name: str, value: Any) -> dict[str, str]:
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise TypeError(f"payload '{name}' must map strings to strings")
+    return dict(value)
 
 
 def job_name(job_id: str) -> str:
@@ -213,11 +281,16 @@ class KubernetesBackend:
 
     def __init__(
         self,
-        config: KubernetesConfig,
+        config: KubernetesConfig | None = None,
         *,
         payload_source: PayloadSource | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """Connect lazily (no request is made here); ``config`` defaults to `KubernetesConfig.from_env`.
+
+        Raises `BackendError` when the kubeconfig or in-cluster configuration cannot be loaded.
+        """
+        config = config if config is not None else KubernetesConfig.from_env()
         self.config = config
         self._payload_source = payload_source
         self._clock = clock
@@ -304,12 +377,15 @@ class KubernetesBackend:
 
     # ---- apply ----
 
-    def apply(self, plan: Plan, *, payloads: Mapping[str, JobPayload] | None = None) -> list[ActionResult]:
+    def apply(
+        self, plan: Plan, *, payloads: Mapping[str, JobPayload | Mapping[str, Any]] | None = None
+    ) -> list[ActionResult]:
         """Carry out a plan: preemptions first (their grace starts sooner), then starts, then bookkeeping.
 
-        ``payloads`` maps job ids to what they run; ids missing there are asked of the ``payload_source``.
-        Raises `BackendError` when the API cannot be reached or refuses Berth as a whole (see module
-        docstring); every action is idempotent, so the caller retries the whole plan.
+        ``payloads`` maps job ids to what they run (a `JobPayload` or a mapping for
+        `JobPayload.from_mapping`); ids missing there are asked of the ``payload_source``.  Raises
+        `BackendError` when the API cannot be reached or refuses Berth as a whole (see module docstring);
+        every action is idempotent, so the caller may apply the same plan again, every round if it likes.
         """
         results: list[ActionResult] = [self._preempt(action) for action in plan.preemptions]
         for start in plan.starts:
@@ -328,12 +404,17 @@ class KubernetesBackend:
         return ActionResult("cancel", job_id, is_ok=True, message=message, backend_ref=job_name(job_id))
 
     def _preempt(self, action: PreemptAction) -> ActionResult:
+        name = job_name(action.job_id)
+        if self._clock() < action.signal_at:
+            # As in the Slurm backend: a plan may be applied every round; nothing happens before the signal.
+            due = datetime.fromtimestamp(action.signal_at, tz=UTC).isoformat(timespec="seconds")
+            return ActionResult(
+                "preempt", action.job_id, is_ok=True, message=f"signal due at {due}", backend_ref=name
+            )
         # Round up: a grace cut short by a fraction of a second still breaks the promise made to the job.
         grace = max(0, math.ceil(action.kill_at - action.signal_at))
         message = self._stop(action.job_id, grace_s=grace, reason="preempted")
-        return ActionResult(
-            "preempt", action.job_id, is_ok=True, message=message, backend_ref=job_name(action.job_id)
-        )
+        return ActionResult("preempt", action.job_id, is_ok=True, message=message, backend_ref=name)
 
     def _stop(self, job_id: str, *, grace_s: int, reason: str) -> str:
         namespace = self.config.namespace
@@ -348,11 +429,15 @@ class KubernetesBackend:
                 _request_timeout=timeout,
             ),
         )
-        stopped = 0
+        stopped = terminating = 0
         for pod in pods.items:
             pod_name = pod.metadata.name if pod.metadata else None
             # Re-check the selector: a pod of another job must never be deleted, whatever the server sent.
-            if not pod_name or _object_job_id(pod.metadata) != job_id:
+            if pod.metadata is None or not pod_name or _object_job_id(pod.metadata) != job_id:
+                continue
+            if pod.metadata.deletion_timestamp is not None:
+                # Already in its grace period (an earlier round sent this); deleting again changes nothing.
+                terminating += 1
                 continue
             patch = {"metadata": {"annotations": {STOP_REASON_ANNOTATION: reason}}}
             is_there = self._call_absent_ok(
@@ -390,16 +475,23 @@ class KubernetesBackend:
             ),
         )
         if not had_job and not stopped:
-            return f"{reason}: Job {name} was already gone"
+            still = f"; {terminating} pod(s) still in their grace period" if terminating else ""
+            return f"{reason}: Job {name} was already gone{still}"
         prefix = "dry run: " if self.config.dry_run else ""
         return f"{prefix}{reason}: deleted Job {name} and {stopped} pod(s) with a {grace_s} s grace period"
 
-    def _start(self, action: StartAction, payload: JobPayload | None) -> ActionResult:
+    def _start(self, action: StartAction, raw_payload: JobPayload | Mapping[str, Any] | None) -> ActionResult:
         name = job_name(action.job_id)
-        if payload is None:
+        if raw_payload is None:
             return ActionResult(
                 "start", action.job_id, is_ok=False, message="no payload for this job", backend_ref=name
             )
+        try:
+            payload = (
+                raw_payload if isinstance(raw_payload, JobPayload) else JobPayload.from_mapping(raw_payload)
+            )
+        except ValueError as exc:
+            return ActionResult("start", action.job_id, is_ok=False, message=str(exc), backend_ref=name)
         if not action.node_ids or not action.gpu_ids or len(action.gpu_ids) % len(action.node_ids):
             return ActionResult(
                 "start",

@@ -603,7 +603,7 @@ def test_preempt_deletes_pods_and_job_with_the_grace_period(
     emulator.put(PODS, namespace, _pod_of("job-20", gpu_ids="0,1"))
     bystander = _pod_of("job-21", gpu_ids="2")
     emulator.put(PODS, namespace, bystander)
-    preempt = PreemptAction(job_id="job-20", signal_at=2_000.0, kill_at=2_045.2, reason="booking b-1 starts")
+    preempt = PreemptAction(job_id="job-20", signal_at=1_000.0, kill_at=1_045.2, reason="booking b-1 starts")
 
     mark = emulator.request_count()
     [result] = backend.apply(Plan(preemptions=(preempt,)))
@@ -627,6 +627,33 @@ def test_preempt_deletes_pods_and_job_with_the_grace_period(
     [again] = backend.apply(Plan(preemptions=(preempt,)))
     assert again.is_ok
     assert "already gone" in again.message
+
+
+def test_preempt_waits_for_signal_at_and_leaves_terminating_pods_alone(
+    emulator: Emulator, nodes: list[dict[str, Any]], namespace: str
+) -> None:
+    """Seeded pods (no Job controller in the emulator); the emulator's request log shows what was sent.
+
+    The backend's clock says 1000: a preemption signalled at 1010 sends nothing yet.  Applied when due, a
+    pod already in its grace period (an earlier round deleted it) is not deleted again.
+    """
+    backend = _backend(emulator, namespace)
+    backend.apply(Plan(starts=(_start("job-22", (0,), ("gpu-a",)),)), payloads={"job-22": PAYLOAD})
+    pod = _pod_of("job-22")
+    pod["metadata"]["deletionTimestamp"] = "2026-11-30T08:20:30Z"
+    emulator.put(PODS, namespace, pod)
+
+    mark = emulator.request_count()
+    [early] = backend.apply(Plan(preemptions=(PreemptAction("job-22", 1_010.0, 1_040.0, "booking"),)))
+    assert early.is_ok
+    assert "due" in early.message
+    assert emulator.requests_since(mark) == []
+
+    [due] = backend.apply(Plan(preemptions=(PreemptAction("job-22", 990.0, 1_020.0, "booking"),)))
+    assert due.is_ok
+    sent = [(r.method, r.resource, r.name) for r in emulator.requests_since(mark) if r.method != "GET"]
+    assert sent == [("DELETE", JOBS, job_name("job-22"))]
+    assert emulator.exists(PODS, namespace, pod["metadata"]["name"])
 
 
 def test_cancel_deletes_with_the_configured_grace(
@@ -661,6 +688,89 @@ def test_reservations_and_releases_say_kubernetes_has_none(emulator: Emulator, n
     ]
     assert all("no reservations" in r.message for r in results)
     assert emulator.requests_since(mark) == []
+
+
+# ---- configuration and payloads ----
+
+
+def test_kubeconfig_with_token_reaches_the_server(
+    emulator: Emulator, nodes: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """A kubeconfig file pointing at the emulator; the token is checked in the request it received."""
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "lab", "cluster": {"server": emulator.url}}],
+                "users": [{"name": "berth", "user": {"token": "from-kubeconfig"}}],
+                "contexts": [{"name": "lab", "context": {"cluster": "lab", "user": "berth"}}],
+                "current-context": "lab",
+            }
+        )
+    )
+    backend = KubernetesBackend(KubernetesConfig.from_env({"BERTH_K8S_KUBECONFIG": str(path)}))
+    mark = emulator.request_count()
+    assert {n.id for n in backend.snapshot().nodes} >= {"gpu-a", "gpu-b"}
+    assert {r.headers.get("Authorization") for r in emulator.requests_since(mark)} == {
+        "Bearer from-kubeconfig"
+    }
+
+
+def test_config_from_env() -> None:
+    """Pure: no API."""
+    env = {
+        "BERTH_K8S_HOST": "https://k8s.lab:6443",
+        "BERTH_K8S_TOKEN": "t",
+        "BERTH_K8S_NAMESPACE": "gpu-jobs",
+        "BERTH_K8S_DRY_RUN": "yes",
+    }
+    config = KubernetesConfig.from_env(env)
+    assert (config.host, config.token, config.namespace, config.dry_run) == (
+        "https://k8s.lab:6443",
+        "t",
+        "gpu-jobs",
+        True,
+    )
+    assert KubernetesConfig.from_env({}) == KubernetesConfig()
+
+
+def test_not_in_a_cluster_becomes_backend_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In-cluster configuration outside a pod: the service-account environment is absent here."""
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(BackendError, match="configuration"):
+        KubernetesBackend(KubernetesConfig(in_cluster=True))
+
+
+def test_payload_from_mapping() -> None:
+    """Pure: no API."""
+    payload = JobPayload.from_mapping(
+        {"image": "ghcr.io/lab/nb:3", "command": "jupyter lab", "kind": "interactive", "env": {"A": "1"}}
+    )
+    assert payload.command == ("/bin/sh", "-c", "jupyter lab")
+    assert payload.kind is JobKind.INTERACTIVE
+    assert payload.env == {"A": "1"}
+    for bad in ({}, {"image": ""}, {"image": "x", "args": "not-a-list"}, {"image": "x", "env": {"A": 1}}):
+        with pytest.raises(ValueError, match="payload"):
+            JobPayload.from_mapping(bad)
+
+
+def test_start_with_mapping_payload_and_a_bad_one(
+    emulator: Emulator, nodes: list[dict[str, Any]], namespace: str
+) -> None:
+    """Created in and read back from the emulator; the bad payload sends nothing."""
+    backend = _backend(emulator, namespace)
+    good = {"image": "ghcr.io/lab/train:2", "args": ["--lr", "3e-4"]}
+    results = backend.apply(
+        Plan(starts=(_start("job-15", (0,), ("gpu-a",)), _start("job-16", (1,), ("gpu-a",)))),
+        payloads={"job-15": good, "job-16": {"command": ["python"]}},
+    )
+    assert [r.is_ok for r in results] == [True, False]
+    assert "image" in results[1].message
+    container = _read_job(emulator, namespace, job_name("job-15")).spec.template.spec.containers[0]
+    assert (container.image, container.args) == ("ghcr.io/lab/train:2", ["--lr", "3e-4"])
+    assert not emulator.exists(JOBS, namespace, job_name("job-16"))
 
 
 # ---- names ----
