@@ -94,6 +94,7 @@ class BookingForm(forms.Form):
         gpu_types: QuerySet[GpuType],
         **kwargs: Any,
     ) -> None:
+        kwargs.setdefault("label_suffix", "")  # labels read "GPUs", not "GPUs:"
         super().__init__(*args, **kwargs)
         self.fields["project"].queryset = projects  # type: ignore[attr-defined]
         self.fields["gpu_type"].queryset = gpu_types  # type: ignore[attr-defined]

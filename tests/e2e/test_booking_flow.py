@@ -1,0 +1,78 @@
+"""In real Chromium: log in, watch availability update, book a window, see it, cancel it."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import User
+from playwright.sync_api import Dialog, Page, expect
+
+from portal.accounts.models import Project
+from scheduling.models import Booking, Node
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
+
+
+@pytest.mark.e2e
+@pytest.mark.django_db(transaction=True)
+def test_book_see_and_cancel_a_window(
+    live_server: object, page: Page, member: User, project: Project, nodes: list[Node], soon: datetime
+) -> None:
+    base = str(live_server).rstrip("/")
+    page.set_default_timeout(10_000)
+
+    # Log in: the home page sends us to the login form first.
+    page.goto(f"{base}/")
+    expect(page).to_have_url(f"{base}/login/?next=/")
+    page.get_by_label("Username").fill(member.username)
+    page.get_by_label("Password").fill("pw-not-secret")
+    page.get_by_role("button", name="Log in").click()
+    expect(page.get_by_role("heading", name="Book a GPU window")).to_be_visible()
+
+    # The availability box follows the form (htmx hx-get on change / keyup).
+    availability = page.locator("#availability")
+    page.get_by_label("Start").fill(soon.strftime("%Y-%m-%dT%H:%M"))
+    # Typed key by key, as a person would: keyup (debounced 300 ms) asks again.
+    gpus = page.get_by_label("GPUs", exact=True)
+    gpus.fill("")
+    gpus.press_sequentially("12")
+    expect(availability).to_contain_text("Not enough: you asked for 12.")
+    gpus.press("Backspace")
+    gpus.press("Backspace")
+    gpus.press_sequentially("3")
+    expect(availability).to_contain_text("Enough: 3 GPUs can be booked.")
+    expect(availability.locator(".big-number")).to_contain_text("8")
+
+    page.get_by_label("Note").fill("e2e: attention sweep")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "e2e-book.png"), full_page=True)
+    page.get_by_role("button", name="Book", exact=True).click()
+
+    # My bookings shows it, with a success message.
+    expect(page.get_by_role("heading", name="My bookings")).to_be_visible()
+    expect(page.get_by_role("status")).to_contain_text("Booked 3 A100 GPU(s)")
+    booking = Booking.objects.get(user=member)
+    row = page.locator(f"#booking-row-{booking.pk}")
+    expect(row).to_contain_text("3 × A100")  # noqa: RUF001 - the page's multiplication sign
+    expect(row).to_contain_text("e2e: attention sweep")
+    expect(row).to_contain_text("Confirmed")
+    page.screenshot(path=str(ARTIFACTS / "e2e-my-bookings.png"), full_page=True)
+
+    # Cancel: confirm the dialog; the row is swapped in place.
+    messages: list[str] = []
+
+    def accept(dialog: Dialog) -> None:
+        messages.append(dialog.message)
+        dialog.accept()
+
+    page.once("dialog", accept)
+    row.get_by_role("button", name=f"Cancel booking {booking.pk}").click()
+    expect(row).to_contain_text("Cancelled")
+    expect(row.get_by_role("button")).to_have_count(0)
+    assert messages
+    assert messages[0].startswith(f"Cancel booking {booking.pk}")
+    booking.refresh_from_db()
+    assert booking.status == Booking.Status.CANCELLED
+    page.screenshot(path=str(ARTIFACTS / "e2e-cancelled.png"), full_page=True)
