@@ -1,0 +1,145 @@
+"""Demand-forecast benchmark: rolling-origin backtests of Prophet, seasonal naives and berth.
+
+    python -m bench.forecast --series CSV --target COL[+COL...] [--agg sum|mean]
+        [--by COLUMN] [--horizon-h 24] [--days 28] [--models a,b,...] [--ablation]
+        [--events FILE.json] [--jobs N] --out FILE.json
+
+The CSV has a ``ds`` timestamp column (or ``--ds-col``).  Targets joined by ``+`` are
+added, then resampled to hourly with ``--agg`` (``sum`` for counts, ``mean`` for levels).
+Without ``--by`` the rows of each timestamp are summed first (a cluster total); with
+``--by`` every group is its own series and the output also has ``"groups": {G: {"models":
+...}}``; the top-level ``models`` are then the *mean over groups* of each metric.
+
+Output: ``{"series", "target", "agg", "by", "horizon_h", "days", "models": {NAME: {"mase",
+"smape", "coverage_80", "fit_s_mean", "origins"}}}`` (see forecasting/core/backtest.py for
+the definitions; docs/forecasting.md for the results).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from forecasting.core.backtest import backtest
+from forecasting.core.events import Event, events_from_json
+from forecasting.core.models import ABLATION_NAMES, MODEL_NAMES, ForecastModel, make_model
+from forecasting.core.series import to_hourly
+
+_METRICS = ("mase", "smape", "coverage_80", "fit_s_mean")
+
+
+def _factories(names: Sequence[str], events: Sequence[Event]) -> list[Callable[[], ForecastModel]]:
+    return [partial(make_model, name, events=events) for name in names]
+
+
+def _run_one(
+    item: tuple[str, pd.Series], *, names: Sequence[str], events: Sequence[Event], days: int, horizon_h: int
+) -> tuple[str, dict[str, dict[str, float]]]:
+    group, series = item
+    results = backtest(series, _factories(names, events), days=days, horizon_h=horizon_h)
+    return group, {r.model: r.as_dict() for r in results}
+
+
+def run(
+    *,
+    series_csv: str | Path,
+    targets: Sequence[str],
+    agg: str = "sum",
+    by: str | None = None,
+    horizon_h: int = 24,
+    days: int = 28,
+    models: Sequence[str] = MODEL_NAMES,
+    events: Sequence[Event] = (),
+    ds_col: str = "ds",
+    jobs: int = 1,
+) -> dict[str, Any]:
+    """Backtest ``models`` on the series in ``series_csv``; returns the JSON document."""
+    frame = pd.read_csv(series_csv)
+    series = to_hourly(frame, value_cols=list(targets), agg=agg, ds_col=ds_col, by=by)
+    worker = partial(_run_one, names=list(models), events=list(events), days=days, horizon_h=horizon_h)
+    if jobs > 1 and len(series) > 1:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            per_group = dict(pool.map(worker, series.items()))
+    else:
+        per_group = dict(map(worker, series.items()))
+    doc: dict[str, Any] = {
+        "series": str(series_csv),
+        "target": "+".join(targets),
+        "agg": agg,
+        "by": by,
+        "horizon_h": horizon_h,
+        "days": days,
+    }
+    if by is None:
+        doc["models"] = per_group["all"]
+        return doc
+    doc["groups"] = {g: {"models": m} for g, m in per_group.items()}
+    doc["models"] = {
+        name: {
+            key: float(pd.Series([m[name][key] for m in per_group.values()]).mean())
+            for key in (*_METRICS, "origins")
+        }
+        for name in models
+    }
+    return doc
+
+
+def _print_table(doc: dict[str, Any]) -> None:
+    title = f"{doc['series']} {doc['target']} ({doc['agg']}"
+    title += f", mean over {len(doc['groups'])} groups by {doc['by']})" if doc.get("by") else ")"
+    print(title)
+    print(f"{'model':<22}{'mase':>8}{'smape':>8}{'cov80':>8}{'fit_s':>8}")
+    for name, m in doc["models"].items():
+        print(f"{name:<22}{m['mase']:>8.3f}{m['smape']:>8.1f}{m['coverage_80']:>8.3f}{m['fit_s_mean']:>8.3f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point; returns the process exit code."""
+    parser = argparse.ArgumentParser(prog="python -m bench.forecast", description=__doc__.split("\n")[0])
+    parser.add_argument("--series", required=True, help="CSV with a timestamp column")
+    parser.add_argument("--target", required=True, help="column, or columns joined by '+'")
+    parser.add_argument("--agg", choices=("sum", "mean"), default="sum")
+    parser.add_argument("--by", default=None, help="one series per value of this column")
+    parser.add_argument("--horizon-h", type=int, default=24)
+    parser.add_argument("--days", type=int, default=28, help="rolling daily origins")
+    parser.add_argument("--models", default=",".join(MODEL_NAMES))
+    parser.add_argument("--ablation", action="store_true", help="also run the berth_no_* variants")
+    parser.add_argument("--events", default=None, help="JSON event calendar (Prophet holidays)")
+    parser.add_argument("--ds-col", default="ds")
+    parser.add_argument("--jobs", type=int, default=1, help="worker processes (per group)")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    models = [m for m in args.models.split(",") if m]
+    if args.ablation:
+        models += [m for m in ABLATION_NAMES if m not in models]
+    t0 = time.perf_counter()
+    doc = run(
+        series_csv=args.series,
+        targets=args.target.split("+"),
+        agg=args.agg,
+        by=args.by,
+        horizon_h=args.horizon_h,
+        days=args.days,
+        models=models,
+        events=events_from_json(args.events) if args.events else (),
+        ds_col=args.ds_col,
+        jobs=args.jobs,
+    )
+    doc["wall_s"] = time.perf_counter() - t0
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
+    _print_table(doc)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,523 @@
+"""Hourly demand forecasting models with one interface.
+
+``model.fit(history)`` takes an hourly ``pd.Series`` (regular ``DatetimeIndex``; NaN means
+unknown) and returns the model; ``model.forecast(horizon_h)`` returns a :class:`Forecast`:
+point forecast plus an 80% interval for the next ``horizon_h`` hours.  A model only ever
+sees the history it was fitted on, so rolling-origin backtests cannot peek.
+
+Models:
+
+* ``seasonal_naive_24`` / ``seasonal_naive_168``: repeat the last day / week; intervals
+  from the empirical 10%/90% quantiles of the in-sample seasonal differences.
+* ``prophet``: Prophet with daily and weekly seasonality (weekly only from two weeks of
+  history on) and an optional event calendar; intervals from in-sample residual
+  quantiles (Prophet's own sampling costs about 1 s per fit; ``uncertainty_samples=0``).
+* ``berth``: the model the portal ships, see :class:`BerthModel`.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from forecasting.core.events import Event, events_to_holidays
+from forecasting.core.series import mask_outages
+
+__all__ = [
+    "MODEL_NAMES",
+    "BerthConfig",
+    "BerthModel",
+    "Forecast",
+    "ForecastModel",
+    "ProphetModel",
+    "SeasonalNaiveModel",
+    "make_model",
+]
+
+FloatArray = npt.NDArray[np.float64]
+HOUR = pd.Timedelta(hours=1)
+_LOWER_Q, _UPPER_Q = 0.1, 0.9  # an 80% central interval
+
+
+@dataclass(frozen=True, slots=True)
+class Forecast:
+    """Point forecast and 80% interval, one value per future hour."""
+
+    index: pd.DatetimeIndex
+    point: FloatArray
+    lower: FloatArray
+    upper: FloatArray
+
+    def to_frame(self) -> pd.DataFrame:
+        """The forecast as a frame with columns ``point, lower, upper``."""
+        return pd.DataFrame({"point": self.point, "lower": self.lower, "upper": self.upper}, index=self.index)
+
+
+class ForecastModel(Protocol):
+    name: str
+
+    def fit(self, history: pd.Series) -> ForecastModel:
+        """Learn from an hourly series; returns self."""
+        ...
+
+    def forecast(self, horizon_h: int) -> Forecast:
+        """Forecast the ``horizon_h`` hours after the end of the fitted history."""
+        ...
+
+
+def _check_history(history: pd.Series) -> pd.Series:
+    if not isinstance(history.index, pd.DatetimeIndex):
+        raise TypeError("history needs a DatetimeIndex")
+    if len(history) == 0 or not np.isfinite(history.to_numpy(dtype=float)).any():
+        raise ValueError("history has no finite values")
+    if len(history) > 1 and (history.index[1:] - history.index[:-1] != HOUR).any():
+        raise ValueError("history must be hourly and regular (resample it first)")
+    return history.astype(float)
+
+
+def _future_index(history: pd.Series, horizon_h: int) -> pd.DatetimeIndex:
+    start = history.index[-1] + HOUR
+    return pd.date_range(start, periods=horizon_h, freq="h")
+
+
+def _nan_quantile(values: FloatArray, q: float, default: float) -> float:
+    finite = values[np.isfinite(values)]
+    return float(np.quantile(finite, q)) if len(finite) else default
+
+
+# ---- seasonal naive ----
+
+
+class SeasonalNaiveModel:
+    """y[T + h] = y[T + h - period * ceil(h / period)]; NaNs fall back to the last value."""
+
+    def __init__(self, *, period: int) -> None:
+        self.period = period
+        self.name = f"seasonal_naive_{period}"
+        self._history: pd.Series | None = None
+        self._q: tuple[float, float] = (0.0, 0.0)
+
+    def fit(self, history: pd.Series) -> SeasonalNaiveModel:
+        """Store the history and the quantiles of its seasonal differences."""
+        self._history = _check_history(history)
+        y = self._history.to_numpy(dtype=float)
+        period = min(self.period, max(len(y) - 1, 1))
+        diffs = y[period:] - y[:-period] if len(y) > period else np.zeros(1)
+        self._q = (_nan_quantile(diffs, _LOWER_Q, 0.0), _nan_quantile(diffs, _UPPER_Q, 0.0))
+        return self
+
+    def forecast(self, horizon_h: int) -> Forecast:
+        """Repeat the last season; the interval widens with sqrt(seasons ahead)."""
+        if self._history is None:
+            raise RuntimeError("fit() first")
+        y = self._history.to_numpy(dtype=float)
+        n = len(y)
+        last = float(pd.Series(y).ffill().iloc[-1])
+        period = self.period if n >= self.period else 24 if n >= 24 else n
+        steps = np.arange(1, horizon_h + 1)
+        seasons = np.ceil(steps / period)
+        src = (n - 1 + steps - period * seasons).astype(int)
+        point = np.where(src >= 0, y[np.clip(src, 0, n - 1)], last)
+        point = np.where(np.isfinite(point), point, last)
+        widen = np.sqrt(seasons)
+        return Forecast(
+            index=_future_index(self._history, horizon_h),
+            point=point,
+            lower=point + self._q[0] * widen,
+            upper=point + self._q[1] * widen,
+        )
+
+
+# ---- Prophet ----
+
+
+def _quiet_prophet() -> None:
+    # cmdstanpy logs two INFO lines per fit; prophet logs its seasonality choices.
+    logging.getLogger("cmdstanpy").setLevel(logging.WARNING)
+    logging.getLogger("prophet").setLevel(logging.WARNING)
+    logging.getLogger("prophet.plot").setLevel(logging.CRITICAL)  # "Importing plotly failed"
+
+
+@dataclass(frozen=True, slots=True)
+class ProphetFit:
+    """In-sample fitted values (aligned with the history) and the future path."""
+
+    fitted: FloatArray
+    future: FloatArray
+
+
+def prophet_fit_predict(
+    history: pd.Series,
+    *,
+    horizon_h: int,
+    events: Sequence[Event] = (),
+    daily_order: int = 6,
+    weekly_order: int = 3,
+    changepoint_prior_scale: float = 0.05,
+    changepoint_range: float = 0.8,
+    min_weekly_days: int = 14,
+) -> ProphetFit:
+    """Fit Prophet (MAP, no sampling) on ``history`` and predict history + horizon.
+
+    NaN values are left out of the fit.  Daily seasonality needs two days of data, weekly
+    seasonality two weeks: less makes Prophet fit noise as season.
+    """
+    from prophet import Prophet  # heavy (about 0.6 s); only where a fit happens
+
+    _quiet_prophet()  # after the import: cmdstanpy sets its own level when imported
+
+    span_days = (history.index[-1] - history.index[0]) / pd.Timedelta(days=1)
+    model = Prophet(
+        growth="linear",
+        yearly_seasonality=False,
+        weekly_seasonality=weekly_order if span_days >= min_weekly_days else False,
+        daily_seasonality=daily_order if span_days >= 2 else False,
+        holidays=events_to_holidays(events),
+        changepoint_prior_scale=changepoint_prior_scale,
+        changepoint_range=changepoint_range,
+        uncertainty_samples=0,
+    )
+    frame = pd.DataFrame({"ds": history.index, "y": history.to_numpy(dtype=float)})
+    with warnings.catch_warnings():
+        # prophet 1.5 on pandas 3 warns on every predict (DataFrame.drop inplace).
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        model.fit(frame.dropna())
+        future = pd.DataFrame({"ds": history.index.append(_future_index(history, horizon_h))})
+        yhat = model.predict(future)["yhat"].to_numpy(dtype=float)
+    n = len(history)
+    return ProphetFit(fitted=yhat[:n], future=yhat[n:])
+
+
+class ProphetModel:
+    """Plain Prophet on the raw series, intervals from in-sample residual quantiles."""
+
+    name = "prophet"
+
+    def __init__(self, *, events: Sequence[Event] = (), max_history_days: int = 56) -> None:
+        self.events = tuple(events)
+        self.max_history_days = max_history_days
+        self._history: pd.Series | None = None
+        self._fit: ProphetFit | None = None
+        self._q: tuple[float, float] = (0.0, 0.0)
+        self._nonneg = True
+
+    def fit(self, history: pd.Series) -> ProphetModel:
+        """Fit on the last ``max_history_days`` days of ``history``."""
+        history = _check_history(history).iloc[-24 * self.max_history_days :]
+        self._history = history
+        self._nonneg = bool(np.nanmin(history.to_numpy(dtype=float)) >= 0)
+        self._fit = prophet_fit_predict(history, horizon_h=168, events=self.events)
+        resid = history.to_numpy(dtype=float) - self._fit.fitted
+        self._q = (_nan_quantile(resid, _LOWER_Q, 0.0), _nan_quantile(resid, _UPPER_Q, 0.0))
+        return self
+
+    def forecast(self, horizon_h: int) -> Forecast:
+        """Prophet's path for the next hours (up to one week, fitted once)."""
+        if self._history is None or self._fit is None:
+            raise RuntimeError("fit() first")
+        if horizon_h > len(self._fit.future):
+            self._fit = prophet_fit_predict(self._history, horizon_h=horizon_h, events=self.events)
+        point = self._fit.future[:horizon_h].copy()
+        lower, upper = point + self._q[0], point + self._q[1]
+        if self._nonneg:
+            point, lower, upper = (np.maximum(a, 0.0) for a in (point, lower, upper))
+        return Forecast(_future_index(self._history, horizon_h), point, lower, upper)
+
+
+# ---- berth ----
+
+
+@dataclass(frozen=True, slots=True)
+class BerthConfig:
+    """Switches of the shipped model; each one is an ablation in docs/forecasting.md."""
+
+    clean_outages: bool = True  # long zero runs in a busy series are gaps, not demand
+    log_transform: bool = True  # fit log1p(y): bursty counts, multiplicative seasons
+    level_correction: bool = True  # carry the recent Prophet residual forward (direct, per h)
+    ensemble: bool = True  # blend with seasonal naive 24/168, weights from recent errors
+    conformal: bool = True  # intervals from recent h-step errors, not in-sample residuals
+    holdout_fit: bool = True  # calibrate on a second Prophet fit that did not see the last days
+    changepoint_prior_scale: float = 0.05
+    changepoint_range: float = 0.8
+    daily_order: int = 6
+    max_history_days: int = 56
+    calibration_days: int = 14  # pseudo-origins used for weights and intervals
+    level_hours: int = 3  # residual window of the level correction
+    weight_step: float = 0.1  # grid step of the blend weights
+    events: tuple[Event, ...] = field(default=())
+
+
+class BerthModel:
+    """Prophet with a level correction, blended with naive forecasts, conformal intervals.
+
+    1. Outage runs are masked (:func:`~forecasting.core.series.mask_outages`) and the
+       series is fitted as ``log1p(y)``, where bursts are tame and seasons multiply.
+    2. Prophet (daily + weekly + events) gives the structural path ``P``.
+    3. *Level correction*: Prophet's residuals are autocorrelated (a busy afternoon stays
+       busy); the mean residual of the last ``level_hours`` hours is carried ``h`` hours
+       ahead with a slope ``beta_h`` regressed on past residuals (direct multi-horizon, so
+       the decay shape is learned, not assumed).
+    4. *Blend* (in log space) of ``P + beta_h s``, the 24 h and 168 h seasonal naives and
+       the last value, with weights on a simplex grid, one set for hours 1-6 and one for
+       7-24, minimising the original-scale MAE of the forecasts made from every hour of the
+       last ``calibration_days`` days (pseudo-origins; no refits).
+    5. *Conformal interval*: the 10%/90% quantiles of those pseudo-origin errors per
+       horizon (pooled over h +- 3), added in log space and transformed back, so the band
+       is as wide as the model's recent multi-step errors, not its one-step noise.
+
+    Prophet's in-sample residuals flatter it (its trend bends to the data it saw), so steps
+    3-5 use a second Prophet fit that ends ``calibration_days`` days earlier and are scored
+    on hours that fit did not see (``holdout_fit``).  Everything comes from the history
+    passed to :meth:`fit`: two Prophet fits and some numpy.
+    """
+
+    name = "berth"
+    _BUCKETS: tuple[tuple[int, int], ...] = ((0, 6), (6, 24))
+    _N_COMPONENTS = 4  # prophet+level, seasonal naive 24, seasonal naive 168, last value
+
+    def __init__(self, config: BerthConfig | None = None, *, name: str = "berth") -> None:
+        self.config = config or BerthConfig()
+        self.name = name
+        self._state: dict[str, Any] = {}
+
+    # transforms
+    def _fwd(self, y: FloatArray) -> FloatArray:
+        return np.log1p(np.maximum(y, 0.0)) if self._state["log"] else y
+
+    def _inv(self, z: FloatArray) -> FloatArray:
+        return np.expm1(z) if self._state["log"] else z
+
+    def _prophet(self, series: pd.Series, *, horizon_h: int) -> ProphetFit:
+        cfg = self.config
+        return prophet_fit_predict(
+            series,
+            horizon_h=horizon_h,
+            events=cfg.events,
+            daily_order=cfg.daily_order,
+            changepoint_prior_scale=cfg.changepoint_prior_scale,
+            changepoint_range=cfg.changepoint_range,
+        )
+
+    def fit(self, history: pd.Series) -> BerthModel:
+        """Fit every part on ``history`` only (see the class docstring)."""
+        cfg = self.config
+        history = _check_history(history).iloc[-24 * cfg.max_history_days :]
+        raw = history.to_numpy(dtype=float)
+        nonneg = bool(np.nanmin(raw) >= 0)
+        clean = mask_outages(history) if cfg.clean_outages else history
+        if not np.isfinite(clean.to_numpy(dtype=float)).any():
+            clean = history
+        self._state = {"log": cfg.log_transform and nonneg, "nonneg": nonneg, "history": history}
+        z = self._fwd(clean.to_numpy(dtype=float))
+        n = len(z)
+        self._state["short"] = n < 48
+        if self._state["short"]:
+            return self
+        zs = pd.Series(z, index=history.index)
+        pf = self._prophet(zs, horizon_h=24 * 7)
+        cal_h = min(24 * cfg.calibration_days, n // 2)
+        cut = n - cal_h
+        if cfg.holdout_fit and cut >= 48 and cal_h >= 48:
+            hold = self._prophet(zs.iloc[:cut], horizon_h=cal_h)
+            cal_path = np.concatenate([hold.fitted, hold.future])
+            can_calibrate = True
+        else:
+            # In-sample calibration is what the ablation tests; the full model would
+            # rather not calibrate than trust it.
+            can_calibrate = not cfg.holdout_fit
+            cut = n - 24 * cfg.calibration_days - 23
+            cal_path = pf.fitted
+        cal_resid = z - cal_path
+        cal_level = self._level_series(cal_resid)
+        origins = np.arange(max(24, cut), n - 23)
+        beta = np.zeros(24)
+        if cfg.level_correction:
+            beta = self._level_slopes(cal_resid, cal_level, origins)
+        available = [True, cfg.ensemble, cfg.ensemble and n >= 168 + 24, cfg.ensemble]
+        # Too little history to calibrate: an equal blend is the robust default.
+        weights = np.tile(np.array(available, dtype=float) / sum(available), (len(self._BUCKETS), 1))
+        errors = np.empty((0, 24))
+        if len(origins) >= 5 and can_calibrate:
+            idx = origins[:, None] + np.arange(24)[None, :]
+            path = cal_path[idx] + beta[None, :] * cal_level[origins][:, None]
+            comps = self._components(z, idx, path)
+            target = z[idx]
+            if cfg.ensemble:
+                weights = self._blend_weights(comps, target, available)
+            errors = target - self._blend(comps, weights)
+        self._state.update(
+            z=z, future=pf.future, fitted=pf.fitted, resid=z - pf.fitted, beta=beta,
+            weights=weights, errors=errors,
+        )  # fmt: skip
+        return self
+
+    def _level_series(self, resid: FloatArray) -> FloatArray:
+        """level[o] = mean residual of the ``level_hours`` hours before index o (NaN-aware)."""
+        k = self.config.level_hours
+        level = pd.Series(resid).rolling(k, min_periods=1).mean().shift(1)
+        # After a gap the last known level is still the best guess, for a day at most.
+        out: FloatArray = level.ffill(limit=24).fillna(0.0).to_numpy(dtype=float)
+        return out
+
+    @staticmethod
+    def _level_slopes(resid: FloatArray, level: FloatArray, origins: npt.NDArray[np.int_]) -> FloatArray:
+        """beta_h = sum(s_o r_{o+h-1}) / sum(s_o^2) over pseudo-origins, clipped to [0, 1]."""
+        if len(origins) < 5:
+            return np.zeros(24)
+        idx = origins[:, None] + np.arange(24)[None, :]
+        s = np.broadcast_to(level[origins][:, None], idx.shape)
+        r = resid[idx]
+        ok = np.isfinite(r) & np.isfinite(s)
+        num = np.where(ok, s * r, 0.0).sum(axis=0)
+        den = np.where(ok, s * s, 0.0).sum(axis=0)
+        beta: FloatArray = np.clip(np.divide(num, den, out=np.zeros(24), where=den > 0), 0.0, 1.0)
+        return beta
+
+    def _components(self, z: FloatArray, idx: npt.NDArray[np.int_], path: FloatArray) -> FloatArray:
+        """(component, origin, h) array; a component with no data falls back to ``path``."""
+        n = len(z)
+        step = idx - idx[:, :1] + 1
+        out = np.empty((self._N_COMPONENTS, *idx.shape))
+        out[0] = path
+        for k, period in ((1, 24), (2, 168)):
+            src = idx - period * np.ceil(step / period).astype(int)
+            vals = np.where(src >= 0, z[np.clip(src, 0, n - 1)], np.nan)
+            out[k] = np.where(np.isfinite(vals), vals, path)
+        last = pd.Series(z).ffill().to_numpy(dtype=float)
+        before = idx[:, :1] - 1
+        vals = np.where(before >= 0, last[np.clip(before, 0, n - 1)], np.nan)
+        out[3] = np.where(np.isfinite(vals), np.broadcast_to(vals, idx.shape), path)
+        return out
+
+    def _blend(self, comps: FloatArray, weights: FloatArray) -> FloatArray:
+        out = np.empty(comps.shape[1:])
+        for b, (lo, hi) in enumerate(self._BUCKETS):
+            out[:, lo:hi] = np.tensordot(weights[b], comps[:, :, lo:hi], axes=1)
+        return out
+
+    def _blend_weights(self, comps: FloatArray, target: FloatArray, available: list[bool]) -> FloatArray:
+        steps = round(1.0 / self.config.weight_step)
+        grid = np.array(
+            [
+                (a, b, c, steps - a - b - c)
+                for a in range(steps + 1)
+                for b in range(steps + 1 - a)
+                for c in range(steps + 1 - a - b)
+            ],
+            dtype=float,
+        )
+        grid = grid[(grid[:, ~np.array(available)] == 0).all(axis=1)] / steps
+        weights = np.zeros((len(self._BUCKETS), self._N_COMPONENTS))
+        for b, (lo, hi) in enumerate(self._BUCKETS):
+            t = target[:, lo:hi]
+            ok = np.isfinite(t)
+            actual = self._inv(t[ok])
+            flat = comps[:, :, lo:hi][:, ok]  # (component, points)
+            errs = np.abs(self._inv(grid @ flat) - actual[None, :]).mean(axis=1)
+            # Ties keep the first grid point, which puts the most weight on Prophet.
+            weights[b] = grid[int(np.argmin(errs))]
+        return weights
+
+    def forecast(self, horizon_h: int) -> Forecast:
+        """Point and 80% interval for the next ``horizon_h`` hours (at most one week)."""
+        st = self._state
+        if not st:
+            raise RuntimeError("fit() first")
+        history: pd.Series = st["history"]
+        if st["short"]:
+            return _short_history_forecast(history, horizon_h)
+        if horizon_h > len(st["future"]):
+            raise ValueError("berth forecasts at most one week ahead")
+        z = st["z"]
+        n = len(z)
+        beta = np.concatenate([st["beta"], np.full(max(0, horizon_h - 24), st["beta"][-1])])
+        last_level = float(self._level_series(np.append(st["resid"], np.nan))[-1])
+        path = st["future"][:horizon_h] + beta[:horizon_h] * last_level
+        zf = np.empty(horizon_h)
+        for start in range(0, horizon_h, 24):
+            # One day at a time: the blend was calibrated on 24-hour paths.
+            width = min(24, horizon_h - start)
+            idx = (n + start + np.arange(24))[None, :]
+            day_path = np.append(path[start : start + width], np.zeros(24 - width))[None, :]
+            comps = self._components(np.append(z, np.full(start, np.nan)), idx, day_path)
+            zf[start : start + width] = self._blend(comps, st["weights"])[0, :width]
+        lo_q, hi_q = self._interval_offsets(horizon_h)
+        point, lower, upper = self._inv(zf), self._inv(zf + lo_q), self._inv(zf + hi_q)
+        if st["nonneg"]:
+            point, lower, upper = (np.maximum(a, 0.0) for a in (point, lower, upper))
+        index = _future_index(history, horizon_h)
+        return Forecast(index, point, np.minimum(lower, point), np.maximum(upper, point))
+
+    def _interval_offsets(self, horizon_h: int) -> tuple[FloatArray, FloatArray]:
+        st = self._state
+        errors: FloatArray = st["errors"]
+        lo = np.empty(horizon_h)
+        hi = np.empty(horizon_h)
+        if errors.shape[0] < 5:
+            # No calibration errors: the spread of day-over-day changes is an honest
+            # stand-in for a day-ahead error.
+            z = st["z"]
+            diffs = z[24:] - z[:-24]
+            lo[:] = _nan_quantile(diffs, _LOWER_Q, 0.0)
+            hi[:] = _nan_quantile(diffs, _UPPER_Q, 0.0)
+            return lo, hi
+        if not self.config.conformal:
+            resid = st["z"] - st["fitted"]
+            lo[:] = _nan_quantile(resid, _LOWER_Q, 0.0)
+            hi[:] = _nan_quantile(resid, _UPPER_Q, 0.0)
+            return lo, hi
+        for h in range(horizon_h):
+            hh = min(h, 23)
+            pool = errors[:, max(0, hh - 3) : hh + 4].ravel()
+            lo[h] = _nan_quantile(pool, _LOWER_Q, 0.0)
+            hi[h] = _nan_quantile(pool, _UPPER_Q, 0.0)
+        return lo, hi
+
+
+def _short_history_forecast(history: pd.Series, horizon_h: int) -> Forecast:
+    """Under two days of data: repeat the mean with the spread of what was seen."""
+    y = history.to_numpy(dtype=float)
+    point = np.full(horizon_h, float(np.nanmean(y)))
+    lower = np.full(horizon_h, _nan_quantile(y, _LOWER_Q, float(point[0])))
+    upper = np.full(horizon_h, _nan_quantile(y, _UPPER_Q, float(point[0])))
+    return Forecast(_future_index(history, horizon_h), point, lower, upper)
+
+
+# ---- registry ----
+
+_ABLATIONS: dict[str, dict[str, bool]] = {
+    "berth_no_clean": {"clean_outages": False},
+    "berth_no_log": {"log_transform": False},
+    "berth_no_level": {"level_correction": False},
+    "berth_no_blend": {"ensemble": False},
+    "berth_no_conformal": {"conformal": False},
+    "berth_no_holdout": {"holdout_fit": False},
+}
+
+MODEL_NAMES: tuple[str, ...] = ("prophet", "seasonal_naive_24", "seasonal_naive_168", "berth")
+
+
+def make_model(name: str, *, events: Sequence[Event] = ()) -> ForecastModel:
+    """A fresh, unfitted model by name (``MODEL_NAMES`` plus the ``berth_no_*`` ablations)."""
+    factories: dict[str, Callable[[], ForecastModel]] = {
+        "prophet": lambda: ProphetModel(events=events),
+        "seasonal_naive_24": lambda: SeasonalNaiveModel(period=24),
+        "seasonal_naive_168": lambda: SeasonalNaiveModel(period=168),
+        "berth": lambda: BerthModel(BerthConfig(events=tuple(events))),
+    }
+    if name in factories:
+        return factories[name]()
+    if name in _ABLATIONS:
+        return BerthModel(BerthConfig(events=tuple(events), **_ABLATIONS[name]), name=name)
+    raise KeyError(f"unknown model {name!r}; known: {sorted([*factories, *_ABLATIONS])}")
+
+
+ABLATION_NAMES: tuple[str, ...] = tuple(_ABLATIONS)
