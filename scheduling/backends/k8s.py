@@ -6,6 +6,8 @@ Configuration (`KubernetesConfig`)
     Exactly one way to reach the API server: ``host`` (+ ``token``, ``ca_cert``, ``verify_ssl``) for an
     explicit endpoint, ``in_cluster=True`` for the pod's service account, or ``kubeconfig`` (+ ``context``);
     with none of them set the default kubeconfig (``$KUBECONFIG`` or ``~/.kube/config``) is loaded.
+    `KubernetesConfig.from_env` reads ``BERTH_K8S_*`` variables (the backend's default when no config is
+    given); secrets such as the token belong there, not in the cluster's stored settings.
     ``namespace`` holds every Berth Job.  ``timeout_s`` bounds every request and the client does not retry:
     the Celery task that called us retries on `BackendError`.  ``dry_run=True`` sends every write with the
     server-side ``dryRun=All``, so the API server validates and admits the object but persists nothing;
@@ -21,8 +23,9 @@ Nodes and GPU ids
     carries a ``NoSchedule``/``NoExecute`` taint Berth pods do not tolerate (``tolerations`` lists the taint
     keys Berth pods tolerate, ``nvidia.com/gpu`` by default, because dedicated GPU nodes are commonly
     tainted with it); else ``up``.  Kubernetes has no GPU ids, so Berth numbers them: from ``gpu_ids`` (node
-    name -> ids) when that mapping is configured, else deterministically by sorting GPU nodes by name and
-    numbering their GPUs consecutively.  The enumeration shifts when a node is added, removed or changes its
+    name -> ids) when that mapping is configured, else deterministically by sorting GPU nodes by name in
+    natural order (gpu-2 before gpu-10, as the Slurm backend does) and numbering their GPUs consecutively,
+    above any configured id.  The enumeration shifts when a node is added, removed or changes its
     GPU count, which would mislabel the GPUs of jobs already running: production clusters should configure
     ``gpu_ids``.
 
@@ -34,8 +37,13 @@ Jobs, labels and annotations
     the action is preemptible, else interactive or batch from the payload's kind).  A multi-node start
     becomes an Indexed Job with one pod per node (node affinity to the planned set plus pod anti-affinity on
     the hostname) and needs the same GPU count on every node.  Image, command, args, environment and extra
-    requests come from a `JobPayload` the caller supplies per job id (the Plan carries only ids): pass
-    ``payloads`` to `apply` or a ``payload_source`` to the constructor.  Job and pod template carry:
+    requests come from a `JobPayload` (or a mapping for `JobPayload.from_mapping`) the caller supplies per
+    job id (the Plan carries only ids): pass ``payloads`` to `apply` or a ``payload_source`` to the
+    constructor; a missing or unusable payload is a failed result for that start.  The PriorityClass
+    objects are the cluster admin's (Berth does not create them; a pod naming a missing class is refused
+    by admission and the Job stays without pods).  Give them ``preemptionPolicy: Never`` so that
+    kube-scheduler never preempts on its own: preemption is Berth's decision, with Berth's grace.  Job and
+    pod template carry:
 
     - label ``berth.dev/job-id``: the Berth job id (a hash when the id is not a valid label value); selects
       Berth's objects;
@@ -63,8 +71,10 @@ Preemption and cancel
     period, once set, can only shrink (kubernetes/kubernetes#8641); so the effective grace on a real
     cluster is ``min(planned, termination_grace_s)``: set ``termination_grace_s`` to at least the longest
     grace the policy grants.  `KubernetesBackend.cancel` does the same with ``termination_grace_s``.
-    Deleting what is already gone (404) is success; so is creating a Job that already exists for the same
-    plan (409).
+    Before ``signal_at`` nothing is sent (as in the Slurm backend, a plan may be applied every round);
+    pods already terminating are left alone.  Deleting what is already gone (404) is success; so is
+    creating a Job that already exists for the same plan (409).  A 409 from a Job of an earlier attempt
+    (still being deleted, finished, or on other GPUs) is a failed result: the next round retries.
 
 Not supported
     Reservations: Kubernetes has none; `ReserveAction`/`ReleaseAction` succeed with a message saying so,
@@ -337,11 +347,12 @@ class KubernetesBackend:
             count = _gpu_count((allocatable or {}).get(config.gpu_resource))
             if name and count > 0:
                 gpu_nodes.append((name, count, item))
-        gpu_nodes.sort(key=lambda entry: entry[0])
+        gpu_nodes.sort(key=lambda entry: _natural_key(entry[0]))
 
         nodes: list[Node] = []
         self._node_products = {}
-        next_id = 0
+        # Enumerated ids start above every configured one, so a partial mapping never collides with them.
+        next_id = max((gpu for ids in config.gpu_ids.values() for gpu in ids), default=-1) + 1
         for name, count, item in gpu_nodes:
             labels = (item.metadata.labels if item.metadata else None) or {}
             product = labels.get(config.gpu_product_label)
@@ -349,10 +360,12 @@ class KubernetesBackend:
                 self._node_products[name] = product
             gpu_type = config.gpu_types.get(product, product) if product else config.unknown_gpu_type
             if name in config.gpu_ids:
-                gpu_ids = tuple(config.gpu_ids[name])
+                # Fewer allocatable GPUs than mapped ids (the device plugin reports one unhealthy): which
+                # one is unknown, so the node reports as many ids as it has GPUs.
+                gpu_ids = tuple(config.gpu_ids[name])[:count]
             else:
                 gpu_ids = tuple(range(next_id, next_id + count))
-            next_id += count
+                next_id += count
             domain = labels.get(config.domain_label, "") if config.domain_label else ""
             nodes.append(
                 Node(
@@ -717,6 +730,11 @@ def _client_configuration(config: KubernetesConfig) -> k8s_client.Configuration:
     # No client-side retries: a refused connection fails at once and the calling task retries the round.
     configuration.retries = 0
     return configuration
+
+
+def _natural_key(name: str) -> list[tuple[int, int | str]]:
+    """Sort key putting gpu-2 before gpu-10 (the order the Slurm backend numbers nodes in, too)."""
+    return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name) if part]
 
 
 def _gpu_count(quantity: str | None) -> int:

@@ -244,7 +244,7 @@ def test_snapshot_reads_nodes_gpu_capacity_types_and_states(
     """
     observed = _backend(emulator, "research").snapshot()
 
-    gpu_nodes = sorted(
+    gpu_nodes = sorted(  # the names in the file sort the same in natural and plain order
         (n for n in nodes if int(n["status"]["allocatable"].get("nvidia.com/gpu", "0")) > 0),
         key=lambda n: n["metadata"]["name"],
     )
@@ -290,8 +290,31 @@ def test_snapshot_gpu_ids_and_domain_from_configuration(
     )
     by_name = {n.id: n for n in backend.snapshot().nodes}
     assert by_name["gpu-a"].gpu_ids == mapping["gpu-a"]
+    # The other nodes are enumerated above the configured ids, never colliding with them.
+    others = [gpu for name, node in by_name.items() if name != "gpu-a" for gpu in node.gpu_ids]
+    assert min(others) > max(mapping["gpu-a"])
+    assert len(others) == len(set(others))
     assert by_name["gpu-a"].domain == "rack-1"
     assert by_name["gpu-d"].status is NodeStatus.UP
+
+
+def test_snapshot_numbers_nodes_in_natural_order(emulator: Emulator) -> None:
+    """Two copies of a node from k8s_data/nodes.json, renamed and seeded into the emulator."""
+    [template] = [n for n in _load("nodes.json") if n["metadata"]["name"] == "gpu-a"]
+    renamed = []
+    for name in ("node-10", "node-2"):
+        node = copy.deepcopy(template)
+        node["metadata"]["name"] = name
+        renamed.append(node)
+    emulator.replace_nodes(renamed)
+
+    observed = _backend(emulator, "research").snapshot()
+
+    count = int(template["status"]["allocatable"]["nvidia.com/gpu"])
+    assert [(n.id, n.gpu_ids) for n in observed.nodes] == [
+        ("node-2", tuple(range(count))),
+        ("node-10", tuple(range(count, 2 * count))),
+    ]
 
 
 def test_snapshot_maps_jobs_and_pods_to_observed_states(
