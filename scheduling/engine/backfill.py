@@ -64,10 +64,22 @@ def earliest_start(
         times.sort()
         start = times[gpu_count - 1][0]
         if best is None or start < best.start_at:
-            best = Shadow(start, tuple(sorted(g for _t, g in times[:gpu_count])))
+            best = Shadow(start, _latest(times, start, gpu_count))
     if not is_single_node:
         if len(everything) < gpu_count:
             return None
         everything.sort()
-        return Shadow(everything[gpu_count - 1][0], tuple(sorted(g for _t, g in everything[:gpu_count])))
+        start = everything[gpu_count - 1][0]
+        return Shadow(start, _latest(everything, start, gpu_count))
     return best
+
+
+def _latest(times: list[tuple[float, int]], start: float, gpu_count: int) -> tuple[int, ...]:
+    """Of the GPUs free by ``start``, reserve those that come free last.
+
+    GPUs free earlier stay unreserved: backfill may use them for as long as it likes, which is
+    classic EASY's "extra nodes" (reserving the idle ones would be needlessly strict).
+    """
+    ready = [(-at, gpu) for at, gpu in times if at <= start]
+    ready.sort()
+    return tuple(sorted(gpu for _at, gpu in ready[:gpu_count]))

@@ -122,8 +122,15 @@ def idle_reasons(
         elif reason == PendingReason.FRAGMENTATION:
             fragmented.update(types)
     held: set[int] = set()
+    fragment_held: set[int] = set()
+    top_id = sched.top.id if sched.top is not None and sched.top_fragmented else None
     for pool in {id(sched.batch_pool): sched.batch_pool, id(sched.inter_pool): sched.inter_pool}.values():
-        held.update(g for g in pool.free_gpus() if pool.hold_of(g) is not None)
+        for gpu in pool.held_gpus():
+            hold = pool.hold_of(gpu)
+            if hold is not None and hold.holder == top_id:
+                fragment_held.add(gpu)
+            else:
+                held.add(gpu)
     result: list[tuple[int, IdleReason]] = []
     for i, node in enumerate(state.nodes):
         for gpu in node.gpu_ids:
@@ -144,6 +151,8 @@ def idle_reasons(
                 idle = IdleReason.DRAINING
             elif gpu in sched.out.claimed:
                 idle = IdleReason.SCHEDULER_LATENCY
+            elif gpu in fragment_held:
+                idle = IdleReason.FRAGMENTATION  # held for a top job that only fragmentation blocks
             elif booking is not None or gpu in held or i in sched.partition_nodes:
                 idle = IdleReason.RESERVED_UNUSED
             elif not pending:

@@ -88,6 +88,8 @@ class Scheduler:
         self.active_booking_gpu: dict[int, Booking] = {}
         self.top: JobRequest | None = None
         self.top_shadow: Shadow | None = None
+        # the top job has enough free GPUs in total but not together: its idle GPUs are fragments
+        self.top_fragmented = False
         self.reclaim_ready: dict[str, float] = {}
         self.scores: dict[str, float] = {}
         # running GPUs (in grace or signalled) promised to a demand earlier in this round
@@ -454,6 +456,8 @@ class Scheduler:
             return
         self.top = job
         self.top_shadow = shadow
+        free_total = sum(pool.free_count(t) for t in types)
+        self.top_fragmented = free_total >= job.gpu_count
         pool.hold(
             shadow.gpu_ids, Hold(holder=job.id, normal_until=shadow.start_at, lent_until=shadow.start_at)
         )
@@ -465,11 +469,19 @@ class Scheduler:
                 end_at=shadow.start_at + estimate.hold_s,
             )
         )
-        free_now = sum(1 for g in shadow.gpu_ids if pool.is_free(g))
+        if self.top_fragmented:
+            self.out.wait(
+                job.id,
+                PendingReason.FRAGMENTATION,
+                f"Top of the queue; {free_total} fitting GPUs are free but no node has {job.gpu_count} "
+                f"of them together. GPUs are reserved for it from +{fmt_s(shadow.start_at - self.now)}.",
+                shadow.start_at,
+            )
+            return
         self.out.wait(
             job.id,
             PendingReason.RESOURCES,
-            f"Top of the queue; needs {job.gpu_count} GPUs, {free_now} are free now. "
+            f"Top of the queue; needs {job.gpu_count} GPUs, {free_total} fitting ones are free now. "
             f"GPUs are reserved for it from +{fmt_s(shadow.start_at - self.now)}.",
             shadow.start_at,
         )
