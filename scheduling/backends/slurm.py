@@ -305,6 +305,12 @@ def parse_gres(text: str) -> list[tuple[str, str, int, tuple[int, ...]]]:
     return out
 
 
+def tres_gpu_types(text: str) -> set[str]:
+    """GPU types a job asks for, from ``tres_per_node`` (``gres:gpu:a100:2``; newer: ``gres/gpu:a100=2``)."""
+    items = [re.sub(r"^gres[:/]", "", item).replace("=", ":") for item in text.split(",")]
+    return {kind or "gpu" for name, kind, _, _ in parse_gres(",".join(items)) if name == "gpu"}
+
+
 def node_status(state: str, flags: Iterable[str]) -> NodeStatus:
     """Map a v0.0.38 node ``state`` + ``state_flags`` to Berth's three states (a down flag wins)."""
     words = {state.upper(), *(f.upper() for f in flags)}
@@ -734,9 +740,23 @@ class SlurmBackend:
         gres = ",".join(f"gpu:{kind}:{count}" for kind, count in sorted(set(placement.values())))
         nodelist = ",".join(placement)
         resv = self._covering_reservation(list(placement), reservations)
+        replaced = ""
         if existing is not None and job_state(existing) is ObservedState.PREEMPTED and _is_live(existing):
-            return self._release_held(existing, nodelist=nodelist, gres=gres, reservation=resv)
-        if existing is not None and _is_live(existing):
+            if str(existing.get("job_state", "")).upper() == "COMPLETING":
+                # Still being killed by the requeue: released now it would look running while it is
+                # stopping.  Refuse this round; the next one finds it pending and held.
+                raise SlurmRejectedError(
+                    f"Slurm job {existing['job_id']} is still stopping after its preemption; retry"
+                )
+            held_types = tres_gpu_types(str(existing.get("tres_per_node") or ""))
+            if held_types == {kind for kind, _ in placement.values()}:
+                return self._release_held(existing, nodelist=nodelist, gres=gres, reservation=resv)
+            # Slurm 22.05 leaves a pending job whose GRES *type* is updated never runnable
+            # (BadConstraints), so a move to another GPU type is a fresh submission.
+            if payload is None:
+                raise SlurmRejectedError("moving a requeued job to another GPU type needs its payload")
+            replaced = str(existing["job_id"])
+        elif existing is not None and _is_live(existing):
             return f"already submitted as Slurm job {existing['job_id']}", str(existing["job_id"])
         if payload is None:
             raise SlurmRejectedError("no payload for this job")
@@ -761,9 +781,14 @@ class SlurmBackend:
             job["memory_per_node"] = spec.memory_per_node_mib
         if self.config.dry_run:
             return f"dry-run: would submit on {nodelist} with gres {gres}", ""
+        if replaced:
+            self._request("DELETE", f"/job/{replaced}", doing=f"cancel held job {replaced}")
         data = self._request("POST", "/job/submit", doing="submit", body={"script": spec.script, "job": job})
         ref = str(data.get("job_id", ""))
-        return f"submitted on {nodelist} with gres {gres}" + (f" in {resv}" if resv else ""), ref
+        message = f"submitted on {nodelist} with gres {gres}" + (f" in {resv}" if resv else "")
+        if replaced:
+            message += f", replacing requeued Slurm job {replaced} (other GPU type)"
+        return message, ref
 
     def _placement(self, action: StartAction, inventory: NodeInventory) -> dict[str, tuple[str, int]]:
         """Planned node -> (GPU type, GPU count) from the action's GPU ids."""

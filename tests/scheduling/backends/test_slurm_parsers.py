@@ -31,6 +31,7 @@ from scheduling.backends.slurm import (
     parse_nodes,
     reservation_name,
     signalled_at,
+    tres_gpu_types,
 )
 from scheduling.engine.types import NodeStatus
 
@@ -206,6 +207,8 @@ def test_parse_gres_forms() -> None:
     assert parse_gres("gpu:v100:1(IDX:0,2-3)") == [("gpu", "v100", 1, (0, 2, 3))]
     assert parse_gres("(null)") == []
     assert parse_index_list("N/A") == ()
+    assert tres_gpu_types("gres:gpu:a100:2") == {"a100"}
+    assert tres_gpu_types("gres/gpu:h100=1,gres/shard=2") == {"h100"}
 
 
 def test_errors_array_rejection_vs_unreachable(slurm_data: Read) -> None:
