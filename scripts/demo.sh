@@ -73,6 +73,7 @@ PY
 start() {
   [ -x "$BIN/python" ] || { echo "no virtualenv in .venv: run 'make demo' (it creates one)" >&2; exit 1; }
   mkdir -p "$RUN"
+  rm -f "$RUN/stopping"
   local name
   for name in "${SERVICES[@]}"; do
     if is_running "$name"; then
@@ -91,7 +92,9 @@ start() {
   "$BIN/python" manage.py collectstatic --noinput -v 0
   echo "==> demo lab"
   # shellcheck disable=SC2086  # DEMO_ARGS is a list of flags on purpose
-  "$BIN/python" manage.py demo_lab ${DEMO_ARGS:-} | tee "$RUN/demo_lab.log"
+  # The logins are printed once, at the end, beside the URL.
+  "$BIN/python" manage.py demo_lab ${DEMO_ARGS:-} | tee "$RUN/demo_lab.log" | sed '/^Logins/,$d'
+
 
   trap 'echo; echo "==> stopping"; stop_all; exit 0' INT TERM
   echo "==> starting web, worker and beat (logs in .run/demo/)"
@@ -122,7 +125,9 @@ EOF
   # Stay in the foreground; if one of the three dies, say so and stop the others.
   while true; do
     for name in "${SERVICES[@]}"; do
-      if [ ! -e "$RUN/$name.pid" ]; then  # 'make stop' removed it: stopped on purpose
+      if [ -e "$RUN/stopping" ] || [ ! -e "$RUN/$name.pid" ]; then
+        # 'make stop' is stopping them: let it finish rather than race it for the same pids.
+        for _ in $(seq 300); do [ -e "$RUN/stopping" ] || break; sleep 0.1; done
         echo "stopped from elsewhere (make stop)"; stop_all; exit 0
       fi
       if ! is_running "$name"; then
@@ -145,7 +150,7 @@ status() {
 
 case "${1:-start}" in
   start) start ;;
-  stop) mkdir -p "$RUN"; stop_all ;;
+  stop) mkdir -p "$RUN"; touch "$RUN/stopping"; stop_all; rm -f "$RUN/stopping" ;;
   status) status ;;
   *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
 esac
