@@ -45,10 +45,15 @@ from scheduling.backends.k8s import (
     job_label_value,
     job_name,
 )
+from scheduling.engine import plan_round
 from scheduling.engine.types import (
+    ClusterSnapshot,
+    GpuType,
     JobKind,
+    JobRequest,
     NodeStatus,
     Plan,
+    PolicyConfig,
     PreemptAction,
     ReleaseAction,
     ReserveAction,
@@ -608,6 +613,34 @@ def test_bearer_token_is_sent(emulator: Emulator, nodes: list[dict[str, Any]]) -
     mark = emulator.request_count()
     _backend(emulator, "research", token="s3cr3t").snapshot()
     assert {r.headers.get("Authorization") for r in emulator.requests_since(mark)} == {"Bearer s3cr3t"}
+
+
+def test_engine_round_through_the_backend(
+    emulator: Emulator, nodes: list[dict[str, Any]], namespace: str
+) -> None:
+    """One engine round end to end: the backend's snapshot feeds `plan_round`, its plan goes back through
+    `apply`, and the next snapshot reports the job on the GPUs the engine chose.  Nodes seeded from
+    k8s_data/nodes.json; the emulator runs no Job controller, so the job stays pending."""
+    backend = _backend(emulator, namespace)
+    observed = backend.snapshot()
+    gpu_types = tuple(GpuType(name=name) for name in sorted({n.gpu_type for n in observed.nodes}))
+    request = JobRequest(
+        id="e2e-1", user="ana", project="vision", gpu_count=2, submit_at=0.0, gpu_type="A100"
+    )
+    snapshot = ClusterSnapshot(cluster="k8s", gpu_types=gpu_types, nodes=observed.nodes, pending=(request,))
+
+    plan = plan_round(snapshot, PolicyConfig(name="fifo"), now=1_000.0)
+    [start] = plan.starts
+    [node] = [n for n in observed.nodes if n.id in start.node_ids]
+    assert node.status is NodeStatus.UP  # the engine only uses what the backend reported as up
+    assert set(start.gpu_ids) <= set(node.gpu_ids)
+
+    assert [r.is_ok for r in backend.apply(plan, payloads={"e2e-1": PAYLOAD})] == [True]
+    job = _read_job(emulator, namespace, job_name("e2e-1"))
+    term = job.spec.template.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution
+    assert term.node_selector_terms[0].match_fields[0].values == list(start.node_ids)
+    [seen] = backend.snapshot().jobs
+    assert (seen.job_id, seen.gpu_ids) == ("e2e-1", start.gpu_ids)
 
 
 # ---- preempt, cancel, reservations ----
