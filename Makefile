@@ -33,7 +33,9 @@ stop:
 migrate: venv services
 	$(BIN)/python manage.py migrate --noinput
 
-demo: venv services
+# services.sh skips PostgreSQL/Redis when a URL is given; the defaults above are not "given".
+demo: venv
+	@env $(if $(filter file,$(origin DATABASE_URL)),-u DATABASE_URL) $(if $(filter file,$(origin REDIS_URL)),-u REDIS_URL) scripts/services.sh start
 	@scripts/demo.sh start
 
 test: venv services
