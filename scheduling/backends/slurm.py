@@ -48,7 +48,11 @@ Preemption
     job, its id and its restart count, and holds it.  We hold rather than requeue because a plain requeue
     lets Slurm restart the job by itself on the same node, the GPUs just reclaimed; with the hold the job
     waits for Berth, whose next `StartAction` for it updates nodelist, gres and BeginTime (a requeue sets it
-    about 2 min ahead) and releases it.  Cancel + resubmit would lose Slurm's job id and accounting trail.
+    about 2 min ahead) and releases it.  Cancel + resubmit would lose Slurm's job id and accounting trail,
+    so it is used only where Slurm 22.05 leaves no choice: a move to another GPU *type* (a pending job whose
+    GRES type is updated stays "never runnable") cancels the held job and submits the payload again under
+    the same Berth id.  While the requeue is still killing the job (COMPLETING, ~KillWait) a start for it
+    fails for that round and succeeds on a later one.
     `SlurmBackend.cancel` cancels (``DELETE /job/{id}``).
 
 Reservations (bookings)
