@@ -39,10 +39,12 @@ from scheduling.models import (
     AuditEvent,
     Booking,
     Cluster,
+    EngineRound,
     Gpu,
     GpuType,
     Job,
     Node,
+    Preemption,
 )
 from scheduling.selectors import (
     Alternative,
@@ -837,3 +839,443 @@ def job_cancel(
         at=now,
     )
     return job
+
+
+# ---- lifecycle driven by the engine / reconciler ----
+#
+# These are the write path for the Celery engine round: it persists a Plan and what the
+# backend reports through them, so the exclusion constraint, the status rules and the audit
+# log hold for the engine exactly as for people.  ``actor`` is None and ``actor_label`` is
+# "engine" unless an admin drives them by hand.
+
+
+class AllocationConflictError(Exception):
+    """GPUs the engine planned to use are held by someone else (the plan is stale); re-plan."""
+
+
+def booking_statuses_advance(
+    *,
+    now: datetime | None = None,
+    cluster: Cluster | None = None,
+    actor_label: str = AuditEvent.Actor.ENGINE,
+) -> tuple[int, int]:
+    """Mark confirmed bookings whose start passed ``active`` and open bookings whose end
+    passed ``completed``; their allocations follow (planned -> active -> ended).
+
+    Rows a person is changing right now are skipped (``skip_locked``) and caught next time.
+    Returns ``(activated, completed)``.
+    """
+    now = _now(now)
+    activated = completed = 0
+    with transaction.atomic():
+        open_bookings = Booking.objects.select_for_update(skip_locked=True).filter(
+            status__in=Booking.OPEN_STATUSES, start_at__lte=now
+        )
+        if cluster is not None:
+            open_bookings = open_bookings.filter(cluster=cluster)
+        for booking in open_bookings.order_by("id"):
+            before = _booking_state(booking)
+            changed: list[tuple[Allocation, dict[str, Any]]] = []
+            allocations = booking.allocations.exclude(state=Allocation.State.RELEASED)
+            if booking.end_at <= now:
+                booking.status = Booking.Status.COMPLETED
+                booking.ended_at = booking.end_at
+                target = Allocation.State.ENDED
+                verb = "booking.complete"
+                completed += 1
+            elif booking.status == Booking.Status.CONFIRMED:
+                booking.status = Booking.Status.ACTIVE
+                target = Allocation.State.ACTIVE
+                verb = "booking.activate"
+                activated += 1
+            else:
+                continue
+            for allocation in allocations:
+                if allocation.state != target and allocation.state != Allocation.State.ENDED:
+                    changed.append((allocation, _allocation_state(allocation)))
+                    allocation.state = target
+            booking.save(update_fields=["status", "ended_at", "updated_at"])
+            if changed:
+                Allocation.objects.bulk_update([a for a, _ in changed], ["state"])
+                _allocation_events(
+                    changes=changed, actor=None, actor_label=actor_label, verb=f"allocation.{target}", at=now
+                )
+            audit_event_record(
+                actor=None,
+                actor_label=actor_label,
+                verb=verb,
+                entity_type="booking",
+                entity_id=booking.pk,
+                before=before,
+                after=_booking_state(booking),
+                at=now,
+            )
+    return activated, completed
+
+
+def job_start(
+    job: Job,
+    *,
+    gpu_ids: Sequence[int],
+    started_at: datetime,
+    expected_end_at: datetime | None = None,
+    is_preemptible: bool = False,
+    backend_ref: str = "",
+    status: str = Job.Status.RUNNING,
+    actor: AbstractBaseUser | None = None,
+    actor_label: str = AuditEvent.Actor.ENGINE,
+) -> Job:
+    """Record that a pending job starts on ``gpu_ids`` at ``started_at``.
+
+    Its allocations cover ``[started_at, expected_end_at)``, or are open-ended when the end
+    is unknown (then they block every later booking on those GPUs until the job ends).
+    ``is_preemptible`` marks work on lent or borrowed capacity.  Raises
+    ``AllocationConflictError`` when a GPU is held by someone else in that period, and
+    ``ValidationError`` when the GPUs do not fit the job.
+    """
+    if status not in (Job.Status.STARTING, Job.Status.RUNNING):
+        raise ValidationError({"status": "A job starts as 'starting' or 'running'."})
+    if expected_end_at is not None and expected_end_at <= started_at:
+        raise ValidationError({"expected_end_at": "The expected end must be after the start."})
+    try:
+        with transaction.atomic():
+            job = Job.objects.select_for_update().get(pk=job.pk)
+            if job.status != Job.Status.PENDING:
+                raise ValidationError({"status": f"Only a pending job can start; this one is {job.status}."})
+            gpus = list(Gpu.objects.filter(pk__in=gpu_ids).select_related("node__gpu_type"))
+            if len(gpus) != len(set(gpu_ids)) or len(gpus) != job.gpu_count:
+                raise ValidationError({"gpu_ids": f"The job needs {job.gpu_count} distinct, existing GPUs."})
+            if any(g.node.cluster_id != job.cluster_id for g in gpus):
+                raise ValidationError({"gpu_ids": "Every GPU must be in the job's cluster."})
+            types = {g.node.gpu_type for g in gpus}
+            fitting = _job_candidate_types(
+                gpu_type=job.gpu_type, min_memory_gib=job.min_memory_gib, precisions=job.precisions
+            )
+            if len(types) != 1 or types.pop() not in fitting:
+                raise ValidationError({"gpu_ids": "The GPUs must be of one type that satisfies the job."})
+            before = _job_state(job)
+            period = DateTimeTZRange(started_at, expected_end_at, "[)")
+            allocations = Allocation.objects.bulk_create(
+                Allocation(
+                    gpu_id=g.pk,
+                    job=job,
+                    period=period,
+                    state=Allocation.State.ACTIVE,
+                    is_preemptible=is_preemptible,
+                )
+                for g in gpus
+            )
+            job.status = status
+            job.started_at = started_at
+            job.backend_ref = backend_ref
+            job.pending_reason = Job.PendingReason.NONE
+            job.pending_sentence = ""
+            job.eta_p50_at = job.eta_p90_at = None
+            job.save(
+                update_fields=[
+                    "status",
+                    "started_at",
+                    "backend_ref",
+                    "pending_reason",
+                    "pending_sentence",
+                    "eta_p50_at",
+                    "eta_p90_at",
+                ]
+            )
+            _allocation_events(
+                changes=((a, None) for a in allocations),
+                actor=actor,
+                actor_label=actor_label,
+                verb="allocation.create",
+                at=started_at,
+            )
+            audit_event_record(
+                actor=actor,
+                actor_label=actor_label,
+                verb="job.start",
+                entity_type="job",
+                entity_id=job.pk,
+                before=before,
+                after={
+                    **_job_state(job),
+                    "gpu_ids": sorted(g.pk for g in gpus),
+                    "is_preemptible": is_preemptible,
+                },
+                at=started_at,
+            )
+            return job
+    except IntegrityError as exc:
+        if not _is_exclusion_violation(exc):
+            raise
+        raise AllocationConflictError(f"A GPU for job {job.pk} is already held in that period.") from exc
+
+
+def job_finish(
+    job: Job,
+    *,
+    status: str,
+    ended_at: datetime,
+    exit_code: int | None = None,
+    message: str = "",
+    actor: AbstractBaseUser | None = None,
+    actor_label: str = AuditEvent.Actor.ENGINE,
+) -> Job:
+    """Record that a started job completed or failed at ``ended_at``; its GPUs are free from then.
+
+    Idempotent: finishing a job that already has this final status changes nothing.
+    """
+    if status not in (Job.Status.COMPLETED, Job.Status.FAILED):
+        raise ValidationError({"status": "A job finishes as 'completed' or 'failed'."})
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job.pk)
+        if job.status == status:
+            return job
+        if job.status not in (Job.Status.STARTING, Job.Status.RUNNING):
+            raise ValidationError({"status": f"Only a started job can finish; this one is {job.status}."})
+        before = _job_state(job)
+        job.status = status
+        job.ended_at = ended_at
+        job.exit_code = exit_code
+        job.status_message = message[:500]
+        job.save(update_fields=["status", "ended_at", "exit_code", "status_message"])
+        _close_allocations(
+            job.allocations.all(), at=ended_at, actor=actor, actor_label=actor_label, verb="allocation.end"
+        )
+        audit_event_record(
+            actor=actor,
+            actor_label=actor_label,
+            verb=f"job.{status}",
+            entity_type="job",
+            entity_id=job.pk,
+            before=before,
+            after=_job_state(job),
+            at=ended_at,
+        )
+        return job
+
+
+def job_preempt_signal(
+    job: Job,
+    *,
+    signalled_at: datetime,
+    kill_at: datetime,
+    reason: str,
+    for_booking: Booking | None = None,
+    for_job: Job | None = None,
+    engine_round: EngineRound | None = None,
+    actor_label: str = AuditEvent.Actor.ENGINE,
+) -> Preemption:
+    """Record the grace signal sent to a running preemptible job (DESIGN §3.3).
+
+    Refuses non-preemptible work: a job is preemptible when its owner allowed it or when it
+    runs on lent/borrowed capacity (preemptible allocations).
+    """
+    if kill_at < signalled_at:
+        raise ValidationError({"kill_at": "The kill time cannot be before the signal."})
+    if for_booking is not None and for_job is not None:
+        raise ValidationError({"for_job": "A preemption is for one booking or one job."})
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job.pk)
+        if job.status not in (Job.Status.STARTING, Job.Status.RUNNING):
+            raise ValidationError(
+                {"status": f"Only a running job can be preempted; this one is {job.status}."}
+            )
+        on_lent_gpus = (
+            job.allocations.filter(is_preemptible=True).exclude(state=Allocation.State.RELEASED).exists()
+        )
+        if not (job.is_preemptible or on_lent_gpus):
+            raise ValidationError({"job": "This job is not preemptible."})
+        open_preemption = job.preemptions.filter(killed_at__isnull=True).first()
+        if open_preemption is not None:
+            return open_preemption  # already signalled: repeating it is success
+        preemption = Preemption.objects.create(
+            job=job,
+            engine_round=engine_round,
+            for_booking=for_booking,
+            for_job=for_job,
+            signalled_at=signalled_at,
+            kill_at=kill_at,
+            reason=reason[:500],
+        )
+        audit_event_record(
+            actor=None,
+            actor_label=actor_label,
+            verb="job.preempt_signal",
+            entity_type="job",
+            entity_id=job.pk,
+            before=_job_state(job),
+            after={
+                **_job_state(job),
+                "preemption_id": preemption.pk,
+                "kill_at": _iso(kill_at),
+                "reason": reason,
+            },
+            at=signalled_at,
+        )
+        return preemption
+
+
+def job_requeue(
+    job: Job,
+    *,
+    stopped_at: datetime,
+    lost_gpu_s: float = 0.0,
+    actor_label: str = AuditEvent.Actor.ENGINE,
+) -> Job:
+    """Put a preempted job back in the queue: never dropped (DESIGN §3.3).
+
+    Its allocations end at ``stopped_at``, its open preemption records when it really
+    stopped and the work lost, ``attempt`` goes up and it waits again with its original
+    ``first_submitted_at`` (so age-based priority is not reset).
+    """
+    if lost_gpu_s < 0:
+        raise ValidationError({"lost_gpu_s": "Cannot be negative."})
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job.pk)
+        if job.status == Job.Status.PENDING and job.attempt > 0:
+            return job  # already requeued
+        if job.status not in (Job.Status.STARTING, Job.Status.RUNNING, Job.Status.PREEMPTED):
+            raise ValidationError(
+                {"status": f"Only a running or preempted job is requeued; this one is {job.status}."}
+            )
+        before = _job_state(job)
+        _close_allocations(
+            job.allocations.all(),
+            at=stopped_at,
+            actor=None,
+            actor_label=actor_label,
+            verb="allocation.preempt",
+        )
+        job.preemptions.filter(killed_at__isnull=True).update(killed_at=stopped_at, lost_gpu_s=lost_gpu_s)
+        job.status = Job.Status.PENDING
+        job.attempt += 1
+        job.first_submitted_at = job.first_submitted_at or job.submitted_at
+        job.submitted_at = stopped_at
+        job.started_at = None
+        job.ended_at = None
+        job.backend_ref = ""
+        job.pending_reason = Job.PendingReason.NONE
+        job.pending_sentence = "Preempted and requeued; waiting for the next scheduling round."
+        job.save(
+            update_fields=[
+                "status",
+                "attempt",
+                "first_submitted_at",
+                "submitted_at",
+                "started_at",
+                "ended_at",
+                "backend_ref",
+                "pending_reason",
+                "pending_sentence",
+            ]
+        )
+        audit_event_record(
+            actor=None,
+            actor_label=actor_label,
+            verb="job.requeue",
+            entity_type="job",
+            entity_id=job.pk,
+            before=before,
+            after={**_job_state(job), "lost_gpu_s": lost_gpu_s},
+            at=stopped_at,
+        )
+        return job
+
+
+@dataclass(frozen=True, slots=True)
+class PendingExplanation:
+    """The engine's word on one pending job (mirrors ``engine.types.PendingExplanation``)."""
+
+    job_id: int
+    reason: str
+    sentence: str
+    eta_p50_at: datetime | None
+    eta_p90_at: datetime | None
+
+
+def job_explanations_set(explanations: Iterable[PendingExplanation]) -> int:
+    """Store why each pending job waits and when it should start; returns rows updated.
+
+    Not a state change (no audit event); jobs that stopped being pending meanwhile are left alone.
+    """
+    by_id = {e.job_id: e for e in explanations}
+    for e in by_id.values():
+        if e.reason not in Job.PendingReason.values:
+            raise ValidationError({"reason": f"Unknown pending reason {e.reason!r}."})
+    if not by_id:
+        return 0
+    with transaction.atomic():
+        jobs = list(
+            Job.objects.select_for_update(skip_locked=True).filter(
+                pk__in=list(by_id), status=Job.Status.PENDING
+            )
+        )
+        for job in jobs:
+            e = by_id[job.pk]
+            job.pending_reason = e.reason
+            job.pending_sentence = e.sentence[:500]
+            job.eta_p50_at = e.eta_p50_at
+            job.eta_p90_at = e.eta_p90_at
+        Job.objects.bulk_update(jobs, ["pending_reason", "pending_sentence", "eta_p50_at", "eta_p90_at"])
+    return len(jobs)
+
+
+def engine_round_record(
+    cluster: Cluster,
+    *,
+    started_at: datetime,
+    duration_ms: float | None,
+    policy: str,
+    decisions: dict[str, Any],
+    error: str = "",
+) -> EngineRound:
+    """Store one engine round's latency, decision summary and error (for pages and metrics)."""
+    return EngineRound.objects.create(
+        cluster=cluster,
+        started_at=started_at,
+        duration_ms=duration_ms,
+        policy=policy,
+        decisions=decisions,
+        error=error,
+    )
+
+
+def job_allocations_extend(
+    job: Job,
+    *,
+    until: datetime | None,
+    at: datetime | None = None,
+    actor_label: str = AuditEvent.Actor.ENGINE,
+) -> Job:
+    """Push a running job's expected end to ``until`` (``None``: open-ended).
+
+    For a job that outlives its expected end.  Raises ``AllocationConflictError`` when a
+    booking or another job holds one of its GPUs before ``until`` (the engine must then
+    preempt it or let the booking's grace rules apply).
+    """
+    at = _now(at)
+    try:
+        with transaction.atomic():
+            job = Job.objects.select_for_update().get(pk=job.pk)
+            if job.status not in (Job.Status.STARTING, Job.Status.RUNNING):
+                raise ValidationError(
+                    {"status": f"Only a running job is extended; this one is {job.status}."}
+                )
+            changed = []
+            for allocation in job.allocations.filter(state=Allocation.State.ACTIVE):
+                if until is not None and allocation.period.lower >= until:
+                    raise ValidationError({"until": "The new end must be after the job's start."})
+                before = _allocation_state(allocation)
+                allocation.period = DateTimeTZRange(allocation.period.lower, until, "[)")
+                changed.append((allocation, before))
+            Allocation.objects.bulk_update([a for a, _ in changed], ["period"])
+            _allocation_events(
+                changes=changed, actor=None, actor_label=actor_label, verb="allocation.extend", at=at
+            )
+            return job
+    except IntegrityError as exc:
+        if not _is_exclusion_violation(exc):
+            raise
+        raise AllocationConflictError(
+            f"A GPU of job {job.pk} is held by someone else before {until}."
+        ) from exc
