@@ -136,10 +136,11 @@ start_nodes() {
   for n in $NODES; do
     is_running "/run/slurmd-$n.pid" || slurmd -N "$n"
   done
-  # A node that registered badly stays drained (gotcha 2); resume only nodes that are not up yet.
+  # Ready = registered and responding; a node drained on purpose (a test, an admin) counts, since
+  # drain is a scheduling state (a node that registered badly is INVAL, see gotcha 2: that fails here).
   local up=0
   for _ in $(seq 150); do
-    up=$(sinfo -h -N -t idle,mixed,allocated,completing -o %N 2>/dev/null | sort -u | wc -l)
+    up=$(sinfo -h -N -o '%N %t' 2>/dev/null | sort -u | grep -Evc ' (down|unk|inval|fail|futr|npc|boot)|\*$' || true)
     [ "$up" = 4 ] && return 0
     sleep 0.2
   done

@@ -294,7 +294,11 @@ def test_drain_is_reported_as_draining(slurm_backend: SlurmBackend) -> None:
         assert statuses["n2"] is NodeStatus.UP
     finally:
         subprocess.run(["scontrol", "update", "nodename=n1", "state=resume"], timeout=20, check=True)
-    assert {n.id: n.status for n in slurm_backend.snapshot().nodes}["n1"] is NodeStatus.UP
+    # Right after a resume slurmctld may briefly list the node as not responding until it pings it.
+    deadline = time.monotonic() + 15
+    while {n.id: n.status for n in slurm_backend.snapshot().nodes}["n1"] is not NodeStatus.UP:
+        assert time.monotonic() < deadline, "n1 did not come back up after resume"
+        time.sleep(0.3)
 
 
 def test_dry_run_writes_nothing(slurm_config: SlurmConfig) -> None:
