@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 RUN="$PWD/.run"
 PG_PORT=${PG_PORT:-55433}
 REDIS_PORT=${REDIS_PORT:-56379}
+LOCAL_DATABASE_URL="postgres://berth:berth@127.0.0.1:$PG_PORT/berth"
+LOCAL_REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
 PGBIN=${PGBIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n1)}
 PGDIR="$RUN/pg"
 # As root the server runs as "postgres", which must reach its directory; a clone under a private
@@ -22,7 +24,9 @@ as_pg() {  # PostgreSQL refuses to run as root: use the postgres account when we
 }
 
 pg_start() {
-  [ -n "${DATABASE_URL:-}" ] && { echo "DATABASE_URL set: not starting PostgreSQL"; return; }
+  if [ -n "${DATABASE_URL:-}" ] && [ "$DATABASE_URL" != "$LOCAL_DATABASE_URL" ]; then
+    echo "DATABASE_URL points elsewhere: not starting PostgreSQL"; return
+  fi
   [ -x "$PGBIN/initdb" ] || { echo "PostgreSQL server not found (apt-get install postgresql)" >&2; exit 1; }
   mkdir -p "$PGDIR"
   if [ "$(id -u)" = 0 ]; then chown postgres: "$PGDIR"; fi
@@ -53,7 +57,9 @@ SQL
 }
 
 redis_start() {
-  [ -n "${REDIS_URL:-}" ] && { echo "REDIS_URL set: not starting Redis"; return; }
+  if [ -n "${REDIS_URL:-}" ] && [ "$REDIS_URL" != "$LOCAL_REDIS_URL" ]; then
+    echo "REDIS_URL points elsewhere: not starting Redis"; return
+  fi
   command -v redis-server >/dev/null || { echo "redis-server not found (apt-get install redis-server)" >&2; exit 1; }
   mkdir -p "$RUN/redis"
   if redis-cli -p "$REDIS_PORT" ping 2>/dev/null | grep -q PONG; then
