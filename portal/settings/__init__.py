@@ -179,8 +179,26 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
-    "engine-rounds": {"task": "scheduling.tasks.engine_rounds_dispatch", "schedule": timedelta(seconds=15)},
+    "engine-rounds": {
+        "task": "scheduling.tasks.engine_rounds_dispatch",
+        "schedule": timedelta(seconds=env.int("BERTH_ENGINE_ROUND_INTERVAL_S", default=15)),
+        "options": {"expires": 14},
+    },
 }
+
+# ---- the engine loop (scheduling.rounds, scheduling.tasks, scheduling.metrics) ----
+# Policy of clusters whose settings do not name one (Cluster.settings["policy"]).
+BERTH_ENGINE_POLICY = env.str("BERTH_ENGINE_POLICY", default="berth")
+# Bookings starting within this horizon are part of a round's snapshot.
+BERTH_ENGINE_HORIZON_S = env.int("BERTH_ENGINE_HORIZON_S", default=2 * 86_400)
+# Redis for the simulator's state, the round triggers and Berth's metrics counters.
+BERTH_ENGINE_REDIS_URL = env.str("BERTH_ENGINE_REDIS_URL", default=REDIS_URL)
+BERTH_ENGINE_ROUND_SOFT_TIME_LIMIT_S = env.int("BERTH_ENGINE_ROUND_SOFT_TIME_LIMIT_S", default=60)
+BERTH_ENGINE_ROUND_TIME_LIMIT_S = env.int("BERTH_ENGINE_ROUND_TIME_LIMIT_S", default=90)
+# A change (submit, cancel, booking) asks for a round this long after it; later changes join it.
+BERTH_ENGINE_TRIGGER_DEBOUNCE_S = env.float("BERTH_ENGINE_TRIGGER_DEBOUNCE_S", default=1.0)
+# At most one dispatched round per cluster is queued; the mark expires after this.
+BERTH_ENGINE_QUEUED_TTL_S = env.int("BERTH_ENGINE_QUEUED_TTL_S", default=60)
 
 LOGGING = {
     "version": 1,

@@ -1,0 +1,979 @@
+"""The engine round service: lock, snapshot, reconcile, plan, persist, apply after commit (DESIGN §1).
+
+`engine_round_run(cluster_id=...)` runs one round for one cluster:
+
+1. A per-cluster PostgreSQL **session** advisory lock (``pg_try_advisory_lock``) makes rounds
+   of one cluster exclusive across any number of workers; a second caller gets ``"locked"`` at
+   once.  The lock covers the backend apply after the commit too, so no other round can
+   reconcile a start that is still being applied; a crashed worker's connection drops and
+   PostgreSQL releases the lock.
+2. ``backend.snapshot()``.  A `BackendError` marks the cluster degraded with the message and
+   records the round's error; bookings and submissions do not depend on the engine and keep
+   working.  The next good round clears the flag.
+3. Reconcile (one transaction): jobs that finished or failed end their allocations (periods
+   truncated to ``[start, ended)``); preempted jobs are requeued with ``attempt + 1``, their
+   ``first_submitted_at`` kept and the lost GPU-seconds written on the `Preemption` row; jobs
+   the database believes running that the backend does not know are *lost* and requeued;
+   a start that never reached the backend is rolled back.  Bookings become active at their
+   start and completed at their end.  Allocations of running jobs are extended before they lapse.
+4. The frozen `ClusterSnapshot` (``scheduling.snapshots``) goes through ``plan_round``.
+5. The plan is persisted in ONE transaction: allocations for starts (job rows, then node
+   rows, locked in id order; the exclusion constraint refuses any overlap, which rolls back
+   only that start and leaves the job pending with a reason), `Preemption` rows, the pending
+   explanations, the `EngineRound` row and an `AuditEvent` (actor ``engine``) for every change.
+6. ``backend.apply`` runs in ``transaction.on_commit``.  A failed start (a failed result, or
+   the whole apply raising `BackendError`) is rolled back: its allocations are released and
+   the job is pending again with reason ``backend``.  Nothing is left half-started.
+
+Every step is idempotent: running a round again, or after a crash at any point, converges.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg.errors
+from django.contrib.postgres.fields.ranges import DateTimeTZRange
+from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.db.models import Min
+from django.utils import timezone
+
+from scheduling import metrics
+from scheduling.backends.base import ActionResult, BackendError, ClusterBackend, ObservedCluster, ObservedJob
+from scheduling.backends.base import ObservedState as OS
+from scheduling.backends.registry import backend_for_cluster
+from scheduling.engine import plan_round
+from scheduling.engine.types import NodeStatus, Plan, PreemptAction, StartAction
+from scheduling.models import (
+    Allocation,
+    AuditEvent,
+    Booking,
+    Cluster,
+    EngineRound,
+    Gpu,
+    Job,
+    Node,
+    Preemption,
+)
+from scheduling.services import audit_event_record
+from scheduling.snapshots import (
+    RUNNING_STATUSES,
+    cluster_snapshot_build,
+    epoch,
+    from_epoch,
+    parse_holder_id,
+    policy_config_for_cluster,
+)
+
+logger = logging.getLogger(__name__)
+
+ENGINE = AuditEvent.Actor.ENGINE
+_LOCK_NAMESPACE = 0x4265  # "Be": first key of the two-key advisory lock, the cluster id is the second
+# A running job's allocation is extended when it would lapse within this margin, by this much.
+_EXTEND_MARGIN = timedelta(minutes=5)
+_EXTEND_BY = timedelta(minutes=30)
+_MIN_PERIOD = timedelta(seconds=60)
+# A terminal backend record that started this long before the job's current start is an earlier attempt.
+_STALE_TOLERANCE_S = 2.0
+_NODE_STATUS = {
+    NodeStatus.UP: Node.Status.UP,
+    NodeStatus.DRAINING: Node.Status.DRAINING,
+    NodeStatus.DOWN: Node.Status.DOWN,
+}
+
+
+@dataclass(slots=True)
+class RoundResult:
+    """What one call of `engine_round_run` did (returned to the task, logged, shown in tests)."""
+
+    cluster_id: int
+    status: str = "ok"  # ok | locked | inactive | backend_error | apply_failed
+    round_id: int | None = None
+    message: str = ""
+    started: int = 0
+    start_conflicts: int = 0
+    failed_starts: int = 0
+    preempted: int = 0
+    finished: int = 0
+    requeued: int = 0
+    lost: int = 0
+    pending: int = 0
+    duration_ms: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ---- audit helpers ----
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def _job_state(job: Job) -> dict[str, Any]:
+    return {
+        "status": job.status,
+        "started_at": _iso(job.started_at),
+        "ended_at": _iso(job.ended_at),
+        "attempt": job.attempt,
+        "pending_reason": job.pending_reason,
+    }
+
+
+def _alloc_state(allocation: Allocation) -> dict[str, Any]:
+    return {
+        "gpu_id": allocation.gpu_id,
+        "state": allocation.state,
+        "lower": _iso(allocation.period.lower),
+        "upper": _iso(allocation.period.upper),
+        "is_preemptible": allocation.is_preemptible,
+    }
+
+
+def _audit(verb: str, entity_type: str, entity_id: int, before: Any, after: Any, at: datetime) -> None:
+    audit_event_record(
+        actor=None,
+        actor_label=ENGINE,
+        verb=verb,
+        entity_type=entity_type,
+        entity_id=entity_id,
+        before=before,
+        after=after,
+        at=at,
+    )
+
+
+def _audit_allocations(
+    changes: Sequence[tuple[Allocation, dict[str, Any] | None]], verb: str, at: datetime
+) -> None:
+    AuditEvent.objects.bulk_create(
+        AuditEvent(
+            actor_label=ENGINE,
+            verb=verb,
+            entity_type="allocation",
+            entity_id=a.pk,
+            before=before,
+            after=_alloc_state(a),
+            at=at,
+        )
+        for a, before in changes
+    )
+
+
+def _is_exclusion_violation(exc: IntegrityError) -> bool:
+    return isinstance(exc.__cause__, psycopg.errors.ExclusionViolation)
+
+
+# ---- the lock ----
+
+
+@contextmanager
+def cluster_round_lock(cluster_id: int) -> Iterator[bool]:
+    """Try the cluster's session advisory lock; yields whether this caller holds it."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", [_LOCK_NAMESPACE, cluster_id])
+        acquired = bool(cursor.fetchone()[0])
+    try:
+        yield acquired
+    finally:
+        if acquired:
+            try:
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT pg_advisory_unlock(%s, %s)", [_LOCK_NAMESPACE, cluster_id])
+            except DatabaseError:  # the connection died: PostgreSQL released the lock with it
+                logger.warning("could not unlock round lock of cluster %s", cluster_id, exc_info=True)
+
+
+# ---- allocation helpers ----
+
+
+def _close_job_allocations(job: Job, *, at: datetime, verb: str) -> None:
+    """End the job's blocking allocations at ``at``: truncate what had started, release the rest."""
+    changes: list[tuple[Allocation, dict[str, Any] | None]] = []
+    for allocation in job.allocations.exclude(state__in=(Allocation.State.RELEASED, Allocation.State.ENDED)):
+        before = _alloc_state(allocation)
+        lower, upper = allocation.period.lower, allocation.period.upper
+        if lower is not None and lower < at:
+            if upper is None or upper > at:
+                allocation.period = DateTimeTZRange(lower, at, "[)")
+            allocation.state = Allocation.State.ENDED
+        else:
+            allocation.state = Allocation.State.RELEASED
+        changes.append((allocation, before))
+    if changes:
+        Allocation.objects.bulk_update([a for a, _ in changes], ["period", "state"])
+        _audit_allocations(changes, verb, at)
+
+
+def _release_job_allocations(job: Job, *, at: datetime, verb: str) -> None:
+    """A start that never happened: its allocations leave the constraint (state ``released``)."""
+    changes: list[tuple[Allocation, dict[str, Any] | None]] = []
+    for allocation in job.allocations.exclude(state__in=(Allocation.State.RELEASED, Allocation.State.ENDED)):
+        before = _alloc_state(allocation)
+        allocation.state = Allocation.State.RELEASED
+        changes.append((allocation, before))
+    if changes:
+        Allocation.objects.bulk_update([a for a, _ in changes], ["state"])
+        _audit_allocations(changes, verb, at)
+
+
+def _next_blocking_start(
+    *, gpu_ids: Sequence[int], after: datetime, exclude_job_id: int | None
+) -> datetime | None:
+    """The earliest start, at or after ``after``, of another holder's blocking allocation on these GPUs."""
+    qs = Allocation.objects.filter(gpu_id__in=list(gpu_ids), period__startswith__gte=after).exclude(
+        state=Allocation.State.RELEASED
+    )
+    if exclude_job_id is not None:
+        qs = qs.exclude(job_id=exclude_job_id)
+    return qs.aggregate(first=Min("period__startswith"))["first"]
+
+
+# ---- reconcile ----
+
+
+@dataclass(slots=True)
+class _Reconciled:
+    to_cancel: list[str] = field(default_factory=list)
+
+
+def _is_stale(obs: ObservedJob, job: Job) -> bool:
+    """A terminal backend record of an earlier attempt (it started before this attempt did)."""
+    if obs.state in (OS.RUNNING, OS.PENDING) or obs.started_at is None or job.started_at is None:
+        return False
+    return obs.started_at < epoch(job.started_at) - _STALE_TOLERANCE_S
+
+
+def _lost_gpu_s(
+    job: Job, *, started_at: datetime, ended_at: datetime, signalled_at: datetime | None
+) -> float:
+    """GPU-seconds of work thrown away by a kill: everything since the last checkpoint."""
+    run_s = max(0.0, (ended_at - started_at).total_seconds())
+    lost_s = run_s
+    if job.is_checkpointable:
+        if job.checkpoint_interval_s:
+            lost_s = run_s % job.checkpoint_interval_s
+        if signalled_at is not None:
+            lost_s = min(lost_s, max(0.0, (ended_at - signalled_at).total_seconds()))
+    return lost_s * job.gpu_count
+
+
+def _job_finish(job: Job, *, status: str, at: datetime, message: str, result: RoundResult) -> None:
+    before = _job_state(job)
+    job.status = status
+    job.ended_at = at
+    job.status_message = message[:500]
+    if status == Job.Status.COMPLETED:
+        job.exit_code = 0
+    elif status == Job.Status.FAILED and job.exit_code is None:
+        job.exit_code = 1
+    job.save(update_fields=["status", "ended_at", "status_message", "exit_code"])
+    _close_job_allocations(job, at=at, verb="allocation.end")
+    _audit(f"job.{status}", "job", job.pk, before, _job_state(job), at)
+    result.finished += 1
+
+
+def _job_requeue(
+    job: Job, *, at: datetime, ended_at: datetime, sentence: str, message: str, verb: str, result: RoundResult
+) -> None:
+    """Back to the queue with ``attempt + 1``; the original submission time is kept."""
+    before = _job_state(job)
+    _close_job_allocations(job, at=ended_at, verb="allocation.end")
+    job.first_submitted_at = job.first_submitted_at or job.submitted_at
+    job.status = Job.Status.PENDING
+    job.attempt += 1
+    job.submitted_at = at
+    job.started_at = None
+    job.ended_at = None
+    job.pending_reason = Job.PendingReason.NONE
+    job.pending_sentence = sentence[:500]
+    job.eta_p50_at = job.eta_p90_at = None
+    job.status_message = message[:500]
+    job.save(
+        update_fields=[
+            "first_submitted_at",
+            "status",
+            "attempt",
+            "submitted_at",
+            "started_at",
+            "ended_at",
+            "pending_reason",
+            "pending_sentence",
+            "eta_p50_at",
+            "eta_p90_at",
+            "status_message",
+        ]
+    )
+    _audit(verb, "job", job.pk, before, _job_state(job), at)
+    result.requeued += 1
+
+
+def _start_rollback(job: Job, *, at: datetime, reason: str, sentence: str, message: str) -> None:
+    """Undo a start that did not happen: allocations released, the job pending with a reason."""
+    before = _job_state(job)
+    _release_job_allocations(job, at=at, verb="allocation.release")
+    job.status = Job.Status.PENDING
+    job.started_at = None
+    job.pending_reason = reason
+    job.pending_sentence = sentence[:500]
+    job.status_message = message[:500]
+    job.save(update_fields=["status", "started_at", "pending_reason", "pending_sentence", "status_message"])
+    _audit("job.start_rollback", "job", job.pk, before, _job_state(job), at)
+
+
+def _job_preempted(job: Job, obs: ObservedJob, *, now: datetime, result: RoundResult) -> None:
+    ended_at = from_epoch(obs.ended_at) if obs.ended_at is not None else now
+    started_at = job.started_at or ended_at
+    preemption = job.preemptions.filter(killed_at__isnull=True).order_by("-signalled_at").first()
+    if preemption is None:  # the backend preempted it on its own
+        preemption = Preemption.objects.create(
+            job=job,
+            signalled_at=ended_at,
+            kill_at=ended_at,
+            reason="Preempted by the cluster itself.",
+        )
+    before = {"killed_at": None, "lost_gpu_s": preemption.lost_gpu_s}
+    preemption.killed_at = ended_at
+    preemption.lost_gpu_s = _lost_gpu_s(
+        job, started_at=started_at, ended_at=ended_at, signalled_at=preemption.signalled_at
+    )
+    preemption.save(update_fields=["killed_at", "lost_gpu_s"])
+    _audit(
+        "preemption.kill",
+        "preemption",
+        preemption.pk,
+        before,
+        {"killed_at": _iso(ended_at), "lost_gpu_s": preemption.lost_gpu_s},
+        now,
+    )
+    _job_requeue(
+        job,
+        at=now,
+        ended_at=ended_at,
+        sentence="Preempted and requeued; waiting for the next round.",
+        message=f"Preempted: {preemption.reason}"[:500],
+        verb="job.requeue",
+        result=result,
+    )
+
+
+def _reconcile_jobs(
+    cluster: Cluster, observed: ObservedCluster, *, now: datetime, result: RoundResult
+) -> _Reconciled:
+    out = _Reconciled()
+    by_id = {o.job_id: o for o in observed.jobs}
+    open_jobs = list(
+        Job.objects.select_for_update().filter(cluster=cluster, status__in=RUNNING_STATUSES).order_by("id")
+    )
+    open_ids = {str(j.pk) for j in open_jobs}
+    for job in open_jobs:
+        obs = by_id.get(str(job.pk))
+        if obs is not None and _is_stale(obs, job):
+            obs = None
+        if obs is None and job.status == Job.Status.STARTING:
+            _start_rollback(
+                job,
+                at=now,
+                reason=Job.PendingReason.BACKEND,
+                sentence="Its start did not reach the cluster; it will be started again.",
+                message="The start was not confirmed by the cluster.",
+            )
+            result.requeued += 1
+        elif obs is None or obs.state == OS.LOST:
+            _job_requeue(
+                job,
+                at=now,
+                ended_at=now,
+                sentence="The cluster lost it; requeued and waiting for the next round.",
+                message=("Lost by the cluster: " + (obs.message if obs else "no longer known to it."))[:500],
+                verb="job.lost",
+                result=result,
+            )
+            result.lost += 1
+        elif obs.state == OS.RUNNING:
+            if job.status == Job.Status.STARTING or (obs.backend_ref and obs.backend_ref != job.backend_ref):
+                before = _job_state(job)
+                job.status = Job.Status.RUNNING
+                job.backend_ref = obs.backend_ref or job.backend_ref
+                job.save(update_fields=["status", "backend_ref"])
+                if before["status"] != job.status:
+                    _audit("job.run", "job", job.pk, before, _job_state(job), now)
+        elif obs.state in (OS.COMPLETED, OS.FAILED, OS.CANCELLED):
+            ended_at = from_epoch(obs.ended_at) if obs.ended_at is not None else now
+            message = obs.message or ("Cancelled outside Berth." if obs.state == OS.CANCELLED else "")
+            _job_finish(
+                job, status=Job.Status(obs.state.value), at=min(ended_at, now), message=message, result=result
+            )
+        elif obs.state == OS.PREEMPTED:
+            _job_preempted(job, obs, now=now, result=result)
+        # OS.PENDING: the backend has it queued (e.g. Slurm scheduling it); keep waiting.
+
+    # Work the backend runs that the database does not: cancelled or finished jobs still running,
+    # and starts the database rolled back although the backend did them.
+    for obs in observed.jobs:
+        if obs.job_id in open_ids or obs.state not in (OS.RUNNING, OS.PENDING) or not obs.job_id.isdigit():
+            continue
+        job = Job.objects.select_for_update().filter(pk=int(obs.job_id), cluster=cluster).first()
+        if job is None or job.status != Job.Status.PENDING or obs.state != OS.RUNNING or not obs.gpu_ids:
+            out.to_cancel.append(obs.job_id)
+            continue
+        if not _adopt(job, obs, now=now):
+            out.to_cancel.append(obs.job_id)
+    return out
+
+
+def _adopt(job: Job, obs: ObservedJob, *, now: datetime) -> bool:
+    """A pending job the backend really runs: record it as running if its GPUs are free in the database."""
+    started_at = from_epoch(obs.started_at) if obs.started_at is not None else now
+    started_at = min(started_at, now)
+    upper = _running_upper(job, started_at=started_at, gpu_ids=obs.gpu_ids, now=now, expected_end=None)
+    if upper is not None and upper <= started_at:
+        return False
+    try:
+        with transaction.atomic():
+            allocations = Allocation.objects.bulk_create(
+                Allocation(
+                    gpu_id=g,
+                    job=job,
+                    period=DateTimeTZRange(started_at, upper, "[)"),
+                    state=Allocation.State.ACTIVE,
+                    is_preemptible=job.is_preemptible,
+                )
+                for g in obs.gpu_ids
+            )
+    except IntegrityError as exc:
+        if not _is_exclusion_violation(exc):
+            raise
+        return False
+    before = _job_state(job)
+    job.status = Job.Status.RUNNING
+    job.started_at = started_at
+    job.backend_ref = obs.backend_ref or job.backend_ref
+    job.pending_reason = Job.PendingReason.NONE
+    job.pending_sentence = ""
+    job.save(update_fields=["status", "started_at", "backend_ref", "pending_reason", "pending_sentence"])
+    _audit_allocations([(a, None) for a in allocations], "allocation.create", now)
+    _audit("job.adopt", "job", job.pk, before, _job_state(job), now)
+    return True
+
+
+def _running_upper(
+    job: Job, *, started_at: datetime, gpu_ids: Sequence[int], now: datetime, expected_end: datetime | None
+) -> datetime | None:
+    """End of a running job's allocation: its expected end (or open), capped by the next holder's start."""
+    if expected_end is None and job.requested_s:
+        expected_end = started_at + timedelta(seconds=job.requested_s)
+    if expected_end is not None:
+        expected_end = max(expected_end, now + _MIN_PERIOD)
+    cap = _next_blocking_start(gpu_ids=gpu_ids, after=started_at, exclude_job_id=job.pk)
+    if cap is not None and (expected_end is None or cap < expected_end):
+        return cap
+    return expected_end
+
+
+def _reconcile_bookings(cluster: Cluster, *, now: datetime) -> None:
+    """Confirmed bookings become active at their start and completed at their end."""
+    due = (
+        Booking.objects.select_for_update()
+        .filter(cluster=cluster, status__in=Booking.OPEN_STATUSES, start_at__lte=now)
+        .order_by("id")
+    )
+    for booking in due:
+        before = {"status": booking.status}
+        if booking.end_at <= now:
+            booking.status = Booking.Status.COMPLETED
+            booking.ended_at = booking.end_at
+            new_alloc = Allocation.State.ENDED
+        elif booking.status == Booking.Status.CONFIRMED:
+            booking.status = Booking.Status.ACTIVE
+            new_alloc = Allocation.State.ACTIVE
+        else:
+            continue
+        booking.save(update_fields=["status", "ended_at", "updated_at"])
+        changes = []
+        for allocation in booking.allocations.exclude(state__in=(Allocation.State.RELEASED, new_alloc)):
+            changes.append((allocation, _alloc_state(allocation)))
+            allocation.state = new_alloc
+        if changes:
+            Allocation.objects.bulk_update([a for a, _ in changes], ["state"])
+            _audit_allocations(changes, f"allocation.{new_alloc}", now)
+        _audit(f"booking.{booking.status}", "booking", booking.pk, before, {"status": booking.status}, now)
+
+
+def _extend_running(cluster: Cluster, *, now: datetime) -> None:
+    """Move the end of running jobs' allocations forward before it lapses (up to the next booking)."""
+    soon = now + _EXTEND_MARGIN
+    rows = Allocation.objects.filter(
+        job__cluster=cluster,
+        job__status__in=RUNNING_STATUSES,
+        state=Allocation.State.ACTIVE,
+        period__endswith__lt=soon,
+    ).select_related("job")
+    by_job: dict[int, list[Allocation]] = defaultdict(list)
+    for allocation in rows:
+        by_job[allocation.job_id].append(allocation)
+    for job_id, allocations in by_job.items():
+        changes = []
+        for allocation in allocations:
+            upper = allocation.period.upper
+            cap = _next_blocking_start(gpu_ids=[allocation.gpu_id], after=upper, exclude_job_id=job_id)
+            new_upper = max(upper, now) + _EXTEND_BY
+            if cap is not None:
+                new_upper = min(new_upper, cap)
+            if new_upper <= upper:
+                continue
+            changes.append((allocation, _alloc_state(allocation)))
+            allocation.period = DateTimeTZRange(allocation.period.lower, new_upper, "[)")
+        if not changes:
+            continue
+        try:
+            with transaction.atomic():
+                Allocation.objects.bulk_update([a for a, _ in changes], ["period"])
+        except IntegrityError as exc:
+            if not _is_exclusion_violation(exc):
+                raise
+            continue  # a booking took the time meanwhile; the engine reclaims or reports it
+        _audit_allocations(changes, "allocation.extend", now)
+
+
+def _sync_nodes(cluster: Cluster, observed: ObservedCluster) -> None:
+    """Take node states from the backend (drains and failures happen there)."""
+    wanted = {n.id: _NODE_STATUS[n.status] for n in observed.nodes}
+    for node in Node.objects.filter(cluster=cluster, name__in=wanted):
+        if node.status != wanted[node.name]:
+            node.status = wanted[node.name]
+            node.save(update_fields=["status"])
+
+
+def _set_degraded(cluster: Cluster, *, is_degraded: bool, message: str, now: datetime) -> None:
+    locked = Cluster.objects.select_for_update().get(pk=cluster.pk)
+    if locked.is_degraded == is_degraded and (not is_degraded or locked.status_message == message):
+        return
+    before = {"is_degraded": locked.is_degraded, "status_message": locked.status_message}
+    locked.is_degraded = is_degraded
+    locked.status_message = message[:2000]
+    locked.save(update_fields=["is_degraded", "status_message"])
+    cluster.is_degraded, cluster.status_message = locked.is_degraded, locked.status_message
+    verb = "cluster.degraded" if is_degraded else "cluster.recovered"
+    _audit(
+        verb,
+        "cluster",
+        cluster.pk,
+        before,
+        {"is_degraded": is_degraded, "status_message": locked.status_message},
+        now,
+    )
+
+
+# ---- persist ----
+
+
+@dataclass(slots=True)
+class _Persisted:
+    starts: list[StartAction] = field(default_factory=list)
+    preemptions: list[PreemptAction] = field(default_factory=list)
+    payloads: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def _job_payload(job: Job) -> dict[str, Any]:
+    payload = dict(job.payload or {})
+    payload.update(
+        requested_s=job.requested_s,
+        is_preemptible=job.is_preemptible,
+        is_checkpointable=job.is_checkpointable,
+        checkpoint_interval_s=job.checkpoint_interval_s,
+        gpu_count=job.gpu_count,
+        attempt=job.attempt,
+        name=job.name,
+    )
+    return payload
+
+
+def _persist_plan(
+    cluster: Cluster, plan: Plan, *, round_row: EngineRound, now: datetime, result: RoundResult
+) -> _Persisted:
+    out = _Persisted()
+    start_ids = [int(s.job_id) for s in plan.starts if s.job_id.isdigit()]
+    victim_ids = [int(p.job_id) for p in plan.preemptions if p.job_id.isdigit()]
+    # Locking protocol (scheduling.services): job rows first, then the cluster's nodes, in id order.
+    jobs = {
+        j.pk: j
+        for j in Job.objects.select_for_update()
+        .filter(cluster=cluster, pk__in=start_ids + victim_ids)
+        .order_by("id")
+    }
+    list(Node.objects.select_for_update().filter(cluster=cluster).order_by("id").values_list("id", flat=True))
+    cluster_gpus = set(Gpu.objects.filter(node__cluster=cluster).values_list("id", flat=True))
+
+    for action in plan.starts:
+        job = jobs.get(int(action.job_id)) if action.job_id.isdigit() else None
+        if job is None or job.status != Job.Status.PENDING:
+            result.notes.append(f"start {action.job_id}: no longer pending")
+            continue
+        if not set(action.gpu_ids) <= cluster_gpus:
+            result.notes.append(f"start {action.job_id}: GPUs {action.gpu_ids} are not in this cluster")
+            continue
+        expected_end = from_epoch(action.expected_end_at) if math.isfinite(action.expected_end_at) else None
+        upper = _running_upper(
+            job, started_at=now, gpu_ids=action.gpu_ids, now=now, expected_end=expected_end
+        )
+        try:
+            if upper is not None and upper <= now:
+                raise _Conflict
+            with transaction.atomic():
+                allocations = Allocation.objects.bulk_create(
+                    Allocation(
+                        gpu_id=g,
+                        job=job,
+                        period=DateTimeTZRange(now, upper, "[)"),
+                        state=Allocation.State.ACTIVE,
+                        is_preemptible=action.is_preemptible,
+                    )
+                    for g in action.gpu_ids
+                )
+        except (IntegrityError, _Conflict) as exc:
+            if isinstance(exc, IntegrityError) and not _is_exclusion_violation(exc):
+                raise
+            # Someone (a booking made this instant) took one of the GPUs: this start only is undone.
+            before = _job_state(job)
+            job.pending_reason = Job.PendingReason.RESOURCES
+            job.pending_sentence = "Its GPUs were taken just before it could start; it will be placed again."
+            job.save(update_fields=["pending_reason", "pending_sentence"])
+            _audit("job.start_conflict", "job", job.pk, before, _job_state(job), now)
+            result.start_conflicts += 1
+            continue
+        before = _job_state(job)
+        job.status = Job.Status.STARTING
+        job.started_at = now
+        job.ended_at = None
+        job.first_submitted_at = job.first_submitted_at or job.submitted_at
+        job.pending_reason = Job.PendingReason.NONE
+        job.pending_sentence = ""
+        job.eta_p50_at = job.eta_p90_at = None
+        job.status_message = ""
+        job.save(
+            update_fields=[
+                "status",
+                "started_at",
+                "ended_at",
+                "first_submitted_at",
+                "pending_reason",
+                "pending_sentence",
+                "eta_p50_at",
+                "eta_p90_at",
+                "status_message",
+            ]
+        )
+        _audit_allocations([(a, None) for a in allocations], "allocation.create", now)
+        _audit("job.start", "job", job.pk, before, _job_state(job), now)
+        out.starts.append(action)
+        out.payloads[action.job_id] = _job_payload(job)
+        result.started += 1
+
+    for action in plan.preemptions:
+        job = jobs.get(int(action.job_id)) if action.job_id.isdigit() else None
+        if job is None or job.status not in RUNNING_STATUSES:
+            continue
+        if job.preemptions.filter(killed_at__isnull=True).exists():
+            continue
+        holder = parse_holder_id(action.for_id) if action.for_id else None
+        preemption = Preemption.objects.create(
+            job=job,
+            engine_round=round_row,
+            for_booking_id=holder[1] if holder and holder[0] == "booking" else None,
+            for_job_id=holder[1] if holder and holder[0] == "job" else None,
+            signalled_at=from_epoch(action.signal_at),
+            kill_at=from_epoch(max(action.kill_at, action.signal_at)),
+            reason=action.reason[:500],
+        )
+        _audit(
+            "job.preempt_signal",
+            "job",
+            job.pk,
+            _job_state(job),
+            {**_job_state(job), "preemption_id": preemption.pk, "kill_at": _iso(preemption.kill_at)},
+            now,
+        )
+        out.preemptions.append(action)
+        result.preempted += 1
+
+    _write_explanations(cluster, plan, now=now, result=result)
+    return out
+
+
+class _Conflict(Exception):
+    """The planned GPUs are not free for any period starting now."""
+
+
+def _write_explanations(cluster: Cluster, plan: Plan, *, now: datetime, result: RoundResult) -> None:
+    """Reason, sentence and ETAs on every pending job the plan explains (not a state change: no audit)."""
+    explanations = {int(p.job_id): p for p in plan.pending if p.job_id.isdigit()}
+    jobs = list(Job.objects.filter(cluster=cluster, status=Job.Status.PENDING, pk__in=list(explanations)))
+    valid = set(Job.PendingReason.values)
+    for job in jobs:
+        p = explanations[job.pk]
+        job.pending_reason = p.reason.value if p.reason.value in valid else Job.PendingReason.RESOURCES
+        job.pending_sentence = p.sentence[:500]
+        job.eta_p50_at = from_epoch(p.eta_p50_at) if p.eta_p50_at is not None else None
+        job.eta_p90_at = from_epoch(p.eta_p90_at) if p.eta_p90_at is not None else None
+    Job.objects.bulk_update(jobs, ["pending_reason", "pending_sentence", "eta_p50_at", "eta_p90_at"])
+    result.pending = len(jobs)
+
+
+def _resent_preemptions(cluster: Cluster, *, exclude: Iterable[str]) -> list[PreemptAction]:
+    """Preemptions signalled in earlier rounds whose job still runs: backends apply them until done."""
+    skip = set(exclude)
+    out = []
+    for job_id, p in _open_preemptions(cluster).items():
+        if str(job_id) in skip:
+            continue
+        out.append(
+            PreemptAction(
+                job_id=str(job_id),
+                signal_at=epoch(p.signalled_at),
+                kill_at=epoch(p.kill_at),
+                reason=p.reason,
+                for_id=f"booking-{p.for_booking_id}"
+                if p.for_booking_id
+                else (str(p.for_job_id) if p.for_job_id else ""),
+            )
+        )
+    return out
+
+
+def _open_preemptions(cluster: Cluster) -> dict[int, Preemption]:
+    from scheduling.snapshots import open_preemptions
+
+    return open_preemptions(cluster=cluster)
+
+
+# ---- apply after commit ----
+
+
+def _call_apply(
+    backend: ClusterBackend, plan: Plan, payloads: dict[str, dict[str, Any]]
+) -> list[ActionResult]:
+    try:
+        accepts_payloads = "payloads" in inspect.signature(backend.apply).parameters
+    except (TypeError, ValueError):
+        accepts_payloads = False
+    if accepts_payloads:
+        return backend.apply(plan, payloads=payloads)  # type: ignore[call-arg]
+    return backend.apply(plan)
+
+
+def _apply_after_commit(
+    *,
+    cluster: Cluster,
+    backend: ClusterBackend,
+    persisted: _Persisted,
+    plan: Plan,
+    to_cancel: Sequence[str],
+    round_id: int,
+    result: RoundResult,
+) -> None:
+    """Run the backend's apply and record its results; failed starts are rolled back."""
+    now = timezone.now()
+    preemptions = [
+        *persisted.preemptions,
+        *_resent_preemptions(cluster, exclude=[p.job_id for p in persisted.preemptions]),
+    ]
+    backend_plan = Plan(
+        starts=tuple(persisted.starts),
+        preemptions=tuple(preemptions),
+        reservations=plan.reservations,
+        releases=plan.releases,
+    )
+    error = ""
+    results: list[ActionResult] = []
+    if backend_plan.starts or backend_plan.preemptions or backend_plan.reservations or backend_plan.releases:
+        try:
+            results = _call_apply(backend, backend_plan, persisted.payloads)
+        except BackendError as exc:
+            error = f"apply failed: {exc}"
+            metrics.backend_error_count(cluster=cluster.name, operation="apply")
+            results = [ActionResult("start", s.job_id, False, str(exc)) for s in persisted.starts]
+    cancel_results = []
+    cancel = getattr(backend, "cancel", None)
+    for job_id in to_cancel:
+        if cancel is None:
+            break
+        try:
+            cancel_results.append(cancel(job_id))
+        except BackendError as exc:
+            cancel_results.append(ActionResult("cancel", job_id, False, str(exc)))
+    start_results = {r.target_id: r for r in results if r.action == "start"}
+    failures = [r for r in [*results, *cancel_results] if not r.is_ok]
+    for failure in failures:
+        metrics.backend_error_count(cluster=cluster.name, operation=failure.action)
+
+    with transaction.atomic():
+        for action in persisted.starts:
+            r = start_results.get(action.job_id)
+            if r is None:
+                continue  # no answer: the next round's reconcile decides from what really runs
+            job = Job.objects.select_for_update().get(pk=int(action.job_id))
+            if job.status != Job.Status.STARTING:
+                continue
+            if r.is_ok:
+                before = _job_state(job)
+                job.status = Job.Status.RUNNING
+                job.backend_ref = r.backend_ref or job.backend_ref
+                job.save(update_fields=["status", "backend_ref"])
+                _audit("job.run", "job", job.pk, before, _job_state(job), now)
+            else:
+                _start_rollback(
+                    job,
+                    at=now,
+                    reason=Job.PendingReason.BACKEND,
+                    sentence=f"The cluster refused to start it ({r.message[:300]}); it will be tried again.",
+                    message=f"Start refused: {r.message}",
+                )
+                result.failed_starts += 1
+                result.started -= 1
+        if error:
+            _set_degraded(cluster, is_degraded=True, message=error, now=now)
+        round_row = EngineRound.objects.select_for_update().get(pk=round_id)
+        decisions = dict(round_row.decisions or {})
+        decisions["apply"] = {
+            "results": len(results),
+            "failed": [
+                {"action": r.action, "target": r.target_id, "message": r.message[:200]} for r in failures[:50]
+            ],
+            "cancelled": list(to_cancel),
+        }
+        round_row.decisions = decisions
+        if error:
+            round_row.error = error[:2000]
+        round_row.save(update_fields=["decisions", "error"])
+    if error:
+        result.status = "apply_failed"
+        result.message = error
+
+
+# ---- the round ----
+
+
+def _record_backend_error(cluster: Cluster, *, now: datetime, exc: Exception, policy: str, t0: float) -> int:
+    message = f"backend unreachable: {exc}"
+    with transaction.atomic():
+        _set_degraded(cluster, is_degraded=True, message=message, now=now)
+        row = EngineRound.objects.create(
+            cluster=cluster,
+            policy=policy,
+            started_at=now,
+            duration_ms=(time.perf_counter() - t0) * 1000.0,
+            error=message[:2000],
+        )
+    metrics.backend_error_count(cluster=cluster.name, operation="snapshot")
+    return row.pk
+
+
+def engine_round_run(*, cluster_id: int, now: datetime | None = None) -> RoundResult:
+    """Run one engine round for a cluster; returns what it did.  Never raises for backend trouble.
+
+    ``now`` (aware) fixes the round's clock and, for the simulator, the backend's clock
+    (tests); by default both are the wall clock.  Status ``"locked"`` means another round of
+    this cluster is running; ``"backend_error"`` means the backend could not be read (the
+    cluster is marked degraded); ``"apply_failed"`` means the plan was persisted but the
+    backend refused it as a whole (the starts were rolled back).
+    """
+    result = RoundResult(cluster_id=cluster_id)
+    fixed_now = now
+    with cluster_round_lock(cluster_id) as acquired:
+        if not acquired:
+            result.status = "locked"
+            return result
+        t0 = time.perf_counter()
+        now = fixed_now or timezone.now()
+        cluster = Cluster.objects.get(pk=cluster_id)
+        if not cluster.is_active:
+            result.status = "inactive"
+            return result
+        policy = policy_config_for_cluster(cluster=cluster)
+        clock = (lambda: epoch(fixed_now)) if fixed_now is not None else None
+        try:
+            backend = backend_for_cluster(cluster, clock=clock)
+            observed = backend.snapshot()
+        except BackendError as exc:
+            result.round_id = _record_backend_error(cluster, now=now, exc=exc, policy=policy.name, t0=t0)
+            result.status = "backend_error"
+            result.message = str(exc)
+            result.duration_ms = (time.perf_counter() - t0) * 1000.0
+            metrics.round_observe(
+                cluster=cluster.name, duration_s=result.duration_ms / 1000.0, outcome=result.status
+            )
+            return result
+
+        with transaction.atomic(durable=True):
+            if cluster.is_degraded:
+                _set_degraded(cluster, is_degraded=False, message="", now=now)
+            _sync_nodes(cluster, observed)
+            reconciled = _reconcile_jobs(cluster, observed, now=now, result=result)
+            _reconcile_bookings(cluster, now=now)
+            _extend_running(cluster, now=now)
+
+        snapshot = cluster_snapshot_build(cluster=cluster, now=now, policy=policy)
+        plan_t0 = time.perf_counter()
+        plan = plan_round(snapshot, policy, epoch(now))
+        plan_ms = (time.perf_counter() - plan_t0) * 1000.0
+
+        with transaction.atomic(durable=True):
+            idle = Counter(reason.value for _, reason in plan.idle)
+            round_row = EngineRound.objects.create(
+                cluster=cluster,
+                policy=policy.name,
+                started_at=now,
+                decisions={
+                    "starts": len(plan.starts),
+                    "preemptions": len(plan.preemptions),
+                    "reservations": len(plan.reservations),
+                    "releases": len(plan.releases),
+                    "pending": len(plan.pending),
+                    "running": len(snapshot.running),
+                    "idle": dict(idle),
+                    "notes": list(plan.notes)[:20],
+                    "plan_ms": round(plan_ms, 3),
+                    "next_round_at": plan.next_round_at,
+                },
+            )
+            result.round_id = round_row.pk
+            persisted = _persist_plan(cluster, plan, round_row=round_row, now=now, result=result)
+            round_row.decisions = {
+                **round_row.decisions,
+                "reconcile": {"finished": result.finished, "requeued": result.requeued, "lost": result.lost},
+                "persisted": {
+                    "starts": result.started,
+                    "conflicts": result.start_conflicts,
+                    "preemptions": result.preempted,
+                },
+            }
+            round_row.save(update_fields=["decisions"])
+            transaction.on_commit(
+                lambda: _apply_after_commit(
+                    cluster=cluster,
+                    backend=backend,
+                    persisted=persisted,
+                    plan=plan,
+                    to_cancel=reconciled.to_cancel,
+                    round_id=round_row.pk,
+                    result=result,
+                )
+            )
+        result.duration_ms = (time.perf_counter() - t0) * 1000.0
+        EngineRound.objects.filter(pk=round_row.pk).update(duration_ms=result.duration_ms)
+        metrics.round_observe(
+            cluster=cluster.name, duration_s=result.duration_ms / 1000.0, outcome=result.status
+        )
+    return result

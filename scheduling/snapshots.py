@@ -1,0 +1,323 @@
+"""Selectors that build the engine's frozen `ClusterSnapshot` of one cluster from the database.
+
+Identifiers in the snapshot: a job is ``str(job.pk)``, a booking ``"booking-<pk>"``, a GPU its
+``Gpu`` primary key, a node its name, a project its slug and a user its username.  Times are
+epoch seconds (the portal's engine clock).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Q
+
+from portal.accounts.models import Project, Quota
+from scheduling.engine import types as et
+from scheduling.models import Allocation, Booking, Cluster, GpuType, Job, Node, Preemption
+
+BOOKING_PREFIX = "booking-"
+
+_NODE_STATUS = {
+    Node.Status.UP: et.NodeStatus.UP,
+    Node.Status.DRAINING: et.NodeStatus.DRAINING,
+    Node.Status.DOWN: et.NodeStatus.DOWN,
+}
+
+RUNNING_STATUSES = (Job.Status.STARTING, Job.Status.RUNNING)
+
+
+def epoch(value: datetime) -> float:
+    return value.timestamp()
+
+
+def from_epoch(value: float) -> datetime:
+    return datetime.fromtimestamp(value, tz=UTC)
+
+
+def booking_engine_id(booking_id: int) -> str:
+    return f"{BOOKING_PREFIX}{booking_id}"
+
+
+def parse_holder_id(holder_id: str) -> tuple[str, int] | None:
+    """``("booking", pk)`` or ``("job", pk)`` for an engine id; None for anything else."""
+    if holder_id.startswith(BOOKING_PREFIX):
+        rest = holder_id[len(BOOKING_PREFIX) :]
+        return ("booking", int(rest)) if rest.isdigit() else None
+    return ("job", int(holder_id)) if holder_id.isdigit() else None
+
+
+# ---- inventory ----
+
+
+def engine_nodes_for_cluster(*, cluster: Cluster) -> tuple[et.Node, ...]:
+    """The cluster's nodes as the engine sees them; GPU ids in index order."""
+    nodes = (
+        Node.objects.filter(cluster=cluster)
+        .select_related("gpu_type")
+        .prefetch_related("gpus")
+        .order_by("name")
+    )
+    return tuple(
+        et.Node(
+            id=node.name,
+            gpu_type=node.gpu_type.name,
+            gpu_ids=tuple(g.pk for g in sorted(node.gpus.all(), key=lambda g: g.index)),
+            status=_NODE_STATUS[Node.Status(node.status)],
+            domain=node.domain,
+        )
+        for node in nodes
+    )
+
+
+def gpu_ids_by_node_name(*, cluster: Cluster) -> dict[str, tuple[int, ...]]:
+    """Node name -> Berth GPU ids by index (what the Slurm and Kubernetes backends map to)."""
+    return {node.id: node.gpu_ids for node in engine_nodes_for_cluster(cluster=cluster)}
+
+
+def _engine_gpu_type(gpu_type: GpuType) -> et.GpuType:
+    return et.GpuType(
+        name=gpu_type.name,
+        memory_gib=gpu_type.memory_gib,
+        precisions=frozenset(gpu_type.precisions),
+        relative_speed=gpu_type.relative_speed,
+        value=gpu_type.value,
+    )
+
+
+# ---- policy ----
+
+_TUPLE_PAIR_FIELDS = {"interactive_headroom"}
+_TUPLE_FIELDS = {"interactive_partition"}
+
+
+def policy_config_for_cluster(*, cluster: Cluster) -> et.PolicyConfig:
+    """`PolicyConfig` from ``cluster.settings["policy"]`` (a name or a mapping of fields) over the defaults.
+
+    ``BERTH_ENGINE_POLICY`` names the policy when the cluster does not.  Unknown keys are ignored.
+    """
+    raw: Any = (cluster.settings or {}).get("policy", {})
+    if isinstance(raw, str):
+        raw = {"name": raw}
+    values: dict[str, Any] = {"name": settings.BERTH_ENGINE_POLICY}
+    known = {f.name for f in fields(et.PolicyConfig)}
+    for key, value in dict(raw).items():
+        if key not in known:
+            continue
+        if key in _TUPLE_PAIR_FIELDS:
+            values[key] = tuple((str(k), int(v)) for k, v in value)
+        elif key in _TUPLE_FIELDS:
+            values[key] = tuple(str(v) for v in value)
+        else:
+            values[key] = value
+    return et.PolicyConfig(**values)
+
+
+# ---- jobs ----
+
+
+def job_request(job: Job, *, usernames: Mapping[int, str], slugs: Mapping[int, str]) -> et.JobRequest:
+    """The engine's view of one job (pending or running)."""
+    first = job.first_submitted_at or job.submitted_at
+    return et.JobRequest(
+        id=str(job.pk),
+        user=usernames.get(job.user_id, str(job.user_id)),
+        project=slugs.get(job.project_id, str(job.project_id)),
+        gpu_count=job.gpu_count,
+        submit_at=epoch(job.submitted_at),
+        kind=et.JobKind(job.kind),
+        gpu_type=job.gpu_type.name if job.gpu_type_id is not None else None,
+        min_memory_gib=job.min_memory_gib,
+        precisions=frozenset(job.precisions),
+        requested_s=float(job.requested_s) if job.requested_s is not None else None,
+        predicted_p50_s=job.predicted_p50_s,
+        predicted_p90_s=job.predicted_p90_s,
+        is_preemptible=job.is_preemptible,
+        is_checkpointable=job.is_checkpointable,
+        checkpoint_interval_s=float(job.checkpoint_interval_s) if job.checkpoint_interval_s else None,
+        priority=int(job.priority),
+        name=job.name,
+        attempt=job.attempt,
+        first_submit_at=epoch(first),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Names:
+    usernames: dict[int, str]
+    slugs: dict[int, str]
+
+
+def _names(jobs: Iterable[Job], bookings: Iterable[Booking]) -> _Names:
+    from django.contrib.auth import get_user_model
+
+    user_ids = {j.user_id for j in jobs} | {b.user_id for b in bookings}
+    usernames = dict(get_user_model().objects.filter(pk__in=user_ids).values_list("pk", "username"))
+    slugs = dict(Project.objects.values_list("pk", "slug"))
+    return _Names(usernames=usernames, slugs=slugs)
+
+
+def running_gpu_ids(*, job_ids: Iterable[int]) -> dict[int, tuple[int, ...]]:
+    """Job id -> GPUs of its active allocations."""
+    out: dict[int, list[int]] = defaultdict(list)
+    rows = Allocation.objects.filter(job_id__in=list(job_ids), state=Allocation.State.ACTIVE).values_list(
+        "job_id", "gpu_id"
+    )
+    for job_id, gpu_id in rows:
+        out[job_id].append(gpu_id)
+    return {k: tuple(sorted(v)) for k, v in out.items()}
+
+
+def open_preemptions(*, cluster: Cluster) -> dict[int, Preemption]:
+    """Job id -> its signalled, not yet completed preemption, for jobs that still run."""
+    rows = Preemption.objects.filter(
+        job__cluster=cluster, job__status__in=RUNNING_STATUSES, killed_at__isnull=True
+    ).order_by("signalled_at")
+    return {p.job_id: p for p in rows}
+
+
+# ---- fair share ----
+
+
+def _decayed_gpu_hours(*, start: datetime, end: datetime, now: datetime, half_life_s: float) -> float:
+    """Integral of 2^-(now - t)/half_life over [start, end], in hours."""
+    if end <= start:
+        return 0.0
+    rate = math.log(2) / half_life_s
+    a = (now - start).total_seconds()
+    b = (now - end).total_seconds()
+    return (math.exp(-rate * b) - math.exp(-rate * a)) / rate / 3600.0
+
+
+def project_shares(*, cluster: Cluster, now: datetime, half_life_s: float) -> tuple[et.ProjectShare, ...]:
+    """Every active project with its weight, decayed value-weighted GPU-hours on this cluster and quotas."""
+    window_start = now - timedelta(seconds=half_life_s * 5)
+    usage: dict[int, float] = defaultdict(float)
+    default_value = 1.0
+    jobs = (
+        Job.objects.filter(cluster=cluster, started_at__isnull=False, started_at__lt=now)
+        .filter(Q(ended_at__isnull=True) | Q(ended_at__gt=window_start))
+        .values_list("project_id", "gpu_count", "gpu_type__value", "started_at", "ended_at")
+    )
+    for project_id, gpu_count, value, started_at, ended_at in jobs:
+        hours = _decayed_gpu_hours(
+            start=max(started_at, window_start),
+            end=min(ended_at or now, now),
+            now=now,
+            half_life_s=half_life_s,
+        )
+        usage[project_id] += hours * gpu_count * (value or default_value)
+    guaranteed: dict[int, list[tuple[str, int]]] = defaultdict(list)
+    borrow: dict[int, int | None] = {}
+    for quota in Quota.objects.select_related("gpu_type").order_by("gpu_type__name"):
+        guaranteed[quota.project_id].append((quota.gpu_type.name, quota.guaranteed_gpus))
+        if quota.borrow_limit_gpus is None:
+            borrow[quota.project_id] = None
+        elif quota.project_id not in borrow or borrow[quota.project_id] is not None:
+            borrow[quota.project_id] = (borrow.get(quota.project_id) or 0) + quota.borrow_limit_gpus
+    return tuple(
+        et.ProjectShare(
+            name=project.slug,
+            weight=project.fair_share_weight,
+            decayed_usage=usage.get(project.pk, 0.0),
+            guaranteed=tuple(guaranteed.get(project.pk, ())),
+            borrow_limit=borrow.get(project.pk),
+        )
+        for project in Project.objects.filter(is_active=True).order_by("slug")
+    )
+
+
+# ---- the snapshot ----
+
+
+def cluster_snapshot_build(
+    *, cluster: Cluster, now: datetime, policy: et.PolicyConfig, horizon_s: float | None = None
+) -> et.ClusterSnapshot:
+    """The frozen input of one engine round: inventory, running and pending work, bookings, shares.
+
+    Running work is every STARTING or RUNNING job with its active allocations; a job in a
+    preemption grace carries ``grace_until`` (the planned kill) so it is not signalled twice.
+    Bookings are the open ones overlapping ``[now, now + horizon_s)`` with their GPUs.
+    """
+    horizon_s = settings.BERTH_ENGINE_HORIZON_S if horizon_s is None else horizon_s
+    nodes = engine_nodes_for_cluster(cluster=cluster)
+    type_names = {n.gpu_type for n in nodes}
+    gpu_types = tuple(
+        _engine_gpu_type(t) for t in GpuType.objects.filter(name__in=type_names).order_by("name")
+    )
+
+    open_jobs = list(
+        Job.objects.filter(cluster=cluster, status__in=(Job.Status.PENDING, *RUNNING_STATUSES))
+        .select_related("gpu_type")
+        .order_by("submitted_at", "id")
+    )
+    bookings = list(
+        Booking.objects.filter(
+            cluster=cluster,
+            status__in=Booking.OPEN_STATUSES,
+            end_at__gt=now,
+            start_at__lt=now + timedelta(seconds=horizon_s),
+        )
+        .select_related("gpu_type")
+        .order_by("start_at", "id")
+    )
+    names = _names(open_jobs, bookings)
+    running_jobs = [j for j in open_jobs if j.status in RUNNING_STATUSES]
+    gpus_of = running_gpu_ids(job_ids=[j.pk for j in running_jobs])
+    grace = open_preemptions(cluster=cluster)
+    preemptible_jobs = set(
+        Allocation.objects.filter(job_id__in=[j.pk for j in running_jobs], state=Allocation.State.ACTIVE)
+        .filter(is_preemptible=True)
+        .values_list("job_id", flat=True)
+    )
+    running = tuple(
+        et.RunningJob(
+            job=job_request(job, usernames=names.usernames, slugs=names.slugs),
+            gpu_ids=gpus_of[job.pk],
+            started_at=epoch(job.started_at or now),
+            is_preemptible=job.pk in preemptible_jobs,
+            grace_until=epoch(grace[job.pk].kill_at) if job.pk in grace else None,
+        )
+        for job in running_jobs
+        if gpus_of.get(job.pk)
+    )
+    pending = tuple(
+        job_request(job, usernames=names.usernames, slugs=names.slugs)
+        for job in open_jobs
+        if job.status == Job.Status.PENDING
+    )
+    booking_gpus: dict[int, list[int]] = defaultdict(list)
+    for booking_id, gpu_id in (
+        Allocation.objects.filter(booking_id__in=[b.pk for b in bookings])
+        .exclude(state=Allocation.State.RELEASED)
+        .values_list("booking_id", "gpu_id")
+    ):
+        booking_gpus[booking_id].append(gpu_id)
+    engine_bookings = tuple(
+        et.Booking(
+            id=booking_engine_id(b.pk),
+            user=names.usernames.get(b.user_id, str(b.user_id)),
+            project=names.slugs.get(b.project_id, str(b.project_id)),
+            gpu_count=b.gpu_count,
+            start_at=epoch(b.start_at),
+            end_at=epoch(b.end_at),
+            gpu_type=b.gpu_type.name,
+            gpu_ids=tuple(sorted(booking_gpus.get(b.pk, ()))),
+            is_in_use=b.is_in_use,
+        )
+        for b in bookings
+    )
+    return et.ClusterSnapshot(
+        cluster=cluster.name,
+        gpu_types=gpu_types,
+        nodes=nodes,
+        running=running,
+        pending=pending,
+        bookings=engine_bookings,
+        projects=project_shares(cluster=cluster, now=now, half_life_s=policy.fairshare_half_life_s),
+    )

@@ -1,0 +1,114 @@
+"""Celery tasks of the engine loop: thin callers of `scheduling.rounds` that take ids.
+
+* `engine_round(cluster_id)`: one round; ``acks_late`` (a worker killed mid-round leaves the
+  message to be redelivered), time-limited, retried with backoff when the backend is unreachable.
+* `engine_rounds_dispatch()`: beat sends it every 15 s; it enqueues a round per active cluster,
+  at most one queued per cluster (a Redis key with a TTL), so slow rounds do not pile up.
+* `engine_round_trigger(cluster_id)`: not a task.  Services call it after a submit, cancel,
+  booking change or job end; after the commit it enqueues a round, debounced so that a burst
+  of changes costs one round.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import Task, shared_task
+from django.conf import settings
+from django.db import transaction
+
+from scheduling.backends.base import BackendError
+from scheduling.models import Cluster
+from scheduling.rounds import engine_round_run
+
+logger = logging.getLogger(__name__)
+
+_QUEUED_KEY = "berth:engine:queued:{cluster_id}"
+_TRIGGER_KEY = "berth:engine:trigger:{cluster_id}"
+
+
+def _redis():  # type: ignore[no-untyped-def]
+    from scheduling.backends.registry import engine_redis
+
+    return engine_redis(settings.BERTH_ENGINE_REDIS_URL)
+
+
+@shared_task(
+    bind=True,
+    name="scheduling.tasks.engine_round",
+    acks_late=True,
+    reject_on_worker_lost=True,
+    soft_time_limit=settings.BERTH_ENGINE_ROUND_SOFT_TIME_LIMIT_S,
+    time_limit=settings.BERTH_ENGINE_ROUND_TIME_LIMIT_S,
+    autoretry_for=(BackendError,),
+    retry_backoff=5,
+    retry_backoff_max=60,
+    retry_jitter=True,
+    max_retries=3,
+)
+def engine_round(self: Task, cluster_id: int) -> dict[str, Any]:
+    """Run one engine round for ``cluster_id``; raises `BackendError` (retried) while it is unreachable."""
+    try:
+        _redis().delete(_QUEUED_KEY.format(cluster_id=cluster_id))
+    except Exception:
+        logger.warning("could not clear the queued mark of cluster %s", cluster_id, exc_info=True)
+    if not Cluster.objects.filter(pk=cluster_id).exists():
+        return {"cluster_id": cluster_id, "status": "missing"}
+    result = engine_round_run(cluster_id=cluster_id)
+    logger.info("engine round cluster=%s %s", cluster_id, result.as_dict())
+    if result.status == "backend_error":
+        raise BackendError(result.message)
+    return result.as_dict()
+
+
+@shared_task(
+    name="scheduling.tasks.engine_rounds_dispatch",
+    acks_late=True,
+    soft_time_limit=20,
+    time_limit=30,
+    ignore_result=True,
+)
+def engine_rounds_dispatch() -> list[int]:
+    """Enqueue a round for every active cluster that has none queued yet; returns the ids enqueued."""
+    enqueued = []
+    ttl = settings.BERTH_ENGINE_QUEUED_TTL_S
+    for cluster_id in Cluster.objects.filter(is_active=True).order_by("id").values_list("id", flat=True):
+        try:
+            fresh = _redis().set(_QUEUED_KEY.format(cluster_id=cluster_id), "1", nx=True, ex=ttl)
+        except Exception:
+            logger.warning("redis unavailable for the queued mark; enqueueing anyway", exc_info=True)
+            fresh = True
+        if fresh:
+            engine_round.apply_async(args=[cluster_id], expires=ttl)
+            enqueued.append(cluster_id)
+    return enqueued
+
+
+def _enqueue_debounced(cluster_id: int) -> bool:
+    debounce_s = settings.BERTH_ENGINE_TRIGGER_DEBOUNCE_S
+    try:
+        first = _redis().set(
+            _TRIGGER_KEY.format(cluster_id=cluster_id), "1", nx=True, px=max(1, int(debounce_s * 1000))
+        )
+    except Exception:
+        logger.warning("redis unavailable: round trigger for cluster %s skipped (beat covers it)", cluster_id)
+        return False
+    if not first:
+        return False  # a round is already due after the debounce window and will see this change
+    try:
+        engine_round.apply_async(args=[cluster_id], countdown=debounce_s)
+    except Exception:
+        logger.warning("could not enqueue a round for cluster %s (beat covers it)", cluster_id, exc_info=True)
+        return False
+    return True
+
+
+def engine_round_trigger(cluster_id: int) -> None:
+    """Ask for a round of ``cluster_id`` soon, after the current transaction commits.
+
+    Debounced: the first call in a window of ``BERTH_ENGINE_TRIGGER_DEBOUNCE_S`` enqueues a round
+    that runs when the window ends; later calls in the window are covered by it.  Never raises:
+    a missed trigger only delays the change to the next beat round.
+    """
+    transaction.on_commit(lambda: _enqueue_debounced(cluster_id))

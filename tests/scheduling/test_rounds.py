@@ -1,0 +1,89 @@
+"""The engine round service end to end on the live simulator backend (real PostgreSQL and Redis)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+
+from scheduling.models import Allocation, AuditEvent, EngineRound, Job
+from tests.integration.loop import (  # noqa: F401  (fixtures)
+    engine_redis_url,
+    later,
+    make_cluster,
+    make_member,
+    run_round,
+    sim_backend,
+    submit,
+    t0,
+)
+
+pytestmark = [pytest.mark.django_db]
+
+
+def _active_gpus(job: Job) -> list[int]:
+    return sorted(job.allocations.filter(state=Allocation.State.ACTIVE).values_list("gpu_id", flat=True))
+
+
+def test_jobs_start_finish_and_free_their_gpus(engine_redis_url, run_round, t0: datetime) -> None:
+    cluster = make_cluster(nodes=2, gpus_per_node=4)
+    user, project = make_member()
+    short = submit(user, project, cluster, gpus=2, runtime_s=600, now=t0, name="short")
+    long = submit(user, project, cluster, gpus=4, runtime_s=1200, now=t0, name="long")
+
+    first = run_round(cluster, t0)
+    wide = submit(user, project, cluster, gpus=8, runtime_s=300, now=later(t0, 1), name="wide")
+    run_round(cluster, later(t0, 1))
+
+    assert first.status == "ok", first
+    assert first.started == 2
+    for job in (short, long, wide):
+        job.refresh_from_db()
+    assert short.status == long.status == Job.Status.RUNNING
+    assert len(_active_gpus(short)) == 2 and len(_active_gpus(long)) == 4
+    assert not set(_active_gpus(short)) & set(_active_gpus(long))
+    # What the database says runs is what the backend runs.
+    running = sim_backend(cluster, at=t0).running_on()
+    assert sorted(g for g, j in running.items() if j == str(short.pk)) == _active_gpus(short)
+    # The 8-GPU job cannot start while the others run, and says why, with an ETA.
+    assert wide.status == Job.Status.PENDING
+    assert wide.pending_reason and wide.pending_sentence and wide.eta_p50_at is not None
+    assert EngineRound.objects.filter(cluster=cluster, error="").count() == 2
+
+    run_round(cluster, later(t0, 700))  # short ended at t0 + 600
+
+    short.refresh_from_db()
+    assert short.status == Job.Status.COMPLETED
+    assert short.ended_at == later(t0, 600)
+    ended = list(short.allocations.all())
+    assert {a.state for a in ended} == {Allocation.State.ENDED}
+    assert {(a.period.lower, a.period.upper) for a in ended} == {(t0, later(t0, 600))}
+
+    run_round(cluster, later(t0, 1300))  # long ended at t0 + 1200: all 8 GPUs are free
+
+    long.refresh_from_db()
+    wide.refresh_from_db()
+    assert long.status == Job.Status.COMPLETED
+    assert wide.status == Job.Status.RUNNING
+    assert len(_active_gpus(wide)) == 8
+    verbs = set(
+        AuditEvent.objects.filter(actor_label=AuditEvent.Actor.ENGINE).values_list("verb", flat=True)
+    )
+    assert {"job.start", "job.run", "job.completed", "allocation.create", "allocation.end"} <= verbs
+    # Every job state change of the engine is audited against that job.
+    assert AuditEvent.objects.filter(entity_type="job", entity_id=short.pk, verb="job.completed").count() == 1
+
+
+def test_round_is_idempotent(engine_redis_url, run_round, t0: datetime) -> None:
+    cluster = make_cluster(nodes=1, gpus_per_node=4)
+    user, project = make_member()
+    job = submit(user, project, cluster, gpus=2, runtime_s=600, now=t0)
+
+    run_round(cluster, t0)
+    run_round(cluster, later(t0, 1))
+    run_round(cluster, later(t0, 2))
+
+    job.refresh_from_db()
+    assert job.status == Job.Status.RUNNING
+    assert job.allocations.count() == 2  # no second start, no duplicated allocation
+    assert AuditEvent.objects.filter(entity_type="job", entity_id=job.pk, verb="job.start").count() == 1
