@@ -99,10 +99,10 @@ import math
 import os
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import urllib3
 from kubernetes import client as k8s_client
@@ -145,6 +145,20 @@ _LABEL_VALUE = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)
 _NOT_DNS = re.compile(r"[^a-z0-9-]+")
 
 _T = TypeVar("_T")
+_I = TypeVar("_I")
+_I_co = TypeVar("_I_co", covariant=True)
+_PAGE_SIZE = 500  # kubectl's chunk size
+_MAX_PAGES = 1_000  # 500k objects: far beyond any cluster; bounds the loop should a server keep answering
+
+
+class _Page(Protocol[_I_co]):
+    """One page of a list call (V1NodeList, V1JobList, V1PodList)."""
+
+    @property
+    def items(self) -> Sequence[_I_co]: ...
+
+    @property
+    def metadata(self) -> k8s_client.V1ListMeta | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,22 +334,26 @@ class KubernetesBackend:
         """Read nodes, GPU capacity and Berth's Jobs and pods; raise `BackendError` when the API fails."""
         at = self._clock()
         timeout = self._timeout()
-        node_list = self._call("list nodes", lambda: self._core.list_node(_request_timeout=timeout))
-        nodes = self._nodes(node_list.items)
+        limit = _PAGE_SIZE
+        node_items = self._list_all(
+            "list nodes",
+            lambda token: self._core.list_node(limit=limit, _continue=token, _request_timeout=timeout),
+        )
+        nodes = self._nodes(node_items)
         namespace = self.config.namespace
-        job_list = self._call(
+        job_items = self._list_all(
             "list jobs",
-            lambda: self._batch.list_namespaced_job(
-                namespace, label_selector=JOB_ID_LABEL, _request_timeout=timeout
+            lambda token: self._batch.list_namespaced_job(
+                namespace, label_selector=JOB_ID_LABEL, limit=limit, _continue=token, _request_timeout=timeout
             ),
         )
-        pod_list = self._call(
+        pod_items = self._list_all(
             "list pods",
-            lambda: self._core.list_namespaced_pod(
-                namespace, label_selector=JOB_ID_LABEL, _request_timeout=timeout
+            lambda token: self._core.list_namespaced_pod(
+                namespace, label_selector=JOB_ID_LABEL, limit=limit, _continue=token, _request_timeout=timeout
             ),
         )
-        jobs = _observed_jobs(job_list.items, pod_list.items)
+        jobs = _observed_jobs(job_items, pod_items)
         return ObservedCluster(at=at, nodes=nodes, jobs=jobs)
 
     def _nodes(self, items: Iterable[k8s_client.V1Node]) -> tuple[Node, ...]:
@@ -680,6 +698,18 @@ class KubernetesBackend:
 
     def _dry_run(self) -> str | None:
         return "All" if self.config.dry_run else None
+
+    def _list_all(self, doing: str, fetch: Callable[[str | None], _Page[_I]]) -> list[_I]:
+        """All items of a list call, page by page (as kubectl does), so a big cluster is never one answer."""
+        items: list[_I] = []
+        token: str | None = None
+        for _ in range(_MAX_PAGES):
+            page = self._call(doing, functools.partial(fetch, token))
+            items.extend(page.items)
+            token = page.metadata.var_continue if page.metadata else None
+            if not token:
+                return items
+        raise BackendError(f"Kubernetes API: {doing} did not end after {_MAX_PAGES} pages")
 
     def _call(self, doing: str, call: Callable[[], _T]) -> _T:
         """Run one API call; every failure becomes `BackendError`."""

@@ -22,6 +22,8 @@ import http.server
 import json
 import socket
 import threading
+import time
+import urllib.parse
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import replace
 from datetime import datetime
@@ -598,14 +600,20 @@ def test_start_without_payload_or_with_uneven_split_fails_without_writing(
 def test_dry_run_sends_writes_with_dry_run_all(
     emulator: Emulator, nodes: list[dict[str, Any]], namespace: str
 ) -> None:
-    """Checks the query the emulator received; it ignores dryRun (a real server would persist nothing)."""
+    """Checks the queries the emulator received; it ignores dryRun (a real server would persist nothing),
+    so the Job really appears there and the preemption finds it.  The pod is seeded (no Job controller)."""
     backend = _backend(emulator, namespace, dry_run=True)
     mark = emulator.request_count()
     [result] = backend.apply(Plan(starts=(_start("job-13", (0,), ("gpu-a",)),)), payloads={"job-13": PAYLOAD})
     assert result.is_ok
     assert result.message.startswith("dry run")
-    [create] = [r for r in emulator.requests_since(mark) if r.method == "POST"]
-    assert create.params.get("dryRun") == "All"
+    emulator.put(PODS, namespace, _pod_of("job-13"))
+    [stopped] = backend.apply(Plan(preemptions=(PreemptAction("job-13", 1_000.0, 1_030.0, "booking"),)))
+    assert stopped.message.startswith("dry run")
+
+    writes = [r for r in emulator.requests_since(mark) if r.method != "GET"]
+    assert sorted(r.method for r in writes) == ["DELETE", "DELETE", "PATCH", "POST"]
+    assert all(r.params.get("dryRun") == "All" for r in writes)
 
 
 def test_bearer_token_is_sent(emulator: Emulator, nodes: list[dict[str, Any]]) -> None:
@@ -858,58 +866,81 @@ def test_job_names_keep_distinct_ids_apart() -> None:
 # ---- errors ----
 
 
-class _StatusHandler(http.server.BaseHTTPRequestHandler):
-    """Answers every request with one Kubernetes Status document and the HTTP code in it.
+Answer = Callable[[str, str, dict[str, str]], tuple[int, dict[str, Any]]]  # method, path, query -> reply
 
-    ``codes`` can give other methods another code (``*`` for the rest).
-    """
 
-    codes: dict[str, int] = {"*": 500}
+class _LocalApi(http.server.BaseHTTPRequestHandler):
+    """A tiny HTTP API on 127.0.0.1: ``answer`` decides each reply; ``seen`` records every request."""
 
-    def _answer(self) -> None:
-        self.code = self.codes.get(self.command, self.codes["*"])
+    answer: Answer
+    seen: list[tuple[str, str, dict[str, str]]]
+
+    def _handle(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         if length:
             self.rfile.read(length)
-        reasons = {403: "Forbidden", 422: "Invalid", 500: "InternalError"}
-        body = json.dumps(
-            {
-                "kind": "Status",
-                "apiVersion": "v1",
-                "metadata": {},
-                "status": "Failure",
-                "message": f"injected failure {self.code}",
-                "reason": reasons.get(self.code, "Unknown"),
-                "code": self.code,
-            }
-        ).encode()
-        self.send_response(self.code)
+        url = urllib.parse.urlsplit(self.path)
+        query = dict(urllib.parse.parse_qsl(url.query))
+        self.seen.append((self.command, url.path, query))
+        code, reply = self.answer(self.command, url.path, query)
+        body = json.dumps(reply).encode()
+        self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
 
-    do_GET = do_POST = do_PATCH = do_DELETE = _answer
+    do_GET = do_POST = do_PATCH = do_DELETE = _handle
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # keep pytest output clean
 
 
+def _status(code: int, **by_method: int) -> Answer:
+    """Every request fails with a Kubernetes Status document; ``by_method`` gives some methods other codes."""
+    reasons = {403: "Forbidden", 404: "NotFound", 422: "Invalid", 500: "InternalError"}
+
+    def answer(method: str, path: str, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        status = by_method.get(method, code)
+        return status, {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": f"injected failure {status}",
+            "reason": reasons.get(status, "Unknown"),
+            "code": status,
+        }
+
+    return answer
+
+
 @pytest.fixture
-def failing_api() -> Iterator[Callable[..., str]]:
+def local_api() -> Iterator[Callable[[Answer], tuple[str, list[tuple[str, str, dict[str, str]]]]]]:
     servers: list[http.server.ThreadingHTTPServer] = []
 
-    def serve(code: int, **codes: int) -> str:
-        handler = type("Handler", (_StatusHandler,), {"codes": {"*": code, **codes}})
+    def serve(answer: Answer) -> tuple[str, list[tuple[str, str, dict[str, str]]]]:
+        seen: list[tuple[str, str, dict[str, str]]] = []
+        handler = type("Handler", (_LocalApi,), {"answer": staticmethod(answer), "seen": seen})
         server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
-        return f"http://127.0.0.1:{server.server_address[1]}"
+        return f"http://127.0.0.1:{server.server_address[1]}", seen
 
     yield serve
     for server in servers:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def failing_api(
+    local_api: Callable[[Answer], tuple[str, list[tuple[str, str, dict[str, str]]]]],
+) -> Callable[..., str]:
+    def serve(code: int, **by_method: int) -> str:
+        return local_api(_status(code, **by_method))[0]
+
+    return serve
 
 
 @pytest.mark.parametrize("code", [500, 403])
@@ -935,6 +966,51 @@ def test_invalid_object_is_a_failed_result_not_an_error(failing_api: Callable[..
     assert not result.is_ok
     assert "422" in result.message
     assert "injected failure" in result.message
+
+
+def test_snapshot_follows_list_pages(
+    local_api: Callable[[Answer], tuple[str, list[tuple[str, str, dict[str, str]]]]],
+) -> None:
+    """k8s_data/nodes.json served in two pages by the tiny local API (the emulator ignores ``limit``)."""
+    items = _load("nodes.json")
+
+    def answer(method: str, path: str, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        if path == "/api/v1/nodes":
+            if query.get("continue") == "page-2":
+                return 200, {"kind": "NodeList", "apiVersion": "v1", "metadata": {}, "items": items[3:]}
+            return 200, {
+                "kind": "NodeList",
+                "apiVersion": "v1",
+                "metadata": {"continue": "page-2"},
+                "items": items[:3],
+            }
+        return 200, {"apiVersion": "v1", "metadata": {}, "items": []}
+
+    url, seen = local_api(answer)
+    observed = KubernetesBackend(KubernetesConfig(host=url, namespace="research", timeout_s=5.0)).snapshot()
+
+    gpu_names = {n["metadata"]["name"] for n in items if "nvidia.com/gpu" in n["status"]["allocatable"]}
+    assert {n.id for n in observed.nodes} == gpu_names
+    node_requests = [query for _, path, query in seen if path == "/api/v1/nodes"]
+    assert [q.get("continue") for q in node_requests] == [None, "page-2"]
+    assert all(q.get("limit") == "500" for q in node_requests)
+
+
+def test_a_hanging_server_times_out_as_backend_error(
+    local_api: Callable[[Answer], tuple[str, list[tuple[str, str, dict[str, str]]]]],
+) -> None:
+    """The tiny local API answers only after 2 s; the backend gives up after its 0.3 s timeout."""
+
+    def slow(method: str, path: str, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        time.sleep(2.0)
+        return 200, {"apiVersion": "v1", "metadata": {}, "items": []}
+
+    url, _ = local_api(slow)
+    backend = KubernetesBackend(KubernetesConfig(host=url, namespace="research", timeout_s=0.3))
+    began = time.monotonic()
+    with pytest.raises(BackendError, match="list nodes"):
+        backend.snapshot()
+    assert time.monotonic() - began < 1.5
 
 
 def test_connection_refused_becomes_backend_error() -> None:
