@@ -531,7 +531,9 @@ class KubernetesBackend:
                 message=f"{len(action.gpu_ids)} GPUs do not split evenly over {len(action.node_ids)} node(s)",
                 backend_ref=name,
             )
-        product = self._node_product(action.node_ids[0])
+        # One pod template serves every node of a multi-node job: select a product only when they share one.
+        products = {self._node_product(node) for node in action.node_ids}
+        product = products.pop() if len(products) == 1 else None
         body = self._job_body(action, payload, product=product)
         namespace = self.config.namespace
         timeout = self._timeout()

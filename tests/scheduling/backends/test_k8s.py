@@ -580,6 +580,8 @@ def test_multi_node_start_is_an_indexed_job_with_one_pod_per_node(
     assert terms.node_selector_terms[0].match_fields[0].values == ["gpu-b", "gpu-c"]
     [anti] = pod.affinity.pod_anti_affinity.required_during_scheduling_ignored_during_execution
     assert anti.topology_key == "kubernetes.io/hostname"
+    # gpu-b and gpu-c carry different products (nodes.json): one template cannot select both.
+    assert pod.node_selector is None
 
 
 def test_start_without_payload_or_with_uneven_split_fails_without_writing(
