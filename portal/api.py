@@ -49,13 +49,13 @@ class JSONParser(parsers.JSONParser):
                 declared = 0
             if declared > limit:
                 raise RequestTooLargeError()
-        if stream is not None and limit is not None:
-            # Content-Length may be absent or lie: never read more than the limit.
-            body = stream.read(limit + 1)
-            if len(body) > limit:
-                raise RequestTooLargeError()
-            stream = io.BytesIO(body)
-        return super().parse(stream, media_type, parser_context)
+        if stream is None:
+            raise exceptions.ParseError("The request body is empty.")
+        # Content-Length may be absent or lie: never read more than the limit.
+        body = stream.read(limit + 1) if limit is not None else stream.read()
+        if limit is not None and len(body) > limit:
+            raise RequestTooLargeError()
+        return super().parse(io.BytesIO(body), media_type, parser_context)
 
 
 def _flatten(detail: Any) -> Any:
@@ -113,7 +113,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         response.data = {"message": "Validation failed.", "fields": fields}
         response.status_code = status.HTTP_400_BAD_REQUEST
     else:
-        detail = getattr(exc, "detail", str(exc))
-        message = str(detail) if not isinstance(detail, (dict, list)) else "Request failed."
+        error_detail: Any = getattr(exc, "detail", None) or str(exc)
+        message = str(error_detail) if not isinstance(error_detail, (dict, list)) else "Request failed."
         response.data = {"message": message, "fields": {}}
     return response

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.contrib.postgres.fields.ranges import DateTimeTZRange
+from django.contrib.auth.models import AnonymousUser, User
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from django.db.models import Count, Prefetch, Q, QuerySet
 from django.http import Http404
 from django.utils import timezone
@@ -24,7 +24,7 @@ from django.utils import timezone
 from portal.accounts.models import Membership, Project
 from scheduling.models import Allocation, AuditEvent, Booking, Cluster, Gpu, GpuType, Job, Node
 
-AnyUser = AbstractBaseUser | AnonymousUser
+AnyUser = User | AnonymousUser
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -33,10 +33,15 @@ def _is_staff(user: AnyUser) -> bool:
     return bool(getattr(user, "is_staff", False))
 
 
+def _uid(user: AnyUser) -> int:
+    """The user's id; 0 (no such row) for an anonymous user, who then sees nothing."""
+    return int(user.pk) if user.is_authenticated and user.pk is not None else 0
+
+
 def _visible_q(user: AnyUser) -> Q:
     """Own objects, plus those of projects the user manages (one subquery, no extra round trip)."""
-    managed = Membership.objects.filter(user_id=user.pk, role=Membership.Role.MANAGER).values("project_id")
-    return Q(user_id=user.pk) | Q(project_id__in=managed)
+    managed = Membership.objects.filter(user_id=_uid(user), role=Membership.Role.MANAGER).values("project_id")
+    return Q(user_id=_uid(user)) | Q(project_id__in=managed)
 
 
 # ---- bookings and jobs ----
@@ -52,7 +57,7 @@ def booking_list(
     """Bookings the user may see, newest start first, with everything the API shows preloaded."""
     qs = Booking.objects.all()
     if mine_only:
-        qs = qs.filter(user_id=user.pk)
+        qs = qs.filter(user_id=_uid(user))
     elif not _is_staff(user):
         qs = qs.filter(_visible_q(user))
     if status:
@@ -83,7 +88,7 @@ def job_list(
     """Jobs the user may see, newest submission first."""
     qs = Job.objects.all()
     if mine_only:
-        qs = qs.filter(user_id=user.pk)
+        qs = qs.filter(user_id=_uid(user))
     elif not _is_staff(user):
         qs = qs.filter(_visible_q(user))
     if status:

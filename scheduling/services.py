@@ -26,10 +26,10 @@ from typing import Any
 
 import psycopg.errors
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
-from django.contrib.postgres.fields.ranges import DateTimeTZRange
+from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, OperationalError, transaction
+from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
@@ -111,13 +111,13 @@ def _allocation_state(allocation: Allocation) -> dict[str, Any]:
     }
 
 
-def _actor_id(actor: AbstractBaseUser | None) -> int | None:
+def _actor_id(actor: User | None) -> int | None:
     return int(actor.pk) if actor is not None and actor.pk is not None else None
 
 
 def audit_event_record(
     *,
-    actor: AbstractBaseUser | None,
+    actor: User | None,
     actor_label: str,
     verb: str,
     entity_type: str,
@@ -142,7 +142,7 @@ def audit_event_record(
 def _allocation_events(
     *,
     changes: Iterable[tuple[Allocation, dict[str, Any] | None]],
-    actor: AbstractBaseUser | None,
+    actor: User | None,
     actor_label: str,
     verb: str,
     at: datetime,
@@ -170,7 +170,7 @@ def _now(now: datetime | None) -> datetime:
     return now if now is not None else timezone.now()
 
 
-def _require_member(user: AbstractBaseUser, *, project: Project) -> None:
+def _require_member(user: User, *, project: Project) -> None:
     """Members act for their project; staff may act for any project."""
     if getattr(user, "is_staff", False):
         return
@@ -178,7 +178,7 @@ def _require_member(user: AbstractBaseUser, *, project: Project) -> None:
         raise PermissionDenied("You are not a member of this project.")
 
 
-def _require_can_manage(user: AbstractBaseUser, *, owner_id: int, project_id: int) -> None:
+def _require_can_manage(user: User, *, owner_id: int, project_id: int) -> None:
     """The owner, a manager of the object's project, or staff may change it."""
     if getattr(user, "is_staff", False) or user.pk == owner_id:
         return
@@ -350,7 +350,7 @@ def _check_booking_quota(
 
 
 def booking_create(
-    user: AbstractBaseUser,
+    user: User,
     *,
     project: Project,
     gpu_type: GpuType,
@@ -478,7 +478,7 @@ def _close_allocations(
     allocations: Iterable[Allocation],
     *,
     at: datetime,
-    actor: AbstractBaseUser | None,
+    actor: User | None,
     actor_label: str,
     verb: str,
 ) -> None:
@@ -505,7 +505,7 @@ def _close_allocations(
 def booking_cancel(
     booking: Booking,
     *,
-    user: AbstractBaseUser,
+    user: User,
     actor_label: str = AuditEvent.Actor.USER,
     now: datetime | None = None,
 ) -> Booking:
@@ -544,7 +544,7 @@ def booking_cancel(
 def booking_end_early(
     booking: Booking,
     *,
-    user: AbstractBaseUser,
+    user: User,
     actor_label: str = AuditEvent.Actor.USER,
     now: datetime | None = None,
 ) -> Booking:
@@ -596,7 +596,7 @@ def _extension_limit(*, gpu_ids: Sequence[int], after: datetime, exclude_booking
 def booking_extend(
     booking: Booking,
     *,
-    user: AbstractBaseUser,
+    user: User,
     end_at: datetime,
     actor_label: str = AuditEvent.Actor.USER,
     now: datetime | None = None,
@@ -698,7 +698,7 @@ def _job_candidate_types(
 
 
 def job_submit(
-    user: AbstractBaseUser,
+    user: User,
     *,
     project: Project,
     name: str,
@@ -802,7 +802,7 @@ def job_submit(
 def job_cancel(
     job: Job,
     *,
-    user: AbstractBaseUser,
+    user: User,
     actor_label: str = AuditEvent.Actor.USER,
     now: datetime | None = None,
 ) -> Job:
@@ -922,7 +922,7 @@ def job_start(
     is_preemptible: bool = False,
     backend_ref: str = "",
     status: str = Job.Status.RUNNING,
-    actor: AbstractBaseUser | None = None,
+    actor: User | None = None,
     actor_label: str = AuditEvent.Actor.ENGINE,
 ) -> Job:
     """Record that a pending job starts on ``gpu_ids`` at ``started_at``.
@@ -1017,7 +1017,7 @@ def job_finish(
     ended_at: datetime,
     exit_code: int | None = None,
     message: str = "",
-    actor: AbstractBaseUser | None = None,
+    actor: User | None = None,
     actor_label: str = AuditEvent.Actor.ENGINE,
 ) -> Job:
     """Record that a started job completed or failed at ``ended_at``; its GPUs are free from then.

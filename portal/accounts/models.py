@@ -21,9 +21,7 @@ class Project(models.Model):
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
-    members = models.ManyToManyField(  # type: ignore[var-annotated]
-        settings.AUTH_USER_MODEL, through="Membership", related_name="projects"
-    )
+    members = models.ManyToManyField(settings.AUTH_USER_MODEL, through="Membership", related_name="projects")
 
     class Meta:
         ordering = ["name"]

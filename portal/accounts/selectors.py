@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.auth.models import AnonymousUser, User
 from django.db.models import OuterRef, Prefetch, QuerySet, Subquery
 from django.http import Http404
 
 from portal.accounts.models import Membership, Project, Quota
 
-AnyUser = AbstractBaseUser | AnonymousUser
+AnyUser = User | AnonymousUser
 
 
 def _is_staff(user: AnyUser) -> bool:
     return bool(getattr(user, "is_staff", False))
+
+
+def _uid(user: AnyUser) -> int:
+    """The user's id; 0 (no such row) for an anonymous user, who then sees nothing."""
+    return int(user.pk) if user.is_authenticated and user.pk is not None else 0
 
 
 def membership_role_get(user: AnyUser, *, project_id: int) -> str | None:
@@ -20,7 +25,7 @@ def membership_role_get(user: AnyUser, *, project_id: int) -> str | None:
     if not user.is_authenticated:
         return None
     return (
-        Membership.objects.filter(user_id=user.pk, project_id=project_id)
+        Membership.objects.filter(user_id=_uid(user), project_id=project_id)
         .values_list("role", flat=True)
         .first()
     )
@@ -31,7 +36,7 @@ def managed_project_ids(user: AnyUser) -> list[int]:
     if not user.is_authenticated:
         return []
     return list(
-        Membership.objects.filter(user_id=user.pk, role=Membership.Role.MANAGER).values_list(
+        Membership.objects.filter(user_id=_uid(user), role=Membership.Role.MANAGER).values_list(
             "project_id", flat=True
         )
     )
@@ -42,8 +47,8 @@ def project_list(user: AnyUser) -> QuerySet[Project]:
 
     Each carries ``my_role`` (the user's role, ``None`` for staff outside it); quotas are prefetched.
     """
-    qs = Project.objects.all() if _is_staff(user) else Project.objects.filter(memberships__user_id=user.pk)
-    role = Membership.objects.filter(user_id=user.pk, project_id=OuterRef("pk")).values("role")[:1]
+    qs = Project.objects.all() if _is_staff(user) else Project.objects.filter(memberships__user_id=_uid(user))
+    role = Membership.objects.filter(user_id=_uid(user), project_id=OuterRef("pk")).values("role")[:1]
     return (
         qs.annotate(my_role=Subquery(role))
         .prefetch_related(
@@ -63,4 +68,4 @@ def project_get(user: AnyUser, *, slug: str) -> Project:
 
 def membership_list(user: AnyUser) -> QuerySet[Membership]:
     """The user's own memberships with their projects."""
-    return Membership.objects.filter(user_id=user.pk).select_related("project").order_by("project__name")
+    return Membership.objects.filter(user_id=_uid(user)).select_related("project").order_by("project__name")

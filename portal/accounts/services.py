@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils.text import slugify
@@ -29,9 +29,7 @@ def project_create(
 
 
 @transaction.atomic
-def membership_set(
-    *, project: Project, user: AbstractBaseUser, role: str = Membership.Role.MEMBER
-) -> Membership:
+def membership_set(*, project: Project, user: User, role: str = Membership.Role.MEMBER) -> Membership:
     """Add the user to the project, or change their role; idempotent."""
     if role not in Membership.Role.values:
         raise ValidationError({"role": f"Unknown role {role!r}."})

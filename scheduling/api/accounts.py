@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request
@@ -13,13 +15,13 @@ from portal.accounts.models import Membership
 from scheduling.api.common import PaginatedApi, errors
 
 
-class QuotaSerializer(serializers.Serializer):
+class QuotaSerializer(serializers.Serializer[Any]):
     gpu_type = serializers.CharField(source="gpu_type.name")
     guaranteed_gpus = serializers.IntegerField()
     borrow_limit_gpus = serializers.IntegerField(allow_null=True)
 
 
-class ProjectOutputSerializer(serializers.Serializer):
+class ProjectOutputSerializer(serializers.Serializer[Any]):
     name = serializers.CharField()
     slug = serializers.SlugField()
     description = serializers.CharField()
@@ -46,14 +48,14 @@ class ProjectDetailApi(APIView):
         return Response(ProjectOutputSerializer(project).data)
 
 
-class MembershipSerializer(serializers.Serializer):
+class MembershipSerializer(serializers.Serializer[Any]):
     project = serializers.SlugField(source="project.slug")
     project_name = serializers.CharField(source="project.name")
     role = serializers.ChoiceField(choices=Membership.Role.choices)
 
 
 class MeApi(APIView):
-    class OutputSerializer(serializers.Serializer):
+    class OutputSerializer(serializers.Serializer[Any]):
         id = serializers.IntegerField()
         username = serializers.CharField()
         email = serializers.EmailField()

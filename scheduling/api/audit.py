@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from drf_spectacular.utils import extend_schema
 from rest_framework import permissions, serializers
 from rest_framework.request import Request
@@ -15,11 +17,11 @@ from scheduling.models import AuditEvent
 class AuditEventListApi(PaginatedApi):
     permission_classes = [permissions.IsAdminUser]
 
-    class FilterSerializer(serializers.Serializer):
+    class FilterSerializer(serializers.Serializer[Any]):
         entity_type = serializers.CharField(max_length=40, required=False)
         entity_id = serializers.IntegerField(min_value=0, max_value=2**63 - 1, required=False)
 
-    class OutputSerializer(serializers.Serializer):
+    class OutputSerializer(serializers.Serializer[Any]):
         id = serializers.IntegerField()
         at = serializers.DateTimeField()
         actor = serializers.CharField(source="actor.username", allow_null=True, default=None)

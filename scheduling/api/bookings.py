@@ -12,13 +12,13 @@ from rest_framework.views import APIView
 
 from portal.accounts.models import Project
 from scheduling import selectors, services
-from scheduling.api.common import PaginatedApi, csv_values, errors
+from scheduling.api.common import PaginatedApi, csv_values, errors, request_user
 from scheduling.models import AuditEvent, Booking, Cluster, GpuType
 
 _MAX_GPUS = 4096  # an absurd count is a field error before it reaches the database
 
 
-class BookingOutputSerializer(serializers.Serializer):
+class BookingOutputSerializer(serializers.Serializer[Any]):
     id = serializers.IntegerField()
     user = serializers.CharField(source="user.username")
     project = serializers.CharField(source="project.slug")
@@ -47,12 +47,12 @@ def _booking_response(user: Any, booking_id: int, code: int = status.HTTP_200_OK
 
 
 class BookingListCreateApi(PaginatedApi):
-    class FilterSerializer(serializers.Serializer):
+    class FilterSerializer(serializers.Serializer[Any]):
         status = serializers.CharField(required=False, help_text="Comma-separated statuses.")
         project = serializers.SlugField(required=False, help_text="Project slug.")
         mine = serializers.BooleanField(required=False, default=False, help_text="Only my own bookings.")
 
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(serializers.Serializer[Any]):
         project = serializers.SlugRelatedField(slug_field="slug", queryset=Project.objects.all())
         gpu_type = serializers.SlugRelatedField(slug_field="name", queryset=GpuType.objects.all())
         cluster = serializers.SlugRelatedField(
@@ -92,7 +92,7 @@ class BookingListCreateApi(PaginatedApi):
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         booking = services.booking_create(
-            request.user, **serializer.validated_data, actor_label=AuditEvent.Actor.API
+            request_user(request), **serializer.validated_data, actor_label=AuditEvent.Actor.API
         )
         return _booking_response(request.user, booking.pk, status.HTTP_201_CREATED)
 
@@ -111,7 +111,7 @@ class BookingDetailApi(APIView):
     )
     def delete(self, request: Request, booking_id: int) -> Response:
         booking = selectors.booking_get(request.user, booking_id=booking_id)
-        services.booking_cancel(booking, user=request.user, actor_label=AuditEvent.Actor.API)
+        services.booking_cancel(booking, user=request_user(request), actor_label=AuditEvent.Actor.API)
         return _booking_response(request.user, booking_id)
 
 
@@ -123,12 +123,12 @@ class BookingCancelApi(APIView):
     )
     def post(self, request: Request, booking_id: int) -> Response:
         booking = selectors.booking_get(request.user, booking_id=booking_id)
-        services.booking_cancel(booking, user=request.user, actor_label=AuditEvent.Actor.API)
+        services.booking_cancel(booking, user=request_user(request), actor_label=AuditEvent.Actor.API)
         return _booking_response(request.user, booking_id)
 
 
 class BookingExtendApi(APIView):
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(serializers.Serializer[Any]):
         end_at = serializers.DateTimeField()
 
     @extend_schema(
@@ -142,7 +142,7 @@ class BookingExtendApi(APIView):
         booking = selectors.booking_get(request.user, booking_id=booking_id)
         services.booking_extend(
             booking,
-            user=request.user,
+            user=request_user(request),
             end_at=serializer.validated_data["end_at"],
             actor_label=AuditEvent.Actor.API,
         )
@@ -158,5 +158,5 @@ class BookingEndApi(APIView):
     )
     def post(self, request: Request, booking_id: int) -> Response:
         booking = selectors.booking_get(request.user, booking_id=booking_id)
-        services.booking_end_early(booking, user=request.user, actor_label=AuditEvent.Actor.API)
+        services.booking_end_early(booking, user=request_user(request), actor_label=AuditEvent.Actor.API)
         return _booking_response(request.user, booking_id)

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from django.contrib.auth.models import User
 from django.db.models import QuerySet
 from drf_spectacular.utils import OpenApiResponse
-from rest_framework import serializers
+from rest_framework import exceptions, serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -15,12 +16,23 @@ from rest_framework.views import APIView
 from scheduling.api.pagination import CursorPagination
 
 
-class ErrorSerializer(serializers.Serializer):
+def request_user(request: Request) -> User:
+    """The signed-in user (``IsAuthenticated`` already refused anonymous requests)."""
+    user = request.user
+    if not isinstance(user, User):
+        raise exceptions.NotAuthenticated()
+    return user
+
+
+class ErrorSerializer(serializers.Serializer[Any]):
     message = serializers.CharField()
-    fields = serializers.DictField(child=serializers.ListField(child=serializers.CharField()))
+    # Shadows Serializer.fields only in the class body: DRF's metaclass moves declared fields away.
+    fields = serializers.DictField(  # type: ignore[assignment]
+        child=serializers.ListField(child=serializers.CharField())
+    )
 
 
-class AlternativeSerializer(serializers.Serializer):
+class AlternativeSerializer(serializers.Serializer[Any]):
     cluster = serializers.CharField()
     gpu_type = serializers.CharField()
     gpu_count = serializers.IntegerField()
@@ -56,7 +68,7 @@ class PaginatedApi(APIView):
     pagination_class = CursorPagination
 
     def paginate(
-        self, request: Request, queryset: QuerySet[Any], serializer: type[serializers.Serializer]
+        self, request: Request, queryset: QuerySet[Any], serializer: type[serializers.Serializer[Any]]
     ) -> Response:
         paginator = self.pagination_class()
         page = paginator.paginate_queryset(queryset, request, view=self)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request
@@ -14,7 +16,7 @@ from scheduling.models import Cluster
 
 
 class GpuTypeListApi(APIView):
-    class OutputSerializer(serializers.Serializer):
+    class OutputSerializer(serializers.Serializer[Any]):
         name = serializers.CharField()
         memory_gib = serializers.FloatField()
         precisions = serializers.ListField(child=serializers.CharField())
@@ -26,20 +28,20 @@ class GpuTypeListApi(APIView):
         return Response(self.OutputSerializer(selectors.gpu_type_list(), many=True).data)
 
 
-class ClusterCapacitySerializer(serializers.Serializer):
+class ClusterCapacitySerializer(serializers.Serializer[Any]):
     gpu_type = serializers.CharField()
     gpu_count = serializers.IntegerField()
     up_gpu_count = serializers.IntegerField()
 
 
-class AvailabilitySlotSerializer(serializers.Serializer):
+class AvailabilitySlotSerializer(serializers.Serializer[Any]):
     start_at = serializers.DateTimeField()
     end_at = serializers.DateTimeField()
     free_gpus = serializers.IntegerField()
 
 
 class ClusterListApi(APIView):
-    class OutputSerializer(serializers.Serializer):
+    class OutputSerializer(serializers.Serializer[Any]):
         name = serializers.CharField()
         backend = serializers.ChoiceField(choices=Cluster.Backend.choices)
         is_degraded = serializers.BooleanField()
@@ -63,7 +65,7 @@ class ClusterListApi(APIView):
 
 
 class AvailabilityApi(APIView):
-    class FilterSerializer(serializers.Serializer):
+    class FilterSerializer(serializers.Serializer[Any]):
         gpu_type = serializers.CharField(max_length=40)
         start = serializers.DateTimeField()
         end = serializers.DateTimeField()
@@ -72,7 +74,7 @@ class AvailabilityApi(APIView):
         )
         cluster = serializers.CharField(max_length=60, required=False)
 
-    class OutputSerializer(serializers.Serializer):
+    class OutputSerializer(serializers.Serializer[Any]):
         gpu_type = serializers.CharField()
         cluster = serializers.CharField(allow_null=True)
         capacity = serializers.IntegerField()

@@ -12,14 +12,14 @@ from rest_framework.views import APIView
 
 from portal.accounts.models import Project
 from scheduling import selectors, services
-from scheduling.api.common import PaginatedApi, csv_values, errors
+from scheduling.api.common import PaginatedApi, csv_values, errors, request_user
 from scheduling.models import AuditEvent, Cluster, GpuType, Job
 
 _PRIORITY_BY_NAME = {p.label.lower(): p.value for p in Job.Priority}
 _PRIORITY_NAME = {v: k for k, v in _PRIORITY_BY_NAME.items()}
 
 
-class PayloadSerializer(serializers.Serializer):
+class PayloadSerializer(serializers.Serializer[Any]):
     """What the backend runs; give a command or a script (and optionally a container image)."""
 
     command = serializers.CharField(max_length=4000, required=False, allow_blank=True)
@@ -30,7 +30,7 @@ class PayloadSerializer(serializers.Serializer):
     )
 
 
-class JobOutputSerializer(serializers.Serializer):
+class JobOutputSerializer(serializers.Serializer[Any]):
     id = serializers.IntegerField()
     name = serializers.CharField()
     user = serializers.CharField(source="user.username")
@@ -69,12 +69,12 @@ def _job_response(user: Any, job_id: int, code: int = status.HTTP_200_OK) -> Res
 
 
 class JobListCreateApi(PaginatedApi):
-    class FilterSerializer(serializers.Serializer):
+    class FilterSerializer(serializers.Serializer[Any]):
         status = serializers.CharField(required=False, help_text="Comma-separated statuses.")
         project = serializers.SlugField(required=False, help_text="Project slug.")
         mine = serializers.BooleanField(required=False, default=False, help_text="Only my own jobs.")
 
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(serializers.Serializer[Any]):
         name = serializers.CharField(max_length=200)
         project = serializers.SlugRelatedField(slug_field="slug", queryset=Project.objects.all())
         cluster = serializers.SlugRelatedField(
@@ -128,7 +128,7 @@ class JobListCreateApi(PaginatedApi):
         serializer.is_valid(raise_exception=True)
         data = dict(serializer.validated_data)
         data["priority"] = _PRIORITY_BY_NAME[data["priority"]]
-        job = services.job_submit(request.user, **data, actor_label=AuditEvent.Actor.API)
+        job = services.job_submit(request_user(request), **data, actor_label=AuditEvent.Actor.API)
         return _job_response(request.user, job.pk, status.HTTP_201_CREATED)
 
 
@@ -144,7 +144,7 @@ class JobDetailApi(APIView):
     )
     def delete(self, request: Request, job_id: int) -> Response:
         job = selectors.job_get(request.user, job_id=job_id)
-        services.job_cancel(job, user=request.user, actor_label=AuditEvent.Actor.API)
+        services.job_cancel(job, user=request_user(request), actor_label=AuditEvent.Actor.API)
         return _job_response(request.user, job_id)
 
 
@@ -156,5 +156,5 @@ class JobCancelApi(APIView):
     )
     def post(self, request: Request, job_id: int) -> Response:
         job = selectors.job_get(request.user, job_id=job_id)
-        services.job_cancel(job, user=request.user, actor_label=AuditEvent.Actor.API)
+        services.job_cancel(job, user=request_user(request), actor_label=AuditEvent.Actor.API)
         return _job_response(request.user, job_id)

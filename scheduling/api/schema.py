@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from drf_spectacular.openapi import AutoSchema as _AutoSchema
 
@@ -12,7 +12,7 @@ class AutoSchema(_AutoSchema):
     becomes ``BookingListCreateInput`` (every view has its own ``InputSerializer``/``OutputSerializer``,
     which would otherwise all collide as ``Input``/``Output``)."""
 
-    def get_serializer_name(self, serializer: Any, direction: str) -> str:
+    def get_serializer_name(self, serializer: Any, direction: Literal["request", "response"]) -> str:
         name = super().get_serializer_name(serializer, direction)
         parts = type(serializer).__qualname__.split(".")
         if len(parts) >= 2 and parts[-2].endswith("Api"):
