@@ -108,16 +108,24 @@ def _booking_form(
     )
 
 
+_AVAILABILITY_FIELDS = ("gpu_type", "gpu_count", "start_at", "duration_h", "end_at")
+
+
 def _availability(form: BookingForm) -> AvailabilityView | None:
     """Free GPUs of the form's type over its whole window, and alternatives when short.
 
-    ``None`` while the form is incomplete or invalid (its errors say why on submit).
+    ``None`` while the fields it needs are incomplete or invalid (their errors show on
+    submit); the project and the note do not matter here.
     """
-    if not form.is_valid():
+    form.is_valid()
+    if any(name in form.errors for name in _AVAILABILITY_FIELDS):
         return None
-    gpu_type: GpuType = form.cleaned_data["gpu_type"]
-    gpu_count: int = form.cleaned_data["gpu_count"]
-    start_at, end_at = form.window()
+    cleaned = form.cleaned_data
+    if not all(cleaned.get(name) for name in ("gpu_type", "gpu_count", "start_at", "end_at")):
+        return None
+    gpu_type: GpuType = cleaned["gpu_type"]
+    gpu_count: int = cleaned["gpu_count"]
+    start_at, end_at = cleaned["start_at"], cleaned["end_at"]
     step_s = max(1, int((end_at - start_at).total_seconds()))
     try:
         # One step as long as the window: a GPU counts only if it is free for all of it.

@@ -21,9 +21,12 @@ CHROMIUM_ARGS = [
     "--disable-quic",
 ]
 
-# live_server runs Django in a thread while sync Playwright's event loop is running in this one;
-# Django's async-safety check would refuse ORM calls from the test body without this.
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+@pytest.fixture(autouse=True)
+def _allow_orm_beside_playwright(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Sync Playwright runs an event loop in the test thread, so Django's async-safety check
+    # would refuse the test body's ORM calls; only for these tests (Django reads it per call).
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 
 @pytest.fixture(scope="session")

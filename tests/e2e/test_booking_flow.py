@@ -55,7 +55,7 @@ def test_book_see_and_cancel_a_window(
     expect(page.get_by_role("status")).to_contain_text("Booked 3 A100 GPU(s)")
     booking = Booking.objects.get(user=member)
     row = page.locator(f"#booking-row-{booking.pk}")
-    expect(row).to_contain_text("3 × A100")  # noqa: RUF001 - the page's multiplication sign
+    expect(row).to_contain_text("3 × A100")
     expect(row).to_contain_text("e2e: attention sweep")
     expect(row).to_contain_text("Confirmed")
     page.screenshot(path=str(ARTIFACTS / "e2e-my-bookings.png"), full_page=True)

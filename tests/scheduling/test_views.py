@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import re
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 
 from portal.accounts.models import Project
 from scheduling.models import Booking, GpuType, Job, Node
-from scheduling.services import booking_create
-from tests.factories import JobFactory, MembershipFactory
+from scheduling.services import booking_cancel, booking_create
+from tests.factories import JobFactory, MembershipFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -172,6 +174,15 @@ def test_availability_with_bad_input_is_not_an_error(member_web: Client, nodes: 
     )
     assert response.status_code == 200
     assert b"Fill in" in response.content
+
+
+def test_availability_does_not_need_a_project(client: Client, nodes: list[Node], soon: datetime) -> None:
+    client.force_login(UserFactory())  # in no project yet: can still look
+    params = {"gpu_type": "A100", "gpu_count": "2", "start_at": soon.strftime(LOCAL), "duration_h": "1"}
+    html = client.get(reverse("booking-availability"), params, **HTMX).content.decode()
+    assert re.search(r'class="big-number">\s*8\b', html)
+    page = client.get(reverse("home")).content.decode()
+    assert "not a member of any project" in page
 
 
 # ---- booking ----
@@ -410,11 +421,37 @@ def test_cancel_is_post_only(
     assert member_web.get(reverse("booking-cancel", kwargs={"booking_id": booking.pk})).status_code == 405
 
 
+def test_my_bookings_query_count_does_not_grow_with_bookings(
+    member_web: Client,
+    member: User,
+    project: Project,
+    nodes: list[Node],
+    a100: GpuType,
+    soon: datetime,
+    django_assert_max_num_queries: Any,
+) -> None:
+    for i in range(12):
+        start = soon + timedelta(hours=i)
+        booking = booking_create(
+            member,
+            project=project,
+            gpu_type=a100,
+            gpu_count=2,
+            start_at=start,
+            end_at=start + timedelta(hours=1),
+        )
+        if i % 3 == 0:
+            booking_cancel(booking, user=member)
+    with django_assert_max_num_queries(7):
+        html = member_web.get(reverse("my-bookings")).content.decode()
+    assert html.count('id="booking-row-') == 12
+
+
 # ---- my jobs ----
 
 
 def test_my_jobs_pages_and_filters_my_jobs_only(
-    member_web: Client, member: User, project: Project, outsider: User
+    member_web: Client, member: User, project: Project, outsider: User, django_assert_max_num_queries: Any
 ) -> None:
     JobFactory.create_batch(55, user=member, project=project, status=Job.Status.COMPLETED)
     JobFactory.create_batch(3, user=member, project=project, status=Job.Status.FAILED)
@@ -431,6 +468,26 @@ def test_my_jobs_pages_and_filters_my_jobs_only(
     failed = member_web.get(reverse("my-jobs"), {"status": "failed"}, **HTMX).content.decode()
     assert failed.count('id="job-row-') == 3
 
+    with django_assert_max_num_queries(5):
+        member_web.get(reverse("my-jobs"), {"page": 2})
+
     unknown = member_web.get(reverse("my-jobs"), {"status": "bogus", "page": "x"})
     assert unknown.status_code == 200
     assert "58 jobs" in unknown.content.decode()
+
+
+def test_pending_jobs_say_why_and_when(member_web: Client, member: User, project: Project) -> None:
+    eta = timezone.now() + timedelta(hours=3)
+    JobFactory(
+        user=member,
+        project=project,
+        status=Job.Status.PENDING,
+        pending_reason=Job.PendingReason.RESOURCES,
+        pending_sentence="Waiting for 4 free A100 GPUs.",
+        eta_p50_at=eta,
+        eta_p90_at=eta + timedelta(hours=2),
+    )
+    html = member_web.get(reverse("my-jobs")).content.decode()
+    assert "Waiting for 4 free A100 GPUs." in html
+    assert "Likely start" in html
+    assert "(p90)" in html
