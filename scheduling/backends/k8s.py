@@ -63,11 +63,12 @@ Jobs, labels and annotations
     database knows it asked for the stop.
 
 Preemption and cancel
-    `PreemptAction`: annotate and delete the job's pods with grace ``ceil(kill_at - signal_at)`` seconds
-    (the kubelet sends SIGTERM now and SIGKILL after the grace), then delete the Job with
-    ``propagationPolicy=Background`` and the same grace.  The explicit pod deletes matter: the Job's own
-    grace period is not passed on to its pods (kubernetes/kubernetes#25055), the garbage collector deletes
-    them with the pod template's ``terminationGracePeriodSeconds`` (``termination_grace_s``), and a grace
+    `PreemptAction`: delete the Job with ``propagationPolicy=Background`` and grace
+    ``ceil(kill_at - signal_at)`` seconds, then annotate and delete each of its pods with the same grace
+    (the kubelet sends SIGTERM now and SIGKILL after the grace).  The Job goes first so that its controller
+    never counts or replaces a deleted pod.  The explicit pod deletes matter: the Job's own grace period is
+    not passed on to its pods (kubernetes/kubernetes#25055), the garbage collector deletes them with the
+    pod template's ``terminationGracePeriodSeconds`` (``termination_grace_s``), and a grace
     period, once set, can only shrink (kubernetes/kubernetes#8641); so the effective grace on a real
     cluster is ``min(planned, termination_grace_s)``: set ``termination_grace_s`` to at least the longest
     grace the policy grants.  `KubernetesBackend.cancel` does the same with ``termination_grace_s``.
@@ -460,6 +461,19 @@ class KubernetesBackend:
                 _request_timeout=timeout,
             ),
         )
+        # The Job goes first: were a pod deleted while its Job lives, the Job controller could count it
+        # as a failure or replace it.  Its pods then get the planned grace themselves (module docstring).
+        had_job = self._call_absent_ok(
+            f"delete job {name}",
+            lambda: self._batch.delete_namespaced_job(
+                name,
+                namespace,
+                grace_period_seconds=grace_s,
+                propagation_policy="Background",
+                dry_run=dry_run,
+                _request_timeout=timeout,
+            ),
+        )
         stopped = terminating = 0
         for pod in pods.items:
             pod_name = pod.metadata.name if pod.metadata else None
@@ -494,17 +508,6 @@ class KubernetesBackend:
                 ),
             )
             stopped += int(is_there)
-        had_job = self._call_absent_ok(
-            f"delete job {name}",
-            lambda: self._batch.delete_namespaced_job(
-                name,
-                namespace,
-                grace_period_seconds=grace_s,
-                propagation_policy="Background",
-                dry_run=dry_run,
-                _request_timeout=timeout,
-            ),
-        )
         if not had_job and not stopped:
             still = f"; {terminating} pod(s) still in their grace period" if terminating else ""
             return f"{reason}: Job {name} was already gone{still}"

@@ -682,10 +682,10 @@ def test_preempt_deletes_pods_and_job_with_the_grace_period(
     assert [(r.resource, r.name) for r in patches] == [(PODS, "berth-job-20-x1")]
     assert patches[0].data["metadata"]["annotations"][STOP_REASON_ANNOTATION] == "preempted"
     assert [(r.resource, r.name, r.params.get("gracePeriodSeconds")) for r in deletes] == [
-        (PODS, "berth-job-20-x1", grace),
         (JOBS, job_name("job-20"), grace),
+        (PODS, "berth-job-20-x1", grace),
     ]
-    assert deletes[1].params.get("propagationPolicy") == "Background"
+    assert deletes[0].params.get("propagationPolicy") == "Background"
     assert not emulator.exists(JOBS, namespace, job_name("job-20"))
     assert emulator.exists(PODS, namespace, bystander["metadata"]["name"])
 
