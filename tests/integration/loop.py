@@ -52,7 +52,9 @@ def t0() -> datetime:
     return timezone.now().replace(microsecond=0)
 
 
-def make_cluster(*, nodes: int = 2, gpus_per_node: int = 4, settings: dict[str, Any] | None = None) -> Cluster:
+def make_cluster(
+    *, nodes: int = 2, gpus_per_node: int = 4, settings: dict[str, Any] | None = None
+) -> Cluster:
     """A simulator cluster of ``nodes`` A100 nodes; policy berth with a short grace and minimum runtime."""
     a100: GpuType = GpuTypeFactory(name="A100", memory_gib=80.0, precisions=["fp64", "tf32", "bf16", "fp16"])
     cluster_settings = {"policy": {"name": "berth", "grace_s": 30.0, "min_runtime_s": 60.0}}

@@ -6,7 +6,8 @@ from datetime import datetime
 
 import pytest
 
-from scheduling.models import Allocation, AuditEvent, EngineRound, Job
+from scheduling.models import Allocation, AuditEvent, Booking, EngineRound, GpuType, Job, Preemption
+from scheduling.services import booking_create
 from tests.integration.loop import (  # noqa: F401  (fixtures)
     engine_redis_url,
     later,
@@ -66,9 +67,7 @@ def test_jobs_start_finish_and_free_their_gpus(engine_redis_url, run_round, t0: 
     assert long.status == Job.Status.COMPLETED
     assert wide.status == Job.Status.RUNNING
     assert len(_active_gpus(wide)) == 8
-    verbs = set(
-        AuditEvent.objects.filter(actor_label=AuditEvent.Actor.ENGINE).values_list("verb", flat=True)
-    )
+    verbs = set(AuditEvent.objects.filter(actor_label=AuditEvent.Actor.ENGINE).values_list("verb", flat=True))
     assert {"job.start", "job.run", "job.completed", "allocation.create", "allocation.end"} <= verbs
     # Every job state change of the engine is audited against that job.
     assert AuditEvent.objects.filter(entity_type="job", entity_id=short.pk, verb="job.completed").count() == 1
@@ -87,3 +86,105 @@ def test_round_is_idempotent(engine_redis_url, run_round, t0: datetime) -> None:
     assert job.status == Job.Status.RUNNING
     assert job.allocations.count() == 2  # no second start, no duplicated allocation
     assert AuditEvent.objects.filter(entity_type="job", entity_id=job.pk, verb="job.start").count() == 1
+
+
+def test_booking_gets_its_gpus_by_preempting_lent_work(engine_redis_url, run_round, t0: datetime) -> None:
+    """A preemptible job borrows booked GPUs and is reclaimed (signal, grace, requeue) before the start."""
+    cluster = make_cluster(nodes=1, gpus_per_node=4)
+    user, project = make_member()
+    booking_start = later(t0, 3600)
+    booking = booking_create(
+        user,
+        project=project,
+        gpu_type=GpuType.objects.get(name="A100"),
+        gpu_count=4,
+        start_at=booking_start,
+        end_at=later(booking_start, 3600),
+        cluster=cluster,
+        now=t0,
+    )
+    # Checkpointable work may borrow booked GPUs for its minimum runtime (the engine's berth policy).
+    lent = submit(
+        user,
+        project,
+        cluster,
+        gpus=4,
+        runtime_s=3 * 3600,
+        now=t0,
+        is_preemptible=True,
+        is_checkpointable=True,
+        checkpoint_interval_s=700,
+        name="lent",
+    )
+
+    run_round(cluster, t0)
+
+    lent.refresh_from_db()
+    assert lent.status == Job.Status.RUNNING
+    allocations = list(lent.allocations.all())
+    assert all(a.is_preemptible for a in allocations)
+    # The lent allocation ends where the booking begins: the database never double-books.
+    assert {a.period.upper for a in allocations} == {booking_start}
+
+    # Rounds now and then, then every 15 s near the start: a grace signal first, then the kill.
+    for minutes in (10, 30, 50):
+        run_round(cluster, later(t0, minutes * 60))
+    at = later(booking_start, -120)
+    while at < booking_start:
+        at = later(at, 15)
+        run_round(cluster, at)
+    lent.refresh_from_db()
+    booking.refresh_from_db()
+    preemption = Preemption.objects.get(job=lent)
+    assert preemption.for_booking_id == booking.pk
+    assert preemption.signalled_at < preemption.kill_at <= booking_start
+    assert preemption.killed_at == preemption.kill_at
+    # Work since the last checkpoint (every 700 s, and at the grace signal) is lost, on 4 GPUs.
+    run_s = (preemption.killed_at - t0).total_seconds()
+    grace_s = (preemption.killed_at - preemption.signalled_at).total_seconds()
+    assert preemption.lost_gpu_s == pytest.approx(4 * min(run_s % 700, grace_s))
+    assert preemption.lost_gpu_s > 0
+    assert lent.status == Job.Status.PENDING
+    assert lent.attempt == 1
+    assert lent.first_submitted_at == t0
+    assert {a.state for a in lent.allocations.all()} == {Allocation.State.ENDED}
+    assert booking.status == Booking.Status.ACTIVE
+    assert not sim_backend(cluster, at=at).running_on()
+    assert AuditEvent.objects.filter(entity_type="job", entity_id=lent.pk, verb="job.requeue").exists()
+
+
+def test_overlap_at_persist_rolls_back_only_that_start(
+    engine_redis_url, run_round, t0: datetime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A booking committed between the snapshot and the persist: the exclusion constraint wins."""
+    from scheduling import rounds
+
+    cluster = make_cluster(nodes=1, gpus_per_node=4)
+    user, project = make_member()
+    job = submit(user, project, cluster, gpus=4, runtime_s=600, now=t0)
+    real_plan_round = rounds.plan_round
+
+    def plan_then_book(snapshot, policy, now):  # noqa: ANN001, ANN202
+        plan = real_plan_round(snapshot, policy, now)
+        booking_create(
+            user,
+            project=project,
+            gpu_type=GpuType.objects.get(name="A100"),
+            gpu_count=4,
+            start_at=later(t0, -60),
+            end_at=later(t0, 3600),
+            cluster=cluster,
+            now=t0,
+        )
+        return plan
+
+    monkeypatch.setattr(rounds, "plan_round", plan_then_book)
+    result = run_round(cluster, t0)
+
+    job.refresh_from_db()
+    assert result.status == "ok"
+    assert result.start_conflicts == 1 and result.started == 0
+    assert job.status == Job.Status.PENDING
+    assert job.pending_reason == Job.PendingReason.RESOURCES and job.pending_sentence
+    assert not job.allocations.exists()
+    assert not sim_backend(cluster, at=t0).running_on()

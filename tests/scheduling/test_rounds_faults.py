@@ -1,0 +1,191 @@
+"""Fault tests of the round service: apply failures after commit, an unreachable backend, racing rounds.
+
+The backend is the live simulator with its fault switches (``refuse_starts``, ``fail_apply``,
+``is_unreachable``, ``block_in``); the Slurm engineer tests a real dead slurmctld separately.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from scheduling.models import Allocation, AuditEvent, Booking, Cluster, EngineRound, GpuType, Job
+from scheduling.rounds import RoundResult, engine_round_run
+from scheduling.services import booking_create, job_submit
+from tests.integration.loop import (  # noqa: F401  (fixtures)
+    engine_redis_url,
+    later,
+    make_cluster,
+    make_member,
+    run_round,
+    set_cluster_settings,
+    sim_backend,
+    submit,
+    t0,
+)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("fault", ["refuse_starts", "fail_apply"])
+def test_apply_failure_after_commit_rolls_the_start_back(
+    engine_redis_url, run_round, t0: datetime, fault: str
+) -> None:
+    cluster = make_cluster(nodes=1, gpus_per_node=4, settings={fault: True})
+    user, project = make_member()
+    job = submit(user, project, cluster, gpus=2, runtime_s=600, now=t0)
+
+    result = run_round(cluster, t0)
+
+    job.refresh_from_db()
+    cluster.refresh_from_db()
+    # Never half-started: pending again with the backend's reason, its allocations released.
+    assert job.status == Job.Status.PENDING
+    assert job.pending_reason == Job.PendingReason.BACKEND
+    assert "refused" in job.pending_sentence
+    assert job.allocations.count() == 2
+    assert set(job.allocations.values_list("state", flat=True)) == {Allocation.State.RELEASED}
+    assert result.failed_starts == 1 and result.started == 0
+    assert not sim_backend(cluster, at=t0).running_on()
+    assert AuditEvent.objects.filter(entity_type="job", entity_id=job.pk, verb="job.start_rollback").exists()
+    if fault == "fail_apply":  # the whole apply raised: recorded on the round and the cluster
+        assert result.status == "apply_failed"
+        assert cluster.is_degraded
+        assert "apply failed" in EngineRound.objects.get(pk=result.round_id).error
+    else:
+        assert result.status == "ok"
+        failed = EngineRound.objects.get(pk=result.round_id).decisions["apply"]["failed"]
+        assert failed[0]["target"] == str(job.pk)
+
+    # The backend works again: the next round starts the job, on fresh allocations.
+    set_cluster_settings(cluster, **{fault: False})
+    again = run_round(cluster, later(t0, 15))
+
+    job.refresh_from_db()
+    cluster.refresh_from_db()
+    assert again.status == "ok" and again.started == 1
+    assert job.status == Job.Status.RUNNING
+    assert job.allocations.filter(state=Allocation.State.ACTIVE).count() == 2
+    assert not cluster.is_degraded
+
+
+@pytest.mark.django_db
+def test_unreachable_backend_degrades_and_the_next_good_round_reconciles(
+    engine_redis_url, run_round, t0: datetime
+) -> None:
+    cluster = make_cluster(nodes=1, gpus_per_node=4)
+    user, project = make_member()
+    running = submit(user, project, cluster, gpus=2, runtime_s=300, now=t0, name="runs")
+    run_round(cluster, t0)
+    running.refresh_from_db()
+    assert running.status == Job.Status.RUNNING
+
+    set_cluster_settings(cluster, is_unreachable=True)
+    down = run_round(cluster, later(t0, 60))
+
+    cluster.refresh_from_db()
+    running.refresh_from_db()
+    assert down.status == "backend_error"
+    assert cluster.is_degraded and "unreachable" in cluster.status_message
+    assert "unreachable" in EngineRound.objects.get(pk=down.round_id).error
+    assert running.status == Job.Status.RUNNING  # nothing is concluded from a backend we cannot read
+    # Bookings and submissions keep working while the cluster is degraded.
+    booking = booking_create(
+        user,
+        project=project,
+        gpu_type=GpuType.objects.get(name="A100"),
+        gpu_count=2,
+        start_at=later(t0, 7200),
+        end_at=later(t0, 10800),
+        cluster=cluster,
+        now=later(t0, 61),
+    )
+    queued = submit(user, project, cluster, gpus=1, runtime_s=100, now=later(t0, 62), name="queued")
+    assert booking.status == Booking.Status.CONFIRMED and queued.status == Job.Status.PENDING
+
+    # The job finished during the outage (at t0 + 300); the next good round sees it and clears the flag.
+    set_cluster_settings(cluster, is_unreachable=False)
+    back = run_round(cluster, later(t0, 400))
+
+    cluster.refresh_from_db()
+    running.refresh_from_db()
+    queued.refresh_from_db()
+    assert back.status == "ok"
+    assert not cluster.is_degraded and cluster.status_message == ""
+    assert running.status == Job.Status.COMPLETED and running.ended_at == later(t0, 300)
+    assert queued.status == Job.Status.RUNNING
+    verbs = list(AuditEvent.objects.filter(entity_type="cluster").values_list("verb", flat=True))
+    assert sorted(verbs) == ["cluster.degraded", "cluster.recovered"]
+
+
+@pytest.mark.django_db
+def test_backend_losing_a_running_job_requeues_it(engine_redis_url, run_round, t0: datetime) -> None:
+    """The database believes it runs, the backend does not know it: lost, requeued, never dropped."""
+    cluster = make_cluster(nodes=1, gpus_per_node=4)
+    user, project = make_member()
+    job = submit(user, project, cluster, gpus=2, runtime_s=3600, now=t0)
+    run_round(cluster, t0)
+    sim = sim_backend(cluster, at=t0)
+    sim._redis.hdel(sim._jobs_key, str(job.pk))  # the cluster forgets it (e.g. a node rebooted)
+
+    result = run_round(cluster, later(t0, 120))
+
+    job.refresh_from_db()
+    assert result.lost == 1
+    # Requeued and, the GPUs being free, started again in the same round as attempt 1.
+    assert job.attempt == 1
+    assert job.first_submitted_at == t0
+    ended = job.allocations.filter(state=Allocation.State.ENDED)
+    assert {(a.period.lower, a.period.upper) for a in ended} == {(t0, later(t0, 120))}
+    assert job.status == Job.Status.RUNNING
+    assert job.allocations.filter(state=Allocation.State.ACTIVE).count() == 2
+    assert AuditEvent.objects.filter(entity_type="job", entity_id=job.pk, verb="job.lost").exists()
+
+
+def _run_in_thread(cluster_id: int, out: list[tuple[RoundResult, float]]) -> None:
+    started = time.monotonic()
+    try:
+        out.append((engine_round_run(cluster_id=cluster_id), time.monotonic() - started))
+    finally:
+        connection.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_racing_rounds_on_one_cluster_run_one_at_a_time(engine_redis_url, tmp_path: Path) -> None:
+    marker = tmp_path / "blocked"
+    cluster: Cluster = make_cluster(
+        nodes=1,
+        gpus_per_node=4,
+        settings={"block_in": "snapshot", "block_s": 3.0, "block_marker": str(marker)},
+    )
+    user, project = make_member()
+    job = job_submit(
+        user, project=project, cluster=cluster, name="j", gpu_count=2, payload={"sim_runtime_s": 60}
+    )
+
+    first: list[tuple[RoundResult, float]] = []
+    second: list[tuple[RoundResult, float]] = []
+    slow = threading.Thread(target=_run_in_thread, args=(cluster.pk, first))
+    slow.start()
+    deadline = time.monotonic() + 10
+    while not marker.exists() and time.monotonic() < deadline:  # the first round holds the lock now
+        time.sleep(0.05)
+    assert marker.exists()
+    fast = threading.Thread(target=_run_in_thread, args=(cluster.pk, second))
+    fast.start()
+    fast.join(timeout=10)
+    slow.join(timeout=30)
+
+    (locked, waited_s), (ran, _) = second[0], first[0]
+    assert locked.status == "locked" and waited_s < 1.0  # returns at once, does nothing
+    assert ran.status == "ok" and ran.started == 1
+    job.refresh_from_db()
+    assert job.status == Job.Status.RUNNING
+    assert job.allocations.count() == 2
+    assert EngineRound.objects.filter(cluster=cluster).count() == 1
+    # The lock is free again afterwards.
+    assert engine_round_run(cluster_id=cluster.pk).status == "ok"
