@@ -13,13 +13,15 @@ Configuration (`SlurmConfig`, or `SlurmConfig.from_env`)
 
 GPU ids
     Slurm numbers GPUs per node by GRES index (0..n-1); Berth needs ids unique in the cluster.  With
-    ``gpu_ids`` (node name -> Berth ids, indexed by GRES index) the mapping is explicit, and production
-    clusters should set it.  Without it, nodes with GPUs are sorted by name in natural order (n2 < n10) and
-    their GPUs numbered consecutively: stable while the inventory is, shifted when a node is added or
-    removed.  A node's ``gres`` string gives its type and count (``gpu:a100:4`` -> type ``a100``, 4 GPUs;
-    an untyped ``gpu:4`` is type ``gpu``; a node with several GPU types reports the first, with all its
-    GPUs).  Node state: idle/mixed/allocated/completing -> up; a DRAIN flag or drained/draining state ->
-    draining; down, NOT_RESPONDING, fail, future, unknown -> down.
+    ``gpu_ids`` (node name -> Berth ids, indexed by GRES index; the portal passes its database's) the
+    mapping is explicit, and production clusters should set it.  Nodes it does not list are sorted by
+    name in natural order (n2 < n10) and their GPUs numbered consecutively above every configured id:
+    stable while the inventory is, shifted when a node is added or removed.  A node's ``gres`` string
+    gives its type and count (``gpu:a100:4`` -> type ``a100``, 4 GPUs; an untyped ``gpu:4`` is type
+    ``gpu``; a node with several GPU types reports the first, with all its GPUs); ``gpu_types`` renames
+    Slurm's types to Berth's names (``{"a100": "A100"}``).  Node state: idle/mixed/allocated/completing
+    -> up; a DRAIN flag or drained/draining state -> draining; down, NOT_RESPONDING, fail, future,
+    unknown -> down.
 
 Jobs
     A `StartAction` submits a batch job named ``<job_name_prefix><job id>`` (the tag the snapshot uses to
@@ -127,6 +129,7 @@ class SlurmConfig:
     job_name_prefix: str = "berth-"
     reservation_prefix: str = "berth-"
     gpu_ids: Mapping[str, tuple[int, ...]] | None = None  # node -> Berth ids by GRES index
+    gpu_types: Mapping[str, str] | None = None  # Slurm GRES type -> Berth GPU type name
     working_directory: str = "/tmp"  # noqa: S108  (where jobs start; the job user must be able to write)
     standard_output: str = "/dev/null"
     default_time_limit_s: int = 7 * 86_400
@@ -163,15 +166,21 @@ class SlurmJobPayload:
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> SlurmJobPayload:
-        """Accept ``script`` or a shell ``command`` (wrapped in a bash script) and the optional fields."""
+        """Accept ``script`` or a shell ``command`` (wrapped in a bash script) and the optional fields.
+
+        ``env`` is accepted for ``environment`` (the portal's job API calls it that); other keys (the
+        portal adds ``requested_s``, ``attempt``, ...) are ignored.
+        """
         script = data.get("script")
-        if script is None and data.get("command"):
+        if not script and data.get("command"):
             script = f"#!/bin/bash\n{data['command']}\n"
         if not isinstance(script, str) or not script.strip():
             raise SlurmRejectedError("payload needs a non-empty 'script' or 'command'")
+        if not script.startswith("#!"):  # Slurm refuses batch scripts without an interpreter line
+            script = "#!/bin/bash\n" + script
         return cls(
             script=script,
-            environment=dict(data.get("environment") or {}),
+            environment=dict(data.get("environment") or data.get("env") or {}),
             time_limit_s=data.get("time_limit_s"),
             working_directory=data.get("working_directory"),
             standard_output=data.get("standard_output"),
@@ -334,30 +343,30 @@ def gpu_id_table(
 ) -> dict[str, tuple[int, ...]]:
     """Berth GPU ids of each node, by GRES index.
 
-    ``explicit`` wins and must cover every node with GPUs and give at least as many ids as GPUs;
-    without it nodes are numbered consecutively in natural name order.
+    A node in ``explicit`` gets its configured ids (cut to its GPU count; when fewer ids are configured
+    than it has GPUs, only those are Berth's).  The others are numbered consecutively in natural name
+    order, starting above every configured id so that the two never collide.
     """
+    explicit = explicit or {}
     table: dict[str, tuple[int, ...]] = {}
-    if explicit is not None:
-        for node, count in node_gpus.items():
-            ids = tuple(explicit.get(node, ()))
-            if len(ids) < count:
-                raise BackendError(f"gpu_ids gives node {node} {len(ids)} ids but it has {count} GPUs")
-            table[node] = ids[:count]
-        return table
-    next_id = 0
+    next_id = max((g for ids in explicit.values() for g in ids), default=-1) + 1
     for node in sorted(node_gpus, key=_natural_key):
-        table[node] = tuple(range(next_id, next_id + node_gpus[node]))
-        next_id += node_gpus[node]
+        count = node_gpus[node]
+        if node in explicit:
+            table[node] = tuple(explicit[node])[:count]
+        else:
+            table[node] = tuple(range(next_id, next_id + count))
+            next_id += count
     return table
 
 
 @dataclass(frozen=True, slots=True)
 class NodeInventory:
-    """Nodes as Berth sees them plus what is needed to translate back (type per node, id table)."""
+    """Nodes as Berth sees them plus what is needed to translate back (GRES type per node, id table)."""
 
     nodes: tuple[Node, ...]
     gpu_ids: Mapping[str, tuple[int, ...]]
+    gres_types: Mapping[str, str] = field(default_factory=dict)  # node -> Slurm's GPU type ("" untyped)
 
     def node_of_gpu(self, gpu_id: int) -> tuple[str, int] | None:
         """(node name, GRES index) of a Berth GPU id."""
@@ -366,12 +375,17 @@ class NodeInventory:
                 return node, ids.index(gpu_id)
         return None
 
-    def gpu_type(self, node_name: str) -> str | None:
-        return next((n.gpu_type for n in self.nodes if n.id == node_name), None)
 
+def parse_nodes(
+    text: str,
+    *,
+    gpu_ids: Mapping[str, tuple[int, ...]] | None = None,
+    gpu_types: Mapping[str, str] | None = None,
+) -> NodeInventory:
+    """Nodes with GPUs from a ``GET /nodes`` answer (nodes without a gpu GRES are not Berth's).
 
-def parse_nodes(text: str, *, gpu_ids: Mapping[str, tuple[int, ...]] | None = None) -> NodeInventory:
-    """Nodes with GPUs from a ``GET /nodes`` answer (nodes without a gpu GRES are not Berth's)."""
+    ``gpu_types`` renames Slurm's GRES types to Berth's GPU type names (unlisted types keep theirs).
+    """
     data = load_json(text, doing="list nodes")
     raw_nodes = data.get("nodes")
     if not isinstance(raw_nodes, list):
@@ -384,15 +398,21 @@ def parse_nodes(text: str, *, gpu_ids: Mapping[str, tuple[int, ...]] | None = No
         if not gpus:
             continue
         name = str(raw["name"])
-        kinds[name] = gpus[0][1] or "gpu"
+        kinds[name] = gpus[0][1]
         counts[name] = sum(g[2] for g in gpus)
         statuses[name] = node_status(str(raw.get("state", "unknown")), raw.get("state_flags") or ())
     table = gpu_id_table(counts, explicit=gpu_ids)
+    names = gpu_types or {}
     nodes = tuple(
-        Node(id=name, gpu_type=kinds[name], gpu_ids=table[name], status=statuses[name])
+        Node(
+            id=name,
+            gpu_type=names.get(kinds[name], kinds[name] or "gpu"),
+            gpu_ids=table[name],
+            status=statuses[name],
+        )
         for name in sorted(counts, key=_natural_key)
     )
-    return NodeInventory(nodes=nodes, gpu_ids=table)
+    return NodeInventory(nodes=nodes, gpu_ids=table, gres_types=kinds)
 
 
 _TERMINAL = {
@@ -639,7 +659,7 @@ class SlurmBackend:
     def inventory(self) -> NodeInventory:
         """Nodes, their GPUs and the Berth id table, from ``GET /nodes``."""
         data = self._request("GET", "/nodes", doing="list nodes")
-        return parse_nodes(json.dumps(data), gpu_ids=self.config.gpu_ids)
+        return parse_nodes(json.dumps(data), gpu_ids=self.config.gpu_ids, gpu_types=self.config.gpu_types)
 
     def _raw_jobs(self) -> dict[str, Mapping[str, Any]]:
         data = self._request("GET", "/jobs", doing="list jobs")
@@ -741,7 +761,10 @@ class SlurmBackend:
         reservations: Mapping[str, Mapping[str, Any]],
     ) -> tuple[str, str]:
         placement = self._placement(action, inventory)
-        gres = ",".join(f"gpu:{kind}:{count}" for kind, count in sorted(set(placement.values())))
+        gres = ",".join(
+            f"gpu:{kind}:{count}" if kind else f"gpu:{count}"
+            for kind, count in sorted(set(placement.values()))
+        )
         nodelist = ",".join(placement)
         resv = self._covering_reservation(list(placement), reservations)
         replaced = ""
@@ -753,7 +776,7 @@ class SlurmBackend:
                     f"Slurm job {existing['job_id']} is still stopping after its preemption; retry"
                 )
             held_types = tres_gpu_types(str(existing.get("tres_per_node") or ""))
-            if held_types == {kind for kind, _ in placement.values()}:
+            if held_types == {kind or "gpu" for kind, _ in placement.values()}:
                 return self._release_held(existing, nodelist=nodelist, gres=gres, reservation=resv)
             # Slurm 22.05 leaves a pending job whose GRES *type* is updated never runnable
             # (BadConstraints), so a move to another GPU type is a fresh submission.
@@ -812,10 +835,9 @@ class SlurmBackend:
             raise SlurmRejectedError("Slurm's gres is per node: every planned node needs the same GPU count")
         out: dict[str, tuple[str, int]] = {}
         for node in sorted(counts, key=_natural_key):
-            kind = inventory.gpu_type(node)
-            if kind is None:
+            if node not in inventory.gres_types:
                 raise SlurmRejectedError(f"node {node} has no GPUs in Slurm")
-            out[node] = (kind, counts[node])
+            out[node] = (inventory.gres_types[node], counts[node])
         return out
 
     def _covering_reservation(

@@ -100,12 +100,30 @@ def test_gpu_ids_explicit_mapping_wins(slurm_data: Read) -> None:
     assert jobs["run1"].gpu_ids == (300, 301)
 
 
-def test_gpu_ids_explicit_mapping_must_cover_every_node(slurm_data: Read) -> None:
-    with pytest.raises(BackendError, match="n4"):
-        parse_nodes(
-            slurm_data("slurm_nodes.json"),
-            gpu_ids={"n1": (0, 1, 2, 3), "n2": (4, 5, 6, 7), "n3": tuple(range(8, 16))},
-        )
+def test_gpu_ids_partial_mapping_numbers_the_rest_above_it(slurm_data: Read) -> None:
+    inv = parse_nodes(
+        slurm_data("slurm_nodes.json"), gpu_ids={"n3": (7, 8, 9, 10, 11, 12, 13, 14), "n1": (1, 2)}
+    )
+    ids = {n.id: n.gpu_ids for n in inv.nodes}
+    assert ids["n3"] == (7, 8, 9, 10, 11, 12, 13, 14)
+    assert ids["n1"] == (1, 2)  # only 2 of its 4 GPUs are Berth's
+    assert ids["n2"] == (15, 16, 17, 18)  # above the highest configured id
+    assert ids["n4"] == tuple(range(19, 27))
+    jobs = {
+        j.job_id: j for j in parse_jobs(slurm_data("slurm_jobs.json"), prefix="berth-", gpu_ids=inv.gpu_ids)
+    }
+    assert jobs["multi1"].gpu_ids == (9, 19)  # n3 IDX:2, n4 IDX:0
+
+
+def test_gpu_types_are_renamed_for_berth(slurm_data: Read) -> None:
+    inv = parse_nodes(slurm_data("slurm_nodes.json"), gpu_types={"a100": "A100-80GB"})
+    assert {n.id: n.gpu_type for n in inv.nodes} == {
+        "n1": "A100-80GB",
+        "n2": "A100-80GB",
+        "n3": "h100",
+        "n4": "h100",
+    }
+    assert inv.gres_types["n1"] == "a100"  # what a submission asks Slurm for
 
 
 def test_gpu_id_enumeration_is_natural_and_independent_of_input_order() -> None:
@@ -236,6 +254,13 @@ def test_payload_from_mapping() -> None:
     assert p.time_limit_s == 120
     with pytest.raises(SlurmRejectedError):
         SlurmJobPayload.from_mapping({"environment": {}})
+    # The portal's job API: blank script, a command, ``env``, plus keys the backend does not use.
+    portal = SlurmJobPayload.from_mapping(
+        {"script": "", "command": "echo hi", "env": {"A": "1"}, "attempt": 2}
+    )
+    assert "echo hi" in portal.script
+    assert portal.environment == {"A": "1"}
+    assert SlurmJobPayload.from_mapping({"script": "echo x"}).script == "#!/bin/bash\necho x"
 
 
 def test_config_from_env_and_reservation_names() -> None:
