@@ -242,6 +242,15 @@ def test_booking_reservation_appears_lends_and_goes(
     assert {"FLEX", "IGNORE_JOBS", "OVERLAP"} <= set(resv["flags"])
     assert abs(resv["start_time"] - (now + 3600)) < 2
     assert "already reserved" in slurm_backend.apply(reserve)[0].message
+    # The booking grows onto n1 and ends later: the same reservation is updated.
+    n1 = node_gpus(slurm_backend, "n1")
+    grown = Plan(reservations=(ReserveAction("bk1", (*n2[:2], n1[0]), now + 3600, now + 9000),))
+    [updated] = slurm_backend.apply(grown)
+    assert updated.is_ok, updated.message
+    assert "updated" in updated.message
+    resv = slurm_backend.reservations()[name]
+    assert resv["node_list"] == "n[1-2]"
+    assert abs(resv["end_time"] - (now + 9000)) < 2
 
     # Berth lends the booked node until the booking: the job goes into the reservation and starts now.
     payloads = {"lend": {"script": evidence_script(job_dir), "time_limit_s": 600}}
