@@ -13,6 +13,7 @@ from scheduling import views
 urlpatterns: list[URLPattern | URLResolver] = [
     path("", views.booking_new, name="home"),
     path("bookings/availability/", views.booking_availability, name="booking-availability"),
+    path("availability/", views.availability_timeline, name="availability"),
     path("bookings/", views.my_bookings, name="my-bookings"),
     path("bookings/<int:booking_id>/cancel/", views.booking_cancel_view, name="booking-cancel"),
     path("jobs/", views.my_jobs, name="my-jobs"),

@@ -9,9 +9,10 @@ goes through ``scheduling.services``; bad input comes back as form errors, never
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import date, datetime, time, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -26,7 +27,7 @@ from django_htmx.http import HttpResponseClientRedirect
 from django_htmx.middleware import HtmxDetails
 
 from portal.accounts.selectors import project_list
-from scheduling.forms import BookingForm, booking_form_initial
+from scheduling.forms import DATETIME_LOCAL_FORMAT, BookingForm, booking_form_initial, next_quarter_hour
 from scheduling.models import Booking, GpuType, Job
 from scheduling.selectors import (
     Alternative,
@@ -42,6 +43,7 @@ from scheduling.services import BookingConflictError, booking_cancel, booking_cr
 BOOK_TEMPLATE = "scheduling/book.html"
 BOOKINGS_TEMPLATE = "scheduling/my_bookings.html"
 JOBS_TEMPLATE = "scheduling/my_jobs.html"
+TIMELINE_TEMPLATE = "scheduling/availability.html"
 JOBS_PER_PAGE = 50
 # Status codes whose htmx responses are swapped in (base.html sets htmx's responseHandling).
 UNPROCESSABLE = 422
@@ -108,6 +110,7 @@ def _booking_form(
     )
 
 
+_PREFILL_FIELDS = frozenset({"project", "gpu_type", "gpu_count", "start_at", "duration_h"})
 _AVAILABILITY_FIELDS = ("gpu_type", "gpu_count", "start_at", "duration_h", "end_at")
 
 
@@ -179,6 +182,8 @@ def booking_new(request: HtmxHttpRequest) -> HttpResponse:
     """The home page: a form to book GPUs; POST books them through ``booking_create``."""
     if request.method == "GET":
         initial = _booking_initial(request)
+        # Links from the availability timeline pre-fill the form (?gpu_type=…&start_at=…).
+        initial.update({k: v for k, v in request.GET.items() if k in _PREFILL_FIELDS and len(v) <= 40})
         form = _booking_form(request, initial=initial)
         # Show availability for the initial values at once: an unbound form is never valid,
         # so check a bound copy of its initial data.
@@ -234,6 +239,76 @@ def booking_availability(request: HtmxHttpRequest) -> HttpResponse:
     if request.htmx:
         return render(request, f"{BOOK_TEMPLATE}#availability", {"form": form, "availability": availability})
     return render(request, BOOK_TEMPLATE, _book_context(form, availability=availability))
+
+
+# ---- availability timeline ----
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineCell:
+    start_at: datetime
+    free_gpus: int
+    level: int  # 0 (none free) .. 4 (all free), for the colour
+    is_past: bool
+    book_start: str  # the booking form's start for this hour (the next quarter hour if it began)
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineRow:
+    gpu_type: str
+    capacity: int
+    cells: tuple[TimelineCell, ...]
+
+
+def _level(free: int, capacity: int) -> int:
+    if capacity <= 0 or free <= 0:
+        return 0
+    return min(4, 1 + (4 * free - 1) // capacity)  # 1..4: up to a quarter, half, three quarters, all
+
+
+@login_required
+@vary_on_headers("HX-Request")
+@require_GET
+def availability_timeline(request: HtmxHttpRequest) -> HttpResponse:
+    """Free GPUs per type and hour over one day; each hour links to the booking form."""
+    today = timezone.localdate()
+    try:
+        day = date.fromisoformat(request.GET.get("day", "")) if request.GET.get("day") else today
+    except ValueError:
+        day = today
+    # Bookings open from today to BERTH_BOOKING_MAX_ADVANCE_S ahead; keep the view in that range.
+    last_day = today + timedelta(seconds=settings.BERTH_BOOKING_MAX_ADVANCE_S)
+    day = min(max(day, today), last_day)
+    start = timezone.make_aware(datetime.combine(day, time.min))
+    end = start + timedelta(days=1)
+    now = timezone.now()
+    rows: list[TimelineRow] = []
+    for gpu_type in gpu_type_list().filter(nodes__cluster__is_active=True).distinct():
+        availability = availability_get(gpu_type_name=gpu_type.name, start_at=start, end_at=end, step_s=3600)
+        if availability.capacity == 0:
+            continue
+        cells = tuple(
+            TimelineCell(
+                start_at=slot.start_at,
+                free_gpus=slot.free_gpus,
+                level=_level(slot.free_gpus, availability.capacity),
+                is_past=slot.end_at <= now,
+                book_start=timezone.localtime(max(slot.start_at, next_quarter_hour(now))).strftime(
+                    DATETIME_LOCAL_FORMAT
+                ),
+            )
+            for slot in availability.slots
+        )
+        rows.append(TimelineRow(gpu_type.name, availability.capacity, cells))
+    context = {
+        "day": day,
+        "previous_day": day - timedelta(days=1) if day > today else None,
+        "next_day": day + timedelta(days=1) if day < last_day else None,
+        "hours": [start + timedelta(hours=h) for h in range(24)],
+        "rows": rows,
+        "now": now,
+    }
+    return _render(request, TIMELINE_TEMPLATE, "availability-grid", context)
 
 
 # ---- my bookings ----

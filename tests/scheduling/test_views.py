@@ -491,3 +491,49 @@ def test_pending_jobs_say_why_and_when(member_web: Client, member: User, project
     assert "Waiting for 4 free A100 GPUs." in html
     assert "Likely start" in html
     assert "(p90)" in html
+
+
+# ---- availability timeline ----
+
+
+def test_timeline_shows_free_gpus_per_hour_and_links_to_the_form(
+    member_web: Client, member: User, project: Project, nodes: list[Node], a100: GpuType
+) -> None:
+    tomorrow = timezone.localdate() + timedelta(days=1)
+    ten = timezone.make_aware(datetime.combine(tomorrow, datetime.min.time())) + timedelta(hours=10)
+    booking_create(
+        member, project=project, gpu_type=a100, gpu_count=6, start_at=ten, end_at=ten + timedelta(hours=2)
+    )
+
+    html = member_web.get(reverse("availability"), {"day": tomorrow.isoformat()}, **HTMX).content.decode()
+
+    assert html.strip().startswith('<div id="availability-grid"')
+    counts = [int(n) for n in re.findall(r'aria-label="(\d+) A100 free from', html)]
+    assert len(counts) == 24
+    assert counts[10] == counts[11] == 2
+    assert all(counts[h] == 8 for h in range(24) if h not in (10, 11))
+    assert f"start_at={ten.strftime('%Y-%m-%dT%H')}%3A00" in html
+    # Each hour's number links to the booking form, which opens pre-filled.
+    form = member_web.get(
+        reverse("home"), {"gpu_type": "A100", "start_at": ten.strftime(LOCAL), "duration_h": "1"}
+    )
+    assert f'value="{ten.strftime(LOCAL)}"' in form.content.decode()
+
+
+@pytest.mark.parametrize("day", ["yesterday", "1999-01-01", "not-a-date"])
+def test_timeline_falls_back_to_today_for_a_day_out_of_range(
+    member_web: Client, nodes: list[Node], day: str
+) -> None:
+    response = member_web.get(reverse("availability"), {"day": day})
+    assert response.status_code == 200
+    assert timezone.localdate().strftime("%A %-d %B %Y") in response.content.decode()
+    assert "Previous day" not in response.content.decode()
+
+
+def test_timeline_full_page_and_fragment(member_web: Client, nodes: list[Node]) -> None:
+    full = member_web.get(reverse("availability"))
+    fragment = member_web.get(reverse("availability"), **HTMX)
+    assert b"<html" in full.content
+    assert b"<html" not in fragment.content
+    assert fragment.content.decode().strip().startswith('<div id="availability-grid"')
+    assert "HX-Request" in fragment["Vary"]
