@@ -192,6 +192,8 @@ class RoundState:
 
     def eligible_types(self, job: JobRequest) -> tuple[str, ...]:
         """Types present in the cluster that satisfy the job, in ``type_order``."""
+        if job.gpu_type is None and not job.precisions and job.min_memory_gib <= 0:
+            return self.type_order  # the common unconstrained job
         key = constraint_key(job)
         cached = self._eligible_cache.get(key)
         if cached is None:

@@ -46,6 +46,8 @@ def explain_pending(sched: Scheduler, queue: list[JobRequest]) -> tuple[PendingE
     now = sched.now
     ahead_p50: dict[str, float] = {}
     ahead_hold: dict[str, float] = {}
+    estimate_of = sched.state.estimate
+    empty: tuple[list[float], list[float], int] = ([], [], 0)
     explanations: list[PendingExplanation] = []
     for job in queue:
         if job.id in started:
@@ -56,26 +58,31 @@ def explain_pending(sched: Scheduler, queue: list[JobRequest]) -> tuple[PendingE
                 PendingReason.PRIORITY, f"Waiting behind higher-priority work for {job.gpu_count} GPUs."
             )
         types = sched.types_for(job)
-        estimate = sched.state.estimate(job)
+        estimate = estimate_of(job)
         eta50: float | None = None
         eta90: float | None = None
+        count = job.gpu_count
+        for name in types:
+            p50s, holds, capacity = profiles.get(name, empty)
+            if len(holds) < count:
+                continue
+            t50 = p50s[count - 1]
+            t90 = holds[count - 1]
+            queued = ahead_p50.get(name)
+            if queued is not None:
+                t50 = max(t50, now + queued / capacity)
+                t90 = max(t90, now + ahead_hold[name] / capacity)
+            if eta50 is None or t50 < eta50:
+                eta50 = t50
+            if eta90 is None or t90 < eta90:
+                eta90 = t90
         if types:
+            share = count / len(types)
+            work50 = share * estimate.p50_s
+            work90 = share * estimate.hold_s
             for name in types:
-                p50s, holds, capacity = profiles.get(name, ([], [], 0))
-                if len(holds) < job.gpu_count or capacity <= 0:
-                    continue
-                queue50 = now + ahead_p50.get(name, 0.0) / capacity
-                queue90 = now + ahead_hold.get(name, 0.0) / capacity
-                t50 = max(p50s[job.gpu_count - 1], queue50)
-                t90 = max(holds[job.gpu_count - 1], queue90)
-                if eta50 is None or t50 < eta50:
-                    eta50 = t50
-                if eta90 is None or t90 < eta90:
-                    eta90 = t90
-            share = 1.0 / len(types)
-            for name in types:
-                ahead_p50[name] = ahead_p50.get(name, 0.0) + share * job.gpu_count * estimate.p50_s
-                ahead_hold[name] = ahead_hold.get(name, 0.0) + share * job.gpu_count * estimate.hold_s
+                ahead_p50[name] = ahead_p50.get(name, 0.0) + work50
+                ahead_hold[name] = ahead_hold.get(name, 0.0) + work90
         if verdict.eta_p50_at is not None:
             # the scheduler knows better for the top job and reclaims: its own start time
             eta90 = verdict.eta_p50_at if eta90 is None else max(eta90, verdict.eta_p50_at)

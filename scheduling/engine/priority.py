@@ -53,4 +53,6 @@ def priority_scores(state: RoundState, *, with_short_bonus: bool) -> dict[str, f
 def priority_order(state: RoundState, *, with_short_bonus: bool) -> list[JobRequest]:
     """Pending jobs, highest priority first; ties by original submit time, then id."""
     scores = priority_scores(state, with_short_bonus=with_short_bonus)
-    return sorted(state.snapshot.pending, key=lambda job: (-scores[job.id], submitted_at(job), job.id))
+    keyed = [(-scores[job.id], submitted_at(job), job.id, job) for job in state.snapshot.pending]
+    keyed.sort(key=lambda item: item[:3])
+    return [item[3] for item in keyed]
