@@ -17,12 +17,18 @@ import pytest
 
 from scheduling.backends.base import BackendError, ObservedJob, ObservedState
 from scheduling.backends.slurm import SlurmBackend, SlurmConfig, run_command
+from scheduling.engine import plan_round
 from scheduling.engine.types import (
+    ClusterSnapshot,
+    GpuType,
+    JobRequest,
     NodeStatus,
     Plan,
+    PolicyConfig,
     PreemptAction,
     ReleaseAction,
     ReserveAction,
+    RunningJob,
     StartAction,
 )
 
@@ -383,3 +389,57 @@ def test_controller_outage_raises_and_nothing_is_lost_after_restart(
     assert after.backend_ref == before.backend_ref
     assert after.started_at == before.started_at  # the same run: it kept running while slurmctld was away
     assert slurm_backend.cancel("survivor").is_ok
+
+
+def test_engine_rounds_through_the_backend(slurm_backend: SlurmBackend, job_dir: Path) -> None:
+    """Two engine rounds end to end on the real Slurm: snapshot -> `plan_round` -> apply -> snapshot.
+
+    Round 1 places an a100 job and a full h100 node; round 2 sees them running (as `RunningJob`s built
+    from the snapshot) and places an 8-GPU job on the other h100 node.  Slurm runs everything the engine
+    placed at once: its view of free GPUs per node agrees with Berth's.
+    """
+    observed = slurm_backend.snapshot()
+    gpu_types = tuple(GpuType(name=t) for t in sorted({n.gpu_type for n in observed.nodes}))
+    now = time.time()
+    requests = (
+        JobRequest(
+            id="e2e-a", user="ana", project="vision", gpu_count=2, submit_at=now - 20, gpu_type="a100"
+        ),
+        JobRequest(id="e2e-h", user="bo", project="nlp", gpu_count=8, submit_at=now - 10, gpu_type="h100"),
+    )
+    payloads = {r.id: {"script": evidence_script(job_dir), "time_limit_s": 300} for r in requests}
+    snapshot = ClusterSnapshot(cluster="slurm", gpu_types=gpu_types, nodes=observed.nodes, pending=requests)
+    plan = plan_round(snapshot, PolicyConfig(name="fifo"), now=now)
+    assert {s.job_id for s in plan.starts} == {"e2e-a", "e2e-h"}
+    assert all(r.is_ok for r in slurm_backend.apply(plan, payloads=payloads))
+    running: dict[str, ObservedJob] = {}
+    for start_action in plan.starts:
+        job = wait_for(
+            job_in(slurm_backend, start_action.job_id, ObservedState.RUNNING), what=start_action.job_id
+        )
+        assert scontrol_job(job.backend_ref)["NodeList"] == ",".join(start_action.node_ids)
+        assert len(job.gpu_ids) == len(start_action.gpu_ids)
+        running[job.job_id] = job
+
+    full_node = next(s.node_ids[0] for s in plan.starts if s.job_id == "e2e-h")
+    second = JobRequest(id="e2e-h2", user="cy", project="nlp", gpu_count=8, submit_at=now, gpu_type="h100")
+    observed = slurm_backend.snapshot()
+    snapshot = ClusterSnapshot(
+        cluster="slurm",
+        gpu_types=gpu_types,
+        nodes=observed.nodes,
+        running=tuple(
+            RunningJob(job=r, gpu_ids=running[r.id].gpu_ids, started_at=now, is_preemptible=False)
+            for r in requests
+        ),
+        pending=(second,),
+    )
+    plan2 = plan_round(snapshot, PolicyConfig(name="fifo"), now=time.time())
+    [start2] = plan2.starts
+    assert start2.node_ids != (full_node,)
+    [result] = slurm_backend.apply(plan2, payloads={"e2e-h2": {"command": "sleep 30", "time_limit_s": 300}})
+    assert result.is_ok, result.message
+    job2 = wait_for(job_in(slurm_backend, "e2e-h2", ObservedState.RUNNING), what="e2e-h2 running")
+    assert set(job2.gpu_ids) == set(start2.gpu_ids)  # all 8 GPUs of the node: the same ids either way
+    for job_id in ("e2e-a", "e2e-h", "e2e-h2"):
+        assert slurm_backend.cancel(job_id).is_ok
