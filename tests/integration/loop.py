@@ -28,7 +28,7 @@ from tests.factories import ClusterFactory, GpuTypeFactory, MembershipFactory, N
 REDIS_HOST_URL = "redis://127.0.0.1:56379"
 ENGINE_REDIS_DB = 7
 ENGINE_REDIS_URL = f"{REDIS_HOST_URL}/{ENGINE_REDIS_DB}"
-BROKER_REDIS_URL = f"{REDIS_HOST_URL}/5"
+BROKER_REDIS_URL = f"{REDIS_HOST_URL}/11"  # a db of its own: no other worker consumes these tasks
 
 
 def clear_engine_keys(url: str = ENGINE_REDIS_URL) -> None:

@@ -8,16 +8,19 @@ import pytest
 
 from scheduling.models import Allocation, AuditEvent, Booking, EngineRound, GpuType, Job, Preemption
 from scheduling.services import booking_create
-from tests.integration.loop import (  # noqa: F401  (fixtures)
-    engine_redis_url,
+from tests.integration import loop
+from tests.integration.loop import (
     later,
     make_cluster,
     make_member,
-    run_round,
     sim_backend,
     submit,
-    t0,
 )
+
+# Shared fixtures (assigned, not imported, so that test arguments do not shadow an import).
+engine_redis_url = loop.engine_redis_url
+run_round = loop.run_round
+t0 = loop.t0
 
 pytestmark = [pytest.mark.django_db]
 
@@ -41,14 +44,17 @@ def test_jobs_start_finish_and_free_their_gpus(engine_redis_url, run_round, t0: 
     for job in (short, long, wide):
         job.refresh_from_db()
     assert short.status == long.status == Job.Status.RUNNING
-    assert len(_active_gpus(short)) == 2 and len(_active_gpus(long)) == 4
+    assert len(_active_gpus(short)) == 2
+    assert len(_active_gpus(long)) == 4
     assert not set(_active_gpus(short)) & set(_active_gpus(long))
     # What the database says runs is what the backend runs.
     running = sim_backend(cluster, at=t0).running_on()
     assert sorted(g for g, j in running.items() if j == str(short.pk)) == _active_gpus(short)
     # The 8-GPU job cannot start while the others run, and says why, with an ETA.
     assert wide.status == Job.Status.PENDING
-    assert wide.pending_reason and wide.pending_sentence and wide.eta_p50_at is not None
+    assert wide.pending_reason
+    assert wide.pending_sentence
+    assert wide.eta_p50_at is not None
     assert EngineRound.objects.filter(cluster=cluster, error="").count() == 2
 
     run_round(cluster, later(t0, 700))  # short ended at t0 + 600
@@ -164,7 +170,7 @@ def test_overlap_at_persist_rolls_back_only_that_start(
     job = submit(user, project, cluster, gpus=4, runtime_s=600, now=t0)
     real_plan_round = rounds.plan_round
 
-    def plan_then_book(snapshot, policy, now):  # noqa: ANN001, ANN202
+    def plan_then_book(snapshot, policy, now):
         plan = real_plan_round(snapshot, policy, now)
         booking_create(
             user,
@@ -183,8 +189,10 @@ def test_overlap_at_persist_rolls_back_only_that_start(
 
     job.refresh_from_db()
     assert result.status == "ok"
-    assert result.start_conflicts == 1 and result.started == 0
+    assert result.start_conflicts == 1
+    assert result.started == 0
     assert job.status == Job.Status.PENDING
-    assert job.pending_reason == Job.PendingReason.RESOURCES and job.pending_sentence
+    assert job.pending_reason == Job.PendingReason.RESOURCES
+    assert job.pending_sentence
     assert not job.allocations.exists()
     assert not sim_backend(cluster, at=t0).running_on()

@@ -17,17 +17,20 @@ from django.db import connection
 from scheduling.models import Allocation, AuditEvent, Booking, Cluster, EngineRound, GpuType, Job
 from scheduling.rounds import RoundResult, engine_round_run
 from scheduling.services import booking_create, job_submit
-from tests.integration.loop import (  # noqa: F401  (fixtures)
-    engine_redis_url,
+from tests.integration import loop
+from tests.integration.loop import (
     later,
     make_cluster,
     make_member,
-    run_round,
     set_cluster_settings,
     sim_backend,
     submit,
-    t0,
 )
+
+# Shared fixtures (assigned, not imported, so that test arguments do not shadow an import).
+engine_redis_url = loop.engine_redis_url
+run_round = loop.run_round
+t0 = loop.t0
 
 
 @pytest.mark.django_db
@@ -49,7 +52,8 @@ def test_apply_failure_after_commit_rolls_the_start_back(
     assert "refused" in job.pending_sentence
     assert job.allocations.count() == 2
     assert set(job.allocations.values_list("state", flat=True)) == {Allocation.State.RELEASED}
-    assert result.failed_starts == 1 and result.started == 0
+    assert result.failed_starts == 1
+    assert result.started == 0
     assert not sim_backend(cluster, at=t0).running_on()
     assert AuditEvent.objects.filter(entity_type="job", entity_id=job.pk, verb="job.start_rollback").exists()
     if fault == "fail_apply":  # the whole apply raised: recorded on the round and the cluster
@@ -67,7 +71,8 @@ def test_apply_failure_after_commit_rolls_the_start_back(
 
     job.refresh_from_db()
     cluster.refresh_from_db()
-    assert again.status == "ok" and again.started == 1
+    assert again.status == "ok"
+    assert again.started == 1
     assert job.status == Job.Status.RUNNING
     assert job.allocations.filter(state=Allocation.State.ACTIVE).count() == 2
     assert not cluster.is_degraded
@@ -90,7 +95,8 @@ def test_unreachable_backend_degrades_and_the_next_good_round_reconciles(
     cluster.refresh_from_db()
     running.refresh_from_db()
     assert down.status == "backend_error"
-    assert cluster.is_degraded and "unreachable" in cluster.status_message
+    assert cluster.is_degraded
+    assert "unreachable" in cluster.status_message
     assert "unreachable" in EngineRound.objects.get(pk=down.round_id).error
     assert running.status == Job.Status.RUNNING  # nothing is concluded from a backend we cannot read
     # Bookings and submissions keep working while the cluster is degraded.
@@ -105,7 +111,8 @@ def test_unreachable_backend_degrades_and_the_next_good_round_reconciles(
         now=later(t0, 61),
     )
     queued = submit(user, project, cluster, gpus=1, runtime_s=100, now=later(t0, 62), name="queued")
-    assert booking.status == Booking.Status.CONFIRMED and queued.status == Job.Status.PENDING
+    assert booking.status == Booking.Status.CONFIRMED
+    assert queued.status == Job.Status.PENDING
 
     # The job finished during the outage (at t0 + 300); the next good round sees it and clears the flag.
     set_cluster_settings(cluster, is_unreachable=False)
@@ -115,8 +122,10 @@ def test_unreachable_backend_degrades_and_the_next_good_round_reconciles(
     running.refresh_from_db()
     queued.refresh_from_db()
     assert back.status == "ok"
-    assert not cluster.is_degraded and cluster.status_message == ""
-    assert running.status == Job.Status.COMPLETED and running.ended_at == later(t0, 300)
+    assert not cluster.is_degraded
+    assert cluster.status_message == ""
+    assert running.status == Job.Status.COMPLETED
+    assert running.ended_at == later(t0, 300)
     assert queued.status == Job.Status.RUNNING
     verbs = list(AuditEvent.objects.filter(entity_type="cluster").values_list("verb", flat=True))
     assert sorted(verbs) == ["cluster.degraded", "cluster.recovered"]
@@ -181,8 +190,10 @@ def test_racing_rounds_on_one_cluster_run_one_at_a_time(engine_redis_url, tmp_pa
     slow.join(timeout=30)
 
     (locked, waited_s), (ran, _) = second[0], first[0]
-    assert locked.status == "locked" and waited_s < 1.0  # returns at once, does nothing
-    assert ran.status == "ok" and ran.started == 1
+    assert locked.status == "locked"
+    assert waited_s < 1.0
+    assert ran.status == "ok"
+    assert ran.started == 1
     job.refresh_from_db()
     assert job.status == Job.Status.RUNNING
     assert job.allocations.count() == 2
