@@ -41,6 +41,17 @@ POLICIES = ("fifo", "easy", "static", "berth")
 
 # Event kinds, in processing order within one instant.
 _ARRIVE, _SESSION, _BK_CREATE, _BK_WAKE, _BK_OWNER_IN, _BK_OWNER_OUT, _BK_END, _WAKE, _TICK = range(9)
+_KIND_NAMES = (
+    "arrival",
+    "session",
+    "booking",
+    "booking",
+    "booking",
+    "booking",
+    "booking",
+    "engine_wake",
+    "tick",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +63,10 @@ class ReplayOptions:
     predict_for: frozenset[str] = frozenset({"berth"})  # policies that get runtime predictions
     strict: bool = True  # raise on a double allocation instead of refusing the start
     horizon_s: float = 7 * 86_400.0  # bookings passed to the engine: starting before now + horizon
+    # "engine": bookings reach the engine without GPUs and take those of the engine's
+    # ReserveAction at their start (the portal's own assignment is the admission check and the
+    # fallback); "portal": the portal's assignment is final.
+    booking_gpus: str = "engine"
     max_idle_rounds: int = 3  # stop when only ticks remain and this many rounds changed nothing
 
 
@@ -68,8 +83,10 @@ class _Meta:
 @dataclass(slots=True)
 class _BookingState:
     plan: BookingPlan
-    gpu_ids: tuple[int, ...]
+    gpu_ids: tuple[int, ...]  # the portal's assignment until fixed, then the final GPUs
     booking: Booking
+    is_fixed: bool = False
+    engine_gpu_ids: tuple[int, ...] = ()
     owner_arrived_at: float | None = None
     holding_since: float | None = None
     is_closed: bool = False
@@ -184,6 +201,7 @@ class Replay:
         self._headroom = _Headroom(self.options.headroom_quantile)
         self._rejected_bookings = 0
         self._wakes: set[float] = set()
+        self._triggers: Counter[str] = Counter()  # what caused each round
 
     # ---- events ----
 
@@ -238,6 +256,10 @@ class Replay:
                     break  # only jobs that can never start are left
             if kinds == {_ARRIVE} and not freed and not seated and backend.free_gpu_count == 0:
                 continue  # nothing can start and a batch arrival preempts nothing
+            trigger = (
+                "completion" if freed else ("tick" if is_tick else _KIND_NAMES[min(kinds or {_BK_WAKE})])
+            )
+            self._triggers[trigger] += 1
             acted = self._round(t)
             if acted:
                 self._idle_tick_rounds = 0
@@ -258,9 +280,18 @@ class Replay:
             self._headroom.record(self._last_t, t, self._interactive_gpus)
         self._last_t = t
 
+    def _could_use_time(self) -> bool:
+        """Whether waiting alone might let a round start something: GPUs are free and some
+        pending job is small enough for them, or an interactive session waits (its GPUs may be
+        reclaimed once lent jobs pass their minimum runtime)."""
+        free = self.backend.free_gpu_count
+        if free == 0:
+            return False
+        return any(job.gpu_count <= free or job.kind == JobKind.INTERACTIVE for job in self._pending.values())
+
     def _schedule_tick(self, t: float, *, after_tick: bool, acted: bool) -> None:
         self._tick_gen += 1
-        if not self._pending or self.backend.free_gpu_count == 0:
+        if self.options.tick_s <= 0 or not self._pending or not self._could_use_time():
             self._tick_interval = self.options.tick_s
             return
         if after_tick and not acted:
@@ -419,9 +450,9 @@ class Replay:
             gpu_count=plan.gpu_count,
             start_at=plan.start_at,
             end_at=plan.end_at,
-            gpu_ids=tuple(sorted(chosen)),
+            gpu_ids=tuple(sorted(chosen)) if self.options.booking_gpus == "portal" else (),
         )
-        state = _BookingState(plan, booking.gpu_ids, booking)
+        state = _BookingState(plan, tuple(sorted(chosen)), booking, is_fixed=bool(booking.gpu_ids))
         self._bookings[plan.id] = state
         index = int(plan.id.split("-")[1])
         lead = self.config.booking_lead_s + self.config.grace_s
@@ -450,6 +481,9 @@ class Replay:
         for booking_id in self._waiting_owners:
             state = self._bookings.get(booking_id)
             if state is None or state.is_closed:
+                continue
+            if not state.is_fixed:
+                still.append(booking_id)  # its GPUs are fixed by the round at its start
                 continue
             if self.backend.hold(booking_id, state.gpu_ids):
                 state.holding_since = t
@@ -545,12 +579,27 @@ class Replay:
             if result.is_ok and running is not None and running.grace_until is None:
                 self._running[preempt.job_id] = dataclasses.replace(running, grace_until=preempt.kill_at)
                 acted = True
+        self._fix_bookings(plan, t)
         next_round_at = getattr(plan, "next_round_at", None)  # added to the contract by the engine
         if next_round_at is not None and next_round_at > t and next_round_at not in self._wakes:
             self._wakes.add(next_round_at)
             self._push(next_round_at, _WAKE, 0)
+        if self._waiting_owners and self._seat_owners(t):
+            acted = True
         self._count_idle(plan)
         return acted
+
+    def _fix_bookings(self, plan: Plan, t: float) -> None:
+        """Track the engine's GPU choice for bookings; fix it once a booking has started."""
+        for reservation in plan.reservations:
+            state = self._bookings.get(reservation.holder_id)
+            if state is not None and not state.is_fixed and len(reservation.gpu_ids) == state.plan.gpu_count:
+                state.engine_gpu_ids = tuple(sorted(reservation.gpu_ids))
+        for state in self._bookings.values():
+            if not state.is_fixed and state.plan.start_at <= t:
+                state.gpu_ids = state.engine_gpu_ids or state.gpu_ids
+                state.booking = dataclasses.replace(state.booking, gpu_ids=state.gpu_ids)
+                state.is_fixed = True
 
     def _count_idle(self, plan: Plan) -> None:
         counts: Counter[str] = Counter()
@@ -591,6 +640,7 @@ class Replay:
             "double_allocations_refused": counters.double_allocations_refused,
             "preemptions_refused": counters.preemptions_refused,
             "bookings_rejected": self._rejected_bookings,
+            "rounds_by_trigger": dict(sorted(self._triggers.items())),
             "backend_messages": counters.messages[:10],
         }
 
