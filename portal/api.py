@@ -55,7 +55,34 @@ class JSONParser(parsers.JSONParser):
         body = stream.read(limit + 1) if limit is not None else stream.read()
         if limit is not None and len(body) > limit:
             raise RequestTooLargeError()
-        return super().parse(io.BytesIO(body), media_type, parser_context)
+        data = super().parse(io.BytesIO(body), media_type, parser_context)
+        _reject_unstorable_text(data)
+        return data
+
+
+def _reject_unstorable_text(value: Any) -> None:
+    """Refuse strings PostgreSQL cannot store: NUL characters and lone UTF-16 surrogates.
+
+    Valid JSON may contain ``\\u0000`` or an unpaired ``\\ud800``; PostgreSQL rejects both
+    (in text and in jsonb), which would otherwise surface as a 500 deep inside a lookup.
+    """
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                raise exceptions.ParseError("The JSON body contains a NUL character.")
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise exceptions.ParseError(
+                    "The JSON body contains invalid Unicode (a lone surrogate)."
+                ) from None
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 def _flatten(detail: Any) -> Any:

@@ -34,7 +34,9 @@ class ProjectOutputSerializer(serializers.Serializer[Any]):
 class ProjectListApi(PaginatedApi):
     OutputSerializer = ProjectOutputSerializer
 
-    @extend_schema(operation_id="projects_list", responses={200: OutputSerializer(many=True), **errors(401)})
+    @extend_schema(
+        operation_id="projects_list", responses={200: OutputSerializer(many=True), **errors(400, 401)}
+    )
     def get(self, request: Request) -> Response:
         return self.paginate(request, account_selectors.project_list(request.user), self.OutputSerializer)
 
@@ -58,7 +60,7 @@ class MeApi(APIView):
     class OutputSerializer(serializers.Serializer[Any]):
         id = serializers.IntegerField()
         username = serializers.CharField()
-        email = serializers.EmailField()
+        email = serializers.CharField(allow_blank=True)
         is_staff = serializers.BooleanField()
         memberships = MembershipSerializer(many=True)
 

@@ -48,8 +48,10 @@ def _booking_response(user: Any, booking_id: int, code: int = status.HTTP_200_OK
 
 class BookingListCreateApi(PaginatedApi):
     class FilterSerializer(serializers.Serializer[Any]):
-        status = serializers.CharField(required=False, help_text="Comma-separated statuses.")
-        project = serializers.SlugField(required=False, help_text="Project slug.")
+        status = serializers.CharField(
+            required=False, allow_blank=True, help_text="Comma-separated statuses."
+        )
+        project = serializers.SlugField(required=False, allow_blank=True, help_text="Project slug.")
         mine = serializers.BooleanField(required=False, default=False, help_text="Only my own bookings.")
 
     class InputSerializer(serializers.Serializer[Any]):

@@ -7,7 +7,8 @@ from typing import Any
 
 from django.contrib.auth.models import User
 from django.db.models import QuerySet
-from drf_spectacular.utils import OpenApiResponse
+from django.urls import Resolver404, resolve
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import exceptions, serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -28,7 +29,8 @@ class ErrorSerializer(serializers.Serializer[Any]):
     message = serializers.CharField()
     # Shadows Serializer.fields only in the class body: DRF's metaclass moves declared fields away.
     fields = serializers.DictField(  # type: ignore[assignment]
-        child=serializers.ListField(child=serializers.CharField())
+        child=serializers.JSONField(),
+        help_text="Field name -> list of messages (an object of the same shape for nested fields).",
     )
 
 
@@ -84,3 +86,24 @@ def csv_values(raw: str | None, *, allowed: Sequence[str], name: str) -> list[st
     if unknown:
         raise serializers.ValidationError({name: [f"Unknown value(s): {', '.join(unknown)}."]})
     return values
+
+
+@extend_schema(exclude=True)
+class NotFoundApi(APIView):
+    """Answers every unknown path under the API with the API's own 404 body."""
+
+    permission_classes: list[Any] = []
+    authentication_classes: list[Any] = []
+
+    def _not_found(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        # This catch-all outranks APPEND_SLASH's redirect, so point at the slashed URL instead.
+        if not request.path.endswith("/"):
+            try:
+                match = resolve(request.path + "/")
+            except Resolver404:
+                match = None
+            if match is not None and match.url_name != "not-found":
+                raise exceptions.NotFound(f"No such API endpoint; did you mean {request.path}/ ?")
+        raise exceptions.NotFound("No such API endpoint.")
+
+    get = post = put = patch = delete = _not_found

@@ -70,8 +70,10 @@ def _job_response(user: Any, job_id: int, code: int = status.HTTP_200_OK) -> Res
 
 class JobListCreateApi(PaginatedApi):
     class FilterSerializer(serializers.Serializer[Any]):
-        status = serializers.CharField(required=False, help_text="Comma-separated statuses.")
-        project = serializers.SlugField(required=False, help_text="Project slug.")
+        status = serializers.CharField(
+            required=False, allow_blank=True, help_text="Comma-separated statuses."
+        )
+        project = serializers.SlugField(required=False, allow_blank=True, help_text="Project slug.")
         mine = serializers.BooleanField(required=False, default=False, help_text="Only my own jobs.")
 
     class InputSerializer(serializers.Serializer[Any]):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.urls import path
+from django.urls import path, re_path
 
 from scheduling.api.accounts import MeApi, ProjectDetailApi, ProjectListApi
 from scheduling.api.audit import AuditEventListApi
@@ -13,6 +13,7 @@ from scheduling.api.bookings import (
     BookingExtendApi,
     BookingListCreateApi,
 )
+from scheduling.api.common import NotFoundApi
 from scheduling.api.inventory import AvailabilityApi, ClusterListApi, GpuTypeListApi
 from scheduling.api.jobs import JobCancelApi, JobDetailApi, JobListCreateApi
 
@@ -34,4 +35,6 @@ urlpatterns = [
     path("projects/<slug:slug>/", ProjectDetailApi.as_view(), name="project-detail"),
     path("me/", MeApi.as_view(), name="me"),
     path("audit-events/", AuditEventListApi.as_view(), name="audit-event-list"),
+    # Last: any other path under /api/v1/ is a JSON 404, not Django's HTML page.
+    re_path(r"^.*$", NotFoundApi.as_view(), name="not-found"),
 ]
