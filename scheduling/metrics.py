@@ -76,7 +76,7 @@ class BerthCollector(Collector):
 
     def describe(self) -> Iterable[Metric]:
         # Declared without samples so registering does not touch the database.
-        return list(self._families())
+        return list(self._families().values())
 
     def collect(self) -> Iterable[Metric]:
         families = self._families()
