@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,11 +23,19 @@ CHROMIUM_ARGS = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _allow_orm_beside_playwright(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Sync Playwright runs an event loop in the test thread, so Django's async-safety check
-    # would refuse the test body's ORM calls; only for these tests (Django reads it per call).
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+@pytest.fixture(scope="session", autouse=True)
+def _allow_orm_beside_playwright() -> Iterator[None]:
+    """Let the test body and the database teardown use the ORM while Playwright runs.
+
+    Sync Playwright keeps an event loop in the main thread from the first browser test to the
+    end of the session, so Django's async-safety check would refuse ORM calls (including the
+    database flush after each test).  Session scope: set before the first browser test's
+    database fixtures and kept while that loop lives; tests that run before any browser test
+    keep the check.
+    """
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+        yield
 
 
 @pytest.fixture(scope="session")
