@@ -398,7 +398,13 @@ def test_engine_rounds_through_the_backend(slurm_backend: SlurmBackend, job_dir:
     from the snapshot) and places an 8-GPU job on the other h100 node.  Slurm runs everything the engine
     placed at once: its view of free GPUs per node agrees with Berth's.
     """
+    # After the outage test slurmctld may list nodes as not responding for a moment (reported down).
+    deadline = time.monotonic() + 20
     observed = slurm_backend.snapshot()
+    while any(n.status is not NodeStatus.UP for n in observed.nodes):
+        assert time.monotonic() < deadline, f"nodes not up: {observed.nodes}"
+        time.sleep(0.3)
+        observed = slurm_backend.snapshot()
     gpu_types = tuple(GpuType(name=t) for t in sorted({n.gpu_type for n in observed.nodes}))
     now = time.time()
     requests = (
