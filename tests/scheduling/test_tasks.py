@@ -1,0 +1,101 @@
+"""The engine tasks: thin, idempotent, retried on backend errors; the dispatcher and the debounced trigger.
+
+The broker is replaced by a recorder of ``apply_async`` calls here (sending for real is covered
+by tests/integration/test_worker.py); Redis (debounce and queued marks) and PostgreSQL are real.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from scheduling import tasks
+from scheduling.backends.base import BackendError
+from scheduling.models import Job
+from tests.integration import loop
+from tests.integration.loop import make_cluster, make_member, set_cluster_settings, submit
+
+# Shared fixtures (assigned, not imported, so that test arguments do not shadow an import).
+engine_redis_url = loop.engine_redis_url
+t0 = loop.t0
+
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    calls: list[dict[str, Any]] = []
+    monkeypatch.setattr(tasks.engine_round, "apply_async", lambda **kwargs: calls.append(kwargs))
+    return calls
+
+
+def test_engine_round_task_options() -> None:
+    task = tasks.engine_round
+    assert task.acks_late is True
+    assert task.reject_on_worker_lost is True
+    assert task.time_limit
+    assert task.soft_time_limit
+    assert task.soft_time_limit < task.time_limit
+    assert BackendError in task.autoretry_for
+    assert task.max_retries == 3
+
+
+@pytest.mark.django_db
+def test_engine_round_task_runs_a_round_and_raises_for_retry_when_unreachable(
+    engine_redis_url, django_capture_on_commit_callbacks, t0
+) -> None:
+    cluster = make_cluster(nodes=1, gpus_per_node=4)
+    user, project = make_member()
+    job = submit(user, project, cluster, gpus=1, runtime_s=600, now=t0)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        out = tasks.engine_round.run(cluster.pk)
+
+    job.refresh_from_db()
+    assert out["status"] == "ok"
+    assert job.status == Job.Status.RUNNING
+    set_cluster_settings(cluster, is_unreachable=True)
+    with pytest.raises(BackendError, match="unreachable"):
+        tasks.engine_round.run(cluster.pk)
+    assert tasks.engine_round.run(10**9) == {"cluster_id": 10**9, "status": "missing"}
+
+
+@pytest.mark.django_db
+def test_dispatch_enqueues_one_round_per_active_cluster_until_it_runs(engine_redis_url, sent) -> None:
+    first = make_cluster(nodes=1)
+    second = make_cluster(nodes=1)
+    inactive = make_cluster(nodes=1)
+    inactive.is_active = False
+    inactive.save(update_fields=["is_active"])
+
+    assert tasks.engine_rounds_dispatch.run() == [first.pk, second.pk]
+    # Beat fires again before the rounds ran: nothing piles up.
+    assert tasks.engine_rounds_dispatch.run() == []
+    assert [c["args"] for c in sent] == [[first.pk], [second.pk]]
+    # Once a round starts it clears its mark, and the next beat enqueues it again.
+    tasks.engine_round.run(first.pk)
+    assert tasks.engine_rounds_dispatch.run() == [first.pk]
+
+
+@pytest.mark.django_db
+def test_trigger_enqueues_after_commit_and_debounces(
+    engine_redis_url, sent, django_capture_on_commit_callbacks, settings
+) -> None:
+    settings.BERTH_ENGINE_TRIGGER_DEBOUNCE_S = 30.0
+    cluster = make_cluster(nodes=1)
+
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        tasks.engine_round_trigger(cluster.pk)
+    assert sent == []  # nothing before the commit
+    for callback in callbacks:
+        callback()
+    with django_capture_on_commit_callbacks(execute=True):
+        tasks.engine_round_trigger(cluster.pk)  # a burst: joins the round already due
+        tasks.engine_round_trigger(cluster.pk)
+
+    assert sent == [{"args": [cluster.pk], "countdown": 30.0}]
+
+
+def test_trigger_never_breaks_the_caller_when_redis_is_down(sent, settings) -> None:
+    settings.BERTH_ENGINE_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
+    assert tasks._enqueue_debounced(1) is False
+    assert sent == []
