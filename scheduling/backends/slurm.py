@@ -120,6 +120,8 @@ class SlurmRejectedError(BackendError):
 
 @dataclass(frozen=True, slots=True)
 class SlurmConfig:
+    """How to reach slurmrestd and how Berth's jobs look on Slurm (see the module docstring)."""
+
     url: str = "http://127.0.0.1:46820"
     user: str = "berth"
     token: str | None = None  # fixed JWT; None: mint with `scontrol token`
@@ -178,15 +180,31 @@ class SlurmJobPayload:
             raise SlurmRejectedError("payload needs a non-empty 'script' or 'command'")
         if not script.startswith("#!"):  # Slurm refuses batch scripts without an interpreter line
             script = "#!/bin/bash\n" + script
+        env = data.get("environment") or data.get("env") or {}
+        if not isinstance(env, Mapping):
+            raise SlurmRejectedError("payload 'environment' must be a mapping")
         return cls(
             script=script,
-            environment=dict(data.get("environment") or data.get("env") or {}),
-            time_limit_s=data.get("time_limit_s"),
-            working_directory=data.get("working_directory"),
-            standard_output=data.get("standard_output"),
-            cpus_per_task=data.get("cpus_per_task"),
-            memory_per_node_mib=data.get("memory_per_node_mib"),
+            environment={str(k): str(v) for k, v in env.items()},
+            time_limit_s=_optional_int(data, "time_limit_s"),
+            working_directory=data.get("working_directory") or None,
+            standard_output=data.get("standard_output") or None,
+            cpus_per_task=_optional_int(data, "cpus_per_task"),
+            memory_per_node_mib=_optional_int(data, "memory_per_node_mib"),
         )
+
+
+def _optional_int(data: Mapping[str, Any], key: str) -> int | None:
+    value = data.get(key)
+    if value is None or value == "":
+        return None
+    try:
+        number = int(value)
+    except (TypeError, ValueError) as exc:
+        raise SlurmRejectedError(f"payload {key!r} must be a whole number, not {value!r}") from exc
+    if number <= 0:
+        raise SlurmRejectedError(f"payload {key!r} must be positive, not {number}")
+    return number
 
 
 PayloadSource = Callable[[str], "SlurmJobPayload | Mapping[str, Any] | None"]

@@ -261,6 +261,10 @@ def test_payload_from_mapping() -> None:
     assert "echo hi" in portal.script
     assert portal.environment == {"A": "1"}
     assert SlurmJobPayload.from_mapping({"script": "echo x"}).script == "#!/bin/bash\necho x"
+    assert SlurmJobPayload.from_mapping({"command": "x", "time_limit_s": "90"}).time_limit_s == 90
+    for bad in ({"time_limit_s": "soon"}, {"cpus_per_task": 0}, {"environment": ["A=1"]}):
+        with pytest.raises(SlurmRejectedError):
+            SlurmJobPayload.from_mapping({"command": "x", **bad})
 
 
 def test_config_from_env_and_reservation_names() -> None:
