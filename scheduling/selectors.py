@@ -16,8 +16,9 @@ from datetime import UTC, datetime, timedelta
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser, User
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import connection
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
-from django.db.models import Count, Prefetch, Q, QuerySet
+from django.db.models import Count, F, FloatField, Func, Prefetch, Q, QuerySet
 from django.http import Http404
 from django.utils import timezone
 
@@ -194,6 +195,15 @@ def _validate_query_window(*, start_at: datetime, end_at: datetime, step_s: int)
     return steps
 
 
+def _epoch_of(bound: str) -> Func:
+    """``EXTRACT(EPOCH FROM lower(period))`` as a float (NULL for an unbounded side)."""
+    return Func(
+        F("period"),
+        template=f"EXTRACT(EPOCH FROM {bound}(%(expressions)s))::float8",
+        output_field=FloatField(),
+    )
+
+
 def availability_get(
     *,
     gpu_type_name: str,
@@ -238,9 +248,20 @@ def availability_get(
     t0 = (start_at - _EPOCH).total_seconds()
     t_end = (end_at - _EPOCH).total_seconds()
     spans: list[tuple[int, int, int]] = []  # (gpu_id, first step, last step) inclusive
-    for gpu_id, period in allocations.values_list("gpu_id", "period"):
-        lo = t0 if period.lower is None else max(t0, (period.lower - _EPOCH).total_seconds())
-        hi = t_end if period.upper is None else min(t_end, (period.upper - _EPOCH).total_seconds())
+    # Bounds as epoch floats computed by PostgreSQL: building range and datetime objects for
+    # every row costs more than the rest of the request.
+    # Executed on a raw cursor: Django's per-row converters cost more than the sweep itself.
+    sql, params = (
+        allocations.annotate(lo=_epoch_of("lower"), hi=_epoch_of("upper"))
+        .values_list("gpu_id", "lo", "hi")
+        .query.sql_with_params()
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    for gpu_id, lower, upper in rows:
+        lo = t0 if lower is None else max(t0, lower)
+        hi = t_end if upper is None else min(t_end, upper)
         if hi <= lo:
             continue
         spans.append((gpu_id, int((lo - t0) // step_s), math.ceil((hi - t0) / step_s) - 1))
