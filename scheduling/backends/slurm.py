@@ -28,8 +28,9 @@ Jobs
     find Berth's jobs; others are ignored), pinned with ``nodelist`` to the planned nodes, asking
     ``gres=gpu:<type>:<n>`` per node.  Slurm chooses *which* GPUs of the node the job gets (gres/gpu has
     no per-index request), so the snapshot reports the indices Slurm really allocated (``gres_detail``,
-    ``gpu:a100:2(IDX:0-1)``), mapped to Berth ids; they can differ from the planned ``gpu_ids`` when the
-    node was not in the state the plan assumed.  What the job runs comes from a `SlurmJobPayload` (or a
+    ``gpu:a100:2(IDX:0-1)``), mapped to Berth ids.  Only the count per node is guaranteed to match the
+    plan; the ids often differ (Slurm takes the lowest free indices), so the caller should record the
+    reported ones.  What the job runs comes from a `SlurmJobPayload` (or a
     plain mapping with the same keys) per job id: ``payloads`` given to `apply`, else ``payload_source``.
     If a planned node lies in a Berth reservation (see below) the job is submitted into it: FLEX lets it
     start now and run past the window, so Berth can lend booked GPUs, while other Slurm users stay off.
@@ -38,7 +39,9 @@ Jobs
     Slurm states map to `ObservedState`: PENDING/CONFIGURING -> pending (or preempted when Berth holds
     it after a requeue), RUNNING/COMPLETING/SUSPENDED -> running, COMPLETED -> completed,
     FAILED/TIMEOUT/OUT_OF_MEMORY/BOOT_FAIL/DEADLINE -> failed, CANCELLED -> cancelled,
-    PREEMPTED/REQUEUED/REQUEUE_HOLD -> preempted, NODE_FAIL -> lost.  When several Slurm jobs carry one
+    PREEMPTED/REQUEUED/REQUEUE_HOLD -> preempted, NODE_FAIL -> lost, a state this table does not know ->
+    lost with the state in the message.  A COMPLETING job reports no GPU ids (Slurm stops listing them
+    while the GPUs are being freed).  When several Slurm jobs carry one
     Berth id (a resubmission after a terminal state) the live one, else the newest, is reported.
     slurmctld forgets finished jobs after ``MinJobAge`` (``scripts/slurm.sh`` sets an hour): the caller's
     reconcile must run more often than that.
