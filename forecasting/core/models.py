@@ -269,9 +269,11 @@ class BerthModel:
        the last value, with weights on a simplex grid, one set for hours 1-6 and one for
        7-24, minimising the original-scale MAE of the forecasts made from every hour of the
        last ``calibration_days`` days (pseudo-origins; no refits).
-    5. *Conformal interval*: the 10%/90% quantiles of those pseudo-origin errors per
-       horizon (pooled over h +- 3), added in log space and transformed back, so the band
-       is as wide as the model's recent multi-step errors, not its one-step noise.
+    5. *Conformal interval*: the 80% quantile of the absolute pseudo-origin errors per
+       horizon (pooled over h +- 3), widened to the 10%/90% quantiles of day-over-day
+       changes of the whole history where those are wider; added in log space and
+       transformed back, so the band is as wide as the model's recent multi-step errors
+       (not its one-step noise) and does not forget older regime shifts.
 
     Prophet's in-sample residuals flatter it (its trend bends to the data it saw), so steps
     3-5 use a second Prophet fit that ends ``calibration_days`` days earlier and are scored
@@ -454,7 +456,13 @@ class BerthModel:
         if st["nonneg"]:
             point, lower, upper = (np.maximum(a, 0.0) for a in (point, lower, upper))
         index = _future_index(history, horizon_h)
-        return Forecast(index, point, np.minimum(lower, point), np.maximum(upper, point))
+        # expm1(log1p(8)) is not exactly 8: pad by float noise so a flat series at its cap
+        # is inside its own zero-width band.
+        lower = np.minimum(lower, point) - 1e-9 * (1.0 + np.abs(lower))
+        upper = np.maximum(upper, point) + 1e-9 * (1.0 + np.abs(upper))
+        if st["nonneg"]:
+            lower = np.maximum(lower, 0.0)
+        return Forecast(index, point, lower, upper)
 
     def _interval_offsets(self, horizon_h: int) -> tuple[FloatArray, FloatArray]:
         st = self._state
@@ -474,11 +482,20 @@ class BerthModel:
             lo[:] = _nan_quantile(resid, _LOWER_Q, 0.0)
             hi[:] = _nan_quantile(resid, _UPPER_Q, 0.0)
             return lo, hi
+        z = st["z"]
+        diffs = z[24:] - z[:-24]
+        day_lo = _nan_quantile(diffs, _LOWER_Q, 0.0)
+        day_hi = _nan_quantile(diffs, _UPPER_Q, 0.0)
         for h in range(horizon_h):
             hh = min(h, 23)
             pool = errors[:, max(0, hh - 3) : hh + 4].ravel()
-            lo[h] = _nan_quantile(pool, _LOWER_Q, 0.0)
-            hi[h] = _nan_quantile(pool, _UPPER_Q, 0.0)
+            # Symmetric: the calibration days are few, and a bias seen there (demand fell)
+            # says little about the sign of tomorrow's error, only about its size.
+            q = _nan_quantile(np.abs(pool), 2 * _UPPER_Q - 1.0, 0.0)
+            # The calibration window is two weeks at most; the day-over-day changes of the
+            # whole history remember regime shifts it has not seen.  Take the wider.
+            lo[h] = min(-q, day_lo)
+            hi[h] = max(q, day_hi)
         return lo, hi
 
 
