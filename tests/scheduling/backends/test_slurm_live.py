@@ -183,10 +183,11 @@ def test_preempt_signals_then_requeues_and_a_new_start_releases_it(
     [again] = slurm_backend.apply(plan)
     assert again.is_ok
     assert "already requeued" in again.message
-    time.sleep(1.0)  # held: Slurm must not restart it by itself
-    assert (
-        next(j for j in slurm_backend.snapshot().jobs if j.job_id == "pre").state is ObservedState.PREEMPTED
-    )
+    # Held (priority 0), not merely waiting for BeginTime: Slurm will not restart it by itself, ever.
+    shown = scontrol_job(ref)
+    assert shown["JobState"] == "PENDING"
+    assert shown["Reason"] in {"JobHeldUser", "JobHeldAdmin", "job_requeued_in_held_state"}
+    assert shown["Priority"] == "0"
 
     # Berth places it again, elsewhere: the same Slurm job runs on n2, without the 2-minute BeginTime wait.
     [placed] = slurm_backend.apply(Plan(starts=(start("pre", node_gpus(slurm_backend, "n2")[:1], "n2"),)))
