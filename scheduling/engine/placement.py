@@ -37,6 +37,7 @@ class Hold:
     normal_until: float
     lent_until: float
     is_strict: bool = False
+    is_checkpoint_only: bool = False  # lent starts only for checkpointing work
 
     def merge(self, other: Hold) -> Hold:
         """The stricter of two holds on one GPU (the earlier holder names it)."""
@@ -46,6 +47,7 @@ class Hold:
             normal_until=min(self.normal_until, other.normal_until),
             lent_until=min(self.lent_until, other.lent_until),
             is_strict=self.is_strict or other.is_strict,
+            is_checkpoint_only=self.is_checkpoint_only or other.is_checkpoint_only,
         )
 
 
@@ -202,12 +204,13 @@ class FreePool:
     # ---- queries ----
 
     @staticmethod
-    def _hold_allows(hold: Hold, until: float, strict_until: float, is_lent: bool) -> bool:
+    def _hold_allows(hold: Hold, until: float, strict_until: float, is_lent: int) -> bool:
+        # is_lent: 0 normal start, 1 lent, 2 lent and checkpointing
         if is_lent:
-            return until <= hold.lent_until
+            return until <= hold.lent_until and (is_lent == 2 or not hold.is_checkpoint_only)
         return (strict_until if hold.is_strict else until) <= hold.normal_until
 
-    def usable_count(self, gpu_type: str, *, until: float, strict_until: float, is_lent: bool) -> int:
+    def usable_count(self, gpu_type: str, *, until: float, strict_until: float, is_lent: int) -> int:
         """How many free GPUs of a type a query may use, across nodes."""
         count = self._type_plain.get(gpu_type, 0)
         for hold, gpus in self._groups.get(gpu_type, {}).items():
@@ -215,7 +218,7 @@ class FreePool:
                 count += len(gpus)
         return count
 
-    def node_usable(self, node: int, *, until: float, strict_until: float, is_lent: bool) -> list[int]:
+    def node_usable(self, node: int, *, until: float, strict_until: float, is_lent: int) -> list[int]:
         """Usable free GPUs of a node: plain ones first, then held ones that are released in time."""
         free = self._free.get(node, ())
         held_map = self._held
@@ -254,6 +257,7 @@ class FreePool:
         until: float,
         strict_until: float | None = None,
         is_lent: bool = False,
+        is_checkpointing: bool = False,
         prefer_type_order: bool = False,
     ) -> tuple[int, ...] | None:
         """GPUs for a job, or None; does not take them.
@@ -265,16 +269,17 @@ class FreePool:
         ``strict_until`` (default ``until``) is checked against bookings' strict holds.
         """
         strict = until if strict_until is None else strict_until
+        mode = (2 if is_checkpointing else 1) if is_lent else 0
         best: tuple[int, int, tuple[int, ...]] | None = None  # (leftover, rank, gpus)
         for rank, name in enumerate(gpu_types):
             if self._type_free.get(name, 0) < gpu_count:
                 continue
-            if self.usable_count(name, until=until, strict_until=strict, is_lent=is_lent) < gpu_count:
+            if self.usable_count(name, until=until, strict_until=strict, is_lent=mode) < gpu_count:
                 continue
             if gpu_count <= self._max_size[name]:
-                found = self._find_single(name, gpu_count, until, strict, is_lent)
+                found = self._find_single(name, gpu_count, until, strict, mode)
             else:
-                found = self._find_multi(name, gpu_count, until, strict, is_lent)
+                found = self._find_multi(name, gpu_count, until, strict, mode)
             if found is None:
                 continue
             leftover, gpus = found
@@ -287,7 +292,7 @@ class FreePool:
         return None if best is None else best[2]
 
     def _find_single(
-        self, name: str, gpu_count: int, until: float, strict: float, is_lent: bool
+        self, name: str, gpu_count: int, until: float, strict: float, is_lent: int
     ) -> tuple[int, tuple[int, ...]] | None:
         best_node = -1
         best_count = 0
@@ -314,7 +319,7 @@ class FreePool:
         return best_count - gpu_count, tuple(sorted(usable[:gpu_count]))
 
     def _find_multi(
-        self, name: str, gpu_count: int, until: float, strict: float, is_lent: bool
+        self, name: str, gpu_count: int, until: float, strict: float, is_lent: int
     ) -> tuple[int, tuple[int, ...]] | None:
         # the caller checked usable_count >= gpu_count, so a multi-node gang always fits
         per_node: list[tuple[int, int, list[int]]] = []

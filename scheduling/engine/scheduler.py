@@ -94,6 +94,7 @@ class Scheduler:
         self.scores: dict[str, float] = {}
         # running GPUs (in grace or signalled) promised to a demand earlier in this round
         self.round_promised: set[int] = set()
+        self._headroom_done = False
         self._types_cache: dict[tuple[str, ...], list[str]] = {}
         self._max_size = dict.fromkeys(state.type_order, 0)
         for node in state.nodes:
@@ -407,6 +408,7 @@ class Scheduler:
                 job.gpu_count,
                 until=self.lent_until(job, estimate),
                 is_lent=True,
+                is_checkpointing=job.is_checkpointable,
                 prefer_type_order=prefer,
             )
             if gpus is not None:
@@ -458,9 +460,15 @@ class Scheduler:
         self.top_shadow = shadow
         free_total = sum(pool.free_count(t) for t in types)
         self.top_fragmented = free_total >= job.gpu_count
-        pool.hold(
-            shadow.gpu_ids, Hold(holder=job.id, normal_until=shadow.start_at, lent_until=shadow.start_at)
+        # Lent work on a reservation is evicted as soon as the top job can start; only work that
+        # checkpoints (and so loses little) may borrow it beyond what plain backfill allows.
+        hold = Hold(
+            holder=job.id,
+            normal_until=shadow.start_at,
+            lent_until=shadow.start_at,
+            is_checkpoint_only=True,
         )
+        pool.hold(shadow.gpu_ids, hold)
         self.out.reservations.append(
             ReserveAction(
                 holder_id=job.id,
@@ -504,7 +512,7 @@ class Scheduler:
             state,
             node_indexes=self.nodes_for(job, types),
             gpu_count=job.gpu_count,
-            free_on_node=lambda i: pool.node_usable(i, until=until, strict_until=until, is_lent=False),
+            free_on_node=lambda i: pool.node_usable(i, until=until, strict_until=until, is_lent=0),
             incoming=incoming,
             excluded_jobs=self.out.preempted,
             is_single_node=single,
@@ -562,66 +570,93 @@ class Scheduler:
         lost = sum(v.lost_gpu_s for v in reclaim.victims)
         return gained > lost
 
-    def easy_pass(self, queue: Sequence[JobRequest], *, interactive_first: bool) -> None:
-        """Start, reserve and backfill ``queue`` (already in priority order)."""
+    def easy_pass(
+        self,
+        queue: Sequence[JobRequest],
+        *,
+        interactive_first: bool,
+        backfill_order: Sequence[JobRequest] | None = None,
+    ) -> None:
+        """Start, reserve and backfill ``queue`` (already in priority order).
+
+        Jobs start in queue order until one does not fit: that one becomes the top job.  The
+        rest are backfill candidates, taken in ``backfill_order`` when given (berth: shortest
+        predicted work first, which leaves the top job itself chosen by age and fair share, so
+        its reservation stays put from round to round).
+        """
+        self._headroom_done = not interactive_first
+        position = 0
+        while position < len(queue) and self.top is None:
+            job = queue[position]
+            position += 1
+            if not self._admit(job):
+                continue
+            types = self.types_for(job)
+            estimate = self.state.estimate(job)
+            if self.try_start(job, types, estimate):
+                continue
+            if job.id in self.out.verdicts:
+                continue  # waits on quota
+            if (
+                self.knobs.can_preempt
+                and job.kind == JobKind.INTERACTIVE
+                and self._reclaim(job, types, estimate, single=self.is_single_node(types, job.gpu_count))
+            ):
+                continue
+            self.reserve_top(job, types, estimate)
+        rest: Sequence[JobRequest] = queue[position:]
+        if backfill_order is not None and rest:
+            waiting = {job.id for job in rest}
+            rest = [job for job in backfill_order if job.id in waiting]
         scanned = 0
         depth = self.policy.backfill_depth
-        headroom_done = not interactive_first
-        for job in queue:
-            if job.id in self.out.verdicts:
-                continue
-            if not headroom_done and job.kind != JobKind.INTERACTIVE:
-                self.hold_headroom()
-                headroom_done = True
-            types = self.types_for(job)
-            if not types:
-                self.out.wait(
-                    job.id,
-                    PendingReason.CONSTRAINT,
-                    f"No GPU in cluster {self.state.snapshot.cluster} satisfies its constraints "
-                    f"(type {job.gpu_type or 'any'}, >= {job.min_memory_gib:g} GiB, "
-                    f"precisions {', '.join(sorted(job.precisions)) or 'any'}).",
-                )
-                continue
-            if self.is_over_limit(job):
-                limit = self._limit(job.project)
-                self.out.wait(
-                    job.id,
-                    PendingReason.QUOTA,
-                    f"Project {job.project} runs {self.used.get(job.project, 0)} GPUs of its limit "
-                    f"of {limit}; this job needs {job.gpu_count} more.",
-                )
-                continue
-            estimate = self.state.estimate(job)
-            if self.top is None:
-                if self.try_start(job, types, estimate):
-                    continue
-                if job.id in self.out.verdicts:
-                    continue  # waits on quota
-                if (
-                    self.knobs.can_preempt
-                    and job.kind == JobKind.INTERACTIVE
-                    and self._reclaim(job, types, estimate, single=self.is_single_node(types, job.gpu_count))
-                ):
-                    continue
-                self.reserve_top(job, types, estimate)
+        for job in rest:
+            if not self._admit(job):
                 continue
             scanned += 1
             if scanned > depth:
                 self.out.wait(
                     job.id,
                     PendingReason.PRIORITY,
-                    f"{scanned - 1} higher-priority jobs are ahead of it; it is beyond this round's "
-                    f"backfill window of {depth} jobs.",
+                    f"{depth} other jobs are considered first; it is beyond this round's backfill window.",
                 )
                 continue
+            types = self.types_for(job)
+            estimate = self.state.estimate(job)
             if self.try_start(job, types, estimate):
                 continue
             if job.id in self.out.verdicts:
                 continue
             self._explain_blocked(job, types, estimate)
-        if not headroom_done:
+        if not self._headroom_done:
             self.hold_headroom()
+            self._headroom_done = True
+
+    def _admit(self, job: JobRequest) -> bool:
+        """Whether a job may be considered at all; records why not (constraint, quota limit)."""
+        if job.id in self.out.verdicts:
+            return False
+        if not self._headroom_done and job.kind != JobKind.INTERACTIVE:
+            self.hold_headroom()
+            self._headroom_done = True
+        if not self.state.eligible_types(job):
+            self.out.wait(
+                job.id,
+                PendingReason.CONSTRAINT,
+                f"No GPU in cluster {self.state.snapshot.cluster} satisfies its constraints "
+                f"(type {job.gpu_type or 'any'}, >= {job.min_memory_gib:g} GiB, "
+                f"precisions {', '.join(sorted(job.precisions)) or 'any'}).",
+            )
+            return False
+        if self.is_over_limit(job):
+            self.out.wait(
+                job.id,
+                PendingReason.QUOTA,
+                f"Project {job.project} runs {self.used.get(job.project, 0)} GPUs of its limit "
+                f"of {self._limit(job.project)}; this job needs {job.gpu_count} more.",
+            )
+            return False
+        return True
 
     def _explain_blocked(self, job: JobRequest, types: Sequence[str], estimate: Estimate) -> None:
         pool = self.pool_for(job)

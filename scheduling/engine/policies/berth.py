@@ -4,8 +4,9 @@ Order of a round:
 1. bookings whose reclaim time has come signal the lent work on their GPUs;
 2. interactive sessions start at once, or reclaim lent work (victims losing least work first);
 3. interactive headroom is held: idle, but lendable to preemptible work;
-4. the EASY pass on predicted runtimes (p90 to plan, p50 to lend), with a short-job bonus in
-   the priority; the top job reclaims lent work when that gains more than it loses, else gets
+4. the EASY pass on predicted runtimes (p90 to plan, p50 to lend): the top job is chosen by
+   age and fair share (so its reservation is stable), backfill candidates are taken shortest
+   predicted GPU-time first; the top job reclaims lent work when that gains more than it loses, else gets
    a shadow reservation; backfill that would run into a reservation, a booking or the headroom
    starts only as preemptible (lent) work;
 5. work above a project's guaranteed quota runs only as preemptible.
@@ -32,6 +33,7 @@ def plan_berth(snapshot: ClusterSnapshot, policy: PolicyConfig, now: float) -> P
     """One berth round (see the module docstring)."""
     sched = Scheduler(snapshot, policy, now, BERTH)
     sched.reclaim_for_bookings()
-    queue = priority_order(sched.state, with_short_bonus=True)
-    sched.easy_pass(queue, interactive_first=True)
+    queue = priority_order(sched.state, with_short_bonus=False)
+    backfill = priority_order(sched.state, with_short_bonus=True)
+    sched.easy_pass(queue, interactive_first=True, backfill_order=backfill)
     return build_plan(sched, queue)
