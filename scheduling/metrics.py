@@ -15,8 +15,9 @@ A scrape never fails because of Berth: a database or Redis error drops only Bert
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 
+import redis
 from django.conf import settings
 from django.db.models import Count
 from django.utils import timezone
@@ -33,7 +34,7 @@ ROUND_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _KEY = "berth:metrics"
 
 
-def _redis():  # type: ignore[no-untyped-def]
+def _redis() -> redis.Redis:
     from scheduling.backends.registry import engine_redis
 
     return engine_redis(settings.BERTH_ENGINE_REDIS_URL)
@@ -67,8 +68,11 @@ def backend_error_count(*, cluster: str, operation: str) -> None:
         logger.warning("could not record a backend error metric for %s", cluster, exc_info=True)
 
 
-def _decode(raw: dict[bytes, bytes]) -> dict[str, str]:
-    return {k.decode(): v.decode() for k, v in raw.items()}
+def _decode(raw: Mapping[bytes | str, bytes | str]) -> dict[str, str]:
+    def text(value: bytes | str) -> str:
+        return value.decode() if isinstance(value, bytes) else value
+
+    return {text(k): text(v) for k, v in raw.items()}
 
 
 class BerthCollector(Collector):

@@ -42,8 +42,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg.errors
-from django.contrib.postgres.fields.ranges import DateTimeTZRange
 from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from django.db.models import Min
 from django.utils import timezone
 
@@ -237,7 +237,8 @@ def _next_blocking_start(
     )
     if exclude_job_id is not None:
         qs = qs.exclude(job_id=exclude_job_id)
-    return qs.aggregate(first=Min("period__startswith"))["first"]
+    first: datetime | None = qs.aggregate(first=Min("period__startswith"))["first"]
+    return first
 
 
 # ---- reconcile ----
@@ -424,11 +425,11 @@ def _reconcile_jobs(
     for obs in observed.jobs:
         if obs.job_id in open_ids or obs.state not in (OS.RUNNING, OS.PENDING) or not obs.job_id.isdigit():
             continue
-        job = Job.objects.select_for_update().filter(pk=int(obs.job_id), cluster=cluster).first()
-        if job is None or job.status != Job.Status.PENDING or obs.state != OS.RUNNING or not obs.gpu_ids:
+        known = Job.objects.select_for_update().filter(pk=int(obs.job_id), cluster=cluster).first()
+        if known is None or known.status != Job.Status.PENDING or obs.state != OS.RUNNING or not obs.gpu_ids:
             out.to_cancel.append(obs.job_id)
             continue
-        if not _adopt(job, obs, now=now):
+        if not _adopt(known, obs, now=now):
             out.to_cancel.append(obs.job_id)
     return out
 
@@ -522,7 +523,8 @@ def _extend_running(cluster: Cluster, *, now: datetime) -> None:
     ).select_related("job")
     by_job: dict[int, list[Allocation]] = defaultdict(list)
     for allocation in rows:
-        by_job[allocation.job_id].append(allocation)
+        if allocation.job_id is not None:
+            by_job[allocation.job_id].append(allocation)
     for job_id, allocations in by_job.items():
         changes = []
         for allocation in allocations:
@@ -681,21 +683,21 @@ def _persist_plan(
         out.payloads[action.job_id] = _job_payload(job)
         result.started += 1
 
-    for action in plan.preemptions:
-        job = jobs.get(int(action.job_id)) if action.job_id.isdigit() else None
+    for preempt in plan.preemptions:
+        job = jobs.get(int(preempt.job_id)) if preempt.job_id.isdigit() else None
         if job is None or job.status not in RUNNING_STATUSES:
             continue
         if job.preemptions.filter(killed_at__isnull=True).exists():
             continue
-        holder = parse_holder_id(action.for_id) if action.for_id else None
+        holder = parse_holder_id(preempt.for_id) if preempt.for_id else None
         preemption = Preemption.objects.create(
             job=job,
             engine_round=round_row,
             for_booking_id=holder[1] if holder and holder[0] == "booking" else None,
             for_job_id=holder[1] if holder and holder[0] == "job" else None,
-            signalled_at=from_epoch(action.signal_at),
-            kill_at=from_epoch(max(action.kill_at, action.signal_at)),
-            reason=action.reason[:500],
+            signalled_at=from_epoch(preempt.signal_at),
+            kill_at=from_epoch(max(preempt.kill_at, preempt.signal_at)),
+            reason=preempt.reason[:500],
         )
         _audit(
             "job.preempt_signal",
@@ -705,7 +707,7 @@ def _persist_plan(
             {**_job_state(job), "preemption_id": preemption.pk, "kill_at": _iso(preemption.kill_at)},
             now,
         )
-        out.preemptions.append(action)
+        out.preemptions.append(preempt)
         result.preempted += 1
 
     _write_explanations(cluster, plan, now=now, result=result)

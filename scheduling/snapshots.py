@@ -131,7 +131,7 @@ def job_request(job: Job, *, usernames: Mapping[int, str], slugs: Mapping[int, s
         gpu_count=job.gpu_count,
         submit_at=epoch(job.submitted_at),
         kind=et.JobKind(job.kind),
-        gpu_type=job.gpu_type.name if job.gpu_type_id is not None else None,
+        gpu_type=job.gpu_type.name if job.gpu_type is not None else None,
         min_memory_gib=job.min_memory_gib,
         precisions=frozenset(job.precisions),
         requested_s=float(job.requested_s) if job.requested_s is not None else None,
@@ -205,6 +205,8 @@ def project_shares(*, cluster: Cluster, now: datetime, half_life_s: float) -> tu
         .values_list("project_id", "gpu_count", "gpu_type__value", "started_at", "ended_at")
     )
     for project_id, gpu_count, value, started_at, ended_at in jobs:
+        if started_at is None:
+            continue
         hours = _decayed_gpu_hours(
             start=max(started_at, window_start),
             end=min(ended_at or now, now),

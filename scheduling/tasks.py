@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import redis
 from celery import Task, shared_task
 from django.conf import settings
 from django.db import transaction
@@ -28,13 +29,13 @@ _QUEUED_KEY = "berth:engine:queued:{cluster_id}"
 _TRIGGER_KEY = "berth:engine:trigger:{cluster_id}"
 
 
-def _redis():  # type: ignore[no-untyped-def]
+def _redis() -> redis.Redis:
     from scheduling.backends.registry import engine_redis
 
     return engine_redis(settings.BERTH_ENGINE_REDIS_URL)
 
 
-@shared_task(
+@shared_task(  # type: ignore[untyped-decorator]  # celery ships no types
     bind=True,
     name="scheduling.tasks.engine_round",
     acks_late=True,
@@ -62,7 +63,7 @@ def engine_round(self: Task, cluster_id: int) -> dict[str, Any]:
     return result.as_dict()
 
 
-@shared_task(
+@shared_task(  # type: ignore[untyped-decorator]  # celery ships no types
     name="scheduling.tasks.engine_rounds_dispatch",
     acks_late=True,
     soft_time_limit=20,

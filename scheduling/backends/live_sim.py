@@ -66,7 +66,14 @@ class RedisLike(Protocol):
 
     def hdel(self, name: str, *keys: str) -> Any: ...
 
-    def lock(self, name: str, timeout: float | None = None, blocking_timeout: float | None = None) -> Any: ...
+    def lock(
+        self,
+        name: str,
+        timeout: float | None = None,
+        sleep: float = 0.1,
+        blocking: bool = True,
+        blocking_timeout: float | None = None,
+    ) -> Any: ...
 
 
 @dataclass(frozen=True, slots=True)
