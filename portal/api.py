@@ -9,13 +9,14 @@ from __future__ import annotations
 import io
 import logging
 from collections.abc import Mapping
+from datetime import datetime
 from typing import IO, TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404
-from rest_framework import exceptions, parsers, status
+from rest_framework import exceptions, parsers, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
@@ -97,14 +98,19 @@ def _flatten(detail: Any) -> Any:
     return [str(detail)]
 
 
+def _as_json_datetime(value: datetime) -> str:
+    """The same text DRF's DateTimeField renders (UTC as ``Z``), so clients parse one format."""
+    return str(serializers.DateTimeField().to_representation(value))
+
+
 def _conflict_response(exc: BookingConflictError) -> Response:
     alternatives = [
         {
             "cluster": a.cluster,
             "gpu_type": a.gpu_type,
             "gpu_count": a.gpu_count,
-            "start_at": a.start_at.isoformat(),
-            "end_at": a.end_at.isoformat(),
+            "start_at": _as_json_datetime(a.start_at),
+            "end_at": _as_json_datetime(a.end_at),
         }
         for a in exc.alternatives
     ]

@@ -352,7 +352,11 @@ def booking_alternatives(
     Three queries (types, GPUs, overlapping allocations) whatever the horizon.
     """
     duration = end_at - start_at
-    latest_start = start_at + timedelta(seconds=settings.BERTH_ALTERNATIVES_HORIZON_S)
+    # Never offer what booking_create would refuse as too far ahead.
+    latest_start = min(
+        start_at + timedelta(seconds=settings.BERTH_ALTERNATIVES_HORIZON_S),
+        timezone.now() + timedelta(seconds=settings.BERTH_BOOKING_MAX_ADVANCE_S),
+    )
     types = {
         t.pk: t for t in GpuType.objects.filter(Q(pk=gpu_type.pk) | Q(memory_gib__gte=gpu_type.memory_gib))
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from drf_spectacular.utils import extend_schema
@@ -13,6 +14,12 @@ from rest_framework.views import APIView
 from scheduling import selectors
 from scheduling.api.common import errors
 from scheduling.models import Cluster
+
+
+def _iso(value: datetime) -> str:
+    # What DRF's DateTimeField renders for an aware UTC datetime, at a fraction of its cost.
+    text = value.astimezone(UTC).isoformat()
+    return text.removesuffix("+00:00") + "Z" if text.endswith("+00:00") else text
 
 
 class GpuTypeListApi(APIView):
@@ -110,8 +117,8 @@ class AvailabilityApi(APIView):
                 "step_s": availability.step_s,
                 "slots": [
                     {
-                        "start_at": s.start_at.isoformat(),
-                        "end_at": s.end_at.isoformat(),
+                        "start_at": _iso(s.start_at),
+                        "end_at": _iso(s.end_at),
                         "free_gpus": s.free_gpus,
                     }
                     for s in availability.slots

@@ -103,7 +103,9 @@ def test_conflict_is_409_with_alternatives(member_client, project, nodes, soon):
     data = response.json()
     assert set(data) == {"message", "fields", "alternatives"}
     assert data["alternatives"][0]["gpu_type"] == "A100"
-    assert data["alternatives"][0]["start_at"] == (soon + timedelta(hours=2)).isoformat()
+    assert data["alternatives"][0]["start_at"] == (soon + timedelta(hours=2)).isoformat().replace(
+        "+00:00", "Z"
+    )
     assert Booking.objects.count() == 1
 
 
