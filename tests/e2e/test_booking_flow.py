@@ -45,6 +45,13 @@ def test_book_see_and_cancel_a_window(
     expect(availability).to_contain_text("Enough: 3 GPUs can be booked.")
     expect(availability.locator(".big-number")).to_contain_text("8")
 
+    # A bad value comes back as a form error, with the keyboard focus on the field.
+    gpus.fill("0")
+    page.get_by_role("button", name="Book", exact=True).click()
+    expect(page.locator("#id_gpu_count_error")).to_contain_text("greater than or equal to 1")
+    expect(gpus).to_be_focused()
+    gpus.fill("3")
+
     page.get_by_label("Note").fill("e2e: attention sweep")
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "e2e-book.png"), full_page=True)
