@@ -115,15 +115,20 @@ def activity_weight(t: float, *, week_phase_s: float = 0.0) -> float:
 
 
 def _sample_times(
-    rng: random.Random, count: int, *, start: float, end: float, week_phase_s: float
+    rng: random.Random, count: int, *, anchors: list[float], end: float, week_phase_s: float
 ) -> list[float]:
-    """``count`` arrival times in [start, end) with density proportional to `activity_weight`."""
+    """``count`` times in [0, end] that follow the trace's own activity and `activity_weight`.
+
+    A candidate is a random batch submission (``anchors``) moved by up to 12 h either way, kept
+    with probability `activity_weight`: overlay demand comes when the lab is active (traces
+    such as Alibaba's have long quiet stretches) and in office hours.
+    """
     times: list[float] = []
-    if end <= start:
-        return [start] * count
+    if not anchors or end <= 0:
+        return [0.0] * count
     while len(times) < count:
-        t = rng.uniform(start, end)
-        if rng.random() < activity_weight(t, week_phase_s=week_phase_s):
+        t = rng.choice(anchors) + rng.uniform(-12 * HOUR_S, 12 * HOUR_S)
+        if 0.0 <= t <= end and rng.random() < activity_weight(t, week_phase_s=week_phase_s):
             times.append(t)
     times.sort()
     return times
@@ -139,6 +144,7 @@ def build_overlay(trace: Trace, config: OverlayConfig) -> Overlay:
     rng = random.Random(config.seed)
     jobs = trace.jobs
     span_end = max((job.submit_at for job in jobs), default=0.0)
+    anchors = [job.submit_at for job in jobs]
     target_s = trace.gpu_hours * HOUR_S
     users = _users(trace)
     phase = trace.week_phase_s
@@ -163,7 +169,7 @@ def build_overlay(trace: Trace, config: OverlayConfig) -> Overlay:
         gpus = 1 if session_rng.random() < 0.7 else 2
         drawn.append((duration, gpus))
         total += duration * gpus
-    times = _sample_times(session_rng, len(drawn), start=0.0, end=span_end, week_phase_s=phase)
+    times = _sample_times(session_rng, len(drawn), anchors=anchors, end=span_end, week_phase_s=phase)
     for index, (submit_at, (duration, gpus)) in enumerate(zip(times, drawn, strict=True)):
         user, project = users[session_rng.randrange(len(users))]
         sessions.append(
@@ -191,7 +197,7 @@ def build_overlay(trace: Trace, config: OverlayConfig) -> Overlay:
     # Bookings start on the hour, more often in office hours.
     starts = [
         math.floor(t / HOUR_S) * HOUR_S + HOUR_S
-        for t in _sample_times(booking_rng, len(shapes), start=0.0, end=span_end, week_phase_s=phase)
+        for t in _sample_times(booking_rng, len(shapes), anchors=anchors, end=span_end, week_phase_s=phase)
     ]
     for index, (start_at, (duration, gpus)) in enumerate(zip(starts, shapes, strict=True)):
         lead = booking_rng.uniform(1.0, 72.0) * HOUR_S

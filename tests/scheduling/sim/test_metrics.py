@@ -75,15 +75,16 @@ def test_slowdown_floor_and_bookings_and_interactive() -> None:
     assert metrics["bookings_honored"] == pytest.approx(2 / 3)
 
 
-def test_unfinished_jobs_are_reported_not_averaged() -> None:
-    record = ReplayRecord(capacity_gpus=1, span_end=10.0)
+def test_unfinished_jobs_count_with_a_censored_wait() -> None:
+    record = ReplayRecord(capacity_gpus=1, span_end=100.0)
     record.jobs = [
         JobOutcome("done", "u", 1, submit_at=0.0, runtime_s=10.0, end_at=10.0),
-        JobOutcome("stuck", "u", 2, submit_at=0.0, runtime_s=10.0, end_at=None),
+        JobOutcome("stuck", "u", 2, submit_at=20.0, runtime_s=10.0, end_at=None),
     ]
     metrics = compute_metrics(record)
     assert metrics["unfinished_jobs"] == 1
-    assert metrics["wait_mean_s"] == 0.0
+    # "stuck" waited at least until the end of the replay: 100 - 20 - 10 (its work) = 70.
+    assert metrics["wait_mean_s"] == pytest.approx(35.0)
 
 
 def test_helpers() -> None:
