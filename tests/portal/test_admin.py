@@ -1,0 +1,73 @@
+"""The Django admin pages for every model render for staff, with filters and search, in bounded queries."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.contrib import admin
+from django.urls import reverse
+
+from scheduling.models import Booking
+from scheduling.services import booking_create, job_submit
+from tests.factories import QuotaFactory, UserFactory
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def superuser_client(client):
+    client.force_login(UserFactory(is_staff=True, is_superuser=True))
+    return client
+
+
+@pytest.fixture
+def filled(member, project, a100, nodes, soon):
+    for i in range(5):
+        start = soon + timedelta(hours=i)
+        booking_create(
+            member,
+            project=project,
+            gpu_type=a100,
+            gpu_count=2,
+            start_at=start,
+            end_at=start + timedelta(hours=1),
+        )
+        job_submit(member, project=project, name=f"job-{i}", gpu_count=1)
+    QuotaFactory(project=project, gpu_type=a100)
+
+
+def _changelist_urls() -> list[str]:
+    return [
+        reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")
+        for model in admin.site._registry
+        if model._meta.app_label in {"scheduling", "accounts"}
+    ]
+
+
+def test_every_changelist_renders_with_search_in_bounded_queries(
+    superuser_client, filled, django_assert_max_num_queries
+):
+    urls = _changelist_urls()
+    assert len(urls) == 13  # 10 scheduling models + project, membership, quota
+    for url in urls:
+        with django_assert_max_num_queries(25):
+            response = superuser_client.get(url, {"q": "vision"})
+        assert response.status_code == 200, url
+
+
+def test_bookings_are_read_only_in_admin(superuser_client, filled):
+    booking = Booking.objects.first()
+    url = reverse("admin:scheduling_booking_change", args=[booking.pk])
+    response = superuser_client.get(url)
+    assert response.status_code == 200
+    response = superuser_client.post(url, {"status": "cancelled"})
+    assert response.status_code == 403
+    assert Booking.objects.get(pk=booking.pk).status == Booking.Status.CONFIRMED
+    assert superuser_client.get(reverse("admin:scheduling_booking_add")).status_code == 403
+
+
+def test_researchers_are_kept_out(client, member):
+    client.force_login(member)
+    response = client.get(reverse("admin:scheduling_booking_changelist"))
+    assert response.status_code == 302  # to the admin login
