@@ -288,7 +288,9 @@ def availability_get(
     for i in range(steps):
         busy += busy_delta[i]
         slot_start = start_at + i * step
-        slots.append(AvailabilitySlot(slot_start, min(slot_start + step, end_at), max(capacity - busy, 0)))
+        # The last slot ends at end_at (computed, not added, so year 9999 cannot overflow).
+        slot_end = end_at if i == steps - 1 else slot_start + step
+        slots.append(AvailabilitySlot(slot_start, slot_end, max(capacity - busy, 0)))
     return Availability(gpu_type_name, cluster_name, capacity, step_s, tuple(slots))
 
 

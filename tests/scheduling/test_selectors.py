@@ -128,6 +128,15 @@ def test_availability_api(member_client, nodes, soon):
         assert bad.json()["fields"]
 
 
+def test_availability_at_the_end_of_time_does_not_overflow(member_client, nodes):
+    response = member_client.get(
+        "/api/v1/availability/",
+        {"gpu_type": "A100", "start": "9999-12-31T22:30:00Z", "end": "9999-12-31T23:59:59Z", "step": 3600},
+    )
+    assert response.status_code == 200
+    assert response.json()["slots"][-1]["end_at"] == "9999-12-31T23:59:59Z"
+
+
 def test_alternatives_are_truly_free_and_earliest(member, project, a100, nodes, soon):
     hour = timedelta(hours=1)
     booking_create(member, project=project, gpu_type=a100, gpu_count=8, start_at=soon, end_at=soon + 2 * hour)
