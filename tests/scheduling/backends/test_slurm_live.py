@@ -235,6 +235,27 @@ def test_cancel(slurm_backend: SlurmBackend, job_dir: Path) -> None:
     assert slurm_backend.cancel("never-submitted").is_ok
 
 
+def test_preempting_a_job_that_has_not_started_holds_it(slurm_backend: SlurmBackend) -> None:
+    n1 = node_gpus(slurm_backend, "n1")
+    payloads = {j: {"command": "sleep 60", "time_limit_s": 300} for j in ("blocker", "waiter")}
+    assert slurm_backend.apply(Plan(starts=(start("blocker", n1[:1], "n1"),)), payloads=payloads)[0].is_ok
+    wait_for(job_in(slurm_backend, "blocker", ObservedState.RUNNING), what="blocker running")
+    # All 4 GPUs of n1 while one is taken: Slurm keeps it pending (a plan from stale information).
+    assert slurm_backend.apply(Plan(starts=(start("waiter", n1, "n1"),)), payloads=payloads)[0].is_ok
+    wait_for(job_in(slurm_backend, "waiter", ObservedState.PENDING), what="waiter pending")
+    now = time.time()
+    [held] = slurm_backend.apply(Plan(preemptions=(PreemptAction("waiter", now, now + 30, "booking"),)))
+    assert held.is_ok, held.message
+    assert "held before it started" in held.message
+    wait_for(job_in(slurm_backend, "waiter", ObservedState.PREEMPTED), what="waiter held")
+    assert scontrol_job(held.backend_ref)["Priority"] == "0"
+    slurm_backend.cancel("blocker")
+    wait_for(job_in(slurm_backend, "blocker", ObservedState.CANCELLED), what="blocker gone")
+    time.sleep(1.5)  # n1 is free now (Slurm schedules within a second here), and the held job stays put
+    assert scontrol_job(held.backend_ref)["JobState"] == "PENDING"
+    assert slurm_backend.cancel("waiter").is_ok
+
+
 def test_booking_reservation_appears_lends_and_goes(
     slurm_backend: SlurmBackend, slurm_config: SlurmConfig, job_dir: Path
 ) -> None:

@@ -151,3 +151,22 @@ def test_submit_refusal_is_a_failed_result(restd: FakeRestd, slurm_data: Callabl
     )
     assert not result.is_ok
     assert "Failure during parsing" in result.message
+
+
+@pytest.mark.parametrize(
+    ("gpu_ids", "node_ids", "expected"),
+    [
+        ((0, 1), ("n2",), "not on the planned nodes"),  # 0 and 1 are n1's
+        ((0, 1, 8), ("n1", "n3"), "same GPU count"),  # Slurm's gres is per node
+        ((999,), ("n1",), "on no Slurm node"),
+    ],
+)
+def test_plans_slurm_cannot_express_are_failed_results(
+    restd: FakeRestd, gpu_ids: tuple[int, ...], node_ids: tuple[str, ...], expected: str
+) -> None:
+    backend = SlurmBackend(SlurmConfig(url=restd.url, token="t"))
+    action = StartAction("new", gpu_ids, node_ids, is_preemptible=False, expected_end_at=0.0)
+    [result] = backend.apply(Plan(starts=(action,)), payloads={"new": {"command": "true"}})
+    assert not result.is_ok
+    assert expected in result.message
+    assert {method for method, _, _ in restd.seen} == {"GET"}  # nothing was submitted
