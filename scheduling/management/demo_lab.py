@@ -141,7 +141,8 @@ class DemoLabReport:
     history_from: datetime | None = None
     history_to: datetime | None = None
     bookings_created: int = 0
-    bookings_skipped: list[str] = field(default_factory=list)
+    queued_jobs_created: int = 0
+    skipped: list[str] = field(default_factory=list)
     logins: list[tuple[str, str, str]] = field(default_factory=list)
 
 
@@ -283,6 +284,7 @@ def demo_lab_build(
     history_days: int = DEFAULT_HISTORY_DAYS,
     now: datetime | None = None,
     make_bookings: bool = True,
+    make_queue: bool = True,
     log: Callable[[str], None] = lambda _msg: None,
 ) -> DemoLabReport:
     """Create what is missing of the demo lab and report what is there.
@@ -308,6 +310,8 @@ def demo_lab_build(
     log(f"history: {report.jobs_created} jobs created, {report.jobs_total} in total")
     if make_bookings:
         _build_bookings(cluster, users, projects, now=now, report=report)
+    if make_queue:
+        _build_queue(cluster, users, projects, now=now, report=report)
     report.logins = [(ADMIN_USERNAME, ADMIN_PASSWORD, "staff: Django admin and every page")] + [
         (username, RESEARCHER_PASSWORD, ", ".join(p.name for p in PROJECTS if username in p.members))
         for username, _, _ in RESEARCHERS
@@ -570,9 +574,62 @@ def _build_bookings(
                 now=now,
             )
         except ValidationError as exc:
-            report.bookings_skipped.append(f"{username}: {'; '.join(exc.messages)}")
+            report.skipped.append(f"{username}: {'; '.join(exc.messages)}")
             continue
         except (BookingConflictError, PermissionDenied) as exc:
-            report.bookings_skipped.append(f"{username}: {exc}")
+            report.skipped.append(f"{username}: {exc}")
             continue
         report.bookings_created += 1
+
+
+# Work waiting for the engine when the demo starts, so "My jobs" shows jobs being placed:
+# (who, project, name, GPUs, GPU type or None for "any with enough memory", hours requested,
+#  preemptible, checkpointable).
+QUEUED_JOBS: tuple[tuple[str, str, str, int, str | None, float, bool, bool], ...] = (
+    ("ada", "vision", "vit-b16-finetune", 4, "G2", 2, True, False),
+    ("grace", "language", "llm-7b-sft", 8, "G2", 6, True, True),
+    ("alan", "robotics", "ppo-sweep-3", 1, "T4", 0.5, False, False),
+    ("katherine", "climate", "era5-emulator", 2, "V100M32", 4, False, True),
+    ("donald", "language", "eval-harness", 1, None, 1, False, False),
+    ("frances", "robotics", "sim2real-batch", 2, "G2", 1, True, False),
+)
+
+
+def _build_queue(
+    cluster: Cluster,
+    users: dict[str, Any],
+    projects: dict[str, Project],
+    *,
+    now: datetime,
+    report: DemoLabReport,
+) -> None:
+    from scheduling.services import job_submit
+
+    types = {t.name: t for t in GpuType.objects.filter(nodes__cluster=cluster).distinct()}
+    for username, slug, name, gpus, type_name, hours, is_preemptible, is_checkpointable in QUEUED_JOBS:
+        if Job.objects.filter(cluster=cluster, user=users[username], name=name).exists():
+            continue
+        gpu_type = types.get(type_name) if type_name else None
+        if type_name and gpu_type is None:
+            continue  # a scaled-down inventory without this type
+        try:
+            job_submit(
+                users[username],
+                project=projects[slug],
+                name=name,
+                gpu_count=gpus,
+                cluster=cluster,
+                gpu_type=gpu_type,
+                min_memory_gib=0.0 if gpu_type else 16.0,
+                requested_s=int(hours * 3600),
+                is_preemptible=is_preemptible,
+                is_checkpointable=is_checkpointable,
+                checkpoint_interval_s=900 if is_checkpointable else None,
+                payload={"command": f"python train.py --run {name}", "source": "demo"},
+                actor_label=AuditEvent.Actor.ADMIN,
+                now=now,
+            )
+        except (ValidationError, PermissionDenied) as exc:
+            report.skipped.append(f"job {name}: {exc}")
+            continue
+        report.queued_jobs_created += 1

@@ -46,6 +46,7 @@ class Command(BaseCommand):
         )
         parser.add_argument("--reset", action="store_true", help="delete the demo lab first, then rebuild")
         parser.add_argument("--no-bookings", action="store_true", help="skip the upcoming demo bookings")
+        parser.add_argument("--no-queue", action="store_true", help="skip the queued demo jobs")
         parser.add_argument(
             "--allow-production",
             action="store_true",
@@ -74,6 +75,7 @@ class Command(BaseCommand):
                 scale=scale,
                 history_days=options["history_days"],
                 make_bookings=not options["no_bookings"],
+                make_queue=not options["no_queue"],
                 log=self.stdout.write,
             )
         except DemoLabError as exc:
@@ -90,8 +92,9 @@ class Command(BaseCommand):
         out(f"History from {report.history_source}")
         out(f"Jobs: {report.jobs_total} in the history{span} ({report.jobs_created} created now)")
         out(f"Upcoming bookings created now: {report.bookings_created}")
-        for reason in report.bookings_skipped:
-            out(f"  skipped a booking: {reason}")
+        out(f"Queued jobs created now: {report.queued_jobs_created}")
+        for reason in report.skipped:
+            out(f"  skipped: {reason}")
         out(f"Done in {time.monotonic() - started:.1f} s")
         out("Logins (username / password):")
         for username, password, what in report.logins:
