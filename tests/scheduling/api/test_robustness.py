@@ -42,7 +42,13 @@ def test_nul_in_job_payload_is_400(member_client, project, nodes):
 
 @pytest.mark.parametrize(
     "url",
-    ["/api/v1/bookings/null,null/", "/api/v1/jobs/abc/cancel/", "/api/v1/nothing-here/", "/api/v1/bookings"],
+    [
+        "/api/v1/bookings/null,null/",
+        "/api/v1/jobs/abc/cancel/",
+        "/api/v1/nothing-here/",
+        "/api/v1/bookings",
+        "/api/v1/projects/a%0Ab/",
+    ],
 )
 def test_unknown_api_paths_are_json_404(member_client, url):
     response = member_client.get(url)
