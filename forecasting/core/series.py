@@ -186,11 +186,8 @@ def mask_outages(y: pd.Series, *, min_run_h: int = 6) -> pd.Series:
     recorded values.
     """
     values = y.to_numpy(dtype=float)
-    finite = values[np.isfinite(values)]
-    if len(finite) == 0 or np.quantile(finite, 0.1) <= 0.0:
-        return y
     is_zero = values == 0.0
-    out = values.copy()
+    in_long_run = np.zeros(len(values), dtype=bool)
     run_start = -1
     for i in range(len(values) + 1):
         if i < len(values) and is_zero[i]:
@@ -198,6 +195,11 @@ def mask_outages(y: pd.Series, *, min_run_h: int = 6) -> pd.Series:
                 run_start = i
             continue
         if run_start >= 0 and i - run_start >= min_run_h:
-            out[run_start:i] = np.nan
+            in_long_run[run_start:i] = True
         run_start = -1
+    rest = values[~in_long_run & np.isfinite(values)]
+    if not in_long_run.any() or len(rest) == 0 or np.quantile(rest, 0.1) <= 0.0:
+        return y
+    out = values.copy()
+    out[in_long_run] = np.nan
     return pd.Series(out, index=y.index, name=y.name)

@@ -1,0 +1,106 @@
+"""CLI smoke tests of bench.forecast and bench.runtime on the shipped samples (real Prophet)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import forecast as bench_forecast
+from bench import runtime as bench_runtime
+
+CONTRACT_MODELS = ("prophet", "seasonal_naive_24", "seasonal_naive_168", "berth")
+METRIC_KEYS = ("mase", "smape", "coverage_80", "fit_s_mean")
+
+
+def _check_models(models: dict[str, dict[str, float]]) -> None:
+    for name in CONTRACT_MODELS:
+        assert name in models
+        for key in METRIC_KEYS:
+            assert isinstance(models[name][key], float)
+        assert 0.0 <= models[name]["coverage_80"] <= 1.0
+        assert models[name]["mase"] >= 0.0
+
+
+def test_bench_forecast_total_writes_contract_json(samples_dir: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "f.json"
+    code = bench_forecast.main(
+        [
+            "--series", str(samples_dir / "venus_submit_hourly_sample.csv.gz"),
+            "--target", "submit_gpu_num", "--agg", "sum", "--horizon-h", "24",
+            "--days", "2", "--out", str(out),
+        ]
+    )  # fmt: skip
+    assert code == 0
+    doc = json.loads(out.read_text())
+    _check_models(doc["models"])
+    assert doc["models"]["berth"]["origins"] == 2.0
+    assert "berth" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_bench_forecast_by_group_averages_groups(samples_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "g.json"
+    bench_forecast.main(
+        [
+            "--series", str(samples_dir / "earth_vc_gpus_hourly_sample.csv.gz"),
+            "--target", "running_gpus+pending_gpus", "--agg", "mean", "--by", "group",
+            "--days", "2", "--events", str(samples_dir / "events_example.json"), "--out", str(out),
+        ]
+    )  # fmt: skip
+    doc = json.loads(out.read_text())
+    assert set(doc["groups"]) == {"vcSoL", "vcpDC", "vcdI0"}
+    _check_models(doc["models"])
+    for group in doc["groups"].values():
+        _check_models(group["models"])
+    mean_mase = sum(g["models"]["berth"]["mase"] for g in doc["groups"].values()) / 3
+    assert doc["models"]["berth"]["mase"] == pytest.approx(mean_mase)
+
+
+def test_bench_runtime_writes_contract_json(samples_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    code = bench_runtime.main(["--trace", str(samples_dir / "kth_sp2_jobs_sample.csv.gz"), "--out", str(out)])
+    assert code == 0
+    doc = json.loads(out.read_text())
+    for side in ("predictor", "user_estimate"):
+        assert 0.0 <= doc[side]["within_2x"] <= 1.0
+        assert doc[side]["mae_s"] >= 0.0
+    assert doc["jobs"] == 2000
+    # learning from history beats the users' own limits on this sample as on the full log
+    assert doc["predictor"]["within_2x"] > doc["user_estimate"]["within_2x"]
+
+
+def test_bench_runtime_only_learns_from_jobs_finished_before_each_submit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        "job_id,user,group,submit_time,start_time,end_time,num_gpus,gpu_type,status,requested_time\n"
+        "1,u1,g1,0,0,100,1,,completed,1000\n"
+        "2,u1,g1,50,60,500,1,,completed,1000\n"
+        "3,u1,g1,100,100,200,1,,completed,1000\n"  # job 1 ended at 100: not strictly before
+        "4,u1,g1,600,600,700,1,,completed,1000\n"
+    )
+    events: list[tuple[str, str]] = []
+
+    class Spy(bench_runtime.HistoryRuntimePredictor):
+        def predict(self, job):  # type: ignore[no-untyped-def]
+            events.append(("predict", job.id))
+            return super().predict(job)
+
+        def observe(self, job, runtime_s):  # type: ignore[no-untyped-def]
+            events.append(("observe", job.id))
+            super().observe(job, runtime_s)
+
+    monkeypatch.setattr(bench_runtime, "HistoryRuntimePredictor", Spy)
+    bench_runtime.run(trace)
+    assert events == [
+        ("predict", "1"),
+        ("predict", "2"),
+        ("predict", "3"),
+        ("observe", "1"),
+        ("observe", "3"),
+        ("observe", "2"),
+        ("predict", "4"),
+    ]

@@ -1,0 +1,119 @@
+"""HistoryRuntimePredictor: fallbacks, online updates, ratio features, bounds."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from forecasting.core.runtime import HistoryRuntimePredictor, window_mode
+from scheduling.engine.types import JobRequest
+
+_counter = iter(range(1_000_000))
+
+
+def job(
+    user: str = "alice",
+    project: str = "vision",
+    *,
+    requested_s: float | None = None,
+    gpu_count: int = 1,
+    name: str = "",
+) -> JobRequest:
+    return JobRequest(
+        id=f"j{next(_counter)}",
+        user=user,
+        project=project,
+        gpu_count=gpu_count,
+        submit_at=0.0,
+        requested_s=requested_s,
+        name=name,
+    )
+
+
+def feed(p: HistoryRuntimePredictor, template: dict[str, object], runtimes: list[float]) -> None:
+    for rt in runtimes:
+        j = job(**template)  # type: ignore[arg-type]
+        p.predict(j)
+        p.observe(j, rt)
+
+
+def test_window_mode_picks_the_densest_factor_of_two_window() -> None:
+    # three votes near 10 s (log) and two heavier votes near 1000 s: weight wins
+    ln = math.log
+    votes = [(ln(10), 1.0), (ln(12), 1.0), (ln(15), 1.0), (ln(1000), 2.0), (ln(1100), 2.0)]
+    assert math.exp(window_mode(list(votes))) == pytest.approx(math.sqrt(1000 * 1100))
+    votes = [(ln(10), 1.0), (ln(12), 1.0), (ln(15), 1.0), (ln(1000), 1.0)]
+    assert math.exp(window_mode(list(votes))) == pytest.approx(math.sqrt(10 * 15))
+
+
+def test_cold_start_uses_requested_time_then_default() -> None:
+    p = HistoryRuntimePredictor(default_s=1234.0)
+    assert p.predict(job(requested_s=600.0)) == (600.0, 600.0)
+    assert p.predict(job()) == (1234.0, 1234.0)
+
+
+def test_falls_back_user_then_project_then_global() -> None:
+    p = HistoryRuntimePredictor()
+    feed(p, {"user": "alice", "project": "vision"}, [100.0] * 5)
+    feed(p, {"user": "bob", "project": "nlp"}, [10_000.0] * 5)
+    assert p.predict(job("alice", "vision"))[0] == pytest.approx(100.0)
+    # a new user of project vision gets the project's history, not bob's
+    assert p.predict(job("carol", "vision"))[0] == pytest.approx(100.0, rel=0.5)
+    # a new user in a new project gets the global pool: somewhere between the two
+    p50 = p.predict(job("dave", "new"))[0]
+    assert 100.0 * 0.9 <= p50 <= 10_000.0 * 1.1
+
+
+def test_online_updates_follow_a_change_in_behaviour() -> None:
+    p = HistoryRuntimePredictor()
+    feed(p, {"user": "alice"}, [100.0] * 10)
+    assert p.predict(job("alice"))[0] == pytest.approx(100.0)
+    feed(p, {"user": "alice"}, [5_000.0] * 6)
+    assert p.predict(job("alice"))[0] == pytest.approx(5_000.0)
+    assert p.n_observed == 16
+
+
+def test_ratio_to_requested_carries_over_to_a_new_limit() -> None:
+    p = HistoryRuntimePredictor()
+    # alice always uses about a quarter of what she asks for
+    for req in (4_000.0, 8_000.0, 2_000.0, 16_000.0):
+        feed(p, {"user": "alice", "requested_s": req}, [req / 4])
+    p50, p90 = p.predict(job("alice", requested_s=40_000.0))
+    assert p50 == pytest.approx(10_000.0, rel=0.2)
+    assert p50 <= p90 <= 40_000.0
+
+
+def test_predictions_never_exceed_the_limit_and_p90_not_below_p50() -> None:
+    p = HistoryRuntimePredictor()
+    feed(p, {"user": "alice", "requested_s": 100_000.0}, [50_000.0, 60_000.0, 70_000.0])
+    p50, p90 = p.predict(job("alice", requested_s=1_000.0))
+    assert p50 <= 1_000.0
+    assert p90 <= 1_000.0
+    assert p50 <= p90
+
+
+def test_job_name_separates_two_kinds_of_work_of_one_user() -> None:
+    p = HistoryRuntimePredictor()
+    for _ in range(4):
+        feed(p, {"user": "alice", "name": "train"}, [20_000.0])
+        feed(p, {"user": "alice", "name": "eval"}, [300.0])
+    assert p.predict(job("alice", name="train"))[0] > 10 * p.predict(job("alice", name="eval"))[0]
+
+
+def test_p90_band_is_calibrated_online() -> None:
+    p = HistoryRuntimePredictor(refresh_every=10)
+    # runtimes alternate 100 s and 150 s: the band must open to cover the upper value
+    feed(p, {"user": "alice"}, [100.0, 150.0] * 100)
+    p50, p90 = p.predict(job("alice"))
+    assert p90 >= 150.0 * 0.99
+    assert p50 <= p90
+
+
+def test_predict_is_repeatable_and_observe_works_without_predict() -> None:
+    p = HistoryRuntimePredictor()
+    feed(p, {"user": "alice"}, [100.0, 200.0, 300.0])
+    j = job("alice")
+    assert p.predict(j) == p.predict(j)
+    p.observe(job("bob"), 0.0)  # never predicted, zero runtime: floored, no error
+    assert p.predict(job("bob"))[0] >= 1.0
