@@ -15,6 +15,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
@@ -51,9 +52,11 @@ CONFLICT = 409
 
 
 class HtmxHttpRequest(HttpRequest):
-    """A request that went through django-htmx's middleware (typed, as django-htmx suggests)."""
+    """A signed-in request that went through django-htmx's middleware (typed, as django-htmx
+    suggests); every view here is behind ``login_required``, so ``user`` is a real user."""
 
     htmx: HtmxDetails
+    user: User
 
 
 def _render(
@@ -183,7 +186,8 @@ def booking_new(request: HtmxHttpRequest) -> HttpResponse:
     if request.method == "GET":
         initial = _booking_initial(request)
         # Links from the availability timeline pre-fill the form (?gpu_type=…&start_at=…).
-        initial.update({k: v for k, v in request.GET.items() if k in _PREFILL_FIELDS and len(v) <= 40})
+        prefill = {name: request.GET.get(name, "") for name in _PREFILL_FIELDS}
+        initial.update({name: value for name, value in prefill.items() if value and len(value) <= 40})
         form = _booking_form(request, initial=initial)
         # Show availability for the initial values at once: an unbound form is never valid,
         # so check a bound copy of its initial data.
