@@ -6,8 +6,9 @@ from datetime import datetime
 
 import pytest
 
-from scheduling.models import Allocation, AuditEvent, Booking, EngineRound, GpuType, Job, Preemption
-from scheduling.services import booking_create
+from scheduling.engine.types import Plan, StartAction
+from scheduling.models import Allocation, AuditEvent, Booking, EngineRound, Gpu, GpuType, Job, Preemption
+from scheduling.services import booking_create, job_cancel
 from tests.integration import loop
 from tests.integration.loop import (
     later,
@@ -196,3 +197,61 @@ def test_overlap_at_persist_rolls_back_only_that_start(
     assert job.pending_sentence
     assert not job.allocations.exists()
     assert not sim_backend(cluster, at=t0).running_on()
+
+
+def test_cancelled_job_is_stopped_on_the_backend(engine_redis_url, run_round, t0: datetime) -> None:
+    cluster = make_cluster(nodes=1, gpus_per_node=4)
+    user, project = make_member()
+    job = submit(user, project, cluster, gpus=2, runtime_s=3600, now=t0)
+    run_round(cluster, t0)
+    job_cancel(job, user=user, now=later(t0, 60))  # the service frees the GPUs in the database only
+
+    result = run_round(cluster, later(t0, 75))
+
+    job.refresh_from_db()
+    assert job.status == Job.Status.CANCELLED
+    assert not sim_backend(cluster, at=later(t0, 75)).running_on()
+    round_row = EngineRound.objects.get(pk=result.round_id)
+    assert round_row.decisions["apply"]["cancelled"] == [str(job.pk)]
+
+
+def test_work_the_backend_runs_unknown_to_the_database_is_adopted(
+    engine_redis_url, run_round, t0: datetime
+) -> None:
+    """A start the database rolled back although the backend did it (e.g. a timeout) is adopted."""
+    cluster = make_cluster(nodes=1, gpus_per_node=4)
+    user, project = make_member()
+    job = submit(user, project, cluster, gpus=2, runtime_s=3600, now=t0)
+    gpus = tuple(Gpu.objects.filter(node__cluster=cluster).order_by("id").values_list("id", flat=True)[:2])
+    sim_backend(cluster, at=t0).apply(
+        Plan(starts=(StartAction(str(job.pk), gpus, ("n0",), False, 0.0),)),
+        payloads={str(job.pk): {"sim_runtime_s": 3600}},
+    )
+
+    run_round(cluster, later(t0, 30))
+
+    job.refresh_from_db()
+    assert job.status == Job.Status.RUNNING
+    assert job.started_at == t0
+    assert tuple(sorted(job.allocations.values_list("gpu_id", flat=True))) == gpus
+    assert sim_backend(cluster, at=later(t0, 30)).running_on() == {g: str(job.pk) for g in gpus}
+
+
+def test_running_allocations_are_extended_when_a_job_outlives_its_estimate(
+    engine_redis_url, run_round, t0: datetime
+) -> None:
+    cluster = make_cluster(nodes=1, gpus_per_node=4)
+    user, project = make_member()
+    job = submit(user, project, cluster, gpus=1, runtime_s=1000, requested_s=600, now=t0)
+    run_round(cluster, t0)
+    (allocation,) = job.allocations.all()
+    assert allocation.period.upper == later(t0, 600)
+
+    run_round(cluster, later(t0, 590))
+
+    allocation.refresh_from_db()
+    assert allocation.period.upper > later(t0, 1000)  # still blocks bookings while it really runs
+    run_round(cluster, later(t0, 1010))
+    allocation.refresh_from_db()
+    assert allocation.state == Allocation.State.ENDED
+    assert allocation.period.upper == later(t0, 1000)
