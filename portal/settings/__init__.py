@@ -199,6 +199,9 @@ BERTH_ENGINE_ROUND_TIME_LIMIT_S = env.int("BERTH_ENGINE_ROUND_TIME_LIMIT_S", def
 BERTH_ENGINE_TRIGGER_DEBOUNCE_S = env.float("BERTH_ENGINE_TRIGGER_DEBOUNCE_S", default=1.0)
 # At most one dispatched round per cluster is queued; the mark expires after this.
 BERTH_ENGINE_QUEUED_TTL_S = env.int("BERTH_ENGINE_QUEUED_TTL_S", default=60)
+# Live simulator (Cluster.backend "simulator"): work seconds per wall second, unless the cluster's
+# settings say otherwise; e.g. 30 lets a demo audience watch hour-long jobs finish in minutes.
+BERTH_SIM_SPEEDUP = env.float("BERTH_SIM_SPEEDUP", default=1.0)
 
 LOGGING = {
     "version": 1,

@@ -3,9 +3,10 @@
 ``Cluster.settings`` holds connection settings only (never secrets; those come from the
 environment through each backend's ``from_env``).  Keys per kind:
 
-* ``simulator`` (`LiveSimBackend`): ``speedup``, ``fail_rate``, ``seed``, ``runtime_fraction_lo``/``_hi``,
-  ``default_runtime_s``, ``retention_s`` and the fault switches of `LiveSimConfig`.  Its state
-  lives in Redis at ``BERTH_ENGINE_REDIS_URL`` under a key per database and cluster.
+* ``simulator`` (`LiveSimBackend`): ``speedup`` (default ``BERTH_SIM_SPEEDUP``), ``fail_rate``,
+  ``seed``, ``runtime_fraction_lo``/``_hi``, ``default_runtime_s``, ``retention_s`` and the fault
+  switches of `LiveSimConfig`.  Its state lives in Redis at ``BERTH_ENGINE_REDIS_URL`` under a key
+  per database and cluster.
 * ``slurm`` (`SlurmBackend`): ``url``, ``user``, ``partition``, ``job_name_prefix``,
   ``reservation_prefix``, ``default_time_limit_s``, ``dry_run`` over `SlurmConfig.from_env`.
 * ``kubernetes`` (`KubernetesBackend`): ``namespace``, ``host``, ``gpu_types``, ``dry_run``,
@@ -69,7 +70,9 @@ def backend_for_cluster(cluster: Cluster, *, clock: Callable[[], float] | None =
     raw: Mapping[str, Any] = cluster.settings or {}
     try:
         if cluster.backend == Cluster.Backend.SIMULATOR:
-            config = LiveSimConfig.from_mapping(raw, key_prefix=live_sim_key_prefix(cluster))
+            config = LiveSimConfig.from_mapping(
+                {"speedup": settings.BERTH_SIM_SPEEDUP, **raw}, key_prefix=live_sim_key_prefix(cluster)
+            )
             return LiveSimBackend(
                 engine_nodes_for_cluster(cluster=cluster),
                 redis=engine_redis(settings.BERTH_ENGINE_REDIS_URL),
