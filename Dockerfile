@@ -25,7 +25,8 @@ RUN pip install --no-deps -e . \
 USER berth
 EXPOSE 8000
 
+# A TCP check: an HTTP one would trip over ALLOWED_HOSTS and the HTTPS redirect of production.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=20s \
-  CMD python -c "import os, urllib.request; urllib.request.urlopen(f'http://127.0.0.1:{os.environ[\"PORT\"]}/login/', timeout=4)" || exit 1
+  CMD python -c "import os, socket; socket.create_connection(('127.0.0.1', int(os.environ['PORT'])), timeout=4).close()" || exit 1
 
 CMD ["sh", "-c", "exec gunicorn portal.wsgi:application --bind 0.0.0.0:${PORT} --workers ${WEB_CONCURRENCY:-3} --access-logfile - --error-logfile -"]
