@@ -36,5 +36,6 @@ urlpatterns = [
     path("me/", MeApi.as_view(), name="me"),
     path("audit-events/", AuditEventListApi.as_view(), name="audit-event-list"),
     # Last: any other path under /api/v1/ is a JSON 404, not Django's HTML page.
-    re_path(r"^(?s:.*)$", NotFoundApi.as_view(), name="not-found"),  # newlines too
+    # [\s\S], not ".": a path may contain a newline; and no inline flags, which break reverse().
+    re_path(r"^[\s\S]*$", NotFoundApi.as_view(), name="not-found"),
 ]
