@@ -91,3 +91,10 @@ def test_page_size_and_cursor_walk_every_row_once(member_client, member, project
 
 def test_blank_filters_mean_no_filter(member_client):
     assert member_client.get("/api/v1/bookings/", {"status": "", "project": ""}).status_code == 200
+
+
+def test_urls_still_reverse_with_the_catch_all():
+    from django.urls import reverse
+
+    assert reverse("api:booking-detail", args=[3]) == "/api/v1/bookings/3/"
+    assert reverse("admin:index") == "/admin/"
