@@ -145,6 +145,8 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "scheduling.api.pagination.CursorPagination",
     "PAGE_SIZE": 50,
     "EXCEPTION_HANDLER": "portal.api.exception_handler",
+    # Password-for-token exchanges per client address (POST /api/v1/auth/token/).
+    "DEFAULT_THROTTLE_RATES": {"auth-token": env.str("BERTH_TOKEN_THROTTLE_RATE", default="20/min")},
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     # DRF's JSON parser plus the DATA_UPLOAD_MAX_MEMORY_SIZE limit (413), which DRF skips.
     "DEFAULT_PARSER_CLASSES": ["portal.api.JSONParser"],

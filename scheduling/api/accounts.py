@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from drf_spectacular.utils import extend_schema
-from rest_framework import serializers
+from rest_framework import permissions, serializers, throttling
+from rest_framework.authtoken.models import Token
+from rest_framework.authtoken.serializers import AuthTokenSerializer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -75,3 +77,37 @@ class MeApi(APIView):
             "memberships": account_selectors.membership_list(user),
         }
         return Response(self.OutputSerializer(data).data)
+
+
+class TokenCreateApi(APIView):
+    """Exchange a username and password for the user's API token (created on first use).
+
+    No session or token is needed (scripts start here), so no CSRF either; attempts are
+    throttled per client address.
+    """
+
+    authentication_classes: list[Any] = []
+    permission_classes = [permissions.AllowAny]
+    throttle_classes = [throttling.ScopedRateThrottle]
+    throttle_scope = "auth-token"
+
+    class InputSerializer(serializers.Serializer[Any]):
+        username = serializers.CharField(max_length=150)
+        password = serializers.CharField(
+            max_length=4096, trim_whitespace=False, style={"input_type": "password"}
+        )
+
+    class OutputSerializer(serializers.Serializer[Any]):
+        token = serializers.CharField()
+
+    @extend_schema(
+        operation_id="auth_token_create",
+        auth=[],
+        request=InputSerializer,
+        responses={200: OutputSerializer, **errors(400, 413, 429)},
+    )
+    def post(self, request: Request) -> Response:
+        credentials = AuthTokenSerializer(data=request.data, context={"request": request})
+        credentials.is_valid(raise_exception=True)
+        token, _ = Token.objects.get_or_create(user=credentials.validated_data["user"])
+        return Response(self.OutputSerializer({"token": token.key}).data)

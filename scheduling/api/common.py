@@ -55,6 +55,7 @@ def errors(*codes: int) -> dict[int, OpenApiResponse]:
         404: "Not found (or not yours).",
         409: "The GPUs are taken; `alternatives` lists the nearest free windows.",
         413: "The request body is too large.",
+        429: "Too many attempts; retry later.",
     }
     return {
         code: OpenApiResponse(
