@@ -287,7 +287,9 @@ class Replay:
         free = self.backend.free_gpu_count
         if free == 0:
             return False
-        return any(job.gpu_count <= free or job.kind == JobKind.INTERACTIVE for job in self._pending.values())
+        if self._interactive_gpus:
+            return True  # counts running sessions too: cheap, and only errs towards ticking
+        return any(job.gpu_count <= free for job in self._pending.values())
 
     def _schedule_tick(self, t: float, *, after_tick: bool, acted: bool) -> None:
         self._tick_gen += 1
@@ -304,7 +306,7 @@ class Replay:
 
     def _fits(self, gpu_count: int, gpu_type: str | None) -> bool:
         if gpu_type is None:
-            return gpu_count <= self.inventory.capacity_gpus
+            return gpu_count <= self.record.capacity_gpus
         return gpu_count <= self._capacity_by_type.get(gpu_type, 0)
 
     def _enqueue(self, request: JobRequest, meta: _Meta) -> None:
