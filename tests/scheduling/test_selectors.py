@@ -63,6 +63,25 @@ def test_availability_ignores_down_nodes_and_other_types(nodes, cluster, soon):
     assert [s.free_gpus for s in result.slots] == [4, 4]
 
 
+def test_availability_per_cluster(member, project, a100, nodes, soon):
+    other = NodeFactory(gpu_type=a100, name="b0", gpu_count=2)  # in a second cluster
+    booking_create(
+        member,
+        project=project,
+        gpu_type=a100,
+        gpu_count=2,
+        cluster=other.cluster,
+        start_at=soon,
+        end_at=soon + timedelta(hours=1),
+    )
+    window = {"gpu_type_name": "A100", "start_at": soon, "end_at": soon + timedelta(hours=1), "step_s": 3600}
+    assert [s.free_gpus for s in selectors.availability_get(**window).slots] == [8]
+    only_other = selectors.availability_get(**window, cluster_name=other.cluster.name)
+    assert (only_other.capacity, [s.free_gpus for s in only_other.slots]) == (2, [0])
+    only_alpha = selectors.availability_get(**window, cluster_name="alpha")
+    assert (only_alpha.capacity, [s.free_gpus for s in only_alpha.slots]) == (8, [8])
+
+
 def test_availability_after_bookings(member, project, a100, nodes, soon):
     booking_create(
         member,
