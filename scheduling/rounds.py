@@ -96,7 +96,7 @@ class RoundResult:
     """What one call of `engine_round_run` did (returned to the task, logged, shown in tests)."""
 
     cluster_id: int
-    status: str = "ok"  # ok | locked | inactive | backend_error | apply_failed
+    status: str = "ok"  # ok | locked | inactive | backend_error | apply_failed | engine_error
     round_id: int | None = None
     message: str = ""
     started: int = 0
@@ -410,6 +410,8 @@ def _reconcile_jobs(
                 job.save(update_fields=["status", "backend_ref"])
                 if before["status"] != job.status:
                     _audit("job.run", "job", job.pk, before, _job_state(job), now)
+            if obs.gpu_ids:
+                _realign(job, obs, now=now, result=result)
         elif obs.state in (OS.COMPLETED, OS.FAILED, OS.CANCELLED):
             ended_at = from_epoch(obs.ended_at) if obs.ended_at is not None else now
             message = obs.message or ("Cancelled outside Berth." if obs.state == OS.CANCELLED else "")
@@ -467,6 +469,38 @@ def _adopt(job: Job, obs: ObservedJob, *, now: datetime) -> bool:
     _audit_allocations([(a, None) for a in allocations], "allocation.create", now)
     _audit("job.adopt", "job", job.pk, before, _job_state(job), now)
     return True
+
+
+def _realign(job: Job, obs: ObservedJob, *, now: datetime, result: RoundResult) -> None:
+    """The backend runs the job on other GPUs than planned (Slurm picks GPU indices on a node):
+    move its allocations to the GPUs it really holds, from its start; keep them if those are taken."""
+    current = list(job.allocations.filter(state=Allocation.State.ACTIVE))
+    if {a.gpu_id for a in current} == set(obs.gpu_ids):
+        return
+    started_at = job.started_at or now
+    upper = _running_upper(job, started_at=started_at, gpu_ids=obs.gpu_ids, now=now, expected_end=None)
+    try:
+        with transaction.atomic():
+            for allocation in current:
+                allocation.state = Allocation.State.RELEASED
+            Allocation.objects.bulk_update(current, ["state"])
+            moved = Allocation.objects.bulk_create(
+                Allocation(
+                    gpu_id=g,
+                    job=job,
+                    period=DateTimeTZRange(started_at, upper, "[)"),
+                    state=Allocation.State.ACTIVE,
+                    is_preemptible=any(a.is_preemptible for a in current),
+                )
+                for g in obs.gpu_ids
+            )
+    except IntegrityError as exc:
+        if not _is_exclusion_violation(exc):
+            raise
+        result.notes.append(f"job {job.pk} runs on GPUs {list(obs.gpu_ids)}, which other holders have")
+        return
+    _audit_allocations([(a, None) for a in current], "allocation.release", now)
+    _audit_allocations([(a, None) for a in moved], "allocation.create", now)
 
 
 def _running_upper(
@@ -928,7 +962,23 @@ def engine_round_run(*, cluster_id: int, now: datetime | None = None) -> RoundRe
 
         snapshot = cluster_snapshot_build(cluster=cluster, now=now, policy=policy)
         plan_t0 = time.perf_counter()
-        plan = plan_round(snapshot, policy, epoch(now))
+        try:
+            plan = plan_round(snapshot, policy, epoch(now))
+        except Exception as exc:  # an engine bug must show on the round, not only in a worker log
+            logger.exception("plan_round failed for cluster %s", cluster.name)
+            result.duration_ms = (time.perf_counter() - t0) * 1000.0
+            row = EngineRound.objects.create(
+                cluster=cluster,
+                policy=policy.name,
+                started_at=now,
+                duration_ms=result.duration_ms,
+                error=f"engine error: {type(exc).__name__}: {exc}"[:2000],
+            )
+            result.round_id, result.status, result.message = row.pk, "engine_error", str(exc)
+            metrics.round_observe(
+                cluster=cluster.name, duration_s=result.duration_ms / 1000.0, outcome=result.status
+            )
+            return result
         plan_ms = (time.perf_counter() - plan_t0) * 1000.0
 
         with transaction.atomic(durable=True):

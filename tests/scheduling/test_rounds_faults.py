@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from scheduling.models import Allocation, AuditEvent, Booking, Cluster, EngineRound, GpuType, Job
+from scheduling.models import Allocation, AuditEvent, Booking, Cluster, EngineRound, Gpu, GpuType, Job
 from scheduling.rounds import RoundResult, engine_round_run
 from scheduling.services import booking_create, job_submit
 from tests.integration import loop
@@ -200,3 +200,53 @@ def test_racing_rounds_on_one_cluster_run_one_at_a_time(engine_redis_url, tmp_pa
     assert EngineRound.objects.filter(cluster=cluster).count() == 1
     # The lock is free again afterwards.
     assert engine_round_run(cluster_id=cluster.pk).status == "ok"
+
+
+@pytest.mark.django_db
+def test_engine_crash_is_recorded_on_the_round_and_changes_nothing(
+    engine_redis_url, run_round, t0: datetime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from scheduling import rounds
+
+    cluster = make_cluster(nodes=1, gpus_per_node=4)
+    user, project = make_member()
+    job = submit(user, project, cluster, gpus=1, runtime_s=60, now=t0)
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise ZeroDivisionError("bug in the engine")
+
+    monkeypatch.setattr(rounds, "plan_round", broken)
+    result = run_round(cluster, t0)
+
+    job.refresh_from_db()
+    assert result.status == "engine_error"
+    assert "ZeroDivisionError" in EngineRound.objects.get(pk=result.round_id).error
+    assert job.status == Job.Status.PENDING
+    assert not job.allocations.exists()
+
+
+@pytest.mark.django_db
+def test_allocations_follow_the_gpus_the_backend_really_gave(
+    engine_redis_url, run_round, t0: datetime
+) -> None:
+    """Slurm chooses GPU indices on a node itself: the database follows what really runs."""
+    cluster = make_cluster(nodes=1, gpus_per_node=4)
+    user, project = make_member()
+    job = submit(user, project, cluster, gpus=2, runtime_s=3600, now=t0)
+    run_round(cluster, t0)
+    planned = set(job.allocations.values_list("gpu_id", flat=True))
+    others = sorted(set(Gpu.objects.filter(node__cluster=cluster).values_list("id", flat=True)) - planned)
+    sim = sim_backend(cluster, at=t0)
+    record = sim.records()[str(job.pk)]
+    record["gpu_ids"] = others
+    sim._save(str(job.pk), record)
+
+    run_round(cluster, later(t0, 30))
+
+    active = job.allocations.filter(state=Allocation.State.ACTIVE)
+    assert sorted(active.values_list("gpu_id", flat=True)) == others
+    assert {a.period.lower for a in active} == {t0}
+    assert (
+        set(job.allocations.filter(state=Allocation.State.RELEASED).values_list("gpu_id", flat=True))
+        == planned
+    )
