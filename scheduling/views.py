@@ -39,7 +39,7 @@ from scheduling.selectors import (
     gpu_type_list,
     job_list,
 )
-from scheduling.services import BookingConflictError, booking_cancel, booking_create
+from scheduling.services import BookingConflictError, booking_cancel, booking_create, job_cancel
 
 BOOK_TEMPLATE = "scheduling/book.html"
 BOOKINGS_TEMPLATE = "scheduling/my_bookings.html"
@@ -379,3 +379,26 @@ def my_jobs(request: HtmxHttpRequest) -> HttpResponse:
         "statuses": Job.Status.choices,
     }
     return _render(request, JOBS_TEMPLATE, "job-list", context)
+
+
+@login_required
+@vary_on_headers("HX-Request")
+@require_POST
+def job_cancel_view(request: HtmxHttpRequest, job_id: int) -> HttpResponse:
+    """Cancel one of the user's pending or running jobs; htmx gets the updated row back."""
+    job = job_list(request.user, mine_only=True).filter(pk=job_id).first()
+    if job is None:
+        raise Http404("No such job.")
+    error = ""
+    try:
+        job_cancel(job, user=request.user)
+    except (ValidationError, PermissionDenied) as exc:
+        error = " ".join(exc.messages) if isinstance(exc, ValidationError) else str(exc)
+    if request.htmx:
+        job = job_list(request.user, mine_only=True).get(pk=job_id)
+        return render(request, f"{JOBS_TEMPLATE}#job-row", {"job": job, "row_error": error})
+    if error:
+        messages.error(request, error)
+    else:
+        messages.success(request, f"Cancelled job {job.name}.")
+    return HttpResponseRedirect(reverse("my-jobs"), status=303)

@@ -59,6 +59,8 @@ def _form(
         ("get", "my-bookings", {}),
         ("get", "my-jobs", {}),
         ("post", "booking-cancel", {"booking_id": 1}),
+        ("post", "job-cancel", {"job_id": 1}),
+        ("get", "availability", {}),
     ],
 )
 def test_pages_require_login(client: Client, method: str, name: str, kwargs: dict[str, int]) -> None:
@@ -537,3 +539,35 @@ def test_timeline_full_page_and_fragment(member_web: Client, nodes: list[Node]) 
     assert b"<html" not in fragment.content
     assert fragment.content.decode().strip().startswith('<div id="availability-grid"')
     assert "HX-Request" in fragment["Vary"]
+
+
+# ---- cancel a job ----
+
+
+def test_cancel_my_pending_job_swaps_the_row(member_web: Client, member: User, project: Project) -> None:
+    job = JobFactory(user=member, project=project, status=Job.Status.PENDING)
+
+    response = member_web.post(reverse("job-cancel", kwargs={"job_id": job.pk}), **HTMX)
+
+    assert response.status_code == 200
+    html = response.content.decode().strip()
+    assert html.startswith(f'<tr id="job-row-{job.pk}"')
+    assert "Cancelled" in html
+    assert "hx-post" not in html
+    job.refresh_from_db()
+    assert job.status == Job.Status.CANCELLED
+
+
+def test_cancelling_a_finished_job_is_a_message(member_web: Client, member: User, project: Project) -> None:
+    job = JobFactory(user=member, project=project, status=Job.Status.COMPLETED)
+    response = member_web.post(reverse("job-cancel", kwargs={"job_id": job.pk}), follow=True)
+    assert response.status_code == 200
+    assert "already completed" in response.content.decode()
+
+
+def test_cancelling_someone_elses_job_is_404(member_web: Client, outsider: User) -> None:
+    job = JobFactory(user=outsider, status=Job.Status.PENDING)
+    for extra in ({}, HTMX):
+        assert member_web.post(reverse("job-cancel", kwargs={"job_id": job.pk}), **extra).status_code == 404
+    job.refresh_from_db()
+    assert job.status == Job.Status.PENDING
