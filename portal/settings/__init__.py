@@ -10,6 +10,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import environ
+from celery.schedules import crontab
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 
@@ -204,6 +205,43 @@ BERTH_ENGINE_QUEUED_TTL_S = env.int("BERTH_ENGINE_QUEUED_TTL_S", default=60)
 # Live simulator (Cluster.backend "simulator"): work seconds per wall second, unless the cluster's
 # settings say otherwise; e.g. 30 lets a demo audience watch hour-long jobs finish in minutes.
 BERTH_SIM_SPEEDUP = env.float("BERTH_SIM_SPEEDUP", default=1.0)
+
+# ---- forecasting (forecasting.services, forecasting.tasks, forecasting.capacity) ----
+# The model the portal ships and stores hourly, its horizon and its training window.
+BERTH_FORECAST_MODEL = env.str("BERTH_FORECAST_MODEL", default="berth")
+BERTH_FORECAST_HORIZON_H = env.int("BERTH_FORECAST_HORIZON_H", default=48)
+BERTH_FORECAST_HISTORY_DAYS = env.int("BERTH_FORECAST_HISTORY_DAYS", default=56)
+# Rolling daily origins of the nightly backtest (each costs one fit per model).
+BERTH_FORECAST_BACKTEST_DAYS = env.int("BERTH_FORECAST_BACKTEST_DAYS", default=7)
+BERTH_FORECAST_RETENTION_DAYS = env.int("BERTH_FORECAST_RETENTION_DAYS", default=14)
+# JSON event calendar (conference deadlines): [{"name", "start", "end"?, "days_before"?, ...}].
+BERTH_FORECAST_EVENTS_FILE = env.str("BERTH_FORECAST_EVENTS_FILE", default="")
+BERTH_FORECAST_SOFT_TIME_LIMIT_S = env.int("BERTH_FORECAST_SOFT_TIME_LIMIT_S", default=600)
+BERTH_FORECAST_REFIT_SOFT_TIME_LIMIT_S = env.int("BERTH_FORECAST_REFIT_SOFT_TIME_LIMIT_S", default=3600)
+# Interactive headroom: ignore forecasts older than this; hold at most this share of a type.
+BERTH_HEADROOM_MAX_FORECAST_AGE_H = env.int("BERTH_HEADROOM_MAX_FORECAST_AGE_H", default=6)
+BERTH_HEADROOM_MAX_FRACTION = env.float("BERTH_HEADROOM_MAX_FRACTION", default=0.25)
+# Runtime predictor: finished jobs it learns from, and how long a worker reuses it.
+BERTH_RUNTIME_HISTORY_JOBS = env.int("BERTH_RUNTIME_HISTORY_JOBS", default=20_000)
+BERTH_RUNTIME_PREDICTOR_TTL_S = env.int("BERTH_RUNTIME_PREDICTOR_TTL_S", default=300)
+# Capacity studies (what-if replays): bounds on one study.
+BERTH_CAPACITY_MAX_JOBS = env.int("BERTH_CAPACITY_MAX_JOBS", default=5_000)
+BERTH_CAPACITY_MAX_REPLAYS = env.int("BERTH_CAPACITY_MAX_REPLAYS", default=10)
+BERTH_CAPACITY_TIME_BUDGET_S = env.int("BERTH_CAPACITY_TIME_BUDGET_S", default=900)
+CELERY_BEAT_SCHEDULE.update(
+    {
+        "forecast-refresh": {
+            "task": "forecasting.tasks.forecast_refresh_dispatch",
+            "schedule": crontab(minute=env.int("BERTH_FORECAST_REFRESH_MINUTE", default=2)),
+            "options": {"expires": 3000},
+        },
+        "forecast-refit": {
+            "task": "forecasting.tasks.forecast_refit_dispatch",
+            "schedule": crontab(hour=env.int("BERTH_FORECAST_REFIT_HOUR", default=2), minute=30),
+            "options": {"expires": 6 * 3600},
+        },
+    }
+)
 
 LOGGING = {
     "version": 1,

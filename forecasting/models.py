@@ -1,0 +1,132 @@
+"""Stored demand forecasts and capacity studies.
+
+* `ForecastRun`: one fit of one model on one hourly demand series, issued at the start of
+  an hour (the first forecast hour).  A series is a cluster plus one of: a GPU type (all
+  demand on that type, or ``key=""`` for the whole cluster), a project, or the interactive
+  demand (bookings + interactive jobs) on a GPU type.  At most one run per series, model and
+  hour (a unique constraint): refreshing twice in one hour does not duplicate.
+* `ForecastPoint`: the run's hourly point forecast and 80% interval, bulk-written.
+* `CapacityStudy`: a what-if search for the GPU count that keeps the p95 batch wait under a
+  target, run by a Celery task that stores its progress so a page can poll it.
+
+Nothing happens in ``save()``: every write goes through ``forecasting.services``.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import F, Q
+
+
+class ForecastRun(models.Model):
+    class Kind(models.TextChoices):
+        GPU_TYPE = "gpu_type", "GPU type"  # key: GPU type name; "" is the cluster total
+        PROJECT = "project", "Project"  # key: project slug
+        INTERACTIVE = "interactive", "Interactive"  # key: GPU type name
+
+    cluster = models.ForeignKey("scheduling.Cluster", on_delete=models.CASCADE, related_name="forecast_runs")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    key = models.CharField(max_length=120, blank=True, default="")
+    # Set when the key names one (for joins and admin filters); the key is what is unique.
+    gpu_type = models.ForeignKey(
+        "scheduling.GpuType", on_delete=models.SET_NULL, related_name="+", null=True, blank=True
+    )
+    project = models.ForeignKey(
+        "accounts.Project", on_delete=models.SET_NULL, related_name="+", null=True, blank=True
+    )
+    model_name = models.CharField(max_length=40)
+    model_version = models.CharField(max_length=40, blank=True, default="")
+    issued_at = models.DateTimeField()  # first forecast hour (= end of the training window)
+    train_start_at = models.DateTimeField()
+    train_end_at = models.DateTimeField()  # exclusive: the training data covers [start, end)
+    horizon_h = models.PositiveSmallIntegerField()
+    history_hours = models.PositiveIntegerField(default=0)
+    fit_s = models.FloatField(default=0.0)
+    # Rolling-origin backtest of this series when one was run: {model: {mase, smape, coverage_80, ...}}.
+    metrics = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-issued_at", "cluster_id", "kind", "key"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["cluster", "kind", "key", "model_name", "issued_at"], name="forecastrun_unique_hour"
+            ),
+            models.CheckConstraint(
+                condition=Q(train_end_at__gt=F("train_start_at")), name="forecastrun_window"
+            ),
+            models.CheckConstraint(condition=Q(horizon_h__gte=1), name="forecastrun_horizon_positive"),
+        ]
+        indexes = [
+            models.Index(fields=["cluster", "kind", "key", "-issued_at"], name="forecastrun_series_latest"),
+        ]
+
+    def __str__(self) -> str:
+        key = self.key or "total"
+        return f"{self.model_name} {self.kind}:{key} on {self.cluster_id} at {self.issued_at:%Y-%m-%d %H:%M}"
+
+
+class ForecastPoint(models.Model):
+    """One forecast hour: GPUs of demand (hourly mean) and the 80% interval around it."""
+
+    run = models.ForeignKey(ForecastRun, on_delete=models.CASCADE, related_name="points")
+    ts = models.DateTimeField()  # start of the hour
+    yhat = models.FloatField()
+    lower80 = models.FloatField()
+    upper80 = models.FloatField()
+
+    class Meta:
+        ordering = ["run_id", "ts"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "ts"], name="forecastpoint_unique_hour"),
+            models.CheckConstraint(
+                condition=Q(lower80__lte=F("yhat")) & Q(yhat__lte=F("upper80")), name="forecastpoint_ordered"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.ts:%Y-%m-%d %H:%M} {self.yhat:.1f} [{self.lower80:.1f}, {self.upper80:.1f}]"
+
+
+class CapacityStudy(models.Model):
+    """How many GPUs of one type keep the p95 batch wait under a target (what-if replays)."""
+
+    class Status(models.TextChoices):
+        QUEUED = "queued", "Queued"
+        RUNNING = "running", "Running"
+        DONE = "done", "Done"
+        FAILED = "failed", "Failed"
+
+    cluster = models.ForeignKey(
+        "scheduling.Cluster", on_delete=models.CASCADE, related_name="capacity_studies"
+    )
+    gpu_type = models.ForeignKey("scheduling.GpuType", on_delete=models.CASCADE, related_name="+")
+    p95_wait_s = models.FloatField()
+    history_days = models.PositiveSmallIntegerField(default=14)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, related_name="+", null=True, blank=True
+    )
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    # Evaluated points so far: [{"gpus", "wait_p95_s", "wait_mean_s", "utilization", "unfinished_jobs"}].
+    points = models.JSONField(default=list, blank=True)
+    progress = models.FloatField(default=0.0)  # 0..1, replays done / replays planned
+    answer_gpus = models.PositiveIntegerField(null=True, blank=True)  # None: target not reachable
+    message = models.CharField(max_length=500, blank=True, default="")
+    jobs = models.PositiveIntegerField(default=0)  # jobs replayed
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        verbose_name_plural = "capacity studies"
+        constraints = [
+            models.CheckConstraint(condition=Q(p95_wait_s__gte=0), name="capacitystudy_target_nonnegative"),
+            models.CheckConstraint(
+                condition=Q(progress__gte=0) & Q(progress__lte=1), name="capacitystudy_progress"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"Capacity study {self.pk}: {self.gpu_type_id} p95 wait <= {self.p95_wait_s:.0f} s"

@@ -1,0 +1,440 @@
+"""Reads for forecasting: demand series from the portal's history, stored forecasts, headroom.
+
+Demand (DESIGN §6) is the hourly mean of GPUs running or queued: a job counts from its first
+submission to its end (or to now while it is open), a booking for its whole window (until it
+ended early or was cancelled; a booking cancelled before its start counts nothing).  Series
+are built by ``forecasting.core.series.demand_from_jobs`` on a naive-UTC hourly index, as
+Prophet wants it; stored forecasts are aware UTC datetimes.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pandas as pd
+from django.conf import settings
+from django.db.models import Q, Sum
+
+from forecasting.models import ForecastPoint, ForecastRun
+from scheduling.models import Allocation, Booking, Job, Node
+
+HOUR = timedelta(hours=1)
+ANY_GPU_TYPE = "any"  # jobs without a type that never ran, on a cluster of several types
+
+SeriesKey = tuple[str, str]  # (ForecastRun.Kind, key)
+
+
+def hour_floor(value: datetime) -> datetime:
+    """The start of the UTC hour containing ``value`` (aware)."""
+    return value.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def to_naive_utc(value: datetime) -> pd.Timestamp:
+    return pd.Timestamp(value.astimezone(UTC).replace(tzinfo=None))
+
+
+def from_naive_utc(value: pd.Timestamp) -> datetime:
+    out: datetime = value.to_pydatetime().replace(tzinfo=UTC)
+    return out
+
+
+# ---- inventory ----
+
+
+def cluster_capacity_by_type(*, cluster_id: int) -> dict[str, int]:
+    """GPUs per type on the cluster's nodes that are not down (draining nodes still count)."""
+    rows = (
+        Node.objects.filter(cluster_id=cluster_id)
+        .exclude(status=Node.Status.DOWN)
+        .values_list("gpu_type__name")
+        .annotate(total=Sum("gpu_count"))
+    )
+    return {name: int(total) for name, total in rows}
+
+
+def _cluster_type_names(*, cluster_id: int) -> list[str]:
+    return sorted(set(Node.objects.filter(cluster_id=cluster_id).values_list("gpu_type__name", flat=True)))
+
+
+# ---- demand history ----
+
+
+@dataclass(frozen=True, slots=True)
+class DemandRecords:
+    """Job and booking intervals of one cluster in seconds from ``epoch`` (naive UTC)."""
+
+    epoch: pd.Timestamp
+    jobs: pd.DataFrame  # submit_time, start_time, end_time, num_gpus, gpu_type, project, kind
+    bookings: pd.DataFrame  # start_time, end_time, num_gpus, gpu_type, project
+
+
+def demand_records_get(*, cluster_id: int, start_at: datetime, end_at: datetime) -> DemandRecords:
+    """Jobs and bookings of the cluster that overlap ``[start_at, end_at)``, clipped to it.
+
+    A job without a GPU type gets the type of the GPUs it ran on, the cluster's only type,
+    or ``"any"``.  Open work (no ``ended_at``) counts until ``end_at``.
+    """
+    epoch = to_naive_utc(start_at)
+    span_s = (end_at - start_at).total_seconds()
+
+    def rel(value: datetime | None, default: float) -> float:
+        if value is None:
+            return default
+        return min(max((value - start_at).total_seconds(), 0.0), span_s)
+
+    jobs = list(
+        Job.objects.filter(cluster_id=cluster_id, submitted_at__lt=end_at)
+        .filter(Q(ended_at__isnull=True) | Q(ended_at__gt=start_at))
+        .values_list(
+            "id",
+            "first_submitted_at",
+            "submitted_at",
+            "started_at",
+            "ended_at",
+            "gpu_count",
+            "gpu_type__name",
+            "project__slug",
+            "kind",
+        )
+    )
+    untyped = [row[0] for row in jobs if row[6] is None]
+    ran_on: dict[int, str] = {}
+    if untyped:
+        ran_on = dict(
+            Allocation.objects.filter(job_id__in=untyped)
+            .order_by("job_id", "id")
+            .values_list("job_id", "gpu__node__gpu_type__name")
+            .distinct()
+        )
+    types = _cluster_type_names(cluster_id=cluster_id)
+    fallback = types[0] if len(types) == 1 else ANY_GPU_TYPE
+    job_rows: list[dict[str, Any]] = []
+    for job_id, first, submitted, started, ended, gpus, type_name, slug, kind in jobs:
+        begin, end = rel(first or submitted, 0.0), rel(ended, span_s)
+        if end <= begin:
+            continue
+        job_rows.append(
+            {
+                "submit_time": begin,
+                "start_time": rel(started, math.nan) if started else math.nan,
+                "end_time": end,
+                "num_gpus": float(gpus),
+                "gpu_type": type_name or ran_on.get(job_id, fallback),
+                "project": slug,
+                "kind": kind,
+            }
+        )
+    bookings = Booking.objects.filter(
+        cluster_id=cluster_id, start_at__lt=end_at, end_at__gt=start_at
+    ).values_list("start_at", "end_at", "ended_at", "gpu_count", "gpu_type__name", "project__slug")
+    booking_rows = []
+    for start, end, ended, gpus, type_name, slug in bookings:
+        begin, stop = rel(start, 0.0), rel(min(end, ended) if ended else end, span_s)
+        if stop > begin:  # a booking cancelled before its start wanted nothing
+            booking_rows.append(
+                {
+                    "start_time": begin,
+                    "end_time": stop,
+                    "num_gpus": float(gpus),
+                    "gpu_type": type_name,
+                    "project": slug,
+                }
+            )
+    job_cols = ["submit_time", "start_time", "end_time", "num_gpus", "gpu_type", "project", "kind"]
+    booking_cols = ["start_time", "end_time", "num_gpus", "gpu_type", "project"]
+    return DemandRecords(
+        epoch=epoch,
+        jobs=pd.DataFrame(job_rows, columns=job_cols),
+        bookings=pd.DataFrame(booking_rows, columns=booking_cols),
+    )
+
+
+def _grouped_demand(
+    jobs: pd.DataFrame, bookings: pd.DataFrame, *, epoch: pd.Timestamp, by: str
+) -> dict[str, pd.Series]:
+    from forecasting.core.series import demand_from_jobs
+
+    if not len(jobs) and not len(bookings):
+        return {}
+    if not len(jobs):
+        # demand_from_jobs wants a job table; an empty one with the right columns adds nothing.
+        jobs = pd.DataFrame(
+            {c: pd.Series(dtype=float) for c in ("submit_time", "start_time", "end_time", "num_gpus")}
+        )
+        jobs[by] = pd.Series(dtype=str)
+    out = demand_from_jobs(jobs, epoch=epoch, by=(by,), bookings=bookings if len(bookings) else None)
+    result = {key[0]: series for key, series in out.items() if key}
+    result[""] = out[()]
+    return result
+
+
+def demand_series_get(
+    *, cluster_id: int, end_at: datetime, history_days: int | None = None
+) -> dict[SeriesKey, pd.Series]:
+    """Hourly demand series of the cluster over the ``history_days`` before ``end_at``.
+
+    ``end_at`` is rounded down to the hour: only complete hours are returned.  Keys:
+    ``("gpu_type", name)`` and ``("gpu_type", "")`` (total) from all jobs and bookings,
+    ``("project", slug)``, and ``("interactive", name)`` from bookings plus interactive
+    jobs.  All series share one index, from the first hour with any record (at most
+    ``history_days`` back) to the last complete hour; hours without work are 0.
+    """
+    days = settings.BERTH_FORECAST_HISTORY_DAYS if history_days is None else history_days
+    end = hour_floor(end_at)
+    start = end - timedelta(days=days)
+    records = demand_records_get(cluster_id=cluster_id, start_at=start, end_at=end)
+    jobs, bookings = records.jobs, records.bookings
+    if not len(jobs) and not len(bookings):
+        return {}
+    first_s = min(
+        float(jobs["submit_time"].min()) if len(jobs) else math.inf,
+        float(bookings["start_time"].min()) if len(bookings) else math.inf,
+    )
+    first_hour = (records.epoch + pd.Timedelta(seconds=first_s)).floor("h")
+    index = pd.date_range(first_hour, to_naive_utc(end) - pd.Timedelta(hours=1), freq="h")
+    if not len(index):
+        return {}
+    out: dict[SeriesKey, pd.Series] = {}
+
+    def add(kind: str, parts: dict[str, pd.Series], *, keep_total: bool) -> None:
+        for key, series in sorted(parts.items()):
+            if key == "" and not keep_total:
+                continue
+            s = series.reindex(index, fill_value=0.0).fillna(0.0).astype(float)
+            s.name = f"{kind}:{key}"
+            out[(kind, key)] = s
+
+    epoch = records.epoch
+    add(
+        ForecastRun.Kind.GPU_TYPE,
+        _grouped_demand(jobs, bookings, epoch=epoch, by="gpu_type"),
+        keep_total=True,
+    )
+    add(
+        ForecastRun.Kind.PROJECT, _grouped_demand(jobs, bookings, epoch=epoch, by="project"), keep_total=False
+    )
+    interactive_jobs = jobs[jobs["kind"] == Job.Kind.INTERACTIVE]
+    add(
+        ForecastRun.Kind.INTERACTIVE,
+        _grouped_demand(interactive_jobs, bookings, epoch=epoch, by="gpu_type"),
+        keep_total=False,
+    )
+    return out
+
+
+# ---- stored forecasts ----
+
+
+def forecast_run_latest(
+    *, cluster_id: int, kind: str, key: str, at: datetime, model_name: str = "berth"
+) -> ForecastRun | None:
+    """The newest run of a series issued at or before ``at``."""
+    return (
+        ForecastRun.objects.filter(
+            cluster_id=cluster_id, kind=kind, key=key, model_name=model_name, issued_at__lte=at
+        )
+        .order_by("-issued_at")
+        .first()
+    )
+
+
+def forecast_run_list(
+    *, cluster_id: int, at: datetime | None = None, model_name: str = "berth"
+) -> list[ForecastRun]:
+    """The newest run of every series of the cluster (issued at or before ``at``)."""
+    qs = ForecastRun.objects.filter(cluster_id=cluster_id, model_name=model_name)
+    if at is not None:
+        qs = qs.filter(issued_at__lte=at)
+    return list(qs.order_by("kind", "key", "-issued_at").distinct("kind", "key"))
+
+
+def forecast_points_list(*, run: ForecastRun) -> list[ForecastPoint]:
+    return list(ForecastPoint.objects.filter(run=run).order_by("ts"))
+
+
+# ---- interactive headroom ----
+
+
+def interactive_headroom_get(*, cluster_id: int, at: datetime) -> dict[str, int]:
+    """GPUs per type to hold idle (lendable to preemptible work) for interactive demand at ``at``.
+
+    Per GPU type of the cluster: the upper end of the 80% interval of the interactive-demand
+    forecast over the hour starting at ``at`` (the newest stored run that covers it), rounded
+    up, minus the GPUs that open bookings already hold in that hour (they are reserved through
+    their own allocations), at least 0 and at most ``BERTH_HEADROOM_MAX_FRACTION`` of the
+    type's capacity that bookings leave.  A type without a usable forecast gets 0.  Pass
+    ``tuple(sorted(result.items()))`` as ``PolicyConfig.interactive_headroom``.
+    """
+    capacity = cluster_capacity_by_type(cluster_id=cluster_id)
+    if not capacity:
+        return {}
+    window_end = at + HOUR
+    booked: Counter[str] = Counter()
+    for type_name, gpus in Booking.objects.filter(
+        cluster_id=cluster_id, status__in=Booking.OPEN_STATUSES, start_at__lt=window_end, end_at__gt=at
+    ).values_list("gpu_type__name", "gpu_count"):
+        booked[type_name] += gpus
+    max_age = timedelta(hours=settings.BERTH_HEADROOM_MAX_FORECAST_AGE_H)
+    runs = {
+        run.key: run
+        for run in ForecastRun.objects.filter(
+            cluster_id=cluster_id,
+            kind=ForecastRun.Kind.INTERACTIVE,
+            key__in=list(capacity),
+            model_name=settings.BERTH_FORECAST_MODEL,
+            issued_at__lte=at,
+            issued_at__gt=at - max_age,
+        )
+        .order_by("key", "-issued_at")
+        .distinct("key")
+    }
+    upper: dict[int, float] = {}
+    if runs:
+        # Hours the window touches: the one containing ``at`` and, when ``at`` is not on the
+        # hour, the next one.
+        hours = [hour_floor(at)]
+        if hours[0] < at:
+            hours.append(hours[0] + HOUR)
+        for run_id, value in ForecastPoint.objects.filter(
+            run_id__in=[r.pk for r in runs.values()], ts__in=hours
+        ).values_list("run_id", "upper80"):
+            upper[run_id] = max(upper.get(run_id, 0.0), value)
+    fraction = settings.BERTH_HEADROOM_MAX_FRACTION
+    out: dict[str, int] = {}
+    for type_name, total in sorted(capacity.items()):
+        run = runs.get(type_name)
+        want = math.ceil(upper[run.pk] - 1e-6) if run is not None and run.pk in upper else 0
+        free = max(0, total - booked[type_name])
+        cap = math.floor(free * fraction)
+        out[type_name] = max(0, min(want - booked[type_name], cap))
+    return out
+
+
+# ---- runtime predictor ----
+
+
+@dataclass(slots=True)
+class _CachedPredictor:
+    predictor: Any  # forecasting.core.runtime.HistoryRuntimePredictor
+    built_at: float  # time.monotonic()
+    jobs: int
+
+
+_PREDICTORS: dict[int, _CachedPredictor] = {}
+_PREDICTORS_LOCK = threading.Lock()
+
+FINISHED_STATUSES = (Job.Status.COMPLETED, Job.Status.FAILED)
+
+
+def job_engine_request(
+    *,
+    job_id: int,
+    user_id: int,
+    project_id: int,
+    name: str,
+    gpu_count: int,
+    submitted_at: datetime,
+    requested_s: int | None,
+    kind: str,
+    gpu_type: str | None,
+) -> Any:
+    """The ``JobRequest`` the runtime predictor keys on (user and project by id)."""
+    from scheduling.engine.types import JobKind, JobRequest
+
+    return JobRequest(
+        id=str(job_id),
+        user=f"u{user_id}",
+        project=f"p{project_id}",
+        gpu_count=gpu_count,
+        submit_at=submitted_at.timestamp(),
+        kind=JobKind(kind),
+        gpu_type=gpu_type,
+        requested_s=float(requested_s) if requested_s else None,
+        name=name,
+    )
+
+
+def runtime_predictor_get(*, cluster_id: int, max_age_s: float | None = None) -> Any:
+    """A `HistoryRuntimePredictor` fed with the cluster's finished jobs, cached per process.
+
+    Finished means completed or failed with a start and an end (a failed job really ran that
+    long; cancelled and preempted runs are not runtimes).  The newest
+    ``BERTH_RUNTIME_HISTORY_JOBS`` are observed in end order.  The cache lives
+    ``BERTH_RUNTIME_PREDICTOR_TTL_S`` seconds (``max_age_s`` overrides); predictions made
+    from it may miss the jobs that finished since.
+    """
+    from forecasting.core.runtime import HistoryRuntimePredictor
+
+    ttl = settings.BERTH_RUNTIME_PREDICTOR_TTL_S if max_age_s is None else max_age_s
+    with _PREDICTORS_LOCK:
+        cached = _PREDICTORS.get(cluster_id)
+        if cached is not None and time.monotonic() - cached.built_at < ttl:
+            return cached.predictor
+    rows = list(
+        Job.objects.filter(
+            cluster_id=cluster_id,
+            status__in=FINISHED_STATUSES,
+            started_at__isnull=False,
+            ended_at__isnull=False,
+        )
+        .order_by("-ended_at", "-id")
+        .values_list(
+            "id",
+            "user_id",
+            "project_id",
+            "name",
+            "gpu_count",
+            "submitted_at",
+            "requested_s",
+            "kind",
+            "gpu_type__name",
+            "started_at",
+            "ended_at",
+        )[: settings.BERTH_RUNTIME_HISTORY_JOBS]
+    )
+    predictor = HistoryRuntimePredictor()
+    for (
+        job_id,
+        user_id,
+        project_id,
+        name,
+        gpus,
+        submitted,
+        requested,
+        kind,
+        type_name,
+        started,
+        ended,
+    ) in reversed(rows):
+        request = job_engine_request(
+            job_id=job_id,
+            user_id=user_id,
+            project_id=project_id,
+            name=name,
+            gpu_count=gpus,
+            submitted_at=submitted,
+            requested_s=requested,
+            kind=kind,
+            gpu_type=type_name,
+        )
+        predictor.observe(request, max((ended - started).total_seconds(), 0.0))
+    with _PREDICTORS_LOCK:
+        _PREDICTORS[cluster_id] = _CachedPredictor(
+            predictor=predictor, built_at=time.monotonic(), jobs=len(rows)
+        )
+    return predictor
+
+
+def runtime_predictor_forget(*, cluster_id: int | None = None) -> None:
+    """Drop the cached predictor of one cluster (or all): the next prediction rebuilds it."""
+    with _PREDICTORS_LOCK:
+        if cluster_id is None:
+            _PREDICTORS.clear()
+        else:
+            _PREDICTORS.pop(cluster_id, None)

@@ -1,0 +1,335 @@
+"""Writes for forecasting: stored demand forecasts, runtime predictions on jobs, capacity studies.
+
+Fits and replays are slow compared with a transaction, so they run first and only the
+storing is atomic.  One run per series, model and hour is enforced by a unique constraint:
+a second refresh in the same hour skips what is there (or, with ``replace``, swaps it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from forecasting.models import CapacityStudy, ForecastPoint, ForecastRun
+from forecasting.selectors import (
+    cluster_capacity_by_type,
+    demand_series_get,
+    from_naive_utc,
+    hour_floor,
+    job_engine_request,
+    runtime_predictor_get,
+)
+from portal.accounts.models import Project
+from scheduling.models import Cluster, GpuType, Job
+
+logger = logging.getLogger(__name__)
+
+
+# ---- demand forecasts ----
+
+
+@lru_cache(maxsize=4)
+def _events(path: str) -> tuple[Any, ...]:
+    from forecasting.core.events import events_from_json
+
+    return tuple(events_from_json(path)) if path else ()
+
+
+def forecast_events() -> tuple[Any, ...]:
+    """The configured event calendar (``BERTH_FORECAST_EVENTS_FILE``), empty when unset."""
+    return _events(str(settings.BERTH_FORECAST_EVENTS_FILE or ""))
+
+
+def model_version(model: Any) -> str:
+    """A short hash of the model's configuration: changes when the shipped defaults change."""
+    config = getattr(model, "config", None)
+    text = repr(config) if config is not None else type(model).__name__
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True, slots=True)
+class RefreshResult:
+    created: int
+    skipped: int  # already stored for this hour, or no demand to learn from
+    failed: int
+    run_ids: tuple[int, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "created": self.created,
+            "skipped": self.skipped,
+            "failed": self.failed,
+            "run_ids": list(self.run_ids),
+        }
+
+
+def _backtest_metrics(y: pd.Series, *, model_name: str, events: Sequence[Any]) -> dict[str, Any] | None:
+    from forecasting.core.backtest import backtest
+    from forecasting.core.models import make_model
+
+    try:
+        results = backtest(
+            y,
+            [lambda: make_model(model_name, events=events), lambda: make_model("seasonal_naive_24")],
+            days=settings.BERTH_FORECAST_BACKTEST_DAYS,
+            horizon_h=24,
+        )
+    except ValueError:
+        return None  # too short for a backtest
+    return {
+        r.model: {k: (None if not math.isfinite(v) else v) for k, v in r.as_dict().items()} for r in results
+    }
+
+
+def forecast_refresh(
+    *,
+    cluster_id: int,
+    at: datetime | None = None,
+    backtest: bool = False,
+    replace: bool = False,
+    model_name: str | None = None,
+) -> RefreshResult:
+    """Fit the shipped model on every demand series of the cluster and store runs and points.
+
+    The run is issued at the start of the hour containing ``at`` (default now) and trained on
+    the complete hours before it.  Series without any demand are skipped (nothing to learn;
+    the headroom treats a missing forecast as 0).  A series already stored for this hour is
+    skipped unless ``replace`` (the nightly refit, which also stores backtest metrics:
+    MASE, sMAPE and 80% coverage against the 24 h seasonal naive).
+    """
+    from forecasting.core.models import make_model
+
+    now = at or timezone.now()
+    issued = hour_floor(now)
+    name = model_name or settings.BERTH_FORECAST_MODEL
+    horizon_h = settings.BERTH_FORECAST_HORIZON_H
+    events = forecast_events()
+    series = demand_series_get(cluster_id=cluster_id, end_at=issued)
+    stored = set(
+        ForecastRun.objects.filter(cluster_id=cluster_id, model_name=name, issued_at=issued).values_list(
+            "kind", "key"
+        )
+    )
+    type_ids = dict(GpuType.objects.values_list("name", "id"))
+    project_ids = dict(Project.objects.values_list("slug", "id"))
+    created: list[int] = []
+    skipped = failed = 0
+    for (kind, key), y in series.items():
+        if ((kind, key) in stored and not replace) or not bool(np.any(y.to_numpy() > 0)):
+            skipped += 1
+            continue
+        started = time.perf_counter()
+        try:
+            model = make_model(name, events=events)
+            fc = model.fit(y).forecast(horizon_h)
+        except Exception:
+            # One bad series must not cost the cluster its other forecasts.
+            logger.exception("forecast fit failed: cluster=%s %s:%s", cluster_id, kind, key)
+            failed += 1
+            continue
+        fit_s = time.perf_counter() - started
+        metrics = _backtest_metrics(y, model_name=name, events=events) if backtest else None
+        # Demand is never negative; the interval always contains the point (a DB check).
+        point = np.maximum(np.nan_to_num(fc.point, nan=0.0), 0.0)
+        lower = np.minimum(np.nan_to_num(fc.lower, nan=0.0), point)
+        upper = np.maximum(np.nan_to_num(fc.upper, nan=0.0), point)
+        run_fields = {
+            "cluster_id": cluster_id,
+            "kind": kind,
+            "key": key,
+            "model_name": name,
+            "issued_at": issued,
+        }
+        try:
+            with transaction.atomic():
+                if replace:
+                    ForecastRun.objects.filter(**run_fields).delete()
+                run = ForecastRun.objects.create(
+                    **run_fields,
+                    gpu_type_id=type_ids.get(key) if kind != ForecastRun.Kind.PROJECT else None,
+                    project_id=project_ids.get(key) if kind == ForecastRun.Kind.PROJECT else None,
+                    model_version=model_version(model),
+                    train_start_at=from_naive_utc(y.index[0]),
+                    train_end_at=issued,
+                    horizon_h=horizon_h,
+                    history_hours=len(y),
+                    fit_s=fit_s,
+                    metrics=metrics,
+                )
+                ForecastPoint.objects.bulk_create(
+                    ForecastPoint(
+                        run=run, ts=from_naive_utc(ts), yhat=float(p), lower80=float(lo), upper80=float(hi)
+                    )
+                    for ts, p, lo, hi in zip(fc.index, point, lower, upper, strict=True)
+                )
+        except IntegrityError:
+            # A concurrent refresh stored this series for this hour first: that is the same answer.
+            skipped += 1
+            continue
+        created.append(run.pk)
+    return RefreshResult(created=len(created), skipped=skipped, failed=failed, run_ids=tuple(created))
+
+
+def forecast_runs_prune(*, before: datetime) -> int:
+    """Delete runs (and their points) issued before ``before``; returns the runs deleted."""
+    with transaction.atomic():
+        _, per_model = ForecastRun.objects.filter(issued_at__lt=before).delete()
+    return int(per_model.get(ForecastRun._meta.label, 0))
+
+
+# ---- runtime predictions ----
+
+
+def _request_for(job: Job) -> Any:
+    return job_engine_request(
+        job_id=job.pk,
+        user_id=job.user_id,
+        project_id=job.project_id,
+        name=job.name,
+        gpu_count=job.gpu_count,
+        submitted_at=job.first_submitted_at or job.submitted_at,
+        requested_s=job.requested_s,
+        kind=job.kind,
+        gpu_type=job.gpu_type.name if job.gpu_type_id and job.gpu_type else None,
+    )
+
+
+def job_runtime_predict(*, job: Job) -> tuple[float, float]:
+    """Predict ``job``'s runtime (p50_s, p90_s) and store it on the job.
+
+    From the cluster's finished jobs (`runtime_predictor_get`, cached per process for a few
+    minutes): the predictor pools the user's own history with the project's and everyone's,
+    so a new user falls back to the project and a new project to the whole cluster; with no
+    history at all the answer is the requested time (or an hour).  Both are capped at the
+    requested time.  Cheap enough to call inside ``job_submit``.
+    """
+    predictor = runtime_predictor_get(cluster_id=job.cluster_id)
+    p50, p90 = predictor.predict(_request_for(job))
+    with transaction.atomic():
+        Job.objects.filter(pk=job.pk).update(predicted_p50_s=p50, predicted_p90_s=p90)
+    job.predicted_p50_s, job.predicted_p90_s = p50, p90
+    return p50, p90
+
+
+def jobs_runtime_predict(*, cluster_id: int, only_missing: bool = False) -> int:
+    """Refresh the predictions of the cluster's pending jobs (the hourly runtime refresh)."""
+    jobs = Job.objects.filter(cluster_id=cluster_id, status=Job.Status.PENDING).select_related("gpu_type")
+    if only_missing:
+        jobs = jobs.filter(predicted_p50_s__isnull=True)
+    todo = list(jobs.order_by("id"))
+    if not todo:
+        return 0
+    predictor = runtime_predictor_get(cluster_id=cluster_id)
+    for job in todo:
+        job.predicted_p50_s, job.predicted_p90_s = predictor.predict(_request_for(job))
+    with transaction.atomic():
+        Job.objects.bulk_update(todo, ["predicted_p50_s", "predicted_p90_s"], batch_size=500)
+    return len(todo)
+
+
+# ---- capacity studies ----
+
+
+def capacity_study_create(
+    *,
+    cluster: Cluster,
+    gpu_type: GpuType,
+    p95_wait_s: float,
+    history_days: int = 14,
+    requested_by: Any = None,
+    enqueue: bool = True,
+) -> CapacityStudy:
+    """Queue a what-if search for the GPU count of ``gpu_type`` keeping p95 wait <= ``p95_wait_s``.
+
+    The Celery task ``forecasting.tasks.capacity_study_run`` runs it after the commit; poll
+    ``capacity_study_get`` for progress.
+    """
+    errors: dict[str, str] = {}
+    if not math.isfinite(p95_wait_s) or p95_wait_s < 0:
+        errors["p95_wait_s"] = "Give a wait target of 0 s or more."
+    if not 1 <= history_days <= 90:
+        errors["history_days"] = "Replay between 1 and 90 days of history."
+    if gpu_type.name not in cluster_capacity_by_type(cluster_id=cluster.pk):
+        errors["gpu_type"] = f"{cluster.name} has no {gpu_type.name} GPUs."
+    if errors:
+        raise ValidationError(errors)
+    with transaction.atomic():
+        study = CapacityStudy.objects.create(
+            cluster=cluster,
+            gpu_type=gpu_type,
+            p95_wait_s=p95_wait_s,
+            history_days=history_days,
+            requested_by=requested_by,
+        )
+        if enqueue:
+            from forecasting.tasks import capacity_study_run as task
+
+            study_id = study.pk
+            transaction.on_commit(lambda: task.delay(study_id))
+    return study
+
+
+def capacity_study_execute(*, study_id: int, now: datetime | None = None) -> CapacityStudy:
+    """Run a queued study, storing every evaluated GPU count as it goes; a done study is left alone."""
+    from forecasting.capacity import WaitPoint, capacity_for_wait_target
+
+    with transaction.atomic():
+        study = CapacityStudy.objects.select_for_update().select_related("gpu_type").get(pk=study_id)
+        if study.status == CapacityStudy.Status.DONE:
+            return study
+        study.status = CapacityStudy.Status.RUNNING
+        study.started_at = timezone.now()
+        study.points, study.progress, study.message = [], 0.0, ""
+        study.save(update_fields=["status", "started_at", "points", "progress", "message"])
+
+    def progress(points: Sequence[WaitPoint], done: int, planned: int) -> None:
+        with transaction.atomic():
+            CapacityStudy.objects.filter(pk=study_id).update(
+                points=[p.as_dict() for p in points], progress=min(1.0, done / max(planned, 1))
+            )
+
+    try:
+        result = capacity_for_wait_target(
+            cluster_id=study.cluster_id,
+            gpu_type=study.gpu_type.name,
+            p95_wait_s=study.p95_wait_s,
+            history_days=study.history_days,
+            at=now,
+            on_progress=progress,
+        )
+    except Exception as error:
+        logger.exception("capacity study %s failed", study_id)
+        with transaction.atomic():
+            CapacityStudy.objects.filter(pk=study_id).update(
+                status=CapacityStudy.Status.FAILED, message=str(error)[:500], finished_at=timezone.now()
+            )
+        raise
+    with transaction.atomic():
+        CapacityStudy.objects.filter(pk=study_id).update(
+            status=CapacityStudy.Status.DONE,
+            points=[p.as_dict() for p in result.points],
+            progress=1.0,
+            answer_gpus=result.answer_gpus,
+            message=result.message[:500],
+            jobs=result.jobs,
+            finished_at=timezone.now(),
+        )
+    return CapacityStudy.objects.get(pk=study_id)
+
+
+def forecast_retention_cutoff(*, now: datetime | None = None) -> datetime:
+    return (now or timezone.now()) - timedelta(days=settings.BERTH_FORECAST_RETENTION_DAYS)
