@@ -48,8 +48,12 @@ def _redis() -> redis.Redis:
     retry_jitter=True,
     max_retries=3,
 )
-def engine_round(self: Task, cluster_id: int) -> dict[str, Any]:
-    """Run one engine round for ``cluster_id``; raises `BackendError` (retried) while it is unreachable."""
+def engine_round(self: Task, cluster_id: int, is_triggered: bool = False) -> dict[str, Any]:
+    """Run one engine round for ``cluster_id``; raises `BackendError` (retried) while it is unreachable.
+
+    A triggered round (``is_triggered``) that finds another round running tries once more a little
+    later, so the change that triggered it is not left for the next beat.
+    """
     try:
         _redis().delete(_QUEUED_KEY.format(cluster_id=cluster_id))
     except Exception:
@@ -60,6 +64,8 @@ def engine_round(self: Task, cluster_id: int) -> dict[str, Any]:
     logger.info("engine round cluster=%s %s", cluster_id, result.as_dict())
     if result.status == "backend_error":
         raise BackendError(result.message)
+    if result.status == "locked" and is_triggered:
+        engine_round.apply_async(args=[cluster_id], countdown=settings.BERTH_ENGINE_TRIGGER_DEBOUNCE_S + 1)
     return result.as_dict()
 
 
@@ -98,7 +104,7 @@ def _enqueue_debounced(cluster_id: int) -> bool:
     if not first:
         return False  # a round is already due after the debounce window and will see this change
     try:
-        engine_round.apply_async(args=[cluster_id], countdown=debounce_s)
+        engine_round.apply_async(args=[cluster_id, True], countdown=debounce_s)
     except Exception:
         logger.warning("could not enqueue a round for cluster %s (beat covers it)", cluster_id, exc_info=True)
         return False

@@ -92,10 +92,31 @@ def test_trigger_enqueues_after_commit_and_debounces(
         tasks.engine_round_trigger(cluster.pk)  # a burst: joins the round already due
         tasks.engine_round_trigger(cluster.pk)
 
-    assert sent == [{"args": [cluster.pk], "countdown": 30.0}]
+    assert sent == [{"args": [cluster.pk, True], "countdown": 30.0}]
 
 
 def test_trigger_never_breaks_the_caller_when_redis_is_down(sent, settings) -> None:
     settings.BERTH_ENGINE_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
     assert tasks._enqueue_debounced(1) is False
     assert sent == []
+
+
+@pytest.mark.django_db
+def test_triggered_round_that_finds_the_lock_taken_tries_once_more(engine_redis_url, sent, settings) -> None:
+    from django.db import connections
+
+    settings.BERTH_ENGINE_TRIGGER_DEBOUNCE_S = 1.0
+    cluster = make_cluster(nodes=1)
+    other = connections.create_connection("default")  # another worker's session holds the round lock
+    try:
+        with other.cursor() as cursor:
+            cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", [0x4265, cluster.pk])
+            assert cursor.fetchone()[0] is True
+
+        assert tasks.engine_round.run(cluster.pk)["status"] == "locked"
+        assert sent == []  # a beat round just gives up: the next beat comes in 15 s
+        assert tasks.engine_round.run(cluster.pk, True)["status"] == "locked"
+        assert sent == [{"args": [cluster.pk], "countdown": 2.0}]
+    finally:
+        other.close()  # the session ends: PostgreSQL releases its lock
+    assert tasks.engine_round.run(cluster.pk)["status"] == "ok"
