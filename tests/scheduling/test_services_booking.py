@@ -9,7 +9,10 @@ import pytest
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import connection
 from django.utils import timezone
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from scheduling import services
 from scheduling.models import Allocation, AuditEvent, Booking
 from scheduling.services import (
     BookingConflictError,
@@ -315,3 +318,51 @@ def test_no_overlap_in_database_after_many_bookings(member, project, a100, nodes
             """
         )
         assert cursor.fetchone()[0] == 0
+
+
+# ---- placement as a pure function (no database) ----
+
+_free_node_lists = st.lists(
+    st.tuples(st.integers(min_value=1, max_value=3), st.integers(min_value=0, max_value=8)),
+    min_size=1,
+    max_size=8,
+)
+
+
+@given(layout=_free_node_lists, gpu_count=st.integers(min_value=1, max_value=24))
+@settings(max_examples=300, deadline=None)
+def test_pick_gpus_invariants(layout, gpu_count):
+    """Any layout of free GPUs: a pick is exactly ``gpu_count`` distinct free GPUs of one
+    cluster, on one node whenever some node could hold them all, and None only when no
+    cluster has enough."""
+    nodes = []
+    next_gpu = 0
+    for i, (cluster_id, free) in enumerate(layout):
+        ids = tuple(range(next_gpu, next_gpu + free))
+        next_gpu += free
+        if ids:
+            nodes.append(services._FreeNode(i, f"n{i}", cluster_id, ids))
+    pick = services._pick_gpus(nodes, gpu_count=gpu_count)
+    by_cluster: dict[int, int] = {}
+    for node in nodes:
+        by_cluster[node.cluster_id] = by_cluster.get(node.cluster_id, 0) + len(node.gpu_ids)
+    if pick is None:
+        assert all(total < gpu_count for total in by_cluster.values())
+        return
+    gpu_ids, cluster_id = pick
+    assert len(gpu_ids) == gpu_count == len(set(gpu_ids))
+    owner = {g: n for n in nodes for g in n.gpu_ids}
+    assert all(owner[g].cluster_id == cluster_id for g in gpu_ids)
+    used_nodes = {owner[g].node_id for g in gpu_ids}
+    if any(len(n.gpu_ids) >= gpu_count for n in nodes):
+        assert len(used_nodes) == 1
+
+
+def test_booking_goes_to_the_cluster_where_it_fits_one_node(member, project, a100, nodes, soon):
+    # alpha has 2x4 free; a second cluster has one 6-GPU node: 6 GPUs fit on one node only there.
+    six = NodeFactory(gpu_type=a100, name="big", gpu_count=6)
+    booking = booking_create(
+        member, project=project, gpu_type=a100, gpu_count=6, start_at=soon, end_at=soon + timedelta(hours=1)
+    )
+    assert booking.cluster_id == six.cluster_id
+    assert _gpu_nodes(booking) == {six.pk}
