@@ -52,7 +52,11 @@ def build_snapshot(
         rng.shuffle(node_order)
         node_index = next((n for n in node_order if len(free_by_node[n]) >= size), None)
         if node_index is None:
-            break  # the cluster is full
+            # No node has room for this size: place a 1-GPU job instead, or stop when full.
+            size = 1
+            node_index = next((n for n in node_order if free_by_node[n]), None)
+            if node_index is None:
+                break
         gpu_ids = tuple(free_by_node[node_index][:size])
         del free_by_node[node_index][:size]
         user, project = users[rng.randrange(len(users))]
