@@ -173,6 +173,13 @@ def prophet_fit_predict(
 
     _quiet_prophet()  # after the import: cmdstanpy sets its own level when imported
 
+    values = history.to_numpy(dtype=float)
+    if np.isfinite(values).sum() < 2:
+        # Prophet refuses; a flat line at the known value (or 0) is all there is to say.
+        known = values[np.isfinite(values)]
+        level = float(known[0]) if len(known) else 0.0
+        return ProphetFit(fitted=np.full(len(values), level), future=np.full(horizon_h, level))
+
     span_days = (history.index[-1] - history.index[0]) / pd.Timedelta(days=1)
     model = Prophet(
         growth="linear",
@@ -320,14 +327,14 @@ class BerthModel:
         self._state = {"log": cfg.log_transform and nonneg, "nonneg": nonneg, "history": history}
         z = self._fwd(clean.to_numpy(dtype=float))
         n = len(z)
-        self._state["short"] = n < 48
+        self._state["short"] = n < 48 or np.isfinite(z).sum() < 24
         if self._state["short"]:
             return self
         zs = pd.Series(z, index=history.index)
         pf = self._prophet(zs, horizon_h=24 * 7)
         cal_h = min(24 * cfg.calibration_days, n // 2)
         cut = n - cal_h
-        if cfg.holdout_fit and cut >= 48 and cal_h >= 48:
+        if cfg.holdout_fit and cut >= 48 and cal_h >= 48 and np.isfinite(z[:cut]).sum() >= 48:
             hold = self._prophet(zs.iloc[:cut], horizon_h=cal_h)
             cal_path = np.concatenate([hold.fitted, hold.future])
             can_calibrate = True

@@ -181,8 +181,8 @@ def mask_outages(y: pd.Series, *, min_run_h: int = 6) -> pd.Series:
     Monitoring gaps show up as hours of exact 0 in the traces (the collector was down, or
     the log ends); fitting them as real demand drags level and seasonality down and, in log
     space, creates huge outliers.  A run counts as an outage when it lasts at least
-    ``min_run_h`` hours and the series is rarely zero otherwise (its 10th percentile is
-    positive); a mostly idle team keeps its zeros.  Only for fitting: backtests score the
+    ``min_run_h`` hours and the series is rarely zero at all (its 10th percentile, gaps
+    included, is positive); a often idle team keeps its zeros.  Only for fitting: backtests score the
     recorded values.
     """
     values = y.to_numpy(dtype=float)
@@ -197,8 +197,10 @@ def mask_outages(y: pd.Series, *, min_run_h: int = 6) -> pd.Series:
         if run_start >= 0 and i - run_start >= min_run_h:
             in_long_run[run_start:i] = True
         run_start = -1
-    rest = values[~in_long_run & np.isfinite(values)]
-    if not in_long_run.any() or len(rest) == 0 or np.quantile(rest, 0.1) <= 0.0:
+    finite = values[np.isfinite(values)]
+    # Judged on all hours, gaps included: a team that is idle a quarter of the time has
+    # real zero runs (nights, weekends) and keeps them.
+    if not in_long_run.any() or np.quantile(finite, 0.1) <= 0.0:
         return y
     out = values.copy()
     out[in_long_run] = np.nan

@@ -124,3 +124,12 @@ def test_berth_intervals_cover_roughly_and_beat_naive_on_seasonal_series() -> No
     }
     assert 0.6 <= results["berth"].coverage_80 <= 1.0
     assert results["berth"].mase < results["seasonal_naive_24"].mase
+
+
+def test_prophet_helper_survives_a_history_without_data() -> None:
+    from forecasting.core.models import prophet_fit_predict
+
+    y = pd.Series(np.nan, index=pd.date_range("2024-01-01", periods=48, freq="h"))
+    y.iloc[5] = 3.0
+    fit = prophet_fit_predict(y, horizon_h=24)
+    assert fit.future.tolist() == [3.0] * 24

@@ -64,12 +64,14 @@ def test_demand_from_jobs_counts_queue_and_bookings_per_group() -> None:
 
 
 def test_mask_outages_only_in_busy_series() -> None:
-    index = pd.date_range("2024-01-01", periods=48, freq="h")
+    index = pd.date_range("2024-01-01", periods=120, freq="h")
     busy = pd.Series(10.0, index=index)
-    busy.iloc[10:20] = 0.0  # 10-hour gap
+    busy.iloc[10:17] = 0.0  # 7-hour gap
     busy.iloc[30:32] = 0.0  # 2 quiet hours are real
     masked = mask_outages(busy, min_run_h=6)
-    assert masked.iloc[10:20].isna().all()
+    assert masked.iloc[10:17].isna().all()
     assert (masked.iloc[30:32] == 0.0).all()
-    idle = pd.Series(np.where(np.arange(48) % 3 == 0, 1.0, 0.0), index=index)
-    assert mask_outages(idle).equals(idle)
+    assert masked.notna().sum() == 120 - 7
+    # a team idle every night for 12 hours keeps its zeros
+    nightly = pd.Series(np.where(index.hour < 12, 0.0, 8.0), index=index)
+    assert mask_outages(nightly).equals(nightly)

@@ -1,0 +1,176 @@
+"""Forecasting Celery tasks run in-process on real PostgreSQL: idempotent, taking ids."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.core.management import call_command
+from django.test import override_settings
+from django.utils import timezone
+
+from forecasting import tasks
+from forecasting.models import CapacityStudy, ForecastPoint, ForecastRun
+from forecasting.selectors import hour_floor, runtime_predictor_forget
+from forecasting.services import capacity_study_create
+from scheduling.models import Cluster, GpuType, Job, Node
+from tests.factories import ClusterFactory, GpuTypeFactory, JobFactory, MembershipFactory
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _fresh_predictors() -> None:
+    runtime_predictor_forget()
+
+
+def _recent_history(cluster: Cluster, gpu_type: GpuType, *, days: int = 3) -> None:
+    """Hourly jobs up to the current hour: 3 GPUs in the afternoon (UTC), 1 otherwise."""
+    user = MembershipFactory().user
+    project = user.memberships.get().project
+    end = hour_floor(timezone.now())
+    start = end - timedelta(days=days)
+    Job.objects.bulk_create(
+        Job(
+            cluster=cluster,
+            user=user,
+            project=project,
+            gpu_type=gpu_type,
+            name="h",
+            gpu_count=3 if (start + timedelta(hours=h)).hour >= 12 else 1,
+            status=Job.Status.COMPLETED,
+            submitted_at=start + timedelta(hours=h),
+            started_at=start + timedelta(hours=h),
+            ended_at=start + timedelta(hours=h + 1),
+        )
+        for h in range(24 * days)
+    )
+
+
+@override_settings(BERTH_FORECAST_HORIZON_H=12)
+def test_forecast_refresh_task_twice_in_an_hour_stores_once(
+    cluster: Cluster, nodes: list[Node], a100: GpuType
+) -> None:
+    _recent_history(cluster, a100)
+
+    first = tasks.forecast_refresh(cluster.pk)
+    second = tasks.forecast_refresh(cluster.pk)
+
+    assert first["created"] == 3  # A100, the cluster total and the project
+    assert second["created"] == 0
+    assert second["skipped"] == 3
+    assert ForecastRun.objects.filter(cluster=cluster).count() == 3
+    assert ForecastPoint.objects.filter(run__cluster=cluster).count() == 3 * 12
+    assert tasks.forecast_refresh(987_654_321) == {"cluster_id": 987_654_321, "status": "missing"}
+
+
+@override_settings(BERTH_FORECAST_HORIZON_H=12, BERTH_FORECAST_BACKTEST_DAYS=2)
+def test_forecast_refit_task_stores_backtest_metrics_and_replaces_the_hour(
+    cluster: Cluster, nodes: list[Node], a100: GpuType
+) -> None:
+    _recent_history(cluster, a100)
+    tasks.forecast_refresh(cluster.pk)
+
+    tasks.forecast_refit(cluster.pk)
+    tasks.forecast_refit(cluster.pk)
+
+    runs = list(ForecastRun.objects.filter(cluster=cluster))
+    assert len(runs) == 3
+    for run in runs:
+        assert set(run.metrics) == {"berth", "seasonal_naive_24"}
+        scores = run.metrics["berth"]
+        assert scores["origins"] == 2.0
+        assert 0.0 <= scores["coverage_80"] <= 1.0
+        assert scores["mase"] >= 0.0
+    assert ForecastPoint.objects.filter(run__cluster=cluster).count() == 3 * 12
+
+
+def test_forecast_refit_dispatch_prunes_old_runs_and_enqueues_per_active_cluster(
+    cluster: Cluster, nodes: list[Node], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The broker is a Redis shared with other engineers' workers: record instead of sending.
+    sent: list[tuple[str, list[int]]] = []
+    for task in (tasks.forecast_refit, tasks.forecast_refresh, tasks.jobs_runtime_predict):
+        monkeypatch.setattr(task, "apply_async", lambda args, _n=task.name, **kw: sent.append((_n, args)))
+    ClusterFactory(is_active=False)
+    old = timezone.now() - timedelta(days=30)
+    ForecastRun.objects.create(
+        cluster=cluster, kind="gpu_type", key="A100", model_name="berth", issued_at=old,
+        train_start_at=old - timedelta(days=1), train_end_at=old, horizon_h=1,
+    )  # fmt: skip
+
+    assert tasks.forecast_refit_dispatch() == [cluster.pk]
+    assert sent == [("forecasting.tasks.forecast_refit", [cluster.pk])]
+    assert not ForecastRun.objects.exists()
+
+    sent.clear()
+    assert tasks.forecast_refresh_dispatch() == [cluster.pk]
+    assert sorted(sent) == [
+        ("forecasting.tasks.forecast_refresh", [cluster.pk]),
+        ("forecasting.tasks.jobs_runtime_predict", [cluster.pk]),
+    ]
+
+
+def test_job_runtime_predict_task_by_id(cluster: Cluster, nodes: list[Node]) -> None:
+    job = JobFactory(cluster=cluster, requested_s=1_200)
+    assert tasks.job_runtime_predict(job.pk) == tasks.job_runtime_predict(job.pk)
+    job.refresh_from_db()
+    assert job.predicted_p50_s == job.predicted_p90_s == 1_200.0
+    assert tasks.job_runtime_predict(987_654_321)["status"] == "missing"
+
+
+def test_capacity_study_create_checks_input(
+    cluster: Cluster, nodes: list[Node], a100: GpuType, django_capture_on_commit_callbacks
+) -> None:  # noqa: ANN001
+    with pytest.raises(ValidationError) as error:
+        capacity_study_create(
+            cluster=cluster, gpu_type=GpuTypeFactory(name="T4"), p95_wait_s=-1, history_days=0
+        )
+    assert set(error.value.message_dict) == {"p95_wait_s", "history_days", "gpu_type"}
+    # A valid study is queued after the commit (captured here, not sent to the shared broker).
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        study = capacity_study_create(cluster=cluster, gpu_type=a100, p95_wait_s=600)
+    assert len(callbacks) == 1
+    assert study.status == CapacityStudy.Status.QUEUED
+
+
+def test_capacity_study_task_stores_progress_and_answer_once(
+    cluster: Cluster, nodes: list[Node], a100: GpuType
+) -> None:
+    user = MembershipFactory().user
+    project = user.memberships.get().project
+    now = timezone.now()
+    for i in range(10):  # ten 2-GPU jobs of an hour arriving together: 20 GPUs wanted at once
+        JobFactory(
+            cluster=cluster, user=user, project=project, gpu_type=a100, gpu_count=2, status=Job.Status.COMPLETED,
+            submitted_at=now - timedelta(hours=5), started_at=now - timedelta(hours=4),
+            ended_at=now - timedelta(hours=3),
+        )  # fmt: skip
+    study = capacity_study_create(cluster=cluster, gpu_type=a100, p95_wait_s=0, enqueue=False)
+
+    result = tasks.capacity_study_run(study.pk)
+
+    study.refresh_from_db()
+    assert result == {"study_id": study.pk, "status": "done", "answer_gpus": 20}
+    assert study.status == CapacityStudy.Status.DONE
+    assert study.progress == 1.0
+    assert study.jobs == 10
+    assert study.points[-1]["gpus"] == 20
+    assert study.points[-1]["wait_p95_s"] == 0.0
+    assert all(p["wait_p95_s"] > 0 for p in study.points[:-1])
+    finished_at = study.finished_at
+
+    assert tasks.capacity_study_run(study.pk)["answer_gpus"] == 20
+    study.refresh_from_db()
+    assert study.finished_at == finished_at  # a finished study is not run again
+
+
+def test_forecast_refresh_command(cluster: Cluster, nodes: list[Node], a100: GpuType, capsys) -> None:  # noqa: ANN001
+    _recent_history(cluster, a100, days=2)
+    with override_settings(BERTH_FORECAST_HORIZON_H=6):
+        call_command("forecast_refresh", "--cluster", str(cluster.pk))
+    out = capsys.readouterr().out
+    assert f"cluster {cluster.pk}: 3 runs stored" in out
+    assert "gpu_type:A100" in out
+    assert "interactive headroom now: {'A100': 0}" in out
