@@ -3,6 +3,7 @@ replays of the lab's own jobs in the simulator (the real engine)."""
 
 from __future__ import annotations
 
+import itertools
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -147,7 +148,7 @@ def test_capacity_for_wait_target_is_monotone(cluster: Cluster, nodes: list[Node
     )
     curve = [wait_replay(trace, gpu_type="A100", nodes=n, gpus_per_node=4).wait_p95_s for n in range(1, 6)]
     # More GPUs never make the p95 wait worse, and enough GPUs remove the wait.
-    assert all(a >= b for a, b in zip(curve, curve[1:], strict=False))
+    assert all(a >= b for a, b in itertools.pairwise(curve))
     assert curve[0] > curve[-1] == 0.0
 
     seen: list[int] = []
