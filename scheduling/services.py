@@ -394,15 +394,16 @@ def booking_create(
                 )
             }
         )
-    _check_booking_quota(
-        project=project, gpu_type=gpu_type, gpu_count=gpu_count, start_at=start_at, end_at=end_at
-    )
 
     period = DateTimeTZRange(start_at, end_at, "[)")
     for attempt in range(_PLACEMENT_ATTEMPTS):
         try:
             with transaction.atomic():
                 _lock_nodes(gpu_type=gpu_type, cluster_ids=cluster_ids)
+                # Under the node lock: two bookings of one project cannot both pass the quota.
+                _check_booking_quota(
+                    project=project, gpu_type=gpu_type, gpu_count=gpu_count, start_at=start_at, end_at=end_at
+                )
                 pick = _pick_gpus(
                     _free_nodes(gpu_type=gpu_type, cluster_ids=cluster_ids, period=period),
                     gpu_count=gpu_count,
@@ -623,6 +624,7 @@ def booking_extend(
             raise ValidationError({"end_at": f"A booking lasts at most {_human(max_duration)}."})
         if end_at > now + timedelta(seconds=settings.BERTH_BOOKING_MAX_ADVANCE_S):
             raise ValidationError({"end_at": "That is too far ahead."})
+        _lock_nodes(gpu_type=booking.gpu_type, cluster_ids=[booking.cluster_id])
         _check_booking_quota(
             project=booking.project,
             gpu_type=booking.gpu_type,
@@ -631,7 +633,6 @@ def booking_extend(
             end_at=end_at,
             exclude_booking_id=booking.pk,
         )
-        _lock_nodes(gpu_type=booking.gpu_type, cluster_ids=[booking.cluster_id])
         allocations = list(booking.allocations.exclude(state=Allocation.State.RELEASED))
         gpu_ids = [a.gpu_id for a in allocations]
         limit = _extension_limit(gpu_ids=gpu_ids, after=booking.end_at, exclude_booking_id=booking.pk)

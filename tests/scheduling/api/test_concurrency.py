@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from django.core.exceptions import ValidationError
 from django.db import connection, connections
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
@@ -21,7 +22,14 @@ from rest_framework.test import APIClient
 from portal.accounts.models import Membership
 from scheduling import services
 from scheduling.models import Allocation, Booking
-from tests.factories import ClusterFactory, GpuTypeFactory, MembershipFactory, NodeFactory, ProjectFactory
+from tests.factories import (
+    ClusterFactory,
+    GpuTypeFactory,
+    MembershipFactory,
+    NodeFactory,
+    ProjectFactory,
+    QuotaFactory,
+)
 
 THREADS = 50
 
@@ -170,3 +178,31 @@ def test_random_overlapping_windows_never_double_book(monkeypatch, caplog, is_lo
                     period=services.DateTimeTZRange(s, e, "[)"),
                 )
                 assert sum(len(n.gpu_ids) for n in free) < gpu_count
+
+
+@pytest.mark.django_db(transaction=True)
+def test_racing_members_cannot_exceed_their_project_quota_together():
+    a100, project, users = _lab(gpus_per_node=4, node_count=6)  # 24 GPUs: capacity is not the limit
+    QuotaFactory(project=project, gpu_type=a100, guaranteed_gpus=4, borrow_limit_gpus=2)  # at most 6
+    start = _hour_ahead()
+
+    def book(user):
+        try:
+            services.booking_create(
+                user,
+                project=project,
+                gpu_type=a100,
+                gpu_count=2,
+                start_at=start,
+                end_at=start + timedelta(hours=1),
+            )
+        except ValidationError as exc:
+            return ("quota", exc.message_dict)
+        return ("ok", None)
+
+    results = _run_at_once([lambda u=u: book(u) for u in users[:20]])
+    errors = [r for r in results if isinstance(r, BaseException)]
+    assert not errors, errors
+    assert [r[0] for r in results].count("ok") == 3
+    assert all("gpu_count" in r[1] for r in results if r[0] == "quota")
+    assert Allocation.objects.count() == 6
