@@ -140,3 +140,107 @@ def booking_form_initial(
     if gpu_type_name:
         initial["gpu_type"] = gpu_type_name
     return initial
+
+
+PRECISION_CHOICES = (
+    ("fp64", "FP64"),
+    ("tf32", "TF32"),
+    ("bf16", "BF16"),
+    ("fp16", "FP16"),
+    ("fp8", "FP8"),
+)
+
+
+class JobForm(forms.Form):
+    """Submit a batch job: what it needs (GPUs, type or constraints), how long, and what to run.
+
+    The runtime estimate is entered in hours and handed to the service in seconds
+    (``requested_s()``); the command becomes the job's payload.
+    """
+
+    project = forms.ModelChoiceField(queryset=Project.objects.none(), empty_label=None, to_field_name="slug")
+    name = forms.CharField(max_length=200, help_text="Shown in your job list, e.g. resnet50-lr-sweep.")
+    gpu_count = forms.IntegerField(
+        label="GPUs",
+        min_value=1,
+        max_value=MAX_GPUS_PER_BOOKING,
+        initial=1,
+        widget=forms.NumberInput(attrs={"inputmode": "numeric"}),
+    )
+    gpu_type = forms.ModelChoiceField(
+        queryset=GpuType.objects.none(),
+        required=False,
+        empty_label="Any type that fits",
+        to_field_name="name",
+        label="GPU type",
+    )
+    min_memory_gib = forms.FloatField(
+        label="Minimum GPU memory (GiB)",
+        min_value=0,
+        max_value=1024,
+        required=False,
+        initial=0,
+    )
+    precisions = forms.MultipleChoiceField(
+        choices=PRECISION_CHOICES,
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        label="Needs precisions",
+        help_text="Only GPU types that support all of these.",
+    )
+    requested_h = forms.FloatField(
+        label="Runtime estimate (hours)",
+        min_value=0.01,
+        max_value=24 * 30,
+        initial=1,
+        help_text="Used for backfill until Berth has learned your jobs' real runtimes.",
+    )
+    is_preemptible = forms.BooleanField(
+        label="Preemptible",
+        required=False,
+        help_text="May run on lent or borrowed GPUs and be stopped (after a grace period) to return them.",
+    )
+    is_checkpointable = forms.BooleanField(
+        label="Checkpoints",
+        required=False,
+        help_text="Resumes from its last checkpoint after a preemption.",
+    )
+    checkpoint_interval_min = forms.IntegerField(
+        label="Checkpoint every (minutes)",
+        min_value=1,
+        max_value=24 * 60,
+        required=False,
+    )
+    command = forms.CharField(
+        max_length=2000,
+        widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false"}),
+        help_text="What the backend runs, e.g. python train.py --config configs/base.yaml",
+    )
+
+    def __init__(
+        self,
+        *args: Any,
+        projects: QuerySet[Project],
+        gpu_types: QuerySet[GpuType],
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("label_suffix", "")
+        super().__init__(*args, **kwargs)
+        self.fields["project"].queryset = projects  # type: ignore[attr-defined]
+        self.fields["gpu_type"].queryset = gpu_types  # type: ignore[attr-defined]
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        if cleaned.get("checkpoint_interval_min") and not cleaned.get("is_checkpointable"):
+            self.add_error(
+                "checkpoint_interval_min", "Only a job that checkpoints has a checkpoint interval."
+            )
+        return cleaned
+
+    def requested_s(self) -> int:
+        """The runtime estimate in whole seconds."""
+        return max(1, round(self.cleaned_data["requested_h"] * 3600))
+
+    def checkpoint_interval_s(self) -> int | None:
+        minutes = self.cleaned_data.get("checkpoint_interval_min")
+        return minutes * 60 if minutes else None

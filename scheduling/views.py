@@ -28,7 +28,13 @@ from django_htmx.http import HttpResponseClientRedirect
 from django_htmx.middleware import HtmxDetails
 
 from portal.accounts.selectors import project_list
-from scheduling.forms import DATETIME_LOCAL_FORMAT, BookingForm, booking_form_initial, next_quarter_hour
+from scheduling.forms import (
+    DATETIME_LOCAL_FORMAT,
+    BookingForm,
+    JobForm,
+    booking_form_initial,
+    next_quarter_hour,
+)
 from scheduling.models import Booking, GpuType, Job
 from scheduling.selectors import (
     Alternative,
@@ -39,12 +45,13 @@ from scheduling.selectors import (
     gpu_type_list,
     job_list,
 )
-from scheduling.services import BookingConflictError, booking_cancel, booking_create, job_cancel
+from scheduling.services import BookingConflictError, booking_cancel, booking_create, job_cancel, job_submit
 
 BOOK_TEMPLATE = "scheduling/book.html"
 BOOKINGS_TEMPLATE = "scheduling/my_bookings.html"
 JOBS_TEMPLATE = "scheduling/my_jobs.html"
 TIMELINE_TEMPLATE = "scheduling/availability.html"
+JOB_NEW_TEMPLATE = "scheduling/job_new.html"
 JOBS_PER_PAGE = 50
 # Status codes whose htmx responses are swapped in (base.html sets htmx's responseHandling).
 UNPROCESSABLE = 422
@@ -359,6 +366,68 @@ def booking_cancel_view(request: HtmxHttpRequest, booking_id: int) -> HttpRespon
     else:
         messages.success(request, f"Cancelled booking {booking.pk}.")
     return HttpResponseRedirect(reverse("my-bookings"), status=303)
+
+
+# ---- submit a job ----
+
+_JOB_FORM_FIELDS = frozenset({"project", "name", "gpu_count", "gpu_type", "min_memory_gib", "precisions"})
+# Service error keys whose form field has another name (the form takes hours and minutes).
+_JOB_FIELD_ALIASES = {"requested_s": "requested_h", "checkpoint_interval_s": "checkpoint_interval_min"}
+
+
+def _add_job_service_errors(form: JobForm, exc: ValidationError) -> None:
+    if not hasattr(exc, "error_dict"):
+        for message in exc.messages:
+            form.add_error(None, message)
+        return
+    for field, errors in exc.message_dict.items():
+        target = _JOB_FIELD_ALIASES.get(field, field if field in _JOB_FORM_FIELDS else None)
+        for message in errors:
+            form.add_error(target, message)
+
+
+@login_required
+@vary_on_headers("HX-Request")
+@require_http_methods(["GET", "POST"])
+def job_new(request: HtmxHttpRequest) -> HttpResponse:
+    """Submit a batch job through ``job_submit``; the engine places it in a later round."""
+    projects = project_list(request.user)
+    gpu_types = gpu_type_list().filter(nodes__cluster__is_active=True).distinct()
+    if request.method == "GET":
+        form = JobForm(projects=projects, gpu_types=gpu_types)
+        return _render(request, JOB_NEW_TEMPLATE, "job-form", {"form": form})
+
+    form = JobForm(request.POST, projects=projects, gpu_types=gpu_types)
+    if not form.is_valid():
+        return _render(request, JOB_NEW_TEMPLATE, "job-form", {"form": form}, status=UNPROCESSABLE)
+    data = form.cleaned_data
+    try:
+        job = job_submit(
+            request.user,
+            project=data["project"],
+            name=data["name"],
+            gpu_count=data["gpu_count"],
+            gpu_type=data["gpu_type"],
+            min_memory_gib=data["min_memory_gib"] or 0.0,
+            precisions=data["precisions"],
+            requested_s=form.requested_s(),
+            is_preemptible=data["is_preemptible"],
+            is_checkpointable=data["is_checkpointable"],
+            checkpoint_interval_s=form.checkpoint_interval_s(),
+            payload={"command": data["command"]},
+        )
+    except ValidationError as exc:
+        _add_job_service_errors(form, exc)
+        return _render(request, JOB_NEW_TEMPLATE, "job-form", {"form": form}, status=UNPROCESSABLE)
+    except PermissionDenied as exc:
+        form.add_error("project", str(exc) or "You may not submit jobs for this project.")
+        return _render(request, JOB_NEW_TEMPLATE, "job-form", {"form": form}, status=UNPROCESSABLE)
+
+    messages.success(request, f"Submitted {job.name}: it waits for the next scheduling round.")
+    url = f"{reverse('my-jobs')}#job-row-{job.pk}"
+    if request.htmx:
+        return HttpResponseClientRedirect(url)
+    return HttpResponseRedirect(url, status=303)
 
 
 # ---- my jobs ----

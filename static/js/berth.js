@@ -7,7 +7,7 @@
   document.addEventListener("htmx:afterSettle", function (event) {
     var detail = event.detail || {};
     if (!detail.requestConfig || detail.requestConfig.verb !== "post") return;
-    var root = document.getElementById("booking-form");
+    var root = document.getElementById("main");
     if (!root) return;
     var target = root.querySelector('[aria-invalid="true"]') || root.querySelector('[role="alert"]');
     if (!target) return;

@@ -10,7 +10,7 @@ from django.contrib.auth.models import User
 from playwright.sync_api import Dialog, Page, expect
 
 from portal.accounts.models import Project
-from scheduling.models import Booking, Node
+from scheduling.models import Booking, Job, Node
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 
@@ -83,3 +83,39 @@ def test_book_see_and_cancel_a_window(
     booking.refresh_from_db()
     assert booking.status == Booking.Status.CANCELLED
     page.screenshot(path=str(ARTIFACTS / "e2e-cancelled.png"), full_page=True)
+
+
+@pytest.mark.e2e
+@pytest.mark.django_db(transaction=True)
+def test_submit_and_cancel_a_job(
+    live_server: object, page: Page, member: User, project: Project, nodes: list[Node]
+) -> None:
+    base = str(live_server).rstrip("/")
+    page.set_default_timeout(10_000)
+    page.goto(f"{base}/login/?next=/jobs/new/")
+    page.get_by_label("Username").fill(member.username)
+    page.get_by_label("Password").fill("pw-not-secret")
+    page.get_by_role("button", name="Log in").click()
+    expect(page.get_by_role("heading", name="Submit a job")).to_be_visible()
+
+    page.get_by_label("Name").fill("bert-pretrain")
+    page.get_by_label("GPUs", exact=True).fill("2")
+    page.get_by_label("BF16").check()
+    page.get_by_label("Runtime estimate (hours)").fill("3")
+    page.get_by_label("Preemptible").check()
+    page.get_by_label("Command").fill("python pretrain.py --steps 10000")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "e2e-submit-job.png"), full_page=True)
+    page.get_by_role("button", name="Submit", exact=True).click()
+
+    expect(page.get_by_role("heading", name="My jobs")).to_be_visible()
+    job = Job.objects.get(user=member)
+    assert (job.gpu_count, job.requested_s, job.is_preemptible, job.precisions) == (2, 10_800, True, ["bf16"])
+    row = page.locator(f"#job-row-{job.pk}")
+    expect(row).to_contain_text("Pending")
+
+    page.once("dialog", lambda dialog: dialog.accept())
+    row.get_by_role("button", name="Cancel job bert-pretrain").click()
+    expect(row).to_contain_text("Cancelled")
+    job.refresh_from_db()
+    assert job.status == Job.Status.CANCELLED
