@@ -239,8 +239,10 @@ class JobForm(forms.Form):
 
     def requested_s(self) -> int:
         """The runtime estimate in whole seconds."""
-        return max(1, round(self.cleaned_data["requested_h"] * 3600))
+        hours: float = self.cleaned_data["requested_h"]
+        return max(1, round(hours * 3600))
 
     def checkpoint_interval_s(self) -> int | None:
-        minutes = self.cleaned_data.get("checkpoint_interval_min")
+        """The checkpoint interval in seconds, or ``None`` when not given."""
+        minutes: int | None = self.cleaned_data.get("checkpoint_interval_min")
         return minutes * 60 if minutes else None
