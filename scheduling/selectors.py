@@ -253,6 +253,12 @@ def availability_get(
     if not rows or rows[0][0] is not None:
         raise ValidationError({"gpu_type": [f"Unknown GPU type {gpu_type_name!r}."]})
     capacity = rows[0][1]
+    if (
+        cluster_name
+        and capacity == 0
+        and not Cluster.objects.filter(name=cluster_name, is_active=True).exists()
+    ):
+        raise ValidationError({"cluster": [f"Unknown cluster {cluster_name!r}."]})
     # An unbounded upper end (a running job with no expected end) reaches the last step.
     spans = [(gpu_id, first, steps - 1 if last is None else last) for gpu_id, first, last in rows[1:]]
 

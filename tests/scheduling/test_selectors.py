@@ -106,6 +106,7 @@ def test_availability_after_bookings(member, project, a100, nodes, soon):
         ({"end_delta": timedelta(hours=-1)}, "end"),
         ({"step_s": 1}, "step"),
         ({"end_delta": timedelta(days=3650)}, "step"),  # too many steps
+        ({"cluster_name": "nowhere"}, "cluster"),
     ],
 )
 def test_availability_rejects_bad_queries(nodes, soon, kwargs, field):
