@@ -5,7 +5,9 @@ Locking protocol (keep it when adding writers, e.g. the engine's plan persistenc
 * a writer that places allocations locks the ``Node`` rows of the GPU type it places on,
   in id order, with ``select_for_update`` before reading what is free; concurrent bookings
   of the same type are then serialized instead of racing;
-* a writer that changes one booking or job locks that row first, then nodes;
+* a booking writer that needs both takes the nodes first, then the booking row: the
+  engine's reconcile updates nodes and then locks bookings, so the reverse order could
+  deadlock with it;
 * the btree_gist exclusion constraint on ``Allocation`` stays the last line of defence for
   any writer that skipped the lock: an exclusion violation makes ``booking_create`` pick
   again (twice), then refuse with the nearest alternatives.
@@ -611,6 +613,10 @@ def booking_extend(
     if timezone.is_naive(end_at):
         raise ValidationError({"end_at": "Give a timezone (for example 2026-01-31T09:00:00Z)."})
     with transaction.atomic():
+        # Nodes before the booking row, the order the engine's reconcile takes them in
+        # (nodes, jobs, bookings); a booking's type and cluster never change, so reading
+        # them before the lock is safe.
+        _lock_nodes(gpu_type=booking.gpu_type, cluster_ids=[booking.cluster_id])
         booking = _lock_booking(booking)
         _require_can_manage(user, owner_id=booking.user_id, project_id=booking.project_id)
         if booking.status not in Booking.OPEN_STATUSES:
@@ -624,7 +630,6 @@ def booking_extend(
             raise ValidationError({"end_at": f"A booking lasts at most {_human(max_duration)}."})
         if end_at > now + timedelta(seconds=settings.BERTH_BOOKING_MAX_ADVANCE_S):
             raise ValidationError({"end_at": "That is too far ahead."})
-        _lock_nodes(gpu_type=booking.gpu_type, cluster_ids=[booking.cluster_id])
         _check_booking_quota(
             project=booking.project,
             gpu_type=booking.gpu_type,
