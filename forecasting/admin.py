@@ -18,16 +18,16 @@ class _ReadOnly:
         return False
 
 
-class ForecastPointInline(_ReadOnly, admin.TabularInline):
+class ForecastPointInline(_ReadOnly, admin.TabularInline):  # type: ignore[type-arg]  # not generic at run time
     model = ForecastPoint
     extra = 0
     fields = ["ts", "yhat", "lower80", "upper80"]
-    readonly_fields = fields
+    readonly_fields = ["ts", "yhat", "lower80", "upper80"]
     can_delete = False
 
 
 @admin.register(ForecastRun)
-class ForecastRunAdmin(_ReadOnly, admin.ModelAdmin):
+class ForecastRunAdmin(_ReadOnly, admin.ModelAdmin):  # type: ignore[type-arg]  # not generic at run time
     list_display = ["issued_at", "cluster", "kind", "key", "model_name", "history_hours", "fit_s"]
     list_filter = ["kind", "model_name", "cluster"]
     search_fields = ["key", "cluster__name"]
@@ -37,7 +37,7 @@ class ForecastRunAdmin(_ReadOnly, admin.ModelAdmin):
 
 
 @admin.register(CapacityStudy)
-class CapacityStudyAdmin(_ReadOnly, admin.ModelAdmin):
+class CapacityStudyAdmin(_ReadOnly, admin.ModelAdmin):  # type: ignore[type-arg]  # not generic at run time
     list_display = ["created_at", "cluster", "gpu_type", "p95_wait_s", "status", "progress", "answer_gpus"]
     list_filter = ["status", "cluster"]
     search_fields = ["cluster__name", "gpu_type__name", "message"]

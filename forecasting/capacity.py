@@ -162,6 +162,8 @@ def wait_trace_get(
     )
     jobs = []
     for job_id, user_id, project_id, first, submitted, started, ended, gpus, requested, status in rows:
+        if started is None or ended is None:  # filtered above; for the type checker
+            continue
         jobs.append(
             (
                 (first or submitted),

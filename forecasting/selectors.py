@@ -134,8 +134,9 @@ def demand_records_get(*, cluster_id: int, start_at: datetime, end_at: datetime)
         cluster_id=cluster_id, start_at__lt=end_at, end_at__gt=start_at
     ).values_list("start_at", "end_at", "ended_at", "gpu_count", "gpu_type__name", "project__slug")
     booking_rows = []
-    for start, end, ended, gpus, type_name, slug in bookings:
-        begin, stop = rel(start, 0.0), rel(min(end, ended) if ended else end, span_s)
+    for b_start, b_end, b_ended, gpus, type_name, slug in bookings:
+        until: datetime = min(b_end, b_ended) if b_ended is not None else b_end
+        begin, stop = rel(b_start, 0.0), rel(until, span_s)
         if stop > begin:  # a booking cancelled before its start wanted nothing
             booking_rows.append(
                 {
@@ -423,7 +424,8 @@ def runtime_predictor_get(*, cluster_id: int, max_age_s: float | None = None) ->
             kind=kind,
             gpu_type=type_name,
         )
-        predictor.observe(request, max((ended - started).total_seconds(), 0.0))
+        if started is not None and ended is not None:  # filtered above; for the type checker
+            predictor.observe(request, max((ended - started).total_seconds(), 0.0))
     with _PREDICTORS_LOCK:
         _PREDICTORS[cluster_id] = _CachedPredictor(
             predictor=predictor, built_at=time.monotonic(), jobs=len(rows)
