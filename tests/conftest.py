@@ -84,6 +84,11 @@ def member_client(member: User) -> APIClient:
 
 
 @pytest.fixture(autouse=True)
-def _fast_password_hashing(settings) -> None:
-    """PBKDF2 costs ~0.1-0.3 s per user on this machine; tests create dozens of users."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+def _fast_password_hashing(request: pytest.FixtureRequest) -> None:
+    """PBKDF2 costs ~0.1-0.3 s per user on this machine; database tests create dozens of users.
+
+    Only for tests marked ``django_db``: pure engine and core tests stay free of Django fixtures.
+    """
+    if request.node.get_closest_marker("django_db") is None:
+        return
+    request.getfixturevalue("settings").PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
