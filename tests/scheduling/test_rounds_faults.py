@@ -6,6 +6,7 @@ The backend is the live simulator with its fault switches (``refuse_starts``, ``
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from datetime import datetime
@@ -250,3 +251,85 @@ def test_allocations_follow_the_gpus_the_backend_really_gave(
         set(job.allocations.filter(state=Allocation.State.RELEASED).values_list("gpu_id", flat=True))
         == planned
     )
+
+
+def _book_in_thread(user_id: int, project_id: int, cluster_id: int, errors: list[BaseException]) -> None:
+    from django.contrib.auth.models import User
+    from django.utils import timezone
+
+    from portal.accounts.models import Project
+    from scheduling.services import BookingConflictError
+
+    try:
+        user, project = User.objects.get(pk=user_id), Project.objects.get(pk=project_id)
+        cluster, a100 = Cluster.objects.get(pk=cluster_id), GpuType.objects.get(name="A100")
+        for _ in range(12):
+            time.sleep(0.1)
+            now = timezone.now()
+            with contextlib.suppress(BookingConflictError):
+                booking_create(
+                    user,
+                    project=project,
+                    gpu_type=a100,
+                    gpu_count=1,
+                    start_at=now,
+                    end_at=later(now, 3600),
+                    cluster=cluster,
+                    now=now,
+                )
+    except BaseException as exc:  # reported to the test thread
+        errors.append(exc)
+    finally:
+        connection.close()
+
+
+def _rounds_in_thread(cluster_id: int, results: list[RoundResult], errors: list[BaseException]) -> None:
+    try:
+        for _ in range(10):
+            results.append(engine_round_run(cluster_id=cluster_id))
+            time.sleep(0.1)
+    except BaseException as exc:
+        errors.append(exc)
+    finally:
+        connection.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_rounds_racing_bookings_never_double_allocate(engine_redis_url) -> None:
+    cluster = make_cluster(nodes=2, gpus_per_node=4)
+    user, project = make_member()
+    # Jobs that end within a second, so GPUs keep coming free while bookings and rounds compete.
+    jobs = [
+        job_submit(
+            user, project=project, cluster=cluster, name=f"j{i}", gpu_count=2, payload={"sim_runtime_s": 0.5}
+        )
+        for i in range(10)
+    ]
+    errors: list[BaseException] = []
+    results: list[RoundResult] = []
+    threads = [
+        threading.Thread(target=_rounds_in_thread, args=(cluster.pk, results, errors)),
+        threading.Thread(target=_book_in_thread, args=(user.pk, project.pk, cluster.pk, errors)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+
+    assert errors == []
+    assert {r.status for r in results} <= {"ok", "locked"}
+    with connection.cursor() as cursor:  # no GPU is held twice at any instant, whoever wrote it
+        cursor.execute(
+            """SELECT count(*) FROM scheduling_allocation a JOIN scheduling_allocation b
+               ON a.gpu_id = b.gpu_id AND a.id < b.id AND a.period && b.period
+               WHERE a.state <> 'released' AND b.state <> 'released'"""
+        )
+        assert cursor.fetchone()[0] == 0
+    running = sim_backend(cluster).running_on()
+    for job in Job.objects.filter(pk__in=[j.pk for j in jobs]):
+        active = sorted(
+            job.allocations.filter(state=Allocation.State.ACTIVE).values_list("gpu_id", flat=True)
+        )
+        # The database and the backend agree on every job: running on the same GPUs, or not at all.
+        assert active == sorted(g for g, j in running.items() if j == str(job.pk))
+        assert job.status in (Job.Status.RUNNING, Job.Status.PENDING, Job.Status.COMPLETED)
