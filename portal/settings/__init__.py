@@ -221,9 +221,11 @@ BERTH_FORECAST_REFIT_SOFT_TIME_LIMIT_S = env.int("BERTH_FORECAST_REFIT_SOFT_TIME
 # Interactive headroom: ignore forecasts older than this; hold at most this share of a type.
 BERTH_HEADROOM_MAX_FORECAST_AGE_H = env.int("BERTH_HEADROOM_MAX_FORECAST_AGE_H", default=6)
 BERTH_HEADROOM_MAX_FRACTION = env.float("BERTH_HEADROOM_MAX_FRACTION", default=0.25)
-# Runtime predictor: finished jobs it learns from, and how long a worker reuses it.
+# Runtime predictor: finished jobs it learns from; how long a process reuses it before looking
+# for newly finished jobs, and how often it is rebuilt from scratch.
 BERTH_RUNTIME_HISTORY_JOBS = env.int("BERTH_RUNTIME_HISTORY_JOBS", default=20_000)
-BERTH_RUNTIME_PREDICTOR_TTL_S = env.int("BERTH_RUNTIME_PREDICTOR_TTL_S", default=300)
+BERTH_RUNTIME_PREDICTOR_TTL_S = env.int("BERTH_RUNTIME_PREDICTOR_TTL_S", default=60)
+BERTH_RUNTIME_PREDICTOR_REBUILD_S = env.int("BERTH_RUNTIME_PREDICTOR_REBUILD_S", default=6 * 3600)
 # Capacity studies (what-if replays): bounds on one study.
 BERTH_CAPACITY_MAX_JOBS = env.int("BERTH_CAPACITY_MAX_JOBS", default=5_000)
 BERTH_CAPACITY_MAX_REPLAYS = env.int("BERTH_CAPACITY_MAX_REPLAYS", default=10)

@@ -4,6 +4,7 @@ runtime predictions and interactive headroom.  Prophet fits for real (no mocks).
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from forecasting.selectors import (
     forecast_points_list,
     interactive_headroom_get,
     runtime_predictor_forget,
+    runtime_predictor_get,
 )
 from forecasting.services import forecast_refresh, job_runtime_predict, jobs_runtime_predict
 from scheduling.models import Allocation, Booking, Cluster, Gpu, GpuType, Job, Node
@@ -364,3 +366,35 @@ def test_demand_totals_match_job_gpu_hours(cluster: Cluster, nodes: list[Node], 
     assert np.isclose(series[("project", "vision")].sum(), gpu_hours)
     interactive = Job.objects.filter(cluster=cluster, kind=Job.Kind.INTERACTIVE).count()
     assert np.isclose(series[("interactive", "A100")].sum(), interactive)
+
+
+def test_runtime_predictor_cache_learns_new_jobs_incrementally(cluster: Cluster, nodes: list[Node]) -> None:
+    user = MembershipFactory().user
+    project = user.memberships.get().project
+    _finished(user, project, cluster, runtime_s=600, end=at(0), count=3)
+    first = runtime_predictor_get(cluster_id=cluster.pk)
+    assert first.n_observed == 3
+    _finished(user, project, cluster, runtime_s=600, end=at(1), count=2)
+
+    assert runtime_predictor_get(cluster_id=cluster.pk) is first  # within the TTL: as it was
+    assert first.n_observed == 3
+    assert runtime_predictor_get(cluster_id=cluster.pk, max_age_s=0) is first  # only the new jobs
+    assert first.n_observed == 5
+    assert runtime_predictor_get(cluster_id=cluster.pk, max_age_s=0).n_observed == 5  # nothing twice
+    with override_settings(BERTH_RUNTIME_PREDICTOR_REBUILD_S=0):
+        rebuilt = runtime_predictor_get(cluster_id=cluster.pk, max_age_s=0)
+    assert rebuilt is not first
+    assert rebuilt.n_observed == 5
+
+
+def test_headroom_costs_a_fixed_number_of_queries(
+    cluster: Cluster, nodes: list[Node], django_assert_max_num_queries: Any
+) -> None:
+    issued = datetime(2026, 11, 20, 10, 0, tzinfo=UTC)
+    _store_interactive_run(cluster, issued=issued, upper80=1.0)
+    for _ in range(5):
+        BookingFactory(
+            cluster=cluster, gpu_type=GpuType.objects.get(name="A100"), start_at=issued, end_at=at(500)
+        )
+    with django_assert_max_num_queries(4):
+        interactive_headroom_get(cluster_id=cluster.pk, at=issued)
