@@ -65,7 +65,11 @@ def booking_list(
         qs = qs.filter(status__in=status)
     if project_slug:
         qs = qs.filter(project__slug=project_slug)
-    held = Allocation.objects.exclude(state=Allocation.State.RELEASED).only("id", "gpu_id", "booking_id")
+    held = (
+        Allocation.objects.exclude(state=Allocation.State.RELEASED)
+        .select_related("gpu__node")
+        .only("id", "booking_id", "gpu__index", "gpu__node__name")
+    )
     return qs.select_related("user", "project", "cluster", "gpu_type").prefetch_related(
         Prefetch("allocations", queryset=held.order_by("gpu_id"), to_attr="held_allocations")
     )

@@ -13,9 +13,15 @@ from rest_framework.views import APIView
 from portal.accounts.models import Project
 from scheduling import selectors, services
 from scheduling.api.common import PaginatedApi, csv_values, errors, request_user
-from scheduling.models import AuditEvent, Booking, Cluster, GpuType
+from scheduling.models import Allocation, AuditEvent, Booking, Cluster, GpuType
 
 _MAX_GPUS = 4096  # an absurd count is a field error before it reaches the database
+
+
+class BookingGpuSerializer(serializers.Serializer[Any]):
+    id = serializers.IntegerField()
+    node = serializers.CharField(source="node.name")
+    index = serializers.IntegerField()
 
 
 class BookingOutputSerializer(serializers.Serializer[Any]):
@@ -30,15 +36,24 @@ class BookingOutputSerializer(serializers.Serializer[Any]):
     status = serializers.ChoiceField(choices=Booking.Status.choices)
     note = serializers.CharField()
     gpu_ids = serializers.SerializerMethodField()
+    gpus = serializers.SerializerMethodField(help_text="Where to connect: the held GPUs and their nodes.")
     created_at = serializers.DateTimeField()
     ended_at = serializers.DateTimeField(allow_null=True)
 
+    def _held(self, booking: Booking) -> list[Allocation]:
+        held = getattr(booking, "held_allocations", None)
+        if held is None:  # not loaded through the selector
+            held = list(booking.allocations.exclude(state="released").select_related("gpu__node"))
+            booking.held_allocations = held  # type: ignore[attr-defined]
+        return sorted(held, key=lambda a: a.gpu_id)
+
     @extend_schema_field(serializers.ListField(child=serializers.IntegerField()))
     def get_gpu_ids(self, booking: Booking) -> list[int]:
-        held = getattr(booking, "held_allocations", None)
-        if held is None:  # not loaded through the selector (e.g. just created)
-            held = booking.allocations.exclude(state="released").only("gpu_id")
-        return sorted(a.gpu_id for a in held)
+        return [a.gpu_id for a in self._held(booking)]
+
+    @extend_schema_field(BookingGpuSerializer(many=True))
+    def get_gpus(self, booking: Booking) -> list[dict[str, Any]]:
+        return [dict(BookingGpuSerializer(a.gpu).data) for a in self._held(booking)]
 
 
 def _booking_response(user: Any, booking_id: int, code: int = status.HTTP_200_OK) -> Response:

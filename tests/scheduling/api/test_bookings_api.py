@@ -43,6 +43,8 @@ def test_create_retrieve_list(member_client, member, project, nodes, soon):
     assert data["cluster"] == "alpha"
     assert data["gpu_count"] == 2
     assert len(data["gpu_ids"]) == 2
+    assert [g["id"] for g in data["gpus"]] == data["gpu_ids"]
+    assert {g["node"] for g in data["gpus"]} <= {"a0", "a1"}
     assert data["status"] == "confirmed"
 
     detail = member_client.get(f"{URL}{data['id']}/")
