@@ -131,9 +131,10 @@ def test_every_hx_get_has_an_href_or_a_form_action(
         for tag in re.findall(r"<(?:a|div|form)\b[^>]*\bhx-get=[^>]*>", html):
             if tag.startswith("<a"):
                 assert "href=" in tag, tag
-        # The live availability box has a no-JavaScript twin: a submit button to the same URL.
+        # The live availability box has a no-JavaScript twin: the day's timeline, a plain link.
         if name == "home":
-            assert f'formaction="{reverse("booking-availability")}"' in html
+            assert f'href="{reverse("availability")}?day=' in html
+            assert 'hx-params="not csrfmiddlewaretoken"' in html  # no token in GET URLs or logs
 
 
 # ---- live availability ----
