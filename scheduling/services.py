@@ -23,7 +23,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg.errors
@@ -210,6 +210,10 @@ def _validate_window(*, start_at: datetime, end_at: datetime, now: datetime) -> 
         errors["end_at"].append(f"A booking lasts at most {_human(max_duration)}.")
     if errors:
         raise ValidationError(dict(errors))
+
+
+def _utc(value: datetime) -> str:
+    return f"{value.astimezone(UTC):%Y-%m-%d %H:%M} UTC"
 
 
 def _human(delta: timedelta) -> str:
@@ -466,8 +470,7 @@ def booking_create(
         cluster_ids=cluster_ids,
     )
     raise BookingConflictError(
-        f"{gpu_count} {gpu_type.name} GPU(s) are not free from {start_at:%Y-%m-%d %H:%M} "
-        f"to {end_at:%Y-%m-%d %H:%M} UTC.",
+        f"{gpu_count} {gpu_type.name} GPU(s) are not free from {_utc(start_at)} to {_utc(end_at)}.",
         alternatives=alternatives,
         fields={"start_at": ["Not enough free GPUs in this window."]},
     )
@@ -686,7 +689,7 @@ def booking_extend(
         )
     raise BookingConflictError(
         "Its GPUs are booked by someone else before the new end"
-        + (f"; it can be extended until {limit:%Y-%m-%d %H:%M} UTC." if limit is not None else "."),
+        + (f"; it can be extended until {_utc(limit)}." if limit is not None else "."),
         alternatives=alternatives,
         fields={"end_at": ["The GPUs are not free until then."]},
     )
