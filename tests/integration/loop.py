@@ -25,7 +25,18 @@ from scheduling.services import job_submit
 from scheduling.snapshots import engine_nodes_for_cluster
 from tests.factories import ClusterFactory, GpuTypeFactory, MembershipFactory, NodeFactory, ProjectFactory
 
-REDIS_HOST_URL = "redis://127.0.0.1:56379"
+
+def _redis_host_url() -> str:
+    """The Redis server the settings use (``REDIS_URL``), without its db number."""
+    from urllib.parse import urlsplit
+
+    from django.conf import settings
+
+    parts = urlsplit(settings.REDIS_URL)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+REDIS_HOST_URL = _redis_host_url()
 ENGINE_REDIS_DB = 7
 ENGINE_REDIS_URL = f"{REDIS_HOST_URL}/{ENGINE_REDIS_DB}"
 BROKER_REDIS_URL = f"{REDIS_HOST_URL}/11"  # a db of its own: no other worker consumes these tasks
