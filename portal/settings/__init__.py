@@ -47,6 +47,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI served from static/, not a CDN
     "django_htmx",
     "template_partials",
     "django_celery_beat",
@@ -158,6 +159,10 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # Swagger UI and Redoc assets from the drf-spectacular-sidecar package (no CDN at run time).
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
     "ENUM_NAME_OVERRIDES": {
         "MembershipRoleEnum": "portal.accounts.models.Membership.Role",
         "BookingStatusEnum": "scheduling.models.Booking.Status",
