@@ -159,6 +159,18 @@ def test_booking_gets_its_gpus_by_preempting_lent_work(engine_redis_url, run_rou
     assert not sim_backend(cluster, at=at).running_on()
     assert AuditEvent.objects.filter(entity_type="job", entity_id=lent.pk, verb="job.requeue").exists()
 
+    # The booking ends; the requeued job gets the GPUs back and resumes from its checkpoint.
+    booking_end = later(booking_start, 3600)
+    run_round(cluster, later(booking_end, 1))
+    booking.refresh_from_db()
+    lent.refresh_from_db()
+    assert booking.status == Booking.Status.COMPLETED
+    assert {a.state for a in booking.allocations.all()} == {Allocation.State.ENDED}
+    assert lent.status == Job.Status.RUNNING
+    assert lent.attempt == 1
+    record = sim_backend(cluster, at=booking_end).records()[str(lent.pk)]
+    assert record["work_left_s"] == pytest.approx(3 * 3600 - (preemption.signalled_at - t0).total_seconds())
+
 
 def test_overlap_at_persist_rolls_back_only_that_start(
     engine_redis_url, run_round, t0: datetime, monkeypatch: pytest.MonkeyPatch
