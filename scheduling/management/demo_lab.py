@@ -30,6 +30,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.hashers import make_password
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from portal.accounts.models import Membership, Project, Quota
@@ -252,26 +253,30 @@ class DemoLabError(Exception):
 
 
 def demo_lab_reset() -> None:
-    """Delete the demo cluster, its work, the demo projects and the demo users."""
+    """Delete the demo cluster, its work, the demo projects and the demo users.
+
+    Work is removed first because bookings and jobs protect their cluster, project, user and
+    GPUs; that includes anything the demo users did elsewhere (their accounts go too).
+    """
     usernames = [ADMIN_USERNAME, *(u for u, _, _ in RESEARCHERS)]
     slugs = [p.slug for p in PROJECTS]
     with transaction.atomic():
         cluster = Cluster.objects.filter(name=CLUSTER_NAME).first()
-        bookings = Booking.objects.filter(project__slug__in=slugs)
-        jobs = Job.objects.filter(project__slug__in=slugs)
+        demo_work = Q(project__slug__in=slugs) | Q(user__username__in=usernames)
         if cluster is not None:
-            bookings = bookings | Booking.objects.filter(cluster=cluster)
-            jobs = jobs | Job.objects.filter(cluster=cluster)
-        booking_ids = list(bookings.values_list("id", flat=True))
-        job_ids = list(jobs.values_list("id", flat=True))
-        Allocation.objects.filter(booking_id__in=booking_ids).delete()
-        Allocation.objects.filter(job_id__in=job_ids).delete()
+            demo_work |= Q(cluster=cluster)
+        booking_ids = list(Booking.objects.filter(demo_work).values_list("id", flat=True))
+        job_ids = list(Job.objects.filter(demo_work).values_list("id", flat=True))
+        allocations = Allocation.objects.filter(Q(booking_id__in=booking_ids) | Q(job_id__in=job_ids))
+        allocation_ids = list(allocations.values_list("id", flat=True))
+        for entity_type, ids in (("allocation", allocation_ids), ("booking", booking_ids), ("job", job_ids)):
+            AuditEvent.objects.filter(entity_type=entity_type, entity_id__in=ids).delete()
+        allocations.delete()
         Preemption.objects.filter(job_id__in=job_ids).delete()
-        AuditEvent.objects.filter(entity_type="booking", entity_id__in=booking_ids).delete()
-        AuditEvent.objects.filter(entity_type="job", entity_id__in=job_ids).delete()
         Booking.objects.filter(id__in=booking_ids).delete()
         Job.objects.filter(id__in=job_ids).delete()
         if cluster is not None:
+            AuditEvent.objects.filter(entity_type="cluster", entity_id=cluster.pk).delete()
             cluster.delete()
         Project.objects.filter(slug__in=slugs).delete()
         get_user_model().objects.filter(username__in=usernames).delete()

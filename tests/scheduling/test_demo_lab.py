@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from django.db.models import Max, Min, Sum
 from django.test import Client
@@ -29,7 +30,9 @@ from scheduling.management.demo_lab import (
     read_trace,
     scale_nodes,
 )
-from scheduling.models import Allocation, Booking, Cluster, Gpu, Job, Node
+from scheduling.models import Allocation, Booking, Cluster, Gpu, GpuType, Job, Node
+from scheduling.services import booking_create
+from tests.factories import MembershipFactory
 
 
 def _nodes(spec: dict[tuple[str, int], int]) -> list[NodeRow]:
@@ -123,7 +126,9 @@ def fast_hasher(settings: Any) -> None:
 
 @pytest.mark.django_db
 @pytest.mark.usefixtures("fast_hasher")
-def test_demo_lab_builds_from_the_shipped_samples_and_is_idempotent(tmp_path: Path) -> None:
+def test_demo_lab_builds_from_the_shipped_samples_and_is_idempotent(
+    tmp_path: Path, nodes: list[Node], a100: GpuType, soon: datetime
+) -> None:
     args = ["--traces", str(tmp_path), "--scale", "0.01", "--history-days", "30"]
     started = timezone.now()
     call_command("demo_lab", *args, stdout=open(tmp_path / "out.txt", "w"))  # noqa: SIM115
@@ -169,7 +174,23 @@ def test_demo_lab_builds_from_the_shipped_samples_and_is_idempotent(tmp_path: Pa
     call_command("demo_lab", *args, stdout=open(tmp_path / "again.txt", "w"))  # noqa: SIM115
     assert _counts() == counts
 
+    # A demo user's work elsewhere must not block the reset (bookings protect users and projects).
+    ada = User.objects.get(username="ada")
+    other_project = MembershipFactory(user=ada).project
+    elsewhere = booking_create(
+        ada,
+        project=other_project,
+        gpu_type=a100,
+        cluster=nodes[0].cluster,
+        gpu_count=1,
+        start_at=soon,
+        end_at=soon + timedelta(hours=1),
+    )
+
     call_command("demo_lab", *args, "--reset", stdout=open(tmp_path / "reset.txt", "w"))  # noqa: SIM115
+    assert not Booking.objects.filter(pk=elsewhere.pk).exists()
+    assert Node.objects.filter(pk=nodes[0].pk).exists()  # other clusters and projects stay
+    assert Project.objects.filter(pk=other_project.pk).exists()
     rebuilt = _counts()
     assert rebuilt["nodes"] == counts["nodes"]
     assert rebuilt["bookings"] == counts["bookings"]
