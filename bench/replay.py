@@ -49,6 +49,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--engine", default=DEFAULT_ENGINE, help="module:function with plan_round's signature"
     )
+    parser.add_argument(
+        "--tick-s",
+        type=float,
+        default=ReplayOptions().tick_s,
+        help="round tick while jobs wait and GPUs are free (doubles while idle); 0 disables",
+    )
     parser.add_argument("--out", required=True, help="JSON output path")
     return parser.parse_args(argv)
 
@@ -72,7 +78,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             seed=args.seed,
         ),
     )
-    options = ReplayOptions()
+    options = ReplayOptions(tick_s=args.tick_s, max_tick_s=max(args.tick_s, ReplayOptions().max_tick_s))
     results: dict[str, Any] = {}
     for policy in policies:
         predictor = default_predictor() if args.predictor == "default" else SimpleHistoryPredictor()
@@ -101,6 +107,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for t in inventory.gpu_types
         },
         "seed": args.seed,
+        "tick_s": args.tick_s,
         "skipped_jobs": {"no_runtime": trace.skipped_no_runtime, "no_gpus": trace.skipped_no_gpus},
         "trace_gpu_hours": trace.gpu_hours,
         "overlay": {
