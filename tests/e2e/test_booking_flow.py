@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -10,7 +10,9 @@ from django.contrib.auth.models import User
 from playwright.sync_api import Dialog, Page, expect
 
 from portal.accounts.models import Project
-from scheduling.models import Booking, Job, Node
+from scheduling.models import Booking, GpuType, Job, Node
+from scheduling.services import booking_create
+from tests.factories import MembershipFactory
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 
@@ -119,3 +121,38 @@ def test_submit_and_cancel_a_job(
     expect(row).to_contain_text("Cancelled")
     job.refresh_from_db()
     assert job.status == Job.Status.CANCELLED
+
+
+@pytest.mark.e2e
+@pytest.mark.django_db(transaction=True)
+def test_a_full_window_offers_the_next_free_one_in_one_click(
+    live_server: object,
+    page: Page,
+    member: User,
+    project: Project,
+    nodes: list[Node],
+    a100: GpuType,
+    soon: datetime,
+) -> None:
+    other = MembershipFactory(project=project).user
+    booking_create(
+        other, project=project, gpu_type=a100, gpu_count=8, start_at=soon, end_at=soon + timedelta(hours=3)
+    )
+    base = str(live_server).rstrip("/")
+    page.set_default_timeout(10_000)
+    page.goto(f"{base}/login/")
+    page.get_by_label("Username").fill(member.username)
+    page.get_by_label("Password").fill("pw-not-secret")
+    page.get_by_role("button", name="Log in").click()
+
+    page.get_by_label("Start").fill(soon.strftime("%Y-%m-%dT%H:%M"))
+    availability = page.locator("#availability")
+    expect(availability).to_contain_text("Not enough")
+    expect(availability).to_contain_text("Nearest alternative")
+    availability.get_by_role("button", name="Book this instead").click()
+
+    expect(page.get_by_role("heading", name="My bookings")).to_be_visible()
+    booking = Booking.objects.get(user=member)
+    assert booking.start_at == soon + timedelta(hours=3)  # right after the full window
+    assert booking.end_at - booking.start_at == timedelta(hours=2)
+    expect(page.locator(f"#booking-row-{booking.pk}")).to_contain_text("Confirmed")
