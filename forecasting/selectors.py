@@ -21,7 +21,7 @@ import pandas as pd
 from django.conf import settings
 from django.db.models import Q, Sum
 
-from forecasting.models import ForecastPoint, ForecastRun
+from forecasting.models import CapacityStudy, ForecastPoint, ForecastRun
 from scheduling.models import Allocation, Booking, Job, Node
 
 HOUR = timedelta(hours=1)
@@ -257,6 +257,55 @@ def forecast_run_list(
 
 def forecast_points_list(*, run: ForecastRun) -> list[ForecastPoint]:
     return list(ForecastPoint.objects.filter(run=run).order_by("ts"))
+
+
+@dataclass(frozen=True, slots=True)
+class ForecastBand:
+    """What a capacity chart draws: recent actual demand, the forecast band and the capacity."""
+
+    run: ForecastRun | None
+    history: tuple[tuple[datetime, float], ...]  # (hour start, GPUs) before the run's issue time
+    points: tuple[ForecastPoint, ...]
+    capacity_gpus: int | None  # None for project series (no capacity of their own)
+
+
+def forecast_band_get(
+    *, cluster_id: int, kind: str, key: str, at: datetime, history_h: int = 72
+) -> ForecastBand:
+    """The newest stored forecast of a series at ``at`` with the ``history_h`` hours before it.
+
+    For admin pages (capacity planning): callers check that the user is staff.
+    """
+    run = forecast_run_latest(cluster_id=cluster_id, kind=kind, key=key, at=at)
+    end = run.issued_at if run is not None else hour_floor(at)
+    series = demand_series_get(cluster_id=cluster_id, end_at=end, history_days=math.ceil(history_h / 24) + 1)
+    actual = series.get((kind, key))
+    history: tuple[tuple[datetime, float], ...] = ()
+    if actual is not None:
+        tail = actual.iloc[-history_h:]
+        history = tuple((from_naive_utc(ts), float(v)) for ts, v in tail.items())
+    capacity = cluster_capacity_by_type(cluster_id=cluster_id)
+    if kind == ForecastRun.Kind.PROJECT:
+        total: int | None = None
+    elif key == "":
+        total = sum(capacity.values())
+    else:
+        total = capacity.get(key, 0)
+    points = tuple(forecast_points_list(run=run)) if run is not None else ()
+    return ForecastBand(run=run, history=history, points=points, capacity_gpus=total)
+
+
+def capacity_study_get(*, study_id: int) -> CapacityStudy:
+    """One capacity study (raises ``CapacityStudy.DoesNotExist``); for staff pages that poll it."""
+    return CapacityStudy.objects.select_related("cluster", "gpu_type").get(pk=study_id)
+
+
+def capacity_study_list(*, cluster_id: int, limit: int = 20) -> list[CapacityStudy]:
+    return list(
+        CapacityStudy.objects.filter(cluster_id=cluster_id)
+        .select_related("gpu_type")
+        .order_by("-created_at")[:limit]
+    )
 
 
 # ---- interactive headroom ----

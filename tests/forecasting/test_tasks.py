@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from forecasting import tasks
 from forecasting.models import CapacityStudy, ForecastPoint, ForecastRun
-from forecasting.selectors import hour_floor, runtime_predictor_forget
+from forecasting.selectors import capacity_study_get, hour_floor, runtime_predictor_forget
 from forecasting.services import capacity_study_create
 from scheduling.models import Cluster, GpuType, Job, Node
 from tests.factories import ClusterFactory, GpuTypeFactory, JobFactory, MembershipFactory
@@ -159,7 +159,7 @@ def test_capacity_study_task_stores_progress_and_answer_once(
 
     result = tasks.capacity_study_run(study.pk)
 
-    study.refresh_from_db()
+    study = capacity_study_get(study_id=study.pk)
     assert result == {"study_id": study.pk, "status": "done", "answer_gpus": 20}
     assert study.status == CapacityStudy.Status.DONE
     assert study.progress == 1.0

@@ -14,6 +14,7 @@ from psycopg.types.range import Range
 from forecasting.models import ForecastPoint, ForecastRun
 from forecasting.selectors import (
     demand_series_get,
+    forecast_band_get,
     forecast_points_list,
     interactive_headroom_get,
     runtime_predictor_forget,
@@ -212,7 +213,7 @@ def test_forecast_refresh_stores_runs_points_and_intervals_once_per_hour(
     # The fit learned the office-hours pattern: noon busier than 3 a.m., both near the truth.
     by_hour = {p.ts.hour: p.yhat for p in points}
     assert by_hour[12] > by_hour[3] + 1.5
-    assert 3.0 <= by_hour[12] <= 5.0
+    assert 3.5 <= by_hour[12] <= 6.0  # truth: 4 batch + 1 interactive GPU
     assert by_hour[3] <= 2.0
 
     again = forecast_refresh(cluster_id=cluster.pk, at=issued + timedelta(minutes=50))
@@ -225,6 +226,21 @@ def test_forecast_refresh_stores_runs_points_and_intervals_once_per_hour(
     assert replaced.created == 4
     assert ForecastRun.objects.filter(cluster=cluster).count() == 4
     assert not ForecastRun.objects.filter(pk=run.pk).exists()
+
+    # What the capacity page draws: the last day of actual demand, the band and the capacity.
+    band = forecast_band_get(
+        cluster_id=cluster.pk, kind="gpu_type", key="A100", at=issued + timedelta(hours=1), history_h=24
+    )
+    assert band.run is not None
+    assert band.run.issued_at == issued
+    assert band.capacity_gpus == 8
+    assert len(band.points) == 24
+    assert [ts for ts, _ in band.history] == [issued - timedelta(hours=24 - h) for h in range(24)]
+    assert [v for _, v in band.history] == [5.0 if 9 <= h < 18 else 1.0 for h in range(24)]  # + sessions
+    assert (
+        forecast_band_get(cluster_id=cluster.pk, kind="project", key="vision", at=issued).capacity_gpus
+        is None
+    )
 
     # The engine's headroom from that stored forecast: >= 0 and within the cap of the type.
     headroom = interactive_headroom_get(cluster_id=cluster.pk, at=issued + timedelta(hours=12))
