@@ -366,6 +366,15 @@ def interactive_headroom_get(*, cluster_id: int, at: datetime) -> dict[str, int]
     return out
 
 
+def interactive_headroom_policy(*, cluster_id: int, at: datetime) -> tuple[tuple[str, int], ...]:
+    """`interactive_headroom_get` as ``PolicyConfig.interactive_headroom``: sorted, zeros left out."""
+    return tuple(
+        (name, gpus)
+        for name, gpus in sorted(interactive_headroom_get(cluster_id=cluster_id, at=at).items())
+        if gpus > 0
+    )
+
+
 # ---- runtime predictor ----
 
 

@@ -17,6 +17,7 @@ from forecasting.selectors import (
     forecast_band_get,
     forecast_points_list,
     interactive_headroom_get,
+    interactive_headroom_policy,
     runtime_predictor_forget,
     runtime_predictor_get,
 )
@@ -276,6 +277,7 @@ def test_headroom_is_forecast_upper_minus_what_bookings_hold(
 
     # Round up the forecast; no forecast for H100 means no headroom there.
     assert interactive_headroom_get(cluster_id=cluster.pk, at=now) == {"A100": 4, "H100": 0}
+    assert interactive_headroom_policy(cluster_id=cluster.pk, at=now) == (("A100", 4),)
 
     project = ProjectFactory()
     common = {"cluster": cluster, "project": project, "gpu_type": a100}
