@@ -8,6 +8,7 @@ goes through ``scheduling.services``; bad input comes back as form errors, never
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 from typing import Any
@@ -45,7 +46,14 @@ from scheduling.selectors import (
     gpu_type_list,
     job_list,
 )
-from scheduling.services import BookingConflictError, booking_cancel, booking_create, job_cancel, job_submit
+from scheduling.services import (
+    BookingConflictError,
+    booking_cancel,
+    booking_create,
+    booking_end_early,
+    job_cancel,
+    job_submit,
+)
 
 BOOK_TEMPLATE = "scheduling/book.html"
 BOOKINGS_TEMPLATE = "scheduling/my_bookings.html"
@@ -343,29 +351,49 @@ def my_bookings(request: HtmxHttpRequest) -> HttpResponse:
     closed_bookings = list(
         bookings.exclude(status__in=Booking.OPEN_STATUSES).order_by("-start_at", "-id")[:50]
     )
-    context = {"open_bookings": open_bookings, "closed_bookings": closed_bookings}
+    context = {"open_bookings": open_bookings, "closed_bookings": closed_bookings, "now": timezone.now()}
     return _render(request, BOOKINGS_TEMPLATE, "booking-list", context)
+
+
+def _booking_row_action(
+    request: HtmxHttpRequest, booking_id: int, *, action: Callable[..., Booking], done: str
+) -> HttpResponse:
+    """Run ``action`` (cancel or end early) on one of the user's bookings.
+
+    htmx gets the updated row back (with the refusal, if any, in it); others a redirect with a
+    message.  The services' refusals (already cancelled, not started yet) are messages, not errors.
+    """
+    booking = _my_booking(request, booking_id)
+    error = ""
+    try:
+        booking = action(booking, user=request.user)
+    except (ValidationError, PermissionDenied) as exc:
+        error = " ".join(exc.messages) if isinstance(exc, ValidationError) else str(exc)
+    if request.htmx:
+        booking = _my_booking(request, booking_id)
+        context = {"booking": booking, "row_error": error, "now": timezone.now()}
+        return render(request, f"{BOOKINGS_TEMPLATE}#booking-row", context)
+    if error:
+        messages.error(request, error)
+    else:
+        messages.success(request, f"{done} booking {booking.pk}.")
+    return HttpResponseRedirect(reverse("my-bookings"), status=303)
 
 
 @login_required
 @vary_on_headers("HX-Request")
 @require_POST
 def booking_cancel_view(request: HtmxHttpRequest, booking_id: int) -> HttpResponse:
-    """Cancel one of the user's bookings; htmx gets the updated row back, others a redirect."""
-    booking = _my_booking(request, booking_id)
-    error = ""
-    try:
-        booking = booking_cancel(booking, user=request.user)
-    except (ValidationError, PermissionDenied) as exc:
-        error = " ".join(exc.messages) if isinstance(exc, ValidationError) else str(exc)
-    if request.htmx:
-        booking = _my_booking(request, booking_id)
-        return render(request, f"{BOOKINGS_TEMPLATE}#booking-row", {"booking": booking, "row_error": error})
-    if error:
-        messages.error(request, error)
-    else:
-        messages.success(request, f"Cancelled booking {booking.pk}.")
-    return HttpResponseRedirect(reverse("my-bookings"), status=303)
+    """Cancel one of the user's bookings (before its start: its GPUs are released)."""
+    return _booking_row_action(request, booking_id, action=booking_cancel, done="Cancelled")
+
+
+@login_required
+@vary_on_headers("HX-Request")
+@require_POST
+def booking_end_view(request: HtmxHttpRequest, booking_id: int) -> HttpResponse:
+    """End one of the user's running bookings now; its GPUs are free from now on."""
+    return _booking_row_action(request, booking_id, action=booking_end_early, done="Ended")
 
 
 # ---- submit a job ----

@@ -60,6 +60,7 @@ def _form(
         ("get", "my-jobs", {}),
         ("post", "booking-cancel", {"booking_id": 1}),
         ("post", "job-cancel", {"job_id": 1}),
+        ("post", "booking-end", {"booking_id": 1}),
         ("get", "availability", {}),
         ("get", "job-new", {}),
     ],
@@ -664,3 +665,57 @@ def test_job_form_page_and_fragment(member_web: Client, nodes: list[Node]) -> No
     assert b"<html" in full.content
     assert fragment.content.decode().strip().startswith('<div id="job-form"')
     assert "HX-Request" in fragment["Vary"]
+
+
+# ---- end a running booking ----
+
+
+def test_a_running_booking_can_be_ended_now(
+    member_web: Client, member: User, project: Project, nodes: list[Node], a100: GpuType
+) -> None:
+    start = timezone.now() - timedelta(minutes=2)  # within the service's past tolerance
+    booking = booking_create(
+        member, project=project, gpu_type=a100, gpu_count=8, start_at=start, end_at=start + timedelta(hours=2)
+    )
+    page = member_web.get(reverse("my-bookings")).content.decode()
+    assert f'aria-label="End booking {booking.pk} now"' in page
+    assert f'aria-label="Cancel booking {booking.pk}"' not in page
+
+    response = member_web.post(reverse("booking-end", kwargs={"booking_id": booking.pk}), **HTMX)
+
+    assert response.status_code == 200
+    assert "Completed" in response.content.decode()
+    booking.refresh_from_db()
+    assert booking.status == Booking.Status.COMPLETED
+    assert booking.ended_at is not None
+    # From now on all eight GPUs are free again.
+    later = timezone.now() + timedelta(minutes=1)
+    assert booking_create(
+        member, project=project, gpu_type=a100, gpu_count=8, start_at=later, end_at=later + timedelta(hours=1)
+    )
+
+
+def test_ending_a_booking_that_has_not_started_says_cancel_instead(
+    member_web: Client, member: User, project: Project, nodes: list[Node], a100: GpuType, soon: datetime
+) -> None:
+    booking = booking_create(
+        member, project=project, gpu_type=a100, gpu_count=1, start_at=soon, end_at=soon + timedelta(hours=1)
+    )
+    response = member_web.post(reverse("booking-end", kwargs={"booking_id": booking.pk}), follow=True)
+    assert "cancel it instead" in response.content.decode()
+    booking.refresh_from_db()
+    assert booking.status == Booking.Status.CONFIRMED
+
+
+def test_ending_someone_elses_booking_is_404(
+    client: Client, project: Project, nodes: list[Node], a100: GpuType
+) -> None:
+    owner = MembershipFactory(project=project).user
+    start = timezone.now() - timedelta(minutes=1)
+    booking = booking_create(
+        owner, project=project, gpu_type=a100, gpu_count=1, start_at=start, end_at=start + timedelta(hours=1)
+    )
+    client.force_login(MembershipFactory(project=project).user)
+    assert client.post(reverse("booking-end", kwargs={"booking_id": booking.pk}), **HTMX).status_code == 404
+    booking.refresh_from_db()
+    assert booking.status == Booking.Status.CONFIRMED
