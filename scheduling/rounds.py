@@ -108,6 +108,7 @@ class RoundResult:
     lost: int = 0
     pending: int = 0
     duration_ms: float = 0.0
+    next_round_at: float | None = None  # epoch s: the engine wants another round by then
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -1001,6 +1002,7 @@ def engine_round_run(*, cluster_id: int, now: datetime | None = None) -> RoundRe
                 },
             )
             result.round_id = round_row.pk
+            result.next_round_at = plan.next_round_at
             persisted = _persist_plan(cluster, plan, round_row=round_row, now=now, result=result)
             round_row.decisions = {
                 **round_row.decisions,

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import redis
@@ -26,6 +27,7 @@ from scheduling.rounds import engine_round_run
 logger = logging.getLogger(__name__)
 
 _QUEUED_KEY = "berth:engine:queued:{cluster_id}"
+_MIN_WAKE_S = 1.0  # follow-up rounds closer than this are not worth a message
 _TRIGGER_KEY = "berth:engine:trigger:{cluster_id}"
 
 
@@ -66,7 +68,21 @@ def engine_round(self: Task, cluster_id: int, is_triggered: bool = False) -> dic
         raise BackendError(result.message)
     if result.status == "locked" and is_triggered:
         engine_round.apply_async(args=[cluster_id], countdown=settings.BERTH_ENGINE_TRIGGER_DEBOUNCE_S + 1)
+    _schedule_wake(cluster_id, result.next_round_at)
     return result.as_dict()
+
+
+def _schedule_wake(cluster_id: int, next_round_at: float | None) -> None:
+    """The engine wants a round before the next beat (a reclaim signal or a booking start is due)."""
+    if next_round_at is None:
+        return
+    delay_s = next_round_at - time.time()
+    if not _MIN_WAKE_S <= delay_s < settings.BERTH_ENGINE_ROUND_INTERVAL_S:
+        return  # due now (the round just ran) or later than the next beat anyway
+    try:
+        engine_round.apply_async(args=[cluster_id], countdown=delay_s)
+    except Exception:
+        logger.warning("could not schedule the wake-up round of cluster %s", cluster_id, exc_info=True)
 
 
 @shared_task(  # type: ignore[untyped-decorator]  # celery ships no types

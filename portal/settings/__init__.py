@@ -171,6 +171,8 @@ SPECTACULAR_SETTINGS = {
 }
 
 # ---- Celery (JSON only, time limits, never eager) ----
+# Beat enqueues an engine round for every active cluster this often (scheduling.tasks).
+BERTH_ENGINE_ROUND_INTERVAL_S = env.int("BERTH_ENGINE_ROUND_INTERVAL_S", default=15)
 REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:56379/0")
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=REDIS_URL)
 CELERY_RESULT_BACKEND = env.str("CELERY_RESULT_BACKEND", default=REDIS_URL)
@@ -189,8 +191,8 @@ CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "engine-rounds": {
         "task": "scheduling.tasks.engine_rounds_dispatch",
-        "schedule": timedelta(seconds=env.int("BERTH_ENGINE_ROUND_INTERVAL_S", default=15)),
-        "options": {"expires": 14},
+        "schedule": timedelta(seconds=BERTH_ENGINE_ROUND_INTERVAL_S),
+        "options": {"expires": max(1, BERTH_ENGINE_ROUND_INTERVAL_S - 1)},
     },
 }
 

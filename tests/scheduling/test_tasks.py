@@ -6,6 +6,7 @@ by tests/integration/test_worker.py); Redis (debounce and queued marks) and Post
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -21,8 +22,9 @@ engine_redis_url = loop.engine_redis_url
 t0 = loop.t0
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def sent(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Every test here records sends instead of reaching a broker another worker may consume."""
     calls: list[dict[str, Any]] = []
     monkeypatch.setattr(tasks.engine_round, "apply_async", lambda **kwargs: calls.append(kwargs))
     return calls
@@ -41,7 +43,7 @@ def test_engine_round_task_options() -> None:
 
 @pytest.mark.django_db
 def test_engine_round_task_runs_a_round_and_raises_for_retry_when_unreachable(
-    engine_redis_url, django_capture_on_commit_callbacks, t0
+    engine_redis_url, sent, django_capture_on_commit_callbacks, t0
 ) -> None:
     cluster = make_cluster(nodes=1, gpus_per_node=4)
     user, project = make_member()
@@ -120,3 +122,14 @@ def test_triggered_round_that_finds_the_lock_taken_tries_once_more(engine_redis_
     finally:
         other.close()  # the session ends: PostgreSQL releases its lock
     assert tasks.engine_round.run(cluster.pk)["status"] == "ok"
+
+
+def test_a_round_the_engine_wants_before_the_next_beat_is_scheduled(sent, settings) -> None:
+    settings.BERTH_ENGINE_ROUND_INTERVAL_S = 15
+    now = time.time()
+    tasks._schedule_wake(3, now + 5)  # e.g. a booking's reclaim signal is due in 5 s
+    tasks._schedule_wake(4, now + 60)  # the beat comes first
+    tasks._schedule_wake(5, now - 1)  # due now: the round that just ran handled it
+    tasks._schedule_wake(6, None)
+    assert [c["args"] for c in sent] == [[3]]
+    assert 3.5 < sent[0]["countdown"] <= 5
