@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections import Counter
@@ -382,4 +383,19 @@ def capacity_for_wait_target(
             fail = mid
     exact = ok - fail <= 1 and fail in points
     note = "" if exact else " (an upper bound: the replay budget ran out)"
-    return result(ok, f"{ok * per_node} GPUs keep the p95 wait under {p95_wait_s:.0f} s{note}.")
+    return result(
+        ok, f"{ok * per_node} GPUs keep the p95 wait under {p95_wait_s:.0f} s{note}.{_anomaly(points)}"
+    )
+
+
+def _anomaly(points: dict[int, WaitPoint]) -> str:
+    """A sentence when a larger replay waited clearly longer than a smaller one, else ""."""
+    ordered = sorted(points.values(), key=lambda p: p.gpus)
+    for small, large in itertools.pairwise(ordered):
+        if large.wait_p95_s > 1.1 * small.wait_p95_s + 60.0:
+            return (
+                f" The replays are not monotone here ({large.gpus} GPUs waited longer than {small.gpus}:"
+                " a scheduling anomaly of this workload), so a count between the evaluated ones may"
+                " also do."
+            )
+    return ""

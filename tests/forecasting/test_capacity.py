@@ -178,3 +178,15 @@ def test_capacity_for_wait_target_without_history(cluster: Cluster, nodes: list[
     assert result.answer_gpus is None
     assert result.jobs == 0
     assert "No finished jobs" in result.message
+
+
+def test_non_monotone_replays_are_reported() -> None:
+    from forecasting.capacity import WaitPoint, _anomaly
+
+    def point(gpus: int, wait: float) -> WaitPoint:
+        return WaitPoint(gpus=gpus, nodes=gpus // 4, wait_p95_s=wait, wait_mean_s=wait, utilization=0.5,
+                         unfinished_jobs=0, wall_s=0.1)  # fmt: skip
+
+    assert _anomaly({1: point(4, 900.0), 2: point(8, 100.0), 3: point(12, 0.0)}) == ""
+    message = _anomaly({1: point(4, 900.0), 2: point(8, 3_000.0), 3: point(12, 0.0)})
+    assert "8 GPUs waited longer than 4" in message
