@@ -77,8 +77,13 @@ class HtmxHttpRequest(HttpRequest):
 def _render(
     request: HtmxHttpRequest, template: str, partial: str, context: dict[str, Any], *, status: int = 200
 ) -> HttpResponse:
-    """The whole page, or only ``partial`` of it for an htmx request."""
-    name = f"{template}#{partial}" if request.htmx else template
+    """The whole page, or only ``partial`` of it for an htmx request.
+
+    A history-restore request (htmx lost its cached copy of a pushed URL) gets the whole page:
+    htmx swaps it in as the body.
+    """
+    is_fragment = bool(request.htmx) and not request.htmx.history_restore_request
+    name = f"{template}#{partial}" if is_fragment else template
     return render(request, name, context, status=status)
 
 

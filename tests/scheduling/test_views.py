@@ -123,6 +123,13 @@ def test_htmx_gets_only_the_fragment(
         assert "HX-Request" in response["Vary"]
 
 
+@pytest.mark.parametrize("name", ["my-jobs", "availability"])
+def test_history_restore_gets_the_whole_page(member_web: Client, nodes: list[Node], name: str) -> None:
+    # These pages push their URL (pagination, days); after a cache miss htmx asks for the page.
+    response = member_web.get(reverse(name), HTTP_HX_REQUEST="true", HTTP_HX_HISTORY_RESTORE_REQUEST="true")
+    assert b"<html" in response.content
+
+
 def test_every_hx_get_has_an_href_or_a_form_action(
     member_web: Client, member: User, project: Project, nodes: list[Node]
 ) -> None:
