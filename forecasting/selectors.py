@@ -502,3 +502,62 @@ def runtime_predictor_forget(*, cluster_id: int | None = None) -> None:
             _PREDICTORS.clear()
         else:
             _PREDICTORS.pop(cluster_id, None)
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeAccuracy:
+    """How close stored predictions and users' own estimates came to real runtimes (DESIGN §6)."""
+
+    jobs: int  # finished jobs that had a prediction
+    predictor_within_2x: float | None  # share with p50 within a factor 2 of the runtime
+    predictor_mae_s: float | None
+    estimated_jobs: int  # of those, the ones with a user estimate
+    user_estimate_within_2x: float | None
+    user_estimate_mae_s: float | None
+    p90_coverage: float | None  # share of runtimes at or below the predicted p90
+
+
+def runtime_accuracy_get(*, cluster_id: int, since: datetime) -> RuntimeAccuracy:
+    """Accuracy of the predictions stored on jobs that finished since ``since``, against the
+    users' own runtime estimates (``requested_s``) on the same jobs."""
+    rows = Job.objects.filter(
+        cluster_id=cluster_id,
+        status__in=FINISHED_STATUSES,
+        ended_at__gte=since,
+        started_at__isnull=False,
+        predicted_p50_s__isnull=False,
+    ).values_list("started_at", "ended_at", "predicted_p50_s", "predicted_p90_s", "requested_s")
+    pred_err: list[float] = []
+    pred_ok: list[bool] = []
+    covered: list[bool] = []
+    est_err: list[float] = []
+    est_ok: list[bool] = []
+
+    def within_2x(actual: float, guess: float) -> bool:
+        actual, guess = max(actual, 1.0), max(guess, 1.0)
+        return 0.5 <= guess / actual <= 2.0
+
+    for started, ended, p50, p90, requested in rows:
+        if started is None or ended is None or p50 is None:
+            continue
+        actual = (ended - started).total_seconds()
+        pred_err.append(abs(actual - p50))
+        pred_ok.append(within_2x(actual, p50))
+        if p90 is not None:
+            covered.append(actual <= p90)
+        if requested:
+            est_err.append(abs(actual - requested))
+            est_ok.append(within_2x(actual, float(requested)))
+
+    def mean(values: list[float] | list[bool]) -> float | None:
+        return float(sum(values)) / len(values) if values else None
+
+    return RuntimeAccuracy(
+        jobs=len(pred_err),
+        predictor_within_2x=mean(pred_ok),
+        predictor_mae_s=mean(pred_err),
+        estimated_jobs=len(est_err),
+        user_estimate_within_2x=mean(est_ok),
+        user_estimate_mae_s=mean(est_err),
+        p90_coverage=mean(covered),
+    )

@@ -18,6 +18,7 @@ from forecasting.selectors import (
     forecast_points_list,
     interactive_headroom_get,
     interactive_headroom_policy,
+    runtime_accuracy_get,
     runtime_predictor_forget,
     runtime_predictor_get,
 )
@@ -416,3 +417,33 @@ def test_headroom_costs_a_fixed_number_of_queries(
         )
     with django_assert_max_num_queries(4):
         interactive_headroom_get(cluster_id=cluster.pk, at=issued)
+
+
+def test_runtime_accuracy_compares_predictions_with_user_estimates(
+    cluster: Cluster, nodes: list[Node]
+) -> None:
+    def finished(runtime_s: float, *, p50: float | None, p90: float | None, requested: int | None) -> None:
+        JobFactory(
+            cluster=cluster, status=Job.Status.COMPLETED, started_at=at(0),
+            ended_at=at(0) + timedelta(seconds=runtime_s),
+            predicted_p50_s=p50, predicted_p90_s=p90, requested_s=requested,
+        )  # fmt: skip
+
+    finished(1_000, p50=900, p90=1_500, requested=8_000)  # prediction close, estimate 8x off
+    finished(1_000, p50=3_000, p90=4_000, requested=1_200)  # prediction 3x off, estimate close
+    finished(2_000, p50=1_500, p90=1_800, requested=None)  # close, but beyond its p90
+    finished(5_000, p50=None, p90=None, requested=5_000)  # never predicted: not counted
+    JobFactory(
+        cluster=cluster, status=Job.Status.CANCELLED, started_at=at(0), ended_at=at(1), predicted_p50_s=60
+    )
+
+    acc = runtime_accuracy_get(cluster_id=cluster.pk, since=at(-1))
+
+    assert acc.jobs == 3
+    assert acc.predictor_within_2x == pytest.approx(2 / 3)
+    assert acc.predictor_mae_s == pytest.approx((100 + 2_000 + 500) / 3)
+    assert acc.p90_coverage == pytest.approx(2 / 3)
+    assert acc.estimated_jobs == 2
+    assert acc.user_estimate_within_2x == pytest.approx(1 / 2)
+    assert acc.user_estimate_mae_s == pytest.approx((7_000 + 200) / 2)
+    assert runtime_accuracy_get(cluster_id=cluster.pk, since=at(2)).jobs == 0
