@@ -71,11 +71,13 @@ def plan_reclaim(
     incoming: dict[int, float],
     excluded_jobs: set[str],
     is_single_node: bool,
+    may_take: Callable[[RunningJob], bool] | None = None,
 ) -> Reclaim | None:
     """The cheapest way to assemble ``gpu_count`` GPUs on the given nodes, or None.
 
     ``free_on_node`` gives usable free GPUs of a node; ``incoming`` maps GPUs of jobs already in
-    grace (and not promised to another demand) to the time they come free.  A single-node
+    grace (and not promised to another demand) to the time they come free; ``may_take``
+    narrows which reclaimable jobs this demand may take.  A single-node
     demand is placed on the one node with the lowest (ready time, lost work); a multi-node one
     takes free GPUs, then incoming ones, then victims in victim order until it has enough.
     """
@@ -94,6 +96,7 @@ def plan_reclaim(
                 running is not None
                 and running.job.id not in victims
                 and is_reclaimable(running, excluded=excluded_jobs)
+                and (may_take is None or may_take(running))
             ):
                 victims[running.job.id] = victim_of(state, running)
         if not is_single_node:

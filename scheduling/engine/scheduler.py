@@ -14,7 +14,7 @@ A `Scheduler` lives for one `plan_round` call.  The policies (``policies/``) onl
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from scheduling.engine.backfill import Shadow, Window, earliest_start
@@ -43,12 +43,14 @@ class Knobs:
     """What distinguishes the policies; see ``policies/``."""
 
     is_predicted: bool = False  # backfill and ETAs on predicted runtimes (else user estimates)
-    has_short_bonus: bool = False  # priority bonus for short predicted GPU-time
     can_preempt: bool = False  # reclaim lent work for higher-class demand
     can_lend: bool = False  # start preemptible work on held / headroom GPUs
     has_partition: bool = False  # static interactive partition
     prefers_cheap_types: bool = False  # place on the least valuable fitting GPU type first
     enforces_guarantees: bool = False  # work above a project's guarantee runs preemptible only
+    fits_on_p50: bool = False  # backfill if the median runtime fits (else the planning estimate)
+    shadow_on_p50: bool = False  # the top job's shadow time from running jobs' median ends
+    preempts_by_consent: bool = False  # preemptible jobs outside any guarantee run reclaimable
 
 
 def fmt_s(seconds: float) -> str:
@@ -379,13 +381,15 @@ class Scheduler:
     def try_start(self, job: JobRequest, types: Sequence[str], estimate: Estimate) -> bool:
         """Start the job now if it fits without hurting anything held; lent if it must."""
         pool = self.pool_for(job)
-        until = self.now + estimate.hold_s
+        until = self.now + (estimate.p50_s if self.knobs.fits_on_p50 else estimate.hold_s)
         # a booking is honoured on the user's own limit: predictions are not promises
         strict_until = self.now + max(estimate.hold_s, job.requested_s or 0.0)
         must_lend = False
         if self.knobs.enforces_guarantees and job.kind == JobKind.BATCH:
             left = [self._guarantee_left(job.project, t) for t in types]
-            if all(x is not None and x < job.gpu_count for x in left):
+            is_within_guarantee = any(x is not None and x >= job.gpu_count for x in left)
+            if not is_within_guarantee and all(x is not None for x in left):
+                # the project has quotas and this job is above its guarantee
                 must_lend = True
                 if not job.is_preemptible:
                     self.out.wait(
@@ -395,6 +399,10 @@ class Scheduler:
                         f"preemptible, so it cannot run on borrowed capacity; it needs {job.gpu_count} GPUs.",
                     )
                     return False
+            elif job.is_preemptible and not is_within_guarantee and self.knobs.preempts_by_consent:
+                # no guarantee covers it and the user allows preemption: it runs reclaimable, so
+                # bookings, sessions and the top job can have its GPUs back within a grace
+                must_lend = True
         prefer = self.knobs.prefers_cheap_types
         gpus = pool.find(
             types, job.gpu_count, until=until, strict_until=strict_until, prefer_type_order=prefer
@@ -418,7 +426,7 @@ class Scheduler:
 
     def availability(self, *, for_job: str, with_reclaim: bool = True) -> dict[int, float]:
         """When each GPU comes free for the top job (missing: not for it)."""
-        avail = dict(self.avail_hold)
+        avail = dict(self.avail_p50 if self.knobs.shadow_on_p50 else self.avail_hold)
         if with_reclaim and self.avail_reclaim:
             for gpu, at in self.avail_reclaim.items():
                 if at < avail[gpu]:
@@ -516,6 +524,7 @@ class Scheduler:
             incoming=incoming,
             excluded_jobs=self.out.preempted,
             is_single_node=single,
+            may_take=None if job.kind == JobKind.INTERACTIVE else self._lent_from(job),
         )
         if reclaim is None or (not reclaim.victims and not reclaim.incoming_gpus):
             return False
@@ -549,6 +558,25 @@ class Scheduler:
         self.out.wake_at(reclaim.ready_at, self.now)
         return True
 
+    def _lent_from(self, job: JobRequest) -> Callable[[RunningJob], bool]:
+        """Which running work a top job may take back: what was lent while it waited.
+
+        Only checkpointing jobs (a restart from scratch costs more than a batch job gains),
+        only jobs started after it was (re)queued, and only once they are past their minimum
+        runtime (waiting out a minimum runtime would leave the reclaimed GPUs idle).  A requeued
+        victim therefore cannot start a cascade against work that was there before it.
+        """
+        latest_kill = self.now + self.policy.grace_s
+
+        def may_take(running: RunningJob) -> bool:
+            return (
+                running.job.is_checkpointable
+                and running.started_at >= job.submit_at
+                and kill_time(self.state, running) <= latest_kill
+            )
+
+        return may_take
+
     def _worth_reclaiming(
         self, job: JobRequest, types: Sequence[str], estimate: Estimate, reclaim: Reclaim, single: bool
     ) -> bool:
@@ -566,7 +594,9 @@ class Scheduler:
         )
         if shadow is None:
             return True
-        gained = (shadow.start_at - reclaim.ready_at) * job.gpu_count
+        # What the cluster gains is the idle time of the free GPUs the top job would otherwise
+        # hold until its shadow time; the victims' GPUs stay busy either way, minus lost work.
+        gained = (shadow.start_at - reclaim.ready_at) * len(reclaim.free_gpus)
         lost = sum(v.lost_gpu_s for v in reclaim.victims)
         return gained > lost
 

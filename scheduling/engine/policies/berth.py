@@ -15,13 +15,12 @@ Order of a round:
 from __future__ import annotations
 
 from scheduling.engine.explain import build_plan
-from scheduling.engine.priority import priority_order
+from scheduling.engine.priority import priority_orders
 from scheduling.engine.scheduler import Knobs, Scheduler
 from scheduling.engine.types import ClusterSnapshot, Plan, PolicyConfig
 
 BERTH = Knobs(
     is_predicted=True,
-    has_short_bonus=True,
     can_preempt=True,
     can_lend=True,
     prefers_cheap_types=True,
@@ -33,7 +32,6 @@ def plan_berth(snapshot: ClusterSnapshot, policy: PolicyConfig, now: float) -> P
     """One berth round (see the module docstring)."""
     sched = Scheduler(snapshot, policy, now, BERTH)
     sched.reclaim_for_bookings()
-    queue = priority_order(sched.state, with_short_bonus=False)
-    backfill = priority_order(sched.state, with_short_bonus=True)
+    queue, backfill = priority_orders(sched.state)
     sched.easy_pass(queue, interactive_first=True, backfill_order=backfill)
     return build_plan(sched, queue)

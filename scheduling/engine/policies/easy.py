@@ -20,6 +20,6 @@ EASY = Knobs()
 def plan_easy(snapshot: ClusterSnapshot, policy: PolicyConfig, now: float) -> Plan:
     """One EASY-backfill round over the whole cluster."""
     sched = Scheduler(snapshot, policy, now, EASY)
-    queue = priority_order(sched.state, with_short_bonus=False)
+    queue = priority_order(sched.state)
     sched.easy_pass(queue, interactive_first=False)
     return build_plan(sched, queue)

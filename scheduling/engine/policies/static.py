@@ -17,7 +17,7 @@ STATIC = Knobs(has_partition=True)
 def plan_static(snapshot: ClusterSnapshot, policy: PolicyConfig, now: float) -> Plan:
     """EASY on the batch nodes and, separately, on the interactive partition."""
     sched = Scheduler(snapshot, policy, now, STATIC)
-    queue = priority_order(sched.state, with_short_bonus=False)
+    queue = priority_order(sched.state)
     interactive = [job for job in queue if job.kind == JobKind.INTERACTIVE]
     batch = [job for job in queue if job.kind != JobKind.INTERACTIVE]
     sched.easy_pass(interactive, interactive_first=False)
