@@ -3,6 +3,7 @@
     python -m bench.forecast --series CSV --target COL[+COL...] [--agg sum|mean]
         [--by COLUMN] [--horizon-h 24] [--days 28] [--models a,b,...] [--ablation]
         [--events FILE.json] [--jobs N] --out FILE.json
+    python -m bench.forecast --series CSV --target COL --refresh 200 --jobs 2 --out FILE.json
 
 The CSV has a ``ds`` timestamp column (or ``--ds-col``).  Targets joined by ``+`` are
 added, then resampled to hourly with ``--agg`` (``sum`` for counts, ``mean`` for levels).
@@ -13,6 +14,11 @@ Without ``--by`` the rows of each timestamp are summed first (a cluster total); 
 Output: ``{"series", "target", "agg", "by", "horizon_h", "days", "models": {NAME: {"mase",
 "smape", "coverage_80", "fit_s_mean", "origins"}}}`` (see forecasting/core/backtest.py for
 the definitions; docs/forecasting.md for the results).
+
+``--refresh N`` instead times what the portal's hourly refresh does: fit ``berth`` once and
+forecast ``--horizon-h`` hours for N series (the groups, cycled, each cut a different
+number of days short so no two fits are equal) on ``--jobs`` processes:
+``{"refresh": {"series", "jobs", "wall_s", "fit_s_mean", "fit_s_max"}}``.
 """
 
 from __future__ import annotations
@@ -93,6 +99,46 @@ def run(
     return doc
 
 
+def _fit_once(series: pd.Series, *, horizon_h: int) -> float:
+    t0 = time.perf_counter()
+    make_model("berth").fit(series).forecast(horizon_h)
+    return time.perf_counter() - t0
+
+
+def refresh(
+    *,
+    series_csv: str | Path,
+    targets: Sequence[str],
+    agg: str,
+    by: str | None,
+    n: int,
+    jobs: int,
+    horizon_h: int = 24,
+    ds_col: str = "ds",
+) -> dict[str, Any]:
+    """Time ``n`` berth fits (see the module docstring)."""  # fmt: skip
+    frame = pd.read_csv(series_csv)
+    groups = list(to_hourly(frame, value_cols=list(targets), agg=agg, ds_col=ds_col, by=by).values())
+    batch = []
+    for i in range(n):
+        series = groups[i % len(groups)]
+        batch.append(series.iloc[: len(series) - 24 * (i // len(groups))])
+    t0 = time.perf_counter()
+    if jobs > 1:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            times = list(pool.map(partial(_fit_once, horizon_h=horizon_h), batch))
+    else:
+        times = [_fit_once(s, horizon_h=horizon_h) for s in batch]
+    wall = time.perf_counter() - t0
+    return {
+        "series": str(series_csv),
+        "refresh": {
+            "series": n, "jobs": jobs, "wall_s": wall,
+            "fit_s_mean": sum(times) / len(times), "fit_s_max": max(times),
+        },
+    }  # fmt: skip
+
+
 def _print_table(doc: dict[str, Any]) -> None:
     title = f"{doc['series']} {doc['target']} ({doc['agg']}"
     title += f", mean over {len(doc['groups'])} groups by {doc['by']})" if doc.get("by") else ")"
@@ -116,8 +162,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", default=None, help="JSON event calendar (Prophet holidays)")
     parser.add_argument("--ds-col", default="ds")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes (per group)")
+    parser.add_argument("--refresh", type=int, default=0, help="only time N berth refits")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
+    if args.refresh:
+        doc = refresh(
+            series_csv=args.series, targets=args.target.split("+"), agg=args.agg, by=args.by,
+            n=args.refresh, jobs=args.jobs, horizon_h=args.horizon_h, ds_col=args.ds_col,
+        )  # fmt: skip
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
+        r = doc["refresh"]
+        print(f"{r['series']} berth refits on {r['jobs']} processes: {r['wall_s']:.1f} s wall, "
+              f"{r['fit_s_mean']:.3f} s mean / {r['fit_s_max']:.3f} s max per fit")  # fmt: skip
+        return 0
     models = [m for m in args.models.split(",") if m]
     if args.ablation:
         models += [m for m in ABLATION_NAMES if m not in models]
