@@ -18,7 +18,6 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404
 from rest_framework import exceptions, parsers, serializers, status
 from rest_framework.response import Response
-from rest_framework.views import exception_handler as drf_exception_handler
 
 if TYPE_CHECKING:
     from scheduling.services import BookingConflictError
@@ -122,7 +121,10 @@ def _conflict_response(exc: BookingConflictError) -> Response:
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """Map service and DRF errors to ``{"message", "fields"}`` (409 adds ``alternatives``)."""
-    # Imported here: DRF loads this module while apps are still loading.
+    # Imported here, not at the top: DRF imports this module (for the parser) while its own
+    # views module and the apps are still loading.
+    from rest_framework.views import exception_handler as drf_exception_handler
+
     from scheduling.services import BookingConflictError
 
     if isinstance(exc, BookingConflictError):
