@@ -144,7 +144,8 @@ class HistoryRuntimePredictor:
         self.min_runtime_s = min_runtime_s
         # key -> recent (log runtime, log runtime/requested or None), oldest first
         self._history: dict[Hashable, deque[tuple[float, float | None]]] = {}
-        self._decay_pow = [decay**i for i in range(window)]
+        # Vote weight of the k-th newest job of each level: level weight x decay^k.
+        self._level_weights = [[weight * decay**k for k in range(window)] for _, weight in levels]
         self._residuals: deque[float] = deque(maxlen=residual_window)
         self._log_q90 = math.log(3.0)  # prior band until enough residuals exist
         self._since_refresh = 0
@@ -162,17 +163,19 @@ class HistoryRuntimePredictor:
     def _log_p50(self, job: JobRequest) -> float | None:
         log_req = math.log(job.requested_s) if job.requested_s else None
         votes: list[tuple[float, float]] = []
-        pow_ = self._decay_pow
-        for level, weight in self.levels:
+        history = self._history
+        for (level, _), weights in zip(self.levels, self._level_weights, strict=True):
             key = _level_key(level, job)
             if key is None:
                 continue
-            hist = self._history.get(key)
+            hist = history.get(key)
             if not hist:
                 continue
-            for age, (log_rt, log_ratio) in enumerate(reversed(hist)):
-                value = log_rt if log_req is None or log_ratio is None else log_ratio + log_req
-                votes.append((value, weight * pow_[age]))
+            if log_req is None:
+                votes.extend(zip([rt for rt, _ in reversed(hist)], weights, strict=False))
+            else:
+                values = [rt if ratio is None else ratio + log_req for rt, ratio in reversed(hist)]
+                votes.extend(zip(values, weights, strict=False))
         if not votes:
             return None
         return window_mode(votes)
