@@ -57,8 +57,28 @@ def live_sim_key_prefix(cluster: Cluster) -> str:
     return f"berth:livesim:{connection.settings_dict['NAME']}:{cluster.pk}"
 
 
-def _overrides(raw: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
-    return {k: raw[k] for k in keys if k in raw}
+def _overrides(raw: Mapping[str, Any], keys: tuple[str, ...], base: object) -> dict[str, Any]:
+    """The settings among ``keys``, checked against the type of ``base``'s value (ValueError if wrong)."""
+    out: dict[str, Any] = {}
+    for key in keys:
+        if key not in raw:
+            continue
+        value, default = raw[key], getattr(base, key)
+        if isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise ValueError(f"{key} must be true or false")
+        elif isinstance(default, int | float):
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"{key} must be a number")
+            value = type(default)(value)
+        elif isinstance(default, Mapping):
+            if not isinstance(value, Mapping):
+                raise ValueError(f"{key} must be a mapping")
+            value = dict(value)
+        elif (default is None or isinstance(default, str)) and not (value is None or isinstance(value, str)):
+            raise ValueError(f"{key} must be a string")
+        out[key] = value
+    return out
 
 
 def backend_for_cluster(cluster: Cluster, *, clock: Callable[[], float] | None = None) -> ClusterBackend:
@@ -82,19 +102,21 @@ def backend_for_cluster(cluster: Cluster, *, clock: Callable[[], float] | None =
         if cluster.backend == Cluster.Backend.SLURM:
             from scheduling.backends.slurm import SlurmBackend, SlurmConfig
 
+            slurm_base = SlurmConfig.from_env()
             slurm_config = dataclasses.replace(
-                SlurmConfig.from_env(),
+                slurm_base,
                 gpu_ids=gpu_ids_by_node_name(cluster=cluster),
-                **_overrides(raw, _SLURM_KEYS),
+                **_overrides(raw, _SLURM_KEYS, slurm_base),
             )
             return SlurmBackend(slurm_config)
         if cluster.backend == Cluster.Backend.KUBERNETES:
             from scheduling.backends.k8s import KubernetesBackend, KubernetesConfig
 
+            k8s_base = KubernetesConfig.from_env()
             k8s_config = dataclasses.replace(
-                KubernetesConfig.from_env(),
+                k8s_base,
                 gpu_ids=gpu_ids_by_node_name(cluster=cluster),
-                **_overrides(raw, _K8S_KEYS),
+                **_overrides(raw, _K8S_KEYS, k8s_base),
             )
             return KubernetesBackend(k8s_config)
     except (TypeError, ValueError) as exc:
