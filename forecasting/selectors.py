@@ -13,6 +13,7 @@ import math
 import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -387,7 +388,8 @@ class _CachedPredictor:
 
 
 _PREDICTORS: dict[int, _CachedPredictor] = {}
-_PREDICTORS_LOCK = threading.Lock()
+# Held while a cached predictor is fed or asked: its per-key deques must not change mid-read.
+_PREDICTORS_LOCK = threading.RLock()
 
 FINISHED_STATUSES = (Job.Status.COMPLETED, Job.Status.FAILED)
 
@@ -493,6 +495,13 @@ def runtime_predictor_get(*, cluster_id: int, max_age_s: float | None = None) ->
             predictor=predictor, built_at=now, checked_at=now, cursor=cursor
         )
     return predictor
+
+
+def runtime_predict(*, cluster_id: int, requests: Sequence[Any]) -> list[tuple[float, float]]:
+    """(p50_s, p90_s) for each ``JobRequest`` from the cluster's cached predictor (thread-safe)."""
+    predictor = runtime_predictor_get(cluster_id=cluster_id)
+    with _PREDICTORS_LOCK:
+        return [predictor.predict(request) for request in requests]
 
 
 def runtime_predictor_forget(*, cluster_id: int | None = None) -> None:

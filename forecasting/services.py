@@ -31,7 +31,7 @@ from forecasting.selectors import (
     from_naive_utc,
     hour_floor,
     job_engine_request,
-    runtime_predictor_get,
+    runtime_predict,
 )
 from portal.accounts.models import Project
 from scheduling.models import Cluster, GpuType, Job
@@ -217,8 +217,7 @@ def job_runtime_predict(*, job: Job) -> tuple[float, float]:
     history at all the answer is the requested time (or an hour).  Both are capped at the
     requested time.  Cheap enough to call inside ``job_submit``.
     """
-    predictor = runtime_predictor_get(cluster_id=job.cluster_id)
-    p50, p90 = predictor.predict(_request_for(job))
+    [(p50, p90)] = runtime_predict(cluster_id=job.cluster_id, requests=[_request_for(job)])
     with transaction.atomic():
         Job.objects.filter(pk=job.pk).update(predicted_p50_s=p50, predicted_p90_s=p90)
     job.predicted_p50_s, job.predicted_p90_s = p50, p90
@@ -233,9 +232,9 @@ def jobs_runtime_predict(*, cluster_id: int, only_missing: bool = False) -> int:
     todo = list(jobs.order_by("id"))
     if not todo:
         return 0
-    predictor = runtime_predictor_get(cluster_id=cluster_id)
-    for job in todo:
-        job.predicted_p50_s, job.predicted_p90_s = predictor.predict(_request_for(job))
+    predictions = runtime_predict(cluster_id=cluster_id, requests=[_request_for(job) for job in todo])
+    for job, (p50, p90) in zip(todo, predictions, strict=True):
+        job.predicted_p50_s, job.predicted_p90_s = p50, p90
     with transaction.atomic():
         Job.objects.bulk_update(todo, ["predicted_p50_s", "predicted_p90_s"], batch_size=500)
     return len(todo)
