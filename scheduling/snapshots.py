@@ -7,6 +7,7 @@ epoch seconds (the portal's engine clock).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -17,6 +18,7 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Q
 
+from forecasting.core.runtime import HistoryRuntimePredictor
 from portal.accounts.models import Project, Quota
 from scheduling.engine import types as et
 from scheduling.models import Allocation, Booking, Cluster, GpuType, Job, Node, Preemption
@@ -181,6 +183,60 @@ def open_preemptions(*, cluster: Cluster) -> dict[int, Preemption]:
     return {p.job_id: p for p in rows}
 
 
+# ---- runtime predictions ----
+
+_FINISHED = (Job.Status.COMPLETED, Job.Status.FAILED)
+
+
+def runtime_predictor_for_cluster(*, cluster: Cluster, history: int | None = None) -> HistoryRuntimePredictor:
+    """A runtime predictor that has observed the cluster's latest ``history`` finished jobs, oldest first.
+
+    Failed jobs count: a run that dies after a minute is a real runtime, and the predictor is
+    built for such bimodal histories.  Preempted and cancelled runs say nothing about the work.
+    """
+    history = settings.BERTH_ENGINE_PREDICTOR_HISTORY if history is None else history
+    predictor = HistoryRuntimePredictor()
+    rows = list(
+        Job.objects.filter(
+            cluster=cluster, status__in=_FINISHED, started_at__isnull=False, ended_at__isnull=False
+        )
+        .order_by("-ended_at", "-id")
+        .values_list(
+            "id",
+            "user__username",
+            "project__slug",
+            "gpu_count",
+            "submitted_at",
+            "requested_s",
+            "name",
+            "started_at",
+            "ended_at",
+        )[:history]
+    )
+    for pk, user, project, gpu_count, submitted_at, requested_s, name, started_at, ended_at in reversed(rows):
+        if started_at is None or ended_at is None:  # excluded by the query; keeps the types honest
+            continue
+        request = et.JobRequest(
+            id=str(pk),
+            user=user,
+            project=project,
+            gpu_count=gpu_count,
+            submit_at=epoch(submitted_at),
+            requested_s=float(requested_s) if requested_s else None,
+            name=name,
+        )
+        predictor.observe(request, max(0.0, (ended_at - started_at).total_seconds()))
+    return predictor
+
+
+def with_predictions(request: et.JobRequest, predictor: HistoryRuntimePredictor) -> et.JobRequest:
+    """The request with p50/p90 from ``predictor`` where the job has none of its own."""
+    if request.predicted_p50_s is not None or predictor.n_observed == 0:
+        return request
+    p50, p90 = predictor.predict(request)
+    return dataclasses.replace(request, predicted_p50_s=p50, predicted_p90_s=p90)
+
+
 # ---- fair share ----
 
 
@@ -244,7 +300,8 @@ def cluster_snapshot_build(
 
     Running work is every STARTING or RUNNING job with its active allocations; a job in a
     preemption grace carries ``grace_until`` (the planned kill) so it is not signalled twice.
-    Bookings are the open ones overlapping ``[now, now + horizon_s)`` with their GPUs.
+    Bookings are the open ones overlapping ``[now, now + horizon_s)`` with their GPUs.  Jobs
+    without predicted runtimes of their own get p50/p90 from the cluster's finished history.
     """
     horizon_s = settings.BERTH_ENGINE_HORIZON_S if horizon_s is None else horizon_s
     nodes = engine_nodes_for_cluster(cluster=cluster)
@@ -277,9 +334,10 @@ def cluster_snapshot_build(
         .filter(is_preemptible=True)
         .values_list("job_id", flat=True)
     )
+    predictor = runtime_predictor_for_cluster(cluster=cluster)
     running = tuple(
         et.RunningJob(
-            job=job_request(job, usernames=names.usernames, slugs=names.slugs),
+            job=with_predictions(job_request(job, usernames=names.usernames, slugs=names.slugs), predictor),
             gpu_ids=gpus_of[job.pk],
             started_at=epoch(job.started_at or now),
             is_preemptible=job.pk in preemptible_jobs,
@@ -289,7 +347,7 @@ def cluster_snapshot_build(
         if gpus_of.get(job.pk)
     )
     pending = tuple(
-        job_request(job, usernames=names.usernames, slugs=names.slugs)
+        with_predictions(job_request(job, usernames=names.usernames, slugs=names.slugs), predictor)
         for job in open_jobs
         if job.status == Job.Status.PENDING
     )

@@ -201,6 +201,8 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
 BERTH_ENGINE_POLICY = env.str("BERTH_ENGINE_POLICY", default="berth")
 # Bookings starting within this horizon are part of a round's snapshot.
 BERTH_ENGINE_HORIZON_S = env.int("BERTH_ENGINE_HORIZON_S", default=2 * 86_400)
+# Jobs without stored runtime predictions get them from this many of the cluster's latest finished jobs.
+BERTH_ENGINE_PREDICTOR_HISTORY = env.int("BERTH_ENGINE_PREDICTOR_HISTORY", default=2_000)
 # Redis for the simulator's state, the round triggers and Berth's metrics counters.
 BERTH_ENGINE_REDIS_URL = env.str("BERTH_ENGINE_REDIS_URL", default=REDIS_URL)
 BERTH_ENGINE_ROUND_SOFT_TIME_LIMIT_S = env.int("BERTH_ENGINE_ROUND_SOFT_TIME_LIMIT_S", default=60)
