@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin
 from django.http import HttpRequest
 
@@ -24,6 +25,7 @@ from scheduling.models import (
     Node,
     Preemption,
 )
+from scheduling.services import node_gpus_sync
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -45,8 +47,26 @@ class GpuTypeAdmin(admin.ModelAdmin):
     search_fields = ["name"]
 
 
+class NodeForm(forms.ModelForm):  # type: ignore[type-arg]
+    """Refuses a GPU count that would drop GPUs with allocation history."""
+
+    class Meta:
+        model = Node
+        fields = ["cluster", "name", "gpu_type", "gpu_count", "status", "domain"]
+
+    def clean_gpu_count(self) -> int:
+        count: int = self.cleaned_data["gpu_count"]
+        if (
+            self.instance.pk
+            and Gpu.objects.filter(node=self.instance, index__gte=count, allocations__isnull=False).exists()
+        ):
+            raise forms.ValidationError("GPUs above this count have allocations; they cannot be removed.")
+        return count
+
+
 class NodeInline(admin.TabularInline):
     model = Node
+    form = NodeForm
     extra = 0
     fields = ["name", "gpu_type", "gpu_count", "status", "domain"]
     show_change_link = True
@@ -59,19 +79,39 @@ class ClusterAdmin(admin.ModelAdmin):
     search_fields = ["name"]
     inlines = [NodeInline]
 
+    def save_formset(self, request: HttpRequest, form: Any, formset: Any, change: bool) -> None:
+        super().save_formset(request, form, formset, change)
+        # Nodes added or resized inline get their GPU rows (the admin's own transaction).
+        for obj in formset.new_objects + [obj for obj, _ in formset.changed_objects]:
+            if isinstance(obj, Node):
+                node_gpus_sync(obj)
+
 
 class GpuInline(admin.TabularInline):
+    """GPU rows follow the node's gpu_count (``node_gpus_sync``): shown, not edited."""
+
     model = Gpu
     extra = 0
+    fields = ["index"]
+    readonly_fields = ["index"]
+    can_delete = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
 
 
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
+    form = NodeForm
     list_display = ["name", "cluster", "gpu_type", "gpu_count", "status", "domain"]
     list_filter = ["cluster", "gpu_type", "status"]
     search_fields = ["name", "domain"]
     list_select_related = ["cluster", "gpu_type"]
     inlines = [GpuInline]
+
+    def save_model(self, request: HttpRequest, obj: Node, form: Any, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        node_gpus_sync(obj)  # GPU rows follow gpu_count (inside the admin's transaction)
 
 
 @admin.register(Gpu)

@@ -8,7 +8,7 @@ import pytest
 from django.contrib import admin
 from django.urls import reverse
 
-from scheduling.models import Booking
+from scheduling.models import Booking, Node
 from scheduling.services import booking_create, job_submit
 from tests.factories import QuotaFactory, UserFactory
 
@@ -71,3 +71,70 @@ def test_researchers_are_kept_out(client, member):
     client.force_login(member)
     response = client.get(reverse("admin:scheduling_booking_changelist"))
     assert response.status_code == 302  # to the admin login
+
+
+def test_adding_a_node_in_admin_creates_its_gpus(superuser_client, cluster, a100):
+    response = superuser_client.post(
+        reverse("admin:scheduling_node_add"),
+        {
+            "cluster": cluster.pk,
+            "name": "new",
+            "gpu_type": a100.pk,
+            "gpu_count": 3,
+            "status": "up",
+            "domain": "",
+            "gpus-TOTAL_FORMS": 0,
+            "gpus-INITIAL_FORMS": 0,
+        },
+    )
+    assert response.status_code == 302, response.content[:2000]
+    node = Node.objects.get(name="new")
+    assert sorted(node.gpus.values_list("index", flat=True)) == [0, 1, 2]
+
+
+def test_admin_refuses_to_shrink_below_allocated_gpus(superuser_client, member, project, a100, nodes, soon):
+    node = nodes[0]
+    booking_create(
+        member, project=project, gpu_type=a100, gpu_count=8, start_at=soon, end_at=soon + timedelta(hours=1)
+    )
+    response = superuser_client.post(
+        reverse("admin:scheduling_node_change", args=[node.pk]),
+        {
+            "cluster": node.cluster_id,
+            "name": node.name,
+            "gpu_type": a100.pk,
+            "gpu_count": 2,
+            "status": "up",
+            "domain": "",
+            "gpus-TOTAL_FORMS": 0,
+            "gpus-INITIAL_FORMS": 0,
+        },
+    )
+    assert response.status_code == 200  # the form again, with the error
+    assert b"cannot be removed" in response.content
+    node.refresh_from_db()
+    assert node.gpu_count == 4
+    assert node.gpus.count() == 4
+
+
+def test_nodes_added_inline_on_a_cluster_get_their_gpus(superuser_client, a100):
+    response = superuser_client.post(
+        reverse("admin:scheduling_cluster_add"),
+        {
+            "name": "beta",
+            "backend": "simulator",
+            "settings": "{}",
+            "is_active": "on",
+            "status_message": "",
+            "nodes-TOTAL_FORMS": 1,
+            "nodes-INITIAL_FORMS": 0,
+            "nodes-0-name": "b0",
+            "nodes-0-gpu_type": a100.pk,
+            "nodes-0-gpu_count": 2,
+            "nodes-0-status": "up",
+            "nodes-0-domain": "",
+        },
+    )
+    assert response.status_code == 302, response.content[:3000]
+    node = Node.objects.get(cluster__name="beta", name="b0")
+    assert sorted(node.gpus.values_list("index", flat=True)) == [0, 1]
