@@ -126,7 +126,7 @@ class AllocationInline(admin.TabularInline):
     model = Allocation
     extra = 0
     fields = ["gpu", "period", "state", "is_preemptible"]
-    readonly_fields = fields
+    readonly_fields = ["gpu", "period", "state", "is_preemptible"]
     can_delete = False
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
