@@ -397,8 +397,8 @@ FINISHED_STATUSES = (Job.Status.COMPLETED, Job.Status.FAILED)
 def job_engine_request(
     *,
     job_id: int,
-    user_id: int,
-    project_id: int,
+    username: str,
+    project_slug: str,
     name: str,
     gpu_count: int,
     submitted_at: datetime,
@@ -406,13 +406,18 @@ def job_engine_request(
     kind: str,
     gpu_type: str | None,
 ) -> Any:
-    """The ``JobRequest`` the runtime predictor keys on (user and project by id)."""
+    """The ``JobRequest`` the runtime predictor keys on.
+
+    Users by username and projects by slug, as in the engine's snapshot
+    (``scheduling.snapshots.job_request``): the snapshot's requests can be passed to
+    `runtime_predict` as they are.
+    """
     from scheduling.engine.types import JobKind, JobRequest
 
     return JobRequest(
         id=str(job_id),
-        user=f"u{user_id}",
-        project=f"p{project_id}",
+        user=username,
+        project=project_slug,
         gpu_count=gpu_count,
         submit_at=submitted_at.timestamp(),
         kind=JobKind(kind),
@@ -436,15 +441,15 @@ def _observe_finished(
         jobs = jobs.filter(Q(ended_at__gt=after[0]) | Q(ended_at=after[0], id__gt=after[1]))
     rows = list(
         jobs.order_by("-ended_at", "-id").values_list(
-            "id", "user_id", "project_id", "name", "gpu_count", "submitted_at", "requested_s", "kind",
-            "gpu_type__name", "started_at", "ended_at",
+            "id", "user__username", "project__slug", "name", "gpu_count", "submitted_at", "requested_s",
+            "kind", "gpu_type__name", "started_at", "ended_at",
         )[: settings.BERTH_RUNTIME_HISTORY_JOBS]
     )  # fmt: skip
     cursor = after
     for (
         job_id,
-        user_id,
-        project_id,
+        username,
+        slug,
         name,
         gpus,
         submitted,
@@ -457,7 +462,7 @@ def _observe_finished(
         if started is None or ended is None:  # filtered above; for the type checker
             continue
         request = job_engine_request(
-            job_id=job_id, user_id=user_id, project_id=project_id, name=name, gpu_count=gpus,
+            job_id=job_id, username=username, project_slug=slug, name=name, gpu_count=gpus,
             submitted_at=submitted, requested_s=requested, kind=kind, gpu_type=type_name,
         )  # fmt: skip
         predictor.observe(request, max((ended - started).total_seconds(), 0.0))
@@ -498,7 +503,11 @@ def runtime_predictor_get(*, cluster_id: int, max_age_s: float | None = None) ->
 
 
 def runtime_predict(*, cluster_id: int, requests: Sequence[Any]) -> list[tuple[float, float]]:
-    """(p50_s, p90_s) for each ``JobRequest`` from the cluster's cached predictor (thread-safe)."""
+    """(p50_s, p90_s) for each ``JobRequest`` from the cluster's cached predictor (thread-safe).
+
+    Requests key users by username and projects by slug (`job_engine_request`, or the
+    engine snapshot's own requests).
+    """
     predictor = runtime_predictor_get(cluster_id=cluster_id)
     with _PREDICTORS_LOCK:
         return [predictor.predict(request) for request in requests]

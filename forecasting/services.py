@@ -197,8 +197,8 @@ def forecast_runs_prune(*, before: datetime) -> int:
 def _request_for(job: Job) -> Any:
     return job_engine_request(
         job_id=job.pk,
-        user_id=job.user_id,
-        project_id=job.project_id,
+        username=job.user.username,
+        project_slug=job.project.slug,
         name=job.name,
         gpu_count=job.gpu_count,
         submitted_at=job.first_submitted_at or job.submitted_at,
@@ -228,7 +228,9 @@ def job_runtime_predict(*, job: Job) -> tuple[float, float]:
 
 def jobs_runtime_predict(*, cluster_id: int, only_missing: bool = False) -> int:
     """Refresh the predictions of the cluster's pending jobs (the hourly runtime refresh)."""
-    jobs = Job.objects.filter(cluster_id=cluster_id, status=Job.Status.PENDING).select_related("gpu_type")
+    jobs = Job.objects.filter(cluster_id=cluster_id, status=Job.Status.PENDING).select_related(
+        "gpu_type", "user", "project"
+    )
     if only_missing:
         jobs = jobs.filter(predicted_p50_s__isnull=True)
     todo = list(jobs.order_by("id"))

@@ -103,7 +103,7 @@ def forecast_refit_dispatch() -> list[int]:
 )
 def job_runtime_predict(job_id: int) -> dict[str, Any]:
     """Store one job's predicted runtime (p50, p90); recomputing gives the same answer."""
-    job = Job.objects.select_related("gpu_type").filter(pk=job_id).first()
+    job = Job.objects.select_related("gpu_type", "user", "project").filter(pk=job_id).first()
     if job is None:
         return {"job_id": job_id, "status": "missing"}
     p50, p90 = services.job_runtime_predict(job=job)

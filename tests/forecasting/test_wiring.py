@@ -19,11 +19,13 @@ from forecasting.selectors import (
     interactive_headroom_get,
     interactive_headroom_policy,
     runtime_accuracy_get,
+    runtime_predict,
     runtime_predictor_forget,
     runtime_predictor_get,
 )
 from forecasting.services import forecast_refresh, job_runtime_predict, jobs_runtime_predict
 from scheduling.models import Allocation, Booking, Cluster, Gpu, GpuType, Job, Node
+from scheduling.snapshots import job_request
 from tests.factories import (
     BookingFactory,
     ClusterFactory,
@@ -350,6 +352,11 @@ def test_job_runtime_predict_falls_back_user_project_global(cluster: Cluster, no
     assert 400 <= predict(newcomer_short, short)[0] <= 900  # no history: the project's
     stranger = newcomer_elsewhere.memberships.get().project
     assert 13_000 <= predict(newcomer_elsewhere, stranger)[0] <= 30_000  # no project history: everyone's
+
+    # The engine snapshot's own requests (username, project slug) get the same answers.
+    job = JobFactory(cluster=cluster, user=dave, project=long_, requested_s=None, submitted_at=at(41))
+    request = job_request(job, usernames={dave.pk: dave.username}, slugs={long_.pk: long_.slug})
+    assert runtime_predict(cluster_id=cluster.pk, requests=[request]) == [job_runtime_predict(job=job)]
 
 
 def test_job_runtime_predict_without_history_uses_the_request_and_caps_at_it(
