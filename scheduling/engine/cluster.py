@@ -77,16 +77,19 @@ class Topology:
     """
 
     __slots__ = (
+        "all_gpus",
         "by_type",
         "eligible_cache",
         "gpu_node",
         "gpu_type",
         "max_size",
         "node_index",
+        "node_types",
         "nodes",
         "schedulable",
         "type_order",
         "types",
+        "up_gpus",
     )
 
     def __init__(self, nodes: tuple[Node, ...], gpu_types: tuple[GpuType, ...]) -> None:
@@ -114,6 +117,9 @@ class Topology:
         # Types in snapshot order (the baselines' order); berth re-ranks by value.
         self.type_order: tuple[str, ...] = tuple(present)
         self.schedulable: list[int] = [i for i, node in enumerate(nodes) if node.status == NodeStatus.UP]
+        self.up_gpus: frozenset[int] = frozenset(g for gpus in self.by_type.values() for g in gpus)
+        self.all_gpus: tuple[int, ...] = tuple(g for node in nodes for g in node.gpu_ids)
+        self.node_types: list[str] = [node.gpu_type for node in nodes]
         self.eligible_cache: dict[ConstraintKey, tuple[str, ...]] = {}
 
 

@@ -28,14 +28,14 @@ def _profiles(sched: Scheduler) -> dict[str, tuple[list[float], list[float], int
     p50 = sched.avail_p50
     hold = sched.avail_hold
     now = sched.now
-    return {
-        name: (
-            sorted(p50.get(g, now) for g in gpus),
-            sorted(hold.get(g, now) for g in gpus),
-            len(gpus),
-        )
-        for name, gpus in by_type.items()
-    }
+    profiles: dict[str, tuple[list[float], list[float], int]] = {}
+    for name, gpus in by_type.items():
+        p50s = [p50.get(g, now) for g in gpus]
+        holds = [hold.get(g, now) for g in gpus]
+        p50s.sort()
+        holds.sort()
+        profiles[name] = (p50s, holds, len(gpus))
+    return profiles
 
 
 def explain_pending(sched: Scheduler, queue: list[JobRequest]) -> tuple[PendingExplanation, ...]:
@@ -47,21 +47,24 @@ def explain_pending(sched: Scheduler, queue: list[JobRequest]) -> tuple[PendingE
     ahead_p50: dict[str, float] = {}
     ahead_hold: dict[str, float] = {}
     estimate_of = sched.state.estimate
+    types_for = sched.types_for
+    no_eta = (PendingReason.CONSTRAINT, PendingReason.QUOTA)
     empty: tuple[list[float], list[float], int] = ([], [], 0)
     explanations: list[PendingExplanation] = []
+    append = explanations.append
     for job in queue:
-        if job.id in started:
+        job_id = job.id
+        if job_id in started:
             continue
-        verdict = verdicts.get(job.id)
+        count = job.gpu_count
+        verdict = verdicts.get(job_id)
         if verdict is None:
             verdict = Verdict(
-                PendingReason.PRIORITY, f"Waiting behind higher-priority work for {job.gpu_count} GPUs."
+                PendingReason.PRIORITY, f"Waiting behind higher-priority work for {count} GPUs."
             )
-        types = sched.types_for(job)
-        estimate = estimate_of(job)
+        types = types_for(job)
         eta50: float | None = None
         eta90: float | None = None
-        count = job.gpu_count
         for name in types:
             p50s, holds, capacity = profiles.get(name, empty)
             if len(holds) < count:
@@ -70,41 +73,39 @@ def explain_pending(sched: Scheduler, queue: list[JobRequest]) -> tuple[PendingE
             t90 = holds[count - 1]
             queued = ahead_p50.get(name)
             if queued is not None:
-                t50 = max(t50, now + queued / capacity)
-                t90 = max(t90, now + ahead_hold[name] / capacity)
+                # GPU-time of higher-priority waiting work spread over the type's capacity
+                queue50 = now + queued / capacity
+                queue90 = now + ahead_hold[name] / capacity
+                if queue50 > t50:
+                    t50 = queue50
+                if queue90 > t90:
+                    t90 = queue90
             if eta50 is None or t50 < eta50:
                 eta50 = t50
             if eta90 is None or t90 < eta90:
                 eta90 = t90
         if types:
+            estimate = estimate_of(job)
             share = count / len(types)
             work50 = share * estimate.p50_s
             work90 = share * estimate.hold_s
             for name in types:
                 ahead_p50[name] = ahead_p50.get(name, 0.0) + work50
                 ahead_hold[name] = ahead_hold.get(name, 0.0) + work90
-        if verdict.eta_p50_at is not None:
+        own = verdict.eta_p50_at
+        if own is not None:
             # the scheduler knows better for the top job and reclaims: its own start time
-            eta90 = verdict.eta_p50_at if eta90 is None else max(eta90, verdict.eta_p50_at)
-            eta50 = verdict.eta_p50_at if eta50 is None else min(max(eta50, now), verdict.eta_p50_at)
-        if verdict.reason in (PendingReason.CONSTRAINT, PendingReason.QUOTA) and eta50 is None:
+            eta90 = own if eta90 is None else max(eta90, own)
+            eta50 = own if eta50 is None else min(max(eta50, now), own)
+        if eta50 is None or eta90 is None or (verdict.reason in no_eta and own is None and not types):
             sentence = verdict.sentence
-        elif eta50 is not None and eta90 is not None:
-            eta90 = max(eta90, eta50)
+        else:
+            if eta90 < eta50:
+                eta90 = eta50
             sentence = (
                 f"{verdict.sentence} Expected start in {fmt_s(eta50 - now)} (p90 {fmt_s(eta90 - now)})."
             )
-        else:
-            sentence = verdict.sentence
-        explanations.append(
-            PendingExplanation(
-                job_id=job.id,
-                reason=verdict.reason,
-                sentence=sentence,
-                eta_p50_at=eta50,
-                eta_p90_at=eta90,
-            )
-        )
+        append(PendingExplanation(job_id, verdict.reason, sentence, eta50, eta90))
     return tuple(explanations)
 
 
@@ -139,40 +140,46 @@ def idle_reasons(
             else:
                 held.add(gpu)
     result: list[tuple[int, IdleReason]] = []
-    for i, node in enumerate(state.nodes):
-        for gpu in node.gpu_ids:
-            running = state.running_by_gpu.get(gpu)
-            if running is not None or gpu in started:
-                if running is not None and gpu in telemetry_idle:
-                    result.append((gpu, IdleReason.ALLOCATED_BUT_IDLE))
-                continue
-            booking = sched.active_booking_gpu.get(gpu)
-            if booking is not None and booking.is_in_use:
-                if gpu in telemetry_idle:
-                    result.append((gpu, IdleReason.ALLOCATED_BUT_IDLE))
-                continue
-            idle: IdleReason
-            if node.status == NodeStatus.DOWN:
-                idle = IdleReason.DOWN
-            elif node.status == NodeStatus.DRAINING:
-                idle = IdleReason.DRAINING
-            elif gpu in sched.out.claimed:
-                idle = IdleReason.SCHEDULER_LATENCY
-            elif gpu in fragment_held:
-                idle = IdleReason.FRAGMENTATION  # held for a top job that only fragmentation blocks
-            elif booking is not None or gpu in held or i in sched.partition_nodes:
-                idle = IdleReason.RESERVED_UNUSED
-            elif not pending:
-                idle = IdleReason.NO_DEMAND
-            elif node.gpu_type in quota:
-                idle = IdleReason.QUOTA_BLOCKED
-            elif node.gpu_type not in eligible:
-                idle = IdleReason.CONSTRAINT_MISMATCH
-            elif node.gpu_type in fragmented:
-                idle = IdleReason.FRAGMENTATION
-            else:
-                idle = IdleReason.NO_DEMAND
-            result.append((gpu, idle))
+    running_by_gpu = state.running_by_gpu
+    for gpu in telemetry_idle:
+        if gpu in running_by_gpu:
+            result.append((gpu, IdleReason.ALLOCATED_BUT_IDLE))
+    active = sched.active_booking_gpu
+    idle_gpus = set(state.topology.all_gpus).difference(running_by_gpu, started)
+    nodes = state.nodes
+    gpu_node = state.gpu_node
+    claimed = sched.out.claimed
+    partition = sched.partition_nodes
+    for gpu in sorted(idle_gpus):
+        booking = active.get(gpu)
+        if booking is not None and booking.is_in_use:
+            if gpu in telemetry_idle:
+                result.append((gpu, IdleReason.ALLOCATED_BUT_IDLE))
+            continue
+        i = gpu_node[gpu]
+        node = nodes[i]
+        idle: IdleReason
+        if node.status == NodeStatus.DOWN:
+            idle = IdleReason.DOWN
+        elif node.status == NodeStatus.DRAINING:
+            idle = IdleReason.DRAINING
+        elif gpu in claimed:
+            idle = IdleReason.SCHEDULER_LATENCY
+        elif gpu in fragment_held:
+            idle = IdleReason.FRAGMENTATION  # held for a top job that only fragmentation blocks
+        elif booking is not None or gpu in held or i in partition:
+            idle = IdleReason.RESERVED_UNUSED
+        elif not pending:
+            idle = IdleReason.NO_DEMAND
+        elif node.gpu_type in quota:
+            idle = IdleReason.QUOTA_BLOCKED
+        elif node.gpu_type not in eligible:
+            idle = IdleReason.CONSTRAINT_MISMATCH
+        elif node.gpu_type in fragmented:
+            idle = IdleReason.FRAGMENTATION
+        else:
+            idle = IdleReason.NO_DEMAND
+        result.append((gpu, idle))
     return tuple(result)
 
 

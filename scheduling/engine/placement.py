@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from scheduling.engine.types import GpuType, JobRequest, Node
+from scheduling.engine.types import GpuType, JobRequest
 
 INF = float("inf")
 
@@ -87,15 +87,19 @@ class FreePool:
         "_type_plain",
     )
 
-    def __init__(self, nodes: Sequence[Node], free_gpus: Iterable[int], gpu_node: dict[int, int]) -> None:
-        """Index ``free_gpus``; ``gpu_node`` maps every GPU to its index in ``nodes``."""
-        self._node_type: list[str] = [node.gpu_type for node in nodes]
+    def __init__(
+        self,
+        free_gpus: Iterable[int],
+        *,
+        gpu_node: dict[int, int],
+        node_types: list[str],
+        max_size: dict[str, int],
+    ) -> None:
+        """Index ``free_gpus``; ``gpu_node`` maps a GPU to its node index, ``node_types`` a node
+        index to its GPU type, ``max_size`` a type to its largest node (see `Topology`)."""
+        self._node_type = node_types
         self._gpu_node = gpu_node
-        self._max_size: dict[str, int] = {}
-        for node in nodes:
-            size = len(node.gpu_ids)
-            if size > self._max_size.get(node.gpu_type, 0):
-                self._max_size[node.gpu_type] = size
+        self._max_size = max_size
         self._free: dict[int, list[int]] = {}
         for gpu in sorted(free_gpus):
             self._free.setdefault(gpu_node[gpu], []).append(gpu)

@@ -98,30 +98,27 @@ class Scheduler:
         self.round_promised: set[int] = set()
         self._headroom_done = False
         self._types_cache: dict[tuple[str, ...], list[str]] = {}
-        self._max_size = dict.fromkeys(state.type_order, 0)
-        for node in state.nodes:
-            self._max_size[node.gpu_type] = max(self._max_size[node.gpu_type], len(node.gpu_ids))
-        busy = state.running_by_gpu
-        free = {g for i in self.schedulable for g in state.nodes[i].gpu_ids if g not in busy}
+        topology = state.topology
+        self._max_size = topology.max_size
+        free = set(topology.up_gpus.difference(state.running_by_gpu))
         self._place_bookings(free)
         self.free_at_start = frozenset(free)
         self._init_availability(free)
         if knobs.has_partition:
-            self.inter_pool = FreePool(
-                state.nodes,
-                (g for g in free if state.gpu_node[g] in self.partition_nodes),
-                state.gpu_node,
-            )
-            self.batch_pool = FreePool(
-                state.nodes,
-                (g for g in free if state.gpu_node[g] not in self.partition_nodes),
-                state.gpu_node,
-            )
+            partition_gpus = {g for i in self.partition_nodes for g in state.nodes[i].gpu_ids}
+            self.inter_pool = self._pool(free & partition_gpus)
+            self.batch_pool = self._pool(free - partition_gpus)
         else:
-            self.batch_pool = FreePool(state.nodes, free, state.gpu_node)
+            self.batch_pool = self._pool(free)
             self.inter_pool = self.batch_pool
         self._hold_bookings()
         self._init_quotas()
+
+    def _pool(self, free: set[int]) -> FreePool:
+        topology = self.state.topology
+        return FreePool(
+            free, gpu_node=topology.gpu_node, node_types=topology.node_types, max_size=topology.max_size
+        )
 
     def _init_availability(self, free: set[int]) -> None:
         """Expected free time of every schedulable GPU (p50 and planning), updated by starts."""
@@ -133,21 +130,27 @@ class Scheduler:
         self.avail_reclaim: dict[int, float] = {}
         can_preempt = self.knobs.can_preempt
         no_one: set[str] = set()
-        for gpus in state.topology.by_type.values():
-            for gpu in gpus:
-                if gpu in free:
-                    self.avail_p50[gpu] = self.avail_hold[gpu] = now
-                    continue
-                booking = self.active_booking_gpu.get(gpu)
-                running = state.running_by_gpu.get(gpu)
-                if running is not None:
-                    job_id = running.job.id
-                    self.avail_p50[gpu] = state.end_p50[job_id]
-                    self.avail_hold[gpu] = state.end_hold[job_id]
-                    if can_preempt and is_reclaimable(running, excluded=no_one):
-                        self.avail_reclaim[gpu] = kill_time(state, running)
-                elif booking is not None:
-                    self.avail_p50[gpu] = self.avail_hold[gpu] = booking.end_at
+        up = state.topology.up_gpus
+        self.avail_p50 = dict.fromkeys(free, now)
+        self.avail_hold = dict.fromkeys(free, now)
+        for running in state.snapshot.running:
+            job_id = running.job.id
+            p50 = state.end_p50[job_id]
+            hold = state.end_hold[job_id]
+            reclaim_at = (
+                kill_time(state, running)
+                if can_preempt and is_reclaimable(running, excluded=no_one)
+                else None
+            )
+            for gpu in running.gpu_ids:
+                if gpu in up:
+                    self.avail_p50[gpu] = p50
+                    self.avail_hold[gpu] = hold
+                    if reclaim_at is not None:
+                        self.avail_reclaim[gpu] = reclaim_at
+        for gpu, booking in self.active_booking_gpu.items():
+            if gpu in up and gpu not in self.avail_p50:
+                self.avail_p50[gpu] = self.avail_hold[gpu] = booking.end_at
 
     # ---- helpers ----
 
