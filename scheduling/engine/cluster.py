@@ -164,13 +164,21 @@ class RoundState:
     )
 
     def __init__(
-        self, snapshot: ClusterSnapshot, policy: PolicyConfig, now: float, *, is_predicted: bool
+        self,
+        snapshot: ClusterSnapshot,
+        policy: PolicyConfig,
+        now: float,
+        *,
+        is_predicted: bool,
+        is_running_predicted: bool | None = None,
     ) -> None:
-        """Index the snapshot; ``is_predicted`` selects the runtime model (berth: predictions)."""
+        """Index the snapshot; ``is_predicted`` selects the runtime model of pending jobs (berth:
+        predictions), ``is_running_predicted`` that of running jobs (default: the same)."""
         self.snapshot = snapshot
         self.policy = policy
         self.now = now
         self.is_predicted = is_predicted
+        running_model = is_predicted if is_running_predicted is None else is_running_predicted
         self.topology = topology = topology_of(snapshot)
         self.types = topology.types
         self.nodes: tuple[Node, ...] = snapshot.nodes
@@ -186,7 +194,7 @@ class RoundState:
             self.running_by_id[running.job.id] = running
             for gpu in running.gpu_ids:
                 self.running_by_gpu[gpu] = running
-            p50, hold = running_ends(running, now, policy, is_predicted=is_predicted)
+            p50, hold = running_ends(running, now, policy, is_predicted=running_model)
             if running.grace_until is not None:
                 # being reclaimed: it is gone at the end of its grace whatever it predicted
                 hold = min(hold, max(running.grace_until, now))

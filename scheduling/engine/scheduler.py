@@ -50,6 +50,7 @@ class Knobs:
     enforces_guarantees: bool = False  # work above a project's guarantee runs preemptible only
     fits_on_p50: bool = False  # backfill if the median runtime fits (else the planning estimate)
     shadow_on_p50: bool = False  # the top job's shadow time from running jobs' median ends
+    shadow_on_requested: bool = False  # running jobs' ends from user estimates even when predicting
     preempts_by_consent: bool = False  # preemptible jobs outside any guarantee run reclaimable
 
 
@@ -70,7 +71,13 @@ class Scheduler:
     def __init__(self, snapshot: ClusterSnapshot, policy: PolicyConfig, now: float, knobs: Knobs) -> None:
         """Index the snapshot, place bookings and build the free-GPU pools."""
         self.knobs = knobs
-        self.state = state = RoundState(snapshot, policy, now, is_predicted=knobs.is_predicted)
+        self.state = state = RoundState(
+            snapshot,
+            policy,
+            now,
+            is_predicted=knobs.is_predicted,
+            is_running_predicted=knobs.is_predicted and not knobs.shadow_on_requested,
+        )
         self.out = Outcome()
         self.now = now
         self.policy = policy
@@ -81,7 +88,11 @@ class Scheduler:
             )
         self.type_rank = {name: i for i, name in enumerate(order)}
         partition = set(policy.interactive_partition) if knobs.has_partition else set()
-        self.partition_nodes = frozenset(i for i, node in enumerate(state.nodes) if node.id in partition)
+        self.partition_nodes = (
+            frozenset(state.node_index[n] for n in partition if n in state.node_index)
+            if partition
+            else frozenset()
+        )
         self.schedulable = state.topology.schedulable
         # GPU -> (p50 end, hold end) of jobs started this round (for profiles and ETAs)
         self.started_end: dict[int, tuple[float, float]] = {}

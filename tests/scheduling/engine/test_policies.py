@@ -356,3 +356,42 @@ def test_idle_reason_precedence() -> None:
 def test_unknown_policy_is_an_error() -> None:
     with pytest.raises(ValueError, match="unknown policy"):
         plan_round(snapshot(make_nodes(1, 1)), PolicyConfig(name="lottery"), NOW)
+
+
+def test_berth_top_job_reclaims_only_checkpointing_work_lent_while_it_waited() -> None:
+    nodes = make_nodes(4, 1)
+    top = job("top", 4, submit_at=NOW - 3_000, requested_s=3_600)
+    ckpt = job(
+        "ckpt", 2, requested_s=50_000, is_preemptible=True, is_checkpointable=True, checkpoint_interval_s=600
+    )
+    lent = running(ckpt, (2, 3), started_at=NOW - 2_000, is_preemptible=True)
+    plan = plan_round(snapshot(nodes, running_jobs=[lent], pending=[top]), PolicyConfig(name="berth"), NOW)
+    (preemption,) = plan.preemptions
+    assert preemption.job_id == "ckpt"
+    assert preemption.for_id == "top"
+    assert reason_of(plan, "top") == PendingReason.PREEMPTING
+    assert dict(plan.idle) == {0: IdleReason.SCHEDULER_LATENCY, 1: IdleReason.SCHEDULER_LATENCY}
+    # work that was already running when the top job was queued was not lent from it
+    before = running(ckpt, (2, 3), started_at=NOW - 4_000, is_preemptible=True)
+    plan = plan_round(snapshot(nodes, running_jobs=[before], pending=[top]), PolicyConfig(name="berth"), NOW)
+    assert plan.preemptions == ()
+    # nor is work that would restart from scratch
+    scratch = job("scratch", 2, requested_s=50_000, is_preemptible=True)
+    plain = running(scratch, (2, 3), started_at=NOW - 2_000, is_preemptible=True)
+    plan = plan_round(snapshot(nodes, running_jobs=[plain], pending=[top]), PolicyConfig(name="berth"), NOW)
+    assert plan.preemptions == ()
+    assert reason_of(plan, "top") == PendingReason.RESOURCES
+
+
+def test_berth_backfills_shortest_predicted_work_first() -> None:
+    nodes = make_nodes(3, 1)
+    busy = running(job("r", 2, requested_s=10_000), (0, 1), started_at=NOW - 100)
+    pending = [
+        job("top", 3, submit_at=0),
+        job("long", 1, submit_at=1, requested_s=5_000, predicted_p50_s=4_000, predicted_p90_s=5_000),
+        job("short", 1, submit_at=2, requested_s=5_000, predicted_p50_s=300, predicted_p90_s=600),
+    ]
+    plan = plan_round(snapshot(nodes, running_jobs=[busy], pending=pending), PolicyConfig(name="berth"), NOW)
+    assert list(started(plan)) == ["short"]
+    easy = plan_round(snapshot(nodes, running_jobs=[busy], pending=pending), PolicyConfig(name="easy"), NOW)
+    assert list(started(easy)) == ["long"]  # priority order: the older job backfills first
