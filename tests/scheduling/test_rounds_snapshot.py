@@ -93,3 +93,24 @@ def test_policy_from_cluster_settings(settings) -> None:
     assert policy.name == "easy"
     assert policy.grace_s == 5
     assert policy.interactive_headroom == (("A100", 2),)
+
+
+def test_snapshot_queries_do_not_grow_with_the_queue(engine_redis_url, t0: datetime) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    cluster = make_cluster(nodes=2, gpus_per_node=4)
+    user, project = make_member()
+    policy = policy_config_for_cluster(cluster=cluster)
+
+    def count() -> int:
+        with CaptureQueriesContext(connection) as ctx:
+            cluster_snapshot_build(cluster=cluster, now=t0, policy=policy)
+        return len(ctx.captured_queries)
+
+    submit(user, project, cluster, gpus=1, runtime_s=60, now=t0)
+    few = count()
+    for i in range(20):
+        submit(user, project, cluster, gpus=1 + i % 4, runtime_s=60, now=t0, name=f"q{i}")
+    assert count() == few
+    assert few <= 20
