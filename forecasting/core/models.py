@@ -17,6 +17,8 @@ Models:
 
 from __future__ import annotations
 
+import functools
+import itertools
 import logging
 import warnings
 from collections.abc import Callable, Sequence
@@ -248,7 +250,10 @@ class BerthConfig:
 
     clean_outages: bool = True  # long zero runs in a busy series are gaps, not demand
     log_transform: bool = True  # fit log1p(y): bursty counts, multiplicative seasons
-    level_correction: bool = True  # carry the recent Prophet residual forward (direct, per h)
+    # Carry the recent Prophet residual forward (direct, per h).  Off: with the last value
+    # and the median in the blend it did not earn its place (docs/forecasting.md).
+    level_correction: bool = False
+    median_component: bool = True  # the blend may use the median of the last 24 hours
     ensemble: bool = True  # blend with seasonal naive 24/168, weights from recent errors
     conformal: bool = True  # intervals from recent h-step errors, not in-sample residuals
     holdout_fit: bool = True  # calibrate on a second Prophet fit that did not see the last days
@@ -263,34 +268,33 @@ class BerthConfig:
 
 
 class BerthModel:
-    """Prophet with a level correction, blended with naive forecasts, conformal intervals.
+    """Prophet blended with naive forecasts, calibrated on a holdout, conformal intervals.
 
     1. Outage runs are masked (:func:`~forecasting.core.series.mask_outages`) and the
        series is fitted as ``log1p(y)``, where bursts are tame and seasons multiply.
     2. Prophet (daily + weekly + events) gives the structural path ``P``.
-    3. *Level correction*: Prophet's residuals are autocorrelated (a busy afternoon stays
-       busy); the mean residual of the last ``level_hours`` hours is carried ``h`` hours
-       ahead with a slope ``beta_h`` regressed on past residuals (direct multi-horizon, so
-       the decay shape is learned, not assumed).
-    4. *Blend* (in log space) of ``P + beta_h s``, the 24 h and 168 h seasonal naives and
-       the last value, with weights on a simplex grid, one set for hours 1-6 and one for
-       7-24, minimising the original-scale MAE of the forecasts made from every hour of the
-       last ``calibration_days`` days (pseudo-origins; no refits).
-    5. *Conformal interval*: the 80% quantile of the absolute pseudo-origin errors per
+    3. *Blend* (in log space) of ``P``, the 24 h and 168 h seasonal naives, the last value
+       and the median of the last 24 hours, with weights on a simplex grid, one set for
+       hours 1-6 and one for 7-24, minimising the original-scale MAE of the forecasts made
+       from every hour of the last ``calibration_days`` days (pseudo-origins; no refits).
+    4. *Conformal interval*: the 80% quantile of the absolute pseudo-origin errors per
        horizon (pooled over h +- 3), widened to the 10%/90% quantiles of day-over-day
        changes of the whole history where those are wider; added in log space and
        transformed back, so the band is as wide as the model's recent multi-step errors
        (not its one-step noise) and does not forget older regime shifts.
 
     Prophet's in-sample residuals flatter it (its trend bends to the data it saw), so steps
-    3-5 use a second Prophet fit that ends ``calibration_days`` days earlier and are scored
-    on hours that fit did not see (``holdout_fit``).  Everything comes from the history
-    passed to :meth:`fit`: two Prophet fits and some numpy.
+    3-4 use a second Prophet fit that ends ``calibration_days`` days earlier and are scored
+    on hours that fit did not see (``holdout_fit``).  Optional (``level_correction``, off
+    by default): Prophet's residual of the last ``level_hours`` hours carried ``h`` hours
+    ahead with a slope ``beta_h`` regressed on past residuals.  Everything comes from the
+    history passed to :meth:`fit`: two Prophet fits and some numpy.
     """
 
     name = "berth"
     _BUCKETS: tuple[tuple[int, int], ...] = ((0, 6), (6, 24))
-    _N_COMPONENTS = 4  # prophet+level, seasonal naive 24, seasonal naive 168, last value
+    # prophet(+level), seasonal naive 24, seasonal naive 168, last value, median of last day
+    _N_COMPONENTS = 5
 
     def __init__(self, config: BerthConfig | None = None, *, name: str = "berth") -> None:
         self.config = config or BerthConfig()
@@ -350,7 +354,13 @@ class BerthModel:
         beta = np.zeros(24)
         if cfg.level_correction:
             beta = self._level_slopes(cal_resid, cal_level, origins)
-        available = [True, cfg.ensemble, cfg.ensemble and n >= 168 + 24, cfg.ensemble]
+        available = [
+            True,
+            cfg.ensemble,
+            cfg.ensemble and n >= 168 + 24,
+            cfg.ensemble,
+            cfg.ensemble and cfg.median_component,
+        ]
         # Too little history to calibrate: an equal blend is the robust default.
         weights = np.tile(np.array(available, dtype=float) / sum(available), (len(self._BUCKETS), 1))
         errors = np.empty((0, 24))
@@ -404,6 +414,11 @@ class BerthModel:
         before = idx[:, :1] - 1
         vals = np.where(before >= 0, last[np.clip(before, 0, n - 1)], np.nan)
         out[3] = np.where(np.isfinite(vals), np.broadcast_to(vals, idx.shape), path)
+        # Median of the last 24 known hours: robust to the one-off drops and bursts that
+        # the last value and the seasonal naives copy forward.
+        med = pd.Series(z).rolling(24, min_periods=1).median().ffill().to_numpy(dtype=float)
+        vals = np.where(before >= 0, med[np.clip(before, 0, n - 1)], np.nan)
+        out[4] = np.where(np.isfinite(vals), np.broadcast_to(vals, idx.shape), path)
         return out
 
     def _blend(self, comps: FloatArray, weights: FloatArray) -> FloatArray:
@@ -413,17 +428,8 @@ class BerthModel:
         return out
 
     def _blend_weights(self, comps: FloatArray, target: FloatArray, available: list[bool]) -> FloatArray:
-        steps = round(1.0 / self.config.weight_step)
-        grid = np.array(
-            [
-                (a, b, c, steps - a - b - c)
-                for a in range(steps + 1)
-                for b in range(steps + 1 - a)
-                for c in range(steps + 1 - a - b)
-            ],
-            dtype=float,
-        )
-        grid = grid[(grid[:, ~np.array(available)] == 0).all(axis=1)] / steps
+        grid = _simplex_grid(self._N_COMPONENTS, round(1.0 / self.config.weight_step))
+        grid = grid[(grid[:, ~np.array(available)] == 0).all(axis=1)]
         weights = np.zeros((len(self._BUCKETS), self._N_COMPONENTS))
         for b, (lo, hi) in enumerate(self._BUCKETS):
             t = target[:, lo:hi]
@@ -506,6 +512,21 @@ class BerthModel:
         return lo, hi
 
 
+@functools.cache
+def _simplex_grid(k: int, steps: int) -> FloatArray:
+    """All weight vectors of length ``k`` with entries in multiples of 1/steps summing to 1.
+
+    Ordered so that the first row puts everything on component 0 (the tie-break).
+    """
+    rows = []
+    for bars in itertools.combinations(range(steps + k - 1), k - 1):
+        edges = (-1, *bars, steps + k - 1)
+        rows.append([edges[i + 1] - edges[i] - 1 for i in range(k)])
+    grid = np.array(rows, dtype=float)[::-1] / steps
+    grid.setflags(write=False)
+    return grid
+
+
 def _short_history_forecast(history: pd.Series, horizon_h: int) -> Forecast:
     """Under two days of data: repeat the mean with the spread of what was seen."""
     y = history.to_numpy(dtype=float)
@@ -520,7 +541,8 @@ def _short_history_forecast(history: pd.Series, horizon_h: int) -> Forecast:
 _ABLATIONS: dict[str, dict[str, bool]] = {
     "berth_no_clean": {"clean_outages": False},
     "berth_no_log": {"log_transform": False},
-    "berth_no_level": {"level_correction": False},
+    "berth_plus_level": {"level_correction": True},
+    "berth_no_median": {"median_component": False},
     "berth_no_blend": {"ensemble": False},
     "berth_no_conformal": {"conformal": False},
     "berth_no_holdout": {"holdout_fit": False},
