@@ -104,3 +104,17 @@ def test_bench_runtime_only_learns_from_jobs_finished_before_each_submit(
         ("observe", "2"),
         ("predict", "4"),
     ]
+
+
+def test_bench_forecast_refresh_times_berth_refits(samples_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "refresh.json"
+    bench_forecast.main(
+        [
+            "--series", str(samples_dir / "earth_vc_gpus_hourly_sample.csv.gz"),
+            "--target", "running_gpus", "--agg", "mean", "--by", "group",
+            "--refresh", "2", "--out", str(out),
+        ]
+    )  # fmt: skip
+    refresh = json.loads(out.read_text())["refresh"]
+    assert refresh["series"] == 2
+    assert refresh["wall_s"] >= refresh["fit_s_max"] >= refresh["fit_s_mean"] > 0.0
