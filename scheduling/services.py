@@ -449,6 +449,7 @@ def booking_create(
                     verb="allocation.create",
                     at=now,
                 )
+                _engine_round_soon(cluster_id)
                 return booking
         except (IntegrityError, OperationalError) as exc:
             is_retryable = (
@@ -474,6 +475,27 @@ def booking_create(
         alternatives=alternatives,
         fields={"start_at": ["Not enough free GPUs in this window."]},
     )
+
+
+def _engine_round_soon(cluster_id: int) -> None:
+    """Ask for an engine round after the commit (debounced); a missed trigger waits for beat."""
+    from scheduling.tasks import engine_round_trigger  # lazy: tasks -> rounds -> services
+
+    engine_round_trigger(cluster_id)
+
+
+def _runtime_predict_soon(job_id: int) -> None:
+    """Store the job's predicted runtime after the commit, off the request path."""
+
+    def enqueue() -> None:
+        from forecasting.tasks import job_runtime_predict
+
+        try:
+            job_runtime_predict.delay(job_id)
+        except Exception:  # the hourly refresh fills predictions that a broker outage missed
+            logger.warning("could not enqueue a runtime prediction for job %s", job_id, exc_info=True)
+
+    transaction.on_commit(enqueue)
 
 
 def _lock_booking(booking: Booking) -> Booking:
@@ -543,6 +565,7 @@ def booking_cancel(
         after=_booking_state(booking),
         at=now,
     )
+    _engine_round_soon(booking.cluster_id)
     return booking
 
 
@@ -584,6 +607,7 @@ def booking_end_early(
         after=_booking_state(booking),
         at=now,
     )
+    _engine_round_soon(booking.cluster_id)
     return booking
 
 
@@ -675,6 +699,7 @@ def booking_extend(
                 after=_booking_state(booking),
                 at=now,
             )
+            _engine_round_soon(booking.cluster_id)
             return booking
     alternatives: list[Alternative] = []
     if limit is not None and limit > booking.end_at:
@@ -804,6 +829,8 @@ def job_submit(
             after=_job_state(job),
             at=now,
         )
+        _runtime_predict_soon(job.pk)
+        _engine_round_soon(job.cluster_id)
     return job
 
 
@@ -847,6 +874,7 @@ def job_cancel(
         after=_job_state(job),
         at=now,
     )
+    _engine_round_soon(job.cluster_id)
     return job
 
 
