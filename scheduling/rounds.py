@@ -84,6 +84,7 @@ _EXTEND_BY = timedelta(minutes=30)
 _MIN_PERIOD = timedelta(seconds=60)
 # A terminal backend record that started this long before the job's current start is an earlier attempt.
 _STALE_TOLERANCE_S = 2.0
+_BOOKING_NOTE_PREFIX = "Engine: "
 _NODE_STATUS = {
     NodeStatus.UP: Node.Status.UP,
     NodeStatus.DRAINING: Node.Status.DRAINING,
@@ -746,6 +747,7 @@ def _persist_plan(
         result.preempted += 1
 
     _write_explanations(cluster, plan, now=now, result=result)
+    _write_booking_notes(cluster, plan)
     return out
 
 
@@ -766,6 +768,26 @@ def _write_explanations(cluster: Cluster, plan: Plan, *, now: datetime, result: 
         job.eta_p90_at = from_epoch(p.eta_p90_at) if p.eta_p90_at is not None else None
     Job.objects.bulk_update(jobs, ["pending_reason", "pending_sentence", "eta_p50_at", "eta_p90_at"])
     result.pending = len(jobs)
+
+
+def _write_booking_notes(cluster: Cluster, plan: Plan) -> None:
+    """Tell a booking's owner why it may start late: the engine's notes that name the booking
+    ("Booking booking-<pk>: ...") go on its status message; the message clears when none is left."""
+    notes: dict[int, str] = {}
+    for note in plan.notes:
+        head, sep, _ = note.partition(":")
+        holder = parse_holder_id(head.removeprefix("Booking ").strip()) if sep else None
+        if holder is not None and holder[0] == "booking":
+            notes.setdefault(holder[1], (_BOOKING_NOTE_PREFIX + note.partition(": ")[2])[:500])
+    # Only messages the engine wrote are cleared; anything else on a booking is left alone.
+    stale = Booking.objects.filter(
+        cluster=cluster, status__in=Booking.OPEN_STATUSES, status_message__startswith=_BOOKING_NOTE_PREFIX
+    )
+    for booking in Booking.objects.filter(cluster=cluster, pk__in=list(notes)) | stale:
+        message = notes.get(booking.pk, "")
+        if booking.status_message != message:
+            booking.status_message = message
+            booking.save(update_fields=["status_message", "updated_at"])
 
 
 def _resent_preemptions(cluster: Cluster, *, exclude: Iterable[str]) -> list[PreemptAction]:

@@ -267,3 +267,38 @@ def test_running_allocations_are_extended_when_a_job_outlives_its_estimate(
     allocation.refresh_from_db()
     assert allocation.state == Allocation.State.ENDED
     assert allocation.period.upper == later(t0, 1000)
+
+
+def test_booking_blocked_by_non_preemptible_work_tells_its_owner(
+    engine_redis_url, run_round, t0: datetime
+) -> None:
+    """Invariant 2: a booking gets its GPUs at its start or its owner is told why."""
+    cluster = make_cluster(nodes=1, gpus_per_node=2)
+    user, project = make_member()
+    # Asks for 10 minutes, really runs 2 hours, and may not be preempted.
+    stubborn = submit(
+        user, project, cluster, gpus=2, runtime_s=7200, requested_s=600, now=t0, name="stubborn"
+    )
+    run_round(cluster, t0)
+    stubborn.refresh_from_db()
+    assert stubborn.status == Job.Status.RUNNING
+    booking = booking_create(
+        user,
+        project=project,
+        gpu_type=GpuType.objects.get(name="A100"),
+        gpu_count=2,
+        start_at=later(t0, 1800),
+        end_at=later(t0, 9000),
+        cluster=cluster,
+        now=later(t0, 700),  # the job's allocation lapsed at t0 + 600: the GPUs look free
+    )
+
+    run_round(cluster, later(t0, 1800))
+
+    booking.refresh_from_db()
+    assert booking.status_message.startswith("Engine: ")
+    assert str(stubborn.pk) in booking.status_message
+    assert not Preemption.objects.filter(job=stubborn).exists()  # never preempts non-preemptible work
+    run_round(cluster, later(t0, 7300))  # the job ended at t0 + 7200; the booking has its GPUs now
+    booking.refresh_from_db()
+    assert booking.status_message == ""
