@@ -54,15 +54,26 @@ class Knobs:
     preempts_by_consent: bool = False  # preemptible jobs outside any guarantee run reclaimable
 
 
+_FMT_CACHE: dict[tuple[int, int], str] = {}
+
+
 def fmt_s(seconds: float) -> str:
-    """A duration for humans: 45 s, 12 min, 3.5 h, 2.1 d."""
+    """A duration for humans: 45 s, 12 min, 3.5 h, 2.1 d (memoised: explanations call it a lot)."""
     if seconds < 90:
-        return f"{max(seconds, 0.0):.0f} s"
-    if seconds < 5_400:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 172_800:
-        return f"{seconds / 3_600:.1f} h"
-    return f"{seconds / 86_400:.1f} d"
+        key = (0, round(max(seconds, 0.0)))
+    elif seconds < 5_400:
+        key = (1, round(seconds / 60))
+    elif seconds < 172_800:
+        key = (2, round(seconds / 360))
+    else:
+        key = (3, round(seconds / 8_640))
+    text = _FMT_CACHE.get(key)
+    if text is None:
+        unit, value = key
+        text = (f"{value} s", f"{value} min", f"{value / 10:.1f} h", f"{value / 10:.1f} d")[unit]
+        if len(_FMT_CACHE) < 100_000:
+            _FMT_CACHE[key] = text
+    return text
 
 
 class Scheduler:
