@@ -87,14 +87,14 @@ start() {
   fi
 
   echo "==> migrate"
-  "$BIN/python" manage.py migrate --noinput | grep -v '^  Applying' || true
+  # Quiet the per-migration lines; a failing migrate still stops the script (pipefail).
+  "$BIN/python" manage.py migrate --noinput | { grep -v '^  Applying' || true; }
   echo "==> collectstatic"
   "$BIN/python" manage.py collectstatic --noinput -v 0
   echo "==> demo lab"
-  # shellcheck disable=SC2086  # DEMO_ARGS is a list of flags on purpose
   # The logins are printed once, at the end, beside the URL.
+  # shellcheck disable=SC2086  # DEMO_ARGS is a list of flags on purpose
   "$BIN/python" manage.py demo_lab ${DEMO_ARGS:-} | tee "$RUN/demo_lab.log" | sed '/^Logins/,$d'
-
 
   trap 'echo; echo "==> stopping"; stop_all; exit 0' INT TERM
   echo "==> starting web, worker and beat (logs in .run/demo/)"
