@@ -17,6 +17,7 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("bookings/", views.my_bookings, name="my-bookings"),
     path("bookings/<int:booking_id>/cancel/", views.booking_cancel_view, name="booking-cancel"),
     path("bookings/<int:booking_id>/end/", views.booking_end_view, name="booking-end"),
+    path("bookings/<int:booking_id>/extend/", views.booking_extend_view, name="booking-extend"),
     path("jobs/", views.my_jobs, name="my-jobs"),
     path("jobs/new/", views.job_new, name="job-new"),
     path("jobs/<int:job_id>/cancel/", views.job_cancel_view, name="job-cancel"),

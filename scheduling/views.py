@@ -51,6 +51,7 @@ from scheduling.services import (
     booking_cancel,
     booking_create,
     booking_end_early,
+    booking_extend,
     job_cancel,
     job_submit,
 )
@@ -61,6 +62,7 @@ JOBS_TEMPLATE = "scheduling/my_jobs.html"
 TIMELINE_TEMPLATE = "scheduling/availability.html"
 JOB_NEW_TEMPLATE = "scheduling/job_new.html"
 JOBS_PER_PAGE = 50
+EXTEND_STEP = timedelta(hours=1)  # the "+1 h" button on an open booking
 # Status codes whose htmx responses are swapped in (base.html sets htmx's responseHandling).
 UNPROCESSABLE = 422
 CONFLICT = 409
@@ -374,6 +376,11 @@ def _booking_row_action(
         booking = action(booking, user=request.user)
     except (ValidationError, PermissionDenied) as exc:
         error = " ".join(exc.messages) if isinstance(exc, ValidationError) else str(exc)
+    except BookingConflictError as exc:
+        error = exc.message
+        latest = max((alt.end_at for alt in exc.alternatives), default=None)
+        if latest is not None and latest > booking.end_at:
+            error += f" It can run until {timezone.localtime(latest):%a %d %b %H:%M} at most."
     if request.htmx:
         booking = _my_booking(request, booking_id)
         context = {"booking": booking, "row_error": error, "now": timezone.now()}
@@ -391,6 +398,18 @@ def _booking_row_action(
 def booking_cancel_view(request: HtmxHttpRequest, booking_id: int) -> HttpResponse:
     """Cancel one of the user's bookings (before its start: its GPUs are released)."""
     return _booking_row_action(request, booking_id, action=booking_cancel, done="Cancelled")
+
+
+@login_required
+@vary_on_headers("HX-Request")
+@require_POST
+def booking_extend_view(request: HtmxHttpRequest, booking_id: int) -> HttpResponse:
+    """Move one of the user's open bookings' end an hour later, on the same GPUs."""
+
+    def extend(booking: Booking, *, user: User) -> Booking:
+        return booking_extend(booking, user=user, end_at=booking.end_at + EXTEND_STEP)
+
+    return _booking_row_action(request, booking_id, action=extend, done="Extended")
 
 
 @login_required

@@ -61,6 +61,7 @@ def _form(
         ("post", "booking-cancel", {"booking_id": 1}),
         ("post", "job-cancel", {"job_id": 1}),
         ("post", "booking-end", {"booking_id": 1}),
+        ("post", "booking-extend", {"booking_id": 1}),
         ("get", "availability", {}),
         ("get", "job-new", {}),
     ],
@@ -726,3 +727,59 @@ def test_ending_someone_elses_booking_is_404(
     assert client.post(reverse("booking-end", kwargs={"booking_id": booking.pk}), **HTMX).status_code == 404
     booking.refresh_from_db()
     assert booking.status == Booking.Status.CONFIRMED
+
+
+# ---- extend a booking ----
+
+
+def test_extend_moves_the_end_an_hour_later_on_the_same_gpus(
+    member_web: Client, member: User, project: Project, nodes: list[Node], a100: GpuType, soon: datetime
+) -> None:
+    booking = booking_create(
+        member, project=project, gpu_type=a100, gpu_count=2, start_at=soon, end_at=soon + timedelta(hours=1)
+    )
+    gpus = sorted(booking.allocations.values_list("gpu_id", flat=True))
+
+    response = member_web.post(reverse("booking-extend", kwargs={"booking_id": booking.pk}), **HTMX)
+
+    assert response.status_code == 200
+    assert response.content.decode().strip().startswith(f'<tr id="booking-row-{booking.pk}"')
+    booking.refresh_from_db()
+    assert booking.end_at == soon + timedelta(hours=2)
+    assert sorted(booking.allocations.values_list("gpu_id", flat=True)) == gpus
+    assert all(a.period.upper == booking.end_at for a in booking.allocations.all())
+
+
+def test_extend_into_someone_elses_window_says_how_far_it_can_go(
+    member_web: Client, member: User, project: Project, nodes: list[Node], a100: GpuType, soon: datetime
+) -> None:
+    booking = booking_create(
+        member, project=project, gpu_type=a100, gpu_count=8, start_at=soon, end_at=soon + timedelta(hours=1)
+    )
+    other = MembershipFactory(project=project).user
+    later = soon + timedelta(hours=1, minutes=30)
+    booking_create(
+        other, project=project, gpu_type=a100, gpu_count=8, start_at=later, end_at=later + timedelta(hours=1)
+    )
+
+    response = member_web.post(reverse("booking-extend", kwargs={"booking_id": booking.pk}), **HTMX)
+
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert 'role="alert"' in html
+    assert f"until {later:%a %d %b %H:%M} at most" in html
+    booking.refresh_from_db()
+    assert booking.end_at == soon + timedelta(hours=1)  # unchanged
+
+
+def test_extending_someone_elses_booking_is_404(
+    client: Client, project: Project, nodes: list[Node], a100: GpuType, soon: datetime
+) -> None:
+    owner = MembershipFactory(project=project).user
+    booking = booking_create(
+        owner, project=project, gpu_type=a100, gpu_count=1, start_at=soon, end_at=soon + timedelta(hours=1)
+    )
+    client.force_login(MembershipFactory(project=project).user)
+    assert client.post(reverse("booking-extend", kwargs={"booking_id": booking.pk})).status_code == 404
+    booking.refresh_from_db()
+    assert booking.end_at == soon + timedelta(hours=1)
