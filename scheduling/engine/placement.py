@@ -38,6 +38,7 @@ class Hold:
     lent_until: float
     is_strict: bool = False
     is_checkpoint_only: bool = False  # lent starts only for checkpointing work
+    is_for_interactive: bool = False  # interactive headroom: sessions may always use it
 
     def merge(self, other: Hold) -> Hold:
         """The stricter of two holds on one GPU (the earlier holder names it)."""
@@ -48,6 +49,7 @@ class Hold:
             lent_until=min(self.lent_until, other.lent_until),
             is_strict=self.is_strict or other.is_strict,
             is_checkpoint_only=self.is_checkpoint_only or other.is_checkpoint_only,
+            is_for_interactive=self.is_for_interactive and other.is_for_interactive,
         )
 
 
@@ -209,9 +211,11 @@ class FreePool:
 
     @staticmethod
     def _hold_allows(hold: Hold, until: float, strict_until: float, is_lent: int) -> bool:
-        # is_lent: 0 normal start, 1 lent, 2 lent and checkpointing
-        if is_lent:
+        # is_lent: 0 normal start, 1 lent, 2 lent and checkpointing, 3 interactive session
+        if is_lent == 1 or is_lent == 2:
             return until <= hold.lent_until and (is_lent == 2 or not hold.is_checkpoint_only)
+        if is_lent == 3 and hold.is_for_interactive:
+            return True
         return (strict_until if hold.is_strict else until) <= hold.normal_until
 
     def usable_count(self, gpu_type: str, *, until: float, strict_until: float, is_lent: int) -> int:
@@ -262,6 +266,7 @@ class FreePool:
         strict_until: float | None = None,
         is_lent: bool = False,
         is_checkpointing: bool = False,
+        is_interactive: bool = False,
         prefer_type_order: bool = False,
     ) -> tuple[int, ...] | None:
         """GPUs for a job, or None; does not take them.
@@ -273,7 +278,7 @@ class FreePool:
         ``strict_until`` (default ``until``) is checked against bookings' strict holds.
         """
         strict = until if strict_until is None else strict_until
-        mode = (2 if is_checkpointing else 1) if is_lent else 0
+        mode = (2 if is_checkpointing else 1) if is_lent else (3 if is_interactive else 0)
         best: tuple[int, int, tuple[int, ...]] | None = None  # (leftover, rank, gpus)
         for rank, name in enumerate(gpu_types):
             if self._type_free.get(name, 0) < gpu_count:

@@ -430,7 +430,12 @@ class Scheduler:
                 must_lend = True
         prefer = self.knobs.prefers_cheap_types
         gpus = pool.find(
-            types, job.gpu_count, until=until, strict_until=strict_until, prefer_type_order=prefer
+            types,
+            job.gpu_count,
+            until=until,
+            strict_until=strict_until,
+            is_interactive=job.kind == JobKind.INTERACTIVE,
+            prefer_type_order=prefer,
         )
         if gpus is not None:
             self.start(job, gpus, estimate, is_lent=must_lend)
@@ -492,7 +497,11 @@ class Scheduler:
         self.top = job
         self.top_shadow = shadow
         free_total = sum(pool.free_count(t) for t in types)
-        self.top_fragmented = free_total >= job.gpu_count
+        # fragmentation only if the free GPUs could not host it even ignoring holds (bookings)
+        self.top_fragmented = (
+            free_total >= job.gpu_count
+            and pool.find(types, job.gpu_count, until=-INF, strict_until=-INF) is None
+        )
         # Lent work on a reservation is evicted as soon as the top job can start; only work that
         # checkpoints (and so loses little) may borrow it beyond what plain backfill allows.
         hold = Hold(
@@ -682,6 +691,12 @@ class Scheduler:
                 continue
             if job.id in self.out.verdicts:
                 continue
+            if (
+                self.knobs.can_preempt
+                and job.kind == JobKind.INTERACTIVE
+                and self._reclaim(job, types, estimate, single=self.is_single_node(types, job.gpu_count))
+            ):
+                continue
             self._explain_blocked(job, types, estimate)
         if not self._headroom_done:
             self.hold_headroom()
@@ -772,4 +787,14 @@ class Scheduler:
             if need <= 0:
                 continue
             chosen = pool.pick_fragments(types, need)
-            pool.hold(chosen, Hold(holder=HEADROOM, normal_until=-INF, lent_until=INF))
+            # lendable to checkpointing work only: a session may take it back at any moment
+            pool.hold(
+                chosen,
+                Hold(
+                    holder=HEADROOM,
+                    normal_until=-INF,
+                    lent_until=INF,
+                    is_checkpoint_only=True,
+                    is_for_interactive=True,
+                ),
+            )
