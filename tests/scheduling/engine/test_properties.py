@@ -244,6 +244,19 @@ def check_invariants(case: Case, plan: Plan) -> None:
             assert reasons[preemption.for_id] == PendingReason.PREEMPTING
         assert preemption.reason
 
+    # berth: lent work on a booking's GPUs is signalled in time for the booking
+    if policy.name == "berth":
+        for booking in snap.bookings:
+            signal_due = booking.start_at - policy.booking_lead_s - policy.grace_s
+            if not booking.gpu_ids or booking.end_at <= NOW or signal_due > NOW:
+                continue
+            for r in snap.running:
+                if set(r.gpu_ids) & set(booking.gpu_ids) and r.is_preemptible and r.grace_until is None:
+                    (preemption,) = [p for p in plan.preemptions if p.job_id == r.job.id]
+                    need_at = booking.start_at - policy.booking_lead_s
+                    if r.started_at + policy.min_runtime_s <= need_at and signal_due >= NOW:
+                        assert preemption.kill_at <= need_at + 1e-6, "booking GPUs not back by its start"
+
     # explanations: exactly the jobs not started, each with a sentence; p50 <= p90
     explained = [e.job_id for e in plan.pending]
     assert sorted(explained) == sorted(set(pending) - set(started_ids))
