@@ -57,3 +57,29 @@ def quota_set(
         defaults={"guaranteed_gpus": guaranteed_gpus, "borrow_limit_gpus": borrow_limit_gpus},
     )
     return quota
+
+
+@transaction.atomic
+def token_revoke(*, user: User, actor_label: str = "api") -> bool:
+    """Delete the user's API token: requests carrying it are refused from now on (401).
+
+    The next ``POST /api/v1/auth/token/`` issues a new one.  Returns whether a token existed;
+    a revocation is an ``auth.token_revoke`` audit event either way.
+    """
+    from django.utils import timezone
+    from rest_framework.authtoken.models import Token
+
+    from scheduling.services import audit_event_record
+
+    deleted, _ = Token.objects.filter(user=user).delete()
+    audit_event_record(
+        actor=user,
+        actor_label=actor_label,
+        verb="auth.token_revoke",
+        entity_type="user",
+        entity_id=user.pk,
+        before={"had_token": bool(deleted)},
+        after=None,
+        at=timezone.now(),
+    )
+    return bool(deleted)

@@ -63,7 +63,9 @@ MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
+    "portal.security.LoginRateLimitMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "portal.security.SecurityHeadersMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
@@ -125,16 +127,55 @@ BERTH_AVAILABILITY_MAX_STEPS = env.int("BERTH_AVAILABILITY_MAX_STEPS", default=2
 # Where the real public traces live (read-only); the project ships small samples of its own.
 TRACES_DIR = env.path("BERTH_TRACES_DIR", default=BASE_DIR.parent / "shared" / "traces")
 
-# ---- security (production values; check --deploy must pass) ----
+# ---- security (production values; check --deploy must pass; see docs/security.md) ----
 SESSION_COOKIE_SECURE = IS_PRODUCTION
 CSRF_COOKIE_SECURE = IS_PRODUCTION
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_SAMESITE = "Lax"
+SESSION_COOKIE_AGE = env.int("DJANGO_SESSION_COOKIE_AGE", default=14 * 86_400)
 SECURE_SSL_REDIRECT = env.bool("DJANGO_SECURE_SSL_REDIRECT", default=IS_PRODUCTION)
 SECURE_HSTS_SECONDS = env.int("DJANGO_SECURE_HSTS_SECONDS", default=31_536_000 if IS_PRODUCTION else 0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = IS_PRODUCTION
 SECURE_HSTS_PRELOAD = IS_PRODUCTION
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if IS_PRODUCTION else None
 SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
+# Content-Security-Policy on every response (portal.security); scripts only from 'self'.
+BERTH_CSP = env.str("BERTH_CSP", default="") or (
+    "default-src 'self'; script-src 'self'; style-src 'self'; style-src-attr 'unsafe-inline'; "
+    "img-src 'self' data:; font-src 'self'; connect-src 'self'; object-src 'none'; "
+    "base-uri 'self'; form-action 'self'; frame-ancestors 'none'"
+)
+# /metrics: staff sessions, "Authorization: Bearer <BERTH_METRICS_TOKEN>", or direct (not
+# proxied) requests from these networks (loopback by default; none in production).
+BERTH_METRICS_TOKEN = env.str("BERTH_METRICS_TOKEN", default="")
+BERTH_METRICS_ALLOWED_IPS = env.list(
+    "BERTH_METRICS_ALLOWED_IPS", default=[] if IS_PRODUCTION else ["127.0.0.0/8", "::1/128"]
+)
+# Sign-in: form POSTs per client address, and the lockout of one username from one address.
+BERTH_LOGIN_PATH = "/login/"
+BERTH_LOGIN_RATE = env.str("BERTH_LOGIN_RATE", default="30/min")
+BERTH_LOGIN_LOCKOUT_ATTEMPTS = env.int("BERTH_LOGIN_LOCKOUT_ATTEMPTS", default=5)
+BERTH_LOGIN_LOCKOUT_S = env.int("BERTH_LOGIN_LOCKOUT_S", default=15 * 60)
+# ModelBackend that refuses locked-out sign-ins before any password check.
+AUTHENTICATION_BACKENDS = ["portal.security.LockoutBackend"]
+# Rate limits and lockouts must be shared by all web processes: Redis in production.
+CACHES = {
+    "default": (
+        {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": env.str(
+                "BERTH_CACHE_URL", default=env.str("REDIS_URL", default="redis://127.0.0.1:56379/0")
+            ),
+            "KEY_PREFIX": "berth",
+        }
+        if IS_PRODUCTION or env.str("BERTH_CACHE_URL", default="")
+        else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+    )
+}
 
 # ---- REST framework ----
 REST_FRAMEWORK = {
@@ -148,7 +189,13 @@ REST_FRAMEWORK = {
     "PAGE_SIZE": 50,
     "EXCEPTION_HANDLER": "portal.api.exception_handler",
     # Password-for-token exchanges per client address (POST /api/v1/auth/token/).
-    "DEFAULT_THROTTLE_RATES": {"auth-token": env.str("BERTH_TOKEN_THROTTLE_RATE", default="20/min")},
+    # Unsafe methods per user (portal.security.WriteRateThrottle): generous, so bench.api's
+    # clients are not throttled; lower it where scripts misbehave.
+    "DEFAULT_THROTTLE_CLASSES": ["portal.security.WriteRateThrottle"],
+    "DEFAULT_THROTTLE_RATES": {
+        "auth-token": env.str("BERTH_TOKEN_THROTTLE_RATE", default="20/min"),
+        "api-write": env.str("BERTH_API_WRITE_THROTTLE_RATE", default="3000/min"),
+    },
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     # DRF's JSON parser plus the DATA_UPLOAD_MAX_MEMORY_SIZE limit (413), which DRF skips.
     "DEFAULT_PARSER_CLASSES": ["portal.api.JSONParser"],
@@ -201,8 +248,6 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
 BERTH_ENGINE_POLICY = env.str("BERTH_ENGINE_POLICY", default="berth")
 # Bookings starting within this horizon are part of a round's snapshot.
 BERTH_ENGINE_HORIZON_S = env.int("BERTH_ENGINE_HORIZON_S", default=2 * 86_400)
-# Jobs without stored runtime predictions get them from this many of the cluster's latest finished jobs.
-BERTH_ENGINE_PREDICTOR_HISTORY = env.int("BERTH_ENGINE_PREDICTOR_HISTORY", default=2_000)
 # Redis for the simulator's state, the round triggers and Berth's metrics counters.
 BERTH_ENGINE_REDIS_URL = env.str("BERTH_ENGINE_REDIS_URL", default=REDIS_URL)
 BERTH_ENGINE_ROUND_SOFT_TIME_LIMIT_S = env.int("BERTH_ENGINE_ROUND_SOFT_TIME_LIMIT_S", default=60)

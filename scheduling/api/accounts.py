@@ -13,8 +13,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from portal.accounts import selectors as account_selectors
+from portal.accounts import services as account_services
 from portal.accounts.models import Membership
-from scheduling.api.common import PaginatedApi, errors
+from scheduling.api.common import PaginatedApi, errors, request_user
 
 
 class QuotaSerializer(serializers.Serializer[Any]):
@@ -111,3 +112,12 @@ class TokenCreateApi(APIView):
         credentials.is_valid(raise_exception=True)
         token, _ = Token.objects.get_or_create(user=credentials.validated_data["user"])
         return Response(self.OutputSerializer({"token": token.key}).data)
+
+
+class TokenRevokeApi(APIView):
+    """Revoke the caller's API token at once (sign in again with POST /api/v1/auth/token/)."""
+
+    @extend_schema(operation_id="me_token_destroy", request=None, responses={204: None, **errors(401, 429)})
+    def delete(self, request: Request) -> Response:
+        account_services.token_revoke(user=request_user(request))
+        return Response(status=204)

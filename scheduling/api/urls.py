@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from django.urls import path, re_path
 
-from scheduling.api.accounts import MeApi, ProjectDetailApi, ProjectListApi, TokenCreateApi
+from scheduling.api.accounts import (
+    MeApi,
+    ProjectDetailApi,
+    ProjectListApi,
+    TokenCreateApi,
+    TokenRevokeApi,
+)
 from scheduling.api.audit import AuditEventListApi
 from scheduling.api.bookings import (
     BookingCancelApi,
@@ -34,6 +40,7 @@ urlpatterns = [
     path("projects/", ProjectListApi.as_view(), name="project-list"),
     path("projects/<slug:slug>/", ProjectDetailApi.as_view(), name="project-detail"),
     path("me/", MeApi.as_view(), name="me"),
+    path("me/token/", TokenRevokeApi.as_view(), name="me-token"),
     path("auth/token/", TokenCreateApi.as_view(), name="auth-token"),
     path("audit-events/", AuditEventListApi.as_view(), name="audit-event-list"),
     # Last: any other path under /api/v1/ is a JSON 404, not Django's HTML page.

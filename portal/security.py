@@ -1,0 +1,234 @@
+"""Request-level security: Content-Security-Policy, /metrics access, login lockout, API write throttle.
+
+- ``SecurityHeadersMiddleware`` adds the CSP (``BERTH_CSP``) and Permissions-Policy to every
+  response that has none, and guards ``/metrics`` (staff session, a bearer token, or a direct
+  request from an allowed address; see docs/security.md).
+- ``LockoutBackend`` (Django's ModelBackend, in ``AUTHENTICATION_BACKENDS``) refuses a username from a client
+  address after ``BERTH_LOGIN_LOCKOUT_ATTEMPTS`` failures within ``BERTH_LOGIN_LOCKOUT_S``; the
+  failures are counted from Django's ``user_login_failed`` signal, so the login form and
+  ``POST /api/v1/auth/token/`` (both call ``authenticate()``) share one counter.  Starting a
+  lockout writes an ``auth.lockout`` audit event.  State lives in the default cache (Redis in
+  production, so every web process sees it).
+- ``LoginRateLimitMiddleware`` caps login-form POSTs per client address (the API token
+  exchange has its own DRF throttle).
+- ``WriteRateThrottle`` caps unsafe API methods per user (``BERTH_API_WRITE_THROTTLE_RATE``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.contrib.auth.backends import ModelBackend
+from django.contrib.auth.signals import user_logged_in, user_login_failed
+from django.core.cache import cache
+from django.core.exceptions import PermissionDenied
+from django.dispatch import receiver
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils import timezone
+from rest_framework import throttling
+
+if TYPE_CHECKING:
+    # Not at run time: DRF's APIView reads DEFAULT_THROTTLE_CLASSES (this module) in its class body.
+    from rest_framework.request import Request
+    from rest_framework.views import APIView
+
+logger = logging.getLogger(__name__)
+
+_PERMISSIONS_POLICY = "camera=(), microphone=(), geolocation=(), payment=(), usb=()"
+_UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+def client_ip(request: HttpRequest) -> str:
+    """The address the request came from, as the web server saw it.
+
+    ``X-Forwarded-For`` is not trusted here (any client can send it); behind a proxy, the proxy
+    must pass the real address in ``REMOTE_ADDR`` (gunicorn: ``--forwarded-allow-ips``).
+    """
+    return str(request.META.get("REMOTE_ADDR") or "unknown")
+
+
+# ---- headers and /metrics ----
+
+
+def _metrics_allowed(request: HttpRequest) -> bool:
+    user = getattr(request, "user", None)
+    if user is not None and user.is_authenticated and user.is_staff:
+        return True
+    token = settings.BERTH_METRICS_TOKEN
+    header = request.META.get("HTTP_AUTHORIZATION", "")
+    if token and header.startswith("Bearer ") and hmac.compare_digest(header[7:].strip(), token):
+        return True
+    # A forwarded request only looks local: the proxy's address is not the client's.
+    if "HTTP_X_FORWARDED_FOR" in request.META:
+        return False
+    try:
+        address = ipaddress.ip_address(client_ip(request))
+    except ValueError:
+        return False
+    return any(address in ipaddress.ip_network(net) for net in settings.BERTH_METRICS_ALLOWED_IPS)
+
+
+class SecurityHeadersMiddleware:
+    """CSP and Permissions-Policy on every response; ``/metrics`` only for its allowed callers.
+
+    Place after ``AuthenticationMiddleware`` (the staff check reads ``request.user``).
+    """
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if request.path_info.rstrip("/") == "/metrics" and not _metrics_allowed(request):
+            response: HttpResponse = JsonResponse(
+                {"message": "Metrics are for staff and the monitoring system.", "fields": {}},
+                status=403,
+            )
+        else:
+            response = self.get_response(request)
+        if settings.BERTH_CSP and "Content-Security-Policy" not in response:
+            response["Content-Security-Policy"] = settings.BERTH_CSP
+        response.setdefault("Permissions-Policy", _PERMISSIONS_POLICY)
+        return response
+
+
+# ---- login rate limit and lockout ----
+
+
+def _parse_rate(rate: str) -> tuple[int, int]:
+    """``"10/min"`` -> (10, 60); the same notation as DRF's throttle rates."""
+    count, _, period = rate.partition("/")
+    seconds = {"s": 1, "m": 60, "h": 3600, "d": 86_400}[period.strip()[:1]]
+    return int(count), seconds
+
+
+def _hit(key: str, *, window_s: int) -> int:
+    """Count one event under ``key`` in a fixed window; returns the count so far."""
+    if cache.add(key, 1, timeout=window_s):
+        return 1
+    try:
+        return int(cache.incr(key))
+    except ValueError:  # expired between add and incr
+        cache.set(key, 1, timeout=window_s)
+        return 1
+
+
+class LoginRateLimitMiddleware:
+    """At most ``BERTH_LOGIN_RATE`` login-form POSTs per client address (429 above it)."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if request.method == "POST" and request.path_info == settings.BERTH_LOGIN_PATH:
+            limit, window_s = _parse_rate(settings.BERTH_LOGIN_RATE)
+            bucket = int(time.time() // window_s)
+            if _hit(f"berth:login-rate:{client_ip(request)}:{bucket}", window_s=window_s) > limit:
+                response = HttpResponse(
+                    "Too many sign-in attempts from this address; try again in a minute.",
+                    status=429,
+                    content_type="text/plain; charset=utf-8",
+                )
+                response["Retry-After"] = str(window_s)
+                return response
+        return self.get_response(request)
+
+
+def _lockout_key(username: str, ip: str) -> str:
+    # Hashed: usernames are user input (any length, any characters) and cache keys are not.
+    digest = hashlib.sha256(f"{username.casefold()}\x00{ip}".encode()).hexdigest()[:32]
+    return f"berth:lockout:{digest}"
+
+
+def is_locked_out(username: str, ip: str) -> bool:
+    """Whether sign-ins for ``username`` from ``ip`` are refused right now."""
+    failures = cache.get(_lockout_key(username, ip) + ":n", 0)
+    return int(failures) >= settings.BERTH_LOGIN_LOCKOUT_ATTEMPTS
+
+
+def login_failure_record(*, username: str, ip: str) -> int:
+    """Count a failed sign-in; the attempt that reaches the limit starts a lockout (audit event)."""
+    count = _hit(_lockout_key(username, ip) + ":n", window_s=settings.BERTH_LOGIN_LOCKOUT_S)
+    if count == settings.BERTH_LOGIN_LOCKOUT_ATTEMPTS:
+        _lockout_audit(username=username, ip=ip)
+    return count
+
+
+def login_failures_clear(*, username: str, ip: str) -> None:
+    cache.delete(_lockout_key(username, ip) + ":n")
+
+
+def _lockout_audit(*, username: str, ip: str) -> None:
+    from django.contrib.auth import get_user_model
+
+    from scheduling.models import AuditEvent
+
+    user = get_user_model().objects.filter(username=username).first()
+    logger.warning("sign-in locked out: username=%r ip=%s", username[:150], ip)
+    AuditEvent.objects.create(
+        actor=None,
+        actor_label=AuditEvent.Actor.USER,
+        verb="auth.lockout",
+        entity_type="user",
+        entity_id=user.pk if user is not None else 0,
+        before=None,
+        after={
+            "username": username[:150],
+            "ip": ip,
+            "attempts": settings.BERTH_LOGIN_LOCKOUT_ATTEMPTS,
+            "lockout_s": settings.BERTH_LOGIN_LOCKOUT_S,
+        },
+        at=timezone.now(),
+    )
+
+
+def _request_ip(request: Any) -> str:
+    meta = getattr(request, "META", None)
+    return str(meta.get("REMOTE_ADDR") or "unknown") if meta is not None else "unknown"
+
+
+class LockoutBackend(ModelBackend):
+    """Django's ModelBackend that first refuses every sign-in for a locked-out username and
+    address (``PermissionDenied`` stops ``authenticate()``: a correct password does not help)."""
+
+    def authenticate(
+        self, request: Any, username: str | None = None, password: str | None = None, **kwargs: Any
+    ) -> Any:
+        if username is not None and request is not None and is_locked_out(username, _request_ip(request)):
+            raise PermissionDenied("Too many failed sign-ins; try again later.")
+        return super().authenticate(request, username=username, password=password, **kwargs)
+
+
+@receiver(user_login_failed)
+def _count_login_failure(
+    sender: Any, credentials: dict[str, Any], request: Any = None, **kwargs: Any
+) -> None:
+    username = credentials.get("username")
+    if username and request is not None:
+        login_failure_record(username=str(username), ip=_request_ip(request))
+
+
+@receiver(user_logged_in)
+def _clear_login_failures(sender: Any, request: Any, user: Any, **kwargs: Any) -> None:
+    if request is not None:
+        login_failures_clear(username=user.get_username(), ip=_request_ip(request))
+
+
+# ---- API write throttle ----
+
+
+class WriteRateThrottle(throttling.UserRateThrottle):
+    """Per-user limit on unsafe API methods (reads are not throttled); rate ``api-write``."""
+
+    scope = "api-write"
+
+    def allow_request(self, request: Request, view: APIView) -> bool:
+        if request.method not in _UNSAFE_METHODS:
+            return True
+        return super().allow_request(request, view)
