@@ -109,6 +109,7 @@ def test_htmx_gets_only_the_fragment(
 
     assert full.status_code == fragment.status_code == 200
     assert b"<html" in full.content
+    assert b"{#" not in full.content  # a template comment that leaked (they are one line only)
     assert f'id="{fragment_id}"'.encode() in full.content
     # The CSRF token rides on <body hx-headers> for every htmx request of the page.
     assert (
