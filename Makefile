@@ -33,9 +33,8 @@ stop:
 migrate: venv services
 	$(BIN)/python manage.py migrate --noinput
 
-# services.sh skips PostgreSQL/Redis when a URL is given; the defaults above are not "given".
-demo: venv
-	@env $(if $(filter file,$(origin DATABASE_URL)),-u DATABASE_URL) $(if $(filter file,$(origin REDIS_URL)),-u REDIS_URL) scripts/services.sh start
+# services.sh starts project-local PostgreSQL/Redis unless DATABASE_URL/REDIS_URL point elsewhere.
+demo: venv services
 	@scripts/demo.sh start
 
 test: venv services
