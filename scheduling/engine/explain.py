@@ -22,24 +22,35 @@ from scheduling.engine.types import (
 )
 
 
-def _profiles(sched: Scheduler) -> dict[str, tuple[list[float], list[float], int]]:
-    """Per type: sorted expected free times (p50, planning) of its usable GPUs, and capacity."""
+def _profiles(sched: Scheduler) -> dict[str, tuple[list[float], list[float], int, float, float]]:
+    """Per type: sorted expected free times (p50, planning) of its usable GPUs, capacity, and
+    the GPU-seconds still to run on them (p50, planning)."""
     by_type = sched.state.topology.by_type
     p50 = sched.avail_p50
     hold = sched.avail_hold
     now = sched.now
-    profiles: dict[str, tuple[list[float], list[float], int]] = {}
+    profiles: dict[str, tuple[list[float], list[float], int, float, float]] = {}
     for name, gpus in by_type.items():
         p50s = [p50.get(g, now) for g in gpus]
         holds = [hold.get(g, now) for g in gpus]
         p50s.sort()
         holds.sort()
-        profiles[name] = (p50s, holds, len(gpus))
+        backlog50 = sum(p50s) - now * len(gpus)
+        backlog90 = sum(holds) - now * len(gpus)
+        profiles[name] = (p50s, holds, len(gpus), backlog50, backlog90)
     return profiles
 
 
-def explain_pending(sched: Scheduler, queue: list[JobRequest]) -> tuple[PendingExplanation, ...]:
-    """One explanation per job of ``queue`` not started this round, in queue order."""
+def explain_pending(
+    sched: Scheduler, queue: list[JobRequest], *, is_strict_order: bool = False
+) -> tuple[PendingExplanation, ...]:
+    """One explanation per job of ``queue`` not started this round, in queue order.
+
+    ETA: the later of "its k-th GPU is expected free" and "the work still running plus the
+    work queued ahead of it, spread over the type's GPUs, is done" (a fluid bound; gangs and
+    reservations can make it later).  With ``is_strict_order`` (fifo) nobody starts before
+    the job ahead of it.
+    """
     started = {start.job_id for start in sched.out.starts}
     verdicts = sched.out.verdicts
     profiles = _profiles(sched)
@@ -49,7 +60,8 @@ def explain_pending(sched: Scheduler, queue: list[JobRequest]) -> tuple[PendingE
     estimate_of = sched.state.estimate
     types_for = sched.types_for
     no_eta = (PendingReason.CONSTRAINT, PendingReason.QUOTA)
-    empty: tuple[list[float], list[float], int] = ([], [], 0)
+    empty: tuple[list[float], list[float], int, float, float] = ([], [], 0, 0.0, 0.0)
+    floor50 = floor90 = now
     explanations: list[PendingExplanation] = []
     append = explanations.append
     for job in queue:
@@ -66,20 +78,18 @@ def explain_pending(sched: Scheduler, queue: list[JobRequest]) -> tuple[PendingE
         eta50: float | None = None
         eta90: float | None = None
         for name in types:
-            p50s, holds, capacity = profiles.get(name, empty)
+            p50s, holds, capacity, backlog50, backlog90 = profiles.get(name, empty)
             if len(holds) < count:
                 continue
             t50 = p50s[count - 1]
             t90 = holds[count - 1]
-            queued = ahead_p50.get(name)
-            if queued is not None:
-                # GPU-time of higher-priority waiting work spread over the type's capacity
-                queue50 = now + queued / capacity
-                queue90 = now + ahead_hold[name] / capacity
-                if queue50 > t50:
-                    t50 = queue50
-                if queue90 > t90:
-                    t90 = queue90
+            # running work plus higher-priority waiting work, spread over the type's GPUs
+            queue50 = now + (backlog50 + ahead_p50.get(name, 0.0)) / capacity
+            queue90 = now + (backlog90 + ahead_hold.get(name, 0.0)) / capacity
+            if queue50 > t50:
+                t50 = queue50
+            if queue90 > t90:
+                t90 = queue90
             if eta50 is None or t50 < eta50:
                 eta50 = t50
             if eta90 is None or t90 < eta90:
@@ -97,9 +107,15 @@ def explain_pending(sched: Scheduler, queue: list[JobRequest]) -> tuple[PendingE
             # the scheduler knows better for the top job and reclaims: its own start time
             eta90 = own if eta90 is None else max(eta90, own)
             eta50 = own if eta50 is None else min(max(eta50, now), own)
+        if not verdict.has_eta:
+            eta50 = eta90 = None
         if eta50 is None or eta90 is None or (verdict.reason in no_eta and own is None and not types):
             sentence = verdict.sentence
         else:
+            if is_strict_order:
+                eta50 = max(eta50, floor50)
+                eta90 = max(eta90, floor90)
+                floor50, floor90 = eta50, eta90
             if eta90 < eta50:
                 eta90 = eta50
             sentence = (
@@ -183,9 +199,9 @@ def idle_reasons(
     return tuple(result)
 
 
-def build_plan(sched: Scheduler, queue: list[JobRequest]) -> Plan:
+def build_plan(sched: Scheduler, queue: list[JobRequest], *, is_strict_order: bool = False) -> Plan:
     """Freeze a scheduler's decisions into a `Plan` with all explanations."""
-    explanations = explain_pending(sched, queue)
+    explanations = explain_pending(sched, queue, is_strict_order=is_strict_order)
     out = sched.out
     return Plan(
         starts=tuple(out.starts),

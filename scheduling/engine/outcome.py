@@ -21,6 +21,7 @@ class Verdict:
     sentence: str
     eta_p50_at: float | None = None
     eta_p90_at: float | None = None
+    has_eta: bool = True  # False: it cannot start with what exists now, so no ETA is honest
 
 
 @dataclass(slots=True)

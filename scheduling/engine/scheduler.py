@@ -488,11 +488,14 @@ class Scheduler:
             windows=self.windows,
         )
         if shadow is None:
+            where = "in the batch partition" if self.partition_nodes else "up"
             self.out.wait(
                 job.id,
-                PendingReason.RESOURCES,
-                f"Needs {job.gpu_count} GPUs of type {'/'.join(types)}; not enough of them are up now.",
+                PendingReason.CONSTRAINT,
+                f"Needs {job.gpu_count} GPUs of type {'/'.join(types)}; not that many are {where} "
+                f"(nodes down or draining, or the cluster is too small for it).",
             )
+            self.out.verdicts[job.id].has_eta = False
             return
         self.top = job
         self.top_shadow = shadow

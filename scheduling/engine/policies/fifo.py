@@ -41,4 +41,4 @@ def plan_fifo(snapshot: ClusterSnapshot, policy: PolicyConfig, now: float) -> Pl
         blocker = job.id
         # the head job waits for GPUs to free up; what is free now waits with it
         sched.reserve_top(job, types, estimate)
-    return build_plan(sched, queue)
+    return build_plan(sched, queue, is_strict_order=True)
