@@ -220,9 +220,6 @@ class RoundState:
             return self.type_order
         return tuple(name for name in self.type_order if name == booking.gpu_type)
 
-    def is_schedulable(self, node: Node) -> bool:
-        return node.status == NodeStatus.UP
-
     def estimate(self, job: JobRequest) -> Estimate:
         """The policy's runtime estimate of a pending job (cached for the round)."""
         cached = self._estimates.get(job.id)

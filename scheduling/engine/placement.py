@@ -129,13 +129,6 @@ class FreePool:
         """Free GPUs of a type, held ones included."""
         return self._type_free.get(gpu_type, 0)
 
-    def max_node_size(self, gpu_type: str) -> int:
-        return self._max_size.get(gpu_type, 0)
-
-    def is_free(self, gpu: int) -> bool:
-        node = self._gpu_node.get(gpu)
-        return node is not None and gpu in self._free.get(node, ())
-
     def hold_of(self, gpu: int) -> Hold | None:
         return self._held.get(gpu)
 
@@ -145,12 +138,6 @@ class FreePool:
     def free_gpus(self) -> list[int]:
         """Every free GPU, sorted."""
         return sorted(gpu for gpus in self._free.values() for gpu in gpus)
-
-    def node_free(self, node: int) -> list[int]:
-        return list(self._free.get(node, ()))
-
-    def node_of(self, gpu: int) -> int:
-        return self._gpu_node[gpu]
 
     # ---- writes ----
 

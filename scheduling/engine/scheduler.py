@@ -114,8 +114,6 @@ class Scheduler:
         self.top_shadow: Shadow | None = None
         # the top job has enough free GPUs in total but not together: its idle GPUs are fragments
         self.top_fragmented = False
-        self.reclaim_ready: dict[str, float] = {}
-        self.scores: dict[str, float] = {}
         # running GPUs (in grace or signalled) promised to a demand earlier in this round
         self.round_promised: set[int] = set()
         self._headroom_done = False
@@ -124,7 +122,6 @@ class Scheduler:
         self._max_size = topology.max_size
         free = set(topology.up_gpus.difference(state.running_by_gpu))
         self._place_bookings(free)
-        self.free_at_start = frozenset(free)
         self._init_availability(free)
         if knobs.has_partition:
             partition_gpus = {g for i in self.partition_nodes for g in state.nodes[i].gpu_ids}
@@ -581,7 +578,6 @@ class Scheduler:
             self.out.claimed[gpu] = job.id
         self.round_promised.update(reclaim.incoming_gpus)
         self.out.promised.update(reclaim.incoming_gpus)
-        self.reclaim_ready[job.id] = reclaim.ready_at
         if self.top is None and job.kind != JobKind.INTERACTIVE:
             self.top = job
         self.out.wait(
