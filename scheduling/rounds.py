@@ -960,7 +960,7 @@ def engine_round_run(*, cluster_id: int, now: datetime | None = None) -> RoundRe
         if not cluster.is_active:
             result.status = "inactive"
             return result
-        policy = policy_config_for_cluster(cluster=cluster)
+        policy = policy_config_for_cluster(cluster=cluster, at=now)
         clock = (lambda: epoch(fixed_now)) if fixed_now is not None else None
         try:
             backend = backend_for_cluster(cluster, clock=clock)

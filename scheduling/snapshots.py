@@ -8,9 +8,10 @@ epoch seconds (the portal's engine clock).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -18,10 +19,11 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Q
 
-from forecasting.core.runtime import HistoryRuntimePredictor
 from portal.accounts.models import Project, Quota
 from scheduling.engine import types as et
 from scheduling.models import Allocation, Booking, Cluster, GpuType, Job, Node, Preemption
+
+logger = logging.getLogger(__name__)
 
 BOOKING_PREFIX = "booking-"
 
@@ -98,10 +100,12 @@ _TUPLE_PAIR_FIELDS = {"interactive_headroom"}
 _TUPLE_FIELDS = {"interactive_partition"}
 
 
-def policy_config_for_cluster(*, cluster: Cluster) -> et.PolicyConfig:
+def policy_config_for_cluster(*, cluster: Cluster, at: datetime | None = None) -> et.PolicyConfig:
     """`PolicyConfig` from ``cluster.settings["policy"]`` (a name or a mapping of fields) over the defaults.
 
     ``BERTH_ENGINE_POLICY`` names the policy when the cluster does not.  Unknown keys are ignored.
+    With ``at``, a ``berth`` policy whose settings do not fix ``interactive_headroom`` holds the
+    headroom the interactive-demand forecast asks for in the hour from ``at``.
     """
     raw: Any = (cluster.settings or {}).get("policy", {})
     if isinstance(raw, str):
@@ -117,7 +121,10 @@ def policy_config_for_cluster(*, cluster: Cluster) -> et.PolicyConfig:
             values[key] = tuple(str(v) for v in value)
         else:
             values[key] = value
-    return et.PolicyConfig(**values)
+    policy = et.PolicyConfig(**values)
+    if at is not None and policy.name == "berth" and "interactive_headroom" not in values:
+        policy = dataclasses.replace(policy, interactive_headroom=forecast_headroom(cluster=cluster, at=at))
+    return policy
 
 
 # ---- jobs ----
@@ -183,58 +190,51 @@ def open_preemptions(*, cluster: Cluster) -> dict[int, Preemption]:
     return {p.job_id: p for p in rows}
 
 
-# ---- runtime predictions ----
-
-_FINISHED = (Job.Status.COMPLETED, Job.Status.FAILED)
+# ---- runtime predictions and forecast headroom (forecasting app) ----
 
 
-def runtime_predictor_for_cluster(*, cluster: Cluster, history: int | None = None) -> HistoryRuntimePredictor:
-    """A runtime predictor that has observed the cluster's latest ``history`` finished jobs, oldest first.
+def with_predictions(*, cluster: Cluster, requests: Sequence[et.JobRequest]) -> list[et.JobRequest]:
+    """The requests with p50/p90 from the cluster's runtime predictor where a job has none stored.
 
-    Failed jobs count: a run that dies after a minute is a real runtime, and the predictor is
-    built for such bimodal histories.  Preempted and cancelled runs say nothing about the work.
+    The predictor (``forecasting.selectors.runtime_predict``) learns from the cluster's finished
+    jobs and is cached per process.  If it fails, the engine plans on the users' estimates.
     """
-    history = settings.BERTH_ENGINE_PREDICTOR_HISTORY if history is None else history
-    predictor = HistoryRuntimePredictor()
-    rows = list(
-        Job.objects.filter(
-            cluster=cluster, status__in=_FINISHED, started_at__isnull=False, ended_at__isnull=False
+    missing = [r for r in requests if r.predicted_p50_s is None]
+    if not missing:
+        return list(requests)
+    try:
+        from forecasting.selectors import runtime_predict
+
+        predicted = dict(
+            zip(
+                (r.id for r in missing), runtime_predict(cluster_id=cluster.pk, requests=missing), strict=True
+            )
         )
-        .order_by("-ended_at", "-id")
-        .values_list(
-            "id",
-            "user__username",
-            "project__slug",
-            "gpu_count",
-            "submitted_at",
-            "requested_s",
-            "name",
-            "started_at",
-            "ended_at",
-        )[:history]
-    )
-    for pk, user, project, gpu_count, submitted_at, requested_s, name, started_at, ended_at in reversed(rows):
-        if started_at is None or ended_at is None:  # excluded by the query; keeps the types honest
-            continue
-        request = et.JobRequest(
-            id=str(pk),
-            user=user,
-            project=project,
-            gpu_count=gpu_count,
-            submit_at=epoch(submitted_at),
-            requested_s=float(requested_s) if requested_s else None,
-            name=name,
+    except Exception:
+        logger.warning(
+            "runtime predictions failed for cluster %s; using estimates", cluster.name, exc_info=True
         )
-        predictor.observe(request, max(0.0, (ended_at - started_at).total_seconds()))
-    return predictor
+        return list(requests)
+    return [
+        dataclasses.replace(r, predicted_p50_s=predicted[r.id][0], predicted_p90_s=predicted[r.id][1])
+        if r.id in predicted
+        else r
+        for r in requests
+    ]
 
 
-def with_predictions(request: et.JobRequest, predictor: HistoryRuntimePredictor) -> et.JobRequest:
-    """The request with p50/p90 from ``predictor`` where the job has none of its own."""
-    if request.predicted_p50_s is not None or predictor.n_observed == 0:
-        return request
-    p50, p90 = predictor.predict(request)
-    return dataclasses.replace(request, predicted_p50_s=p50, predicted_p90_s=p90)
+def forecast_headroom(*, cluster: Cluster, at: datetime) -> tuple[tuple[str, int], ...]:
+    """GPUs per type to keep for interactive demand in the coming hour, from the demand forecast.
+
+    Empty when no usable forecast is stored or the forecasting app fails (rounds never depend on it).
+    """
+    try:
+        from forecasting.selectors import interactive_headroom_policy
+
+        return tuple(interactive_headroom_policy(cluster_id=cluster.pk, at=at))
+    except Exception:
+        logger.warning("forecast headroom failed for cluster %s", cluster.name, exc_info=True)
+        return ()
 
 
 # ---- fair share ----
@@ -334,10 +334,14 @@ def cluster_snapshot_build(
         .filter(is_preemptible=True)
         .values_list("job_id", flat=True)
     )
-    predictor = runtime_predictor_for_cluster(cluster=cluster)
+    requests = with_predictions(
+        cluster=cluster,
+        requests=[job_request(job, usernames=names.usernames, slugs=names.slugs) for job in open_jobs],
+    )
+    request_of = {int(r.id): r for r in requests}
     running = tuple(
         et.RunningJob(
-            job=with_predictions(job_request(job, usernames=names.usernames, slugs=names.slugs), predictor),
+            job=request_of[job.pk],
             gpu_ids=gpus_of[job.pk],
             started_at=epoch(job.started_at or now),
             is_preemptible=job.pk in preemptible_jobs,
@@ -346,11 +350,7 @@ def cluster_snapshot_build(
         for job in running_jobs
         if gpus_of.get(job.pk)
     )
-    pending = tuple(
-        with_predictions(job_request(job, usernames=names.usernames, slugs=names.slugs), predictor)
-        for job in open_jobs
-        if job.status == Job.Status.PENDING
-    )
+    pending = tuple(request_of[job.pk] for job in open_jobs if job.status == Job.Status.PENDING)
     booking_gpus: dict[int, list[int]] = defaultdict(list)
     for booking_id, gpu_id in (
         Allocation.objects.filter(booking_id__in=[b.pk for b in bookings])

@@ -325,7 +325,13 @@ def test_rounds_racing_bookings_never_double_allocate(engine_redis_url) -> None:
                WHERE a.state <> 'released' AND b.state <> 'released'"""
         )
         assert cursor.fetchone()[0] == 0
-    running = sim_backend(cluster).running_on()
+    # One more round after the race, and the backend read at that round's instant (these jobs end
+    # within a second, so "now" a moment later would already differ from what the round saw).
+    from django.utils import timezone
+
+    settled_at = timezone.now()
+    assert engine_round_run(cluster_id=cluster.pk, now=settled_at).status == "ok"
+    running = sim_backend(cluster, at=settled_at).running_on()
     for job in Job.objects.filter(pk__in=[j.pk for j in jobs]):
         active = sorted(
             job.allocations.filter(state=Allocation.State.ACTIVE).values_list("gpu_id", flat=True)

@@ -109,8 +109,36 @@ def test_snapshot_queries_do_not_grow_with_the_queue(engine_redis_url, t0: datet
         return len(ctx.captured_queries)
 
     submit(user, project, cluster, gpus=1, runtime_s=60, now=t0)
+    count()  # warms the per-process runtime predictor cache (forecasting.selectors)
     few = count()
     for i in range(20):
         submit(user, project, cluster, gpus=1 + i % 4, runtime_s=60, now=t0, name=f"q{i}")
     assert count() == few
     assert few <= 20
+
+
+def test_berth_policy_holds_the_forecast_headroom(monkeypatch: pytest.MonkeyPatch, t0: datetime) -> None:
+    """The forecast itself is the forecasting app's (tested there); here only how the round uses it."""
+    import forecasting.selectors
+
+    asked: list[tuple[int, datetime]] = []
+
+    def headroom(*, cluster_id: int, at: datetime) -> tuple[tuple[str, int], ...]:
+        asked.append((cluster_id, at))
+        return (("A100", 2),)
+
+    monkeypatch.setattr(forecasting.selectors, "interactive_headroom_policy", headroom)
+    cluster = make_cluster()
+    assert policy_config_for_cluster(cluster=cluster, at=t0).interactive_headroom == (("A100", 2),)
+    assert asked == [(cluster.pk, t0)]
+    cluster.settings = {"policy": {"name": "berth", "interactive_headroom": [["A100", 1]]}}
+    assert policy_config_for_cluster(cluster=cluster, at=t0).interactive_headroom == (("A100", 1),)
+    cluster.settings = {"policy": "easy"}
+    assert policy_config_for_cluster(cluster=cluster, at=t0).interactive_headroom == ()
+
+    def broken(**kwargs: object) -> None:
+        raise RuntimeError("no forecasts table")
+
+    monkeypatch.setattr(forecasting.selectors, "interactive_headroom_policy", broken)
+    cluster.settings = {}
+    assert policy_config_for_cluster(cluster=cluster, at=t0).interactive_headroom == ()  # rounds go on
