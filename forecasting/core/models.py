@@ -437,8 +437,13 @@ class BerthModel:
             actual = self._inv(t[ok])
             flat = comps[:, :, lo:hi][:, ok]  # (component, points)
             errs = np.abs(self._inv(grid @ flat) - actual[None, :]).mean(axis=1)
-            # Ties keep the first grid point, which puts the most weight on Prophet.
-            weights[b] = grid[int(np.argmin(errs))]
+            # Ties (a flat or all-zero calibration window: nothing changed lately) go to the
+            # most weight on the last value, since what runs now is the best guess for a
+            # level nobody has moved; then to the blend closest to equal weights.
+            tied = np.flatnonzero(errs <= errs.min() * (1 + 1e-9) + 1e-12)
+            uniform = np.array(available, dtype=float) / sum(available)
+            score = -10.0 * grid[tied, 3] + ((grid[tied] - uniform) ** 2).sum(axis=1)
+            weights[b] = grid[tied[int(np.argmin(score))]]
         return weights
 
     def forecast(self, horizon_h: int) -> Forecast:
@@ -516,7 +521,7 @@ class BerthModel:
 def _simplex_grid(k: int, steps: int) -> FloatArray:
     """All weight vectors of length ``k`` with entries in multiples of 1/steps summing to 1.
 
-    Ordered so that the first row puts everything on component 0 (the tie-break).
+    The first row puts everything on component 0.
     """
     rows = []
     for bars in itertools.combinations(range(steps + k - 1), k - 1):
