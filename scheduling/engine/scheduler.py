@@ -536,8 +536,17 @@ class Scheduler:
             shadow.start_at,
         )
 
-    def _reclaim(self, job: JobRequest, types: Sequence[str], estimate: Estimate, *, single: bool) -> bool:
-        """Berth: get GPUs for a blocked interactive session or top job by reclaiming lent work."""
+    def _reclaim(
+        self,
+        job: JobRequest,
+        types: Sequence[str],
+        estimate: Estimate,
+        *,
+        single: bool,
+        is_quota_claim: bool = False,
+    ) -> bool:
+        """Berth: get GPUs for a blocked session, a guaranteed-quota claim or the top job by
+        reclaiming lent work (see `_lent_from` for what the top job may take)."""
         state = self.state
         pool = self.pool_for(job)
         until = self.now + estimate.hold_s
@@ -558,13 +567,12 @@ class Scheduler:
             incoming=incoming,
             excluded_jobs=self.out.preempted,
             is_single_node=single,
-            may_take=None if job.kind == JobKind.INTERACTIVE else self._lent_from(job),
+            may_take=self._may_take_for(job, is_quota_claim=is_quota_claim),
         )
         if reclaim is None or (not reclaim.victims and not reclaim.incoming_gpus):
             return False
-        if job.kind != JobKind.INTERACTIVE and not self._worth_reclaiming(
-            job, types, estimate, reclaim, single
-        ):
+        is_right = job.kind == JobKind.INTERACTIVE or is_quota_claim
+        if not is_right and not self._worth_reclaiming(job, types, estimate, reclaim, single):
             return False
         for victim in reclaim.victims:
             self._preempt(
@@ -590,6 +598,23 @@ class Scheduler:
         )
         self.out.wake_at(reclaim.ready_at, self.now)
         return True
+
+    def _may_take_for(self, job: JobRequest, *, is_quota_claim: bool) -> Callable[[RunningJob], bool] | None:
+        """Which reclaimable jobs a demand may take: sessions any, a quota claim other projects'
+        borrowed work, the top job only what was lent while it waited."""
+        if job.kind == JobKind.INTERACTIVE:
+            return None
+        if is_quota_claim:
+            project = job.project
+            return lambda running: running.job.project != project
+        return self._lent_from(job)
+
+    def is_within_guarantee(self, job: JobRequest, types: Sequence[str]) -> bool:
+        """Whether the job's project has a guarantee of a fitting type that covers it."""
+        return any(
+            (left := self._guarantee_left(job.project, t)) is not None and left >= job.gpu_count
+            for t in types
+        )
 
     def _lent_from(self, job: JobRequest) -> Callable[[RunningJob], bool]:
         """Which running work a top job may take back: what was lent while it waited.
@@ -660,12 +685,16 @@ class Scheduler:
                 continue
             if job.id in self.out.verdicts:
                 continue  # waits on quota
-            if (
-                self.knobs.can_preempt
-                and job.kind == JobKind.INTERACTIVE
-                and self._reclaim(job, types, estimate, single=self.is_single_node(types, job.gpu_count))
-            ):
-                continue
+            if self.knobs.can_preempt:
+                single = self.is_single_node(types, job.gpu_count)
+                if job.kind == JobKind.INTERACTIVE and self._reclaim(job, types, estimate, single=single):
+                    continue
+                if (
+                    job.kind == JobKind.BATCH
+                    and self.is_within_guarantee(job, types)
+                    and self._reclaim(job, types, estimate, single=single, is_quota_claim=True)
+                ):
+                    continue
             self.reserve_top(job, types, estimate)
         rest: Sequence[JobRequest] = queue[position:]
         if backfill_order is not None and rest:

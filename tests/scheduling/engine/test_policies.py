@@ -395,3 +395,47 @@ def test_berth_backfills_shortest_predicted_work_first() -> None:
     assert list(started(plan)) == ["short"]
     easy = plan_round(snapshot(nodes, running_jobs=[busy], pending=pending), PolicyConfig(name="easy"), NOW)
     assert list(started(easy)) == ["long"]  # priority order: the older job backfills first
+
+
+def test_berth_runs_work_above_the_guarantee_preemptible_and_reclaims_it_for_a_guarantee() -> None:
+    nodes = make_nodes(1, 4)
+    projects = (
+        ProjectShare("owner", guaranteed=(("A100", 2),), borrow_limit=2),
+        ProjectShare("borrower", guaranteed=(("A100", 1),), borrow_limit=3),
+    )
+    # the borrower runs 1 guaranteed GPU and asks for 3 more: above its guarantee
+    own = running(job("own", 1, project="borrower"), (0,), started_at=NOW - 5_000)
+    more = job("more", 3, project="borrower", is_preemptible=True)
+    plan = plan_round(
+        snapshot(nodes, running_jobs=[own], pending=[more], projects=projects),
+        PolicyConfig(name="berth"),
+        NOW,
+    )
+    (start,) = plan.starts
+    assert start.is_preemptible
+    solid = job("solid", 3, project="borrower")
+    plan = plan_round(
+        snapshot(nodes, running_jobs=[own], pending=[solid], projects=projects),
+        PolicyConfig(name="berth"),
+        NOW,
+    )
+    assert reason_of(plan, "solid") == PendingReason.QUOTA
+    # the owner claims its guarantee back from the borrowed work
+    borrowed = running(more, (1, 2, 3), started_at=NOW - 1_000, is_preemptible=True)
+    claim = job("claim", 2, project="owner")
+    plan = plan_round(
+        snapshot(nodes, running_jobs=[own, borrowed], pending=[claim], projects=projects),
+        PolicyConfig(name="berth"),
+        NOW,
+    )
+    (preemption,) = plan.preemptions
+    assert preemption.job_id == "more"
+    assert preemption.for_id == "claim"
+    assert (
+        plan_round(
+            snapshot(nodes, running_jobs=[own, borrowed], pending=[claim], projects=projects),
+            PolicyConfig(name="easy"),
+            NOW,
+        ).preemptions
+        == ()
+    )
