@@ -1,0 +1,503 @@
+"""Aggregate reads for the staff (operations) pages: utilization, fairness, idle reasons, audit.
+
+Every selector returns plain `Table` objects: the page draws its chart from a table, prints
+the same table under it and serves it as CSV, so the three can never disagree.  Callers
+check ``is_staff`` (these read every project's data).
+
+Queries are bounded: each selector runs a fixed number of queries whatever the range, and
+buckets in Python (allocations are few per GPU and hour).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.contrib.postgres.fields.ranges import DateTimeTZRange
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+
+from portal.accounts.models import Project, Quota
+from scheduling.engine.types import IdleReason
+from scheduling.models import Allocation, AuditEvent, Cluster, EngineRound, Gpu, Job, Node
+
+BUCKETS = {"hour": timedelta(hours=1), "day": timedelta(days=1)}
+# A round's idle counts hold until the next round, but no longer than this (a stopped loop
+# must not paint hours of idleness from one stale round).
+ROUND_HOLD_MAX = timedelta(minutes=5)
+IDLE_REASONS: tuple[str, ...] = tuple(r.value for r in IdleReason)
+
+
+@dataclass(frozen=True, slots=True)
+class Table:
+    """One chart's numbers: the same rows print as an HTML table and download as CSV."""
+
+    name: str  # also the CSV file name and the ?csv= value
+    caption: str
+    headers: tuple[str, ...]
+    rows: tuple[tuple[Any, ...], ...]
+    # How ops.js draws it: "stacked" (bars), "line", "heatmap" or "" (table only).
+    chart: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def chart_id(self) -> str:
+        return f"chart-{self.name}"
+
+    def chart_data(self) -> dict[str, Any]:
+        """Column 0 is the x label; every other column one dataset."""
+        return {
+            "kind": self.chart,
+            "title": self.caption,
+            "labels": [str(r[0]) for r in self.rows],
+            "series": [
+                {"label": h, "data": [r[i] for r in self.rows]} for i, h in enumerate(self.headers) if i > 0
+            ],
+            **self.extra,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Range:
+    start_at: datetime
+    end_at: datetime
+    bucket: str  # "hour" | "day"
+
+    @property
+    def step(self) -> timedelta:
+        return BUCKETS[self.bucket]
+
+    def starts(self) -> list[datetime]:
+        out, t = [], self.start_at
+        while t < self.end_at:
+            out.append(t)
+            t += self.step
+        return out
+
+    def index(self, at: datetime) -> int:
+        return int((at - self.start_at) // self.step)
+
+
+def range_get(*, days: int, bucket: str, now: datetime | None = None) -> Range:
+    """The last ``days`` days up to the end of the current bucket, aligned to the bucket."""
+    now = (now or timezone.now()).astimezone(UTC)
+    if bucket == "day":
+        end = now.replace(hour=0, minute=0, second=0, microsecond=0) + timedelta(days=1)
+    else:
+        end = now.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
+    return Range(start_at=end - timedelta(days=days), end_at=end, bucket=bucket)
+
+
+def _label(at: datetime, bucket: str) -> str:
+    return at.strftime("%Y-%m-%d") if bucket == "day" else at.strftime("%Y-%m-%d %H:00")
+
+
+def cluster_list() -> list[Cluster]:
+    return list(Cluster.objects.filter(is_active=True).order_by("name"))
+
+
+# ---- utilization ----
+
+
+@dataclass(frozen=True, slots=True)
+class _Busy:
+    gpu_id: int
+    node: str
+    gpu_type: str
+    value: float
+    project: str
+    lower: datetime
+    upper: datetime
+
+
+def _busy_periods(*, cluster_id: int, rng: Range, now: datetime) -> list[_Busy]:
+    """Allocation periods clipped to the range and to now (one query).
+
+    Released allocations never ran; planned ones count only for the part already past (a
+    booking holds its GPUs from its start whether or not its owner uses them).
+    """
+    stop = min(rng.end_at, now)
+    rows = (
+        Allocation.objects.filter(
+            gpu__node__cluster_id=cluster_id, period__overlap=DateTimeTZRange(rng.start_at, stop, "[)")
+        )
+        .exclude(state=Allocation.State.RELEASED)
+        .values_list(
+            "gpu_id",
+            "gpu__node__name",
+            "gpu__node__gpu_type__name",
+            "gpu__node__gpu_type__value",
+            "job__project__slug",
+            "booking__project__slug",
+            "period",
+        )
+    )
+    out = []
+    for gpu_id, node, type_name, value, job_project, booking_project, period in rows:
+        lower = max(period.lower or rng.start_at, rng.start_at)
+        upper = min(period.upper or stop, stop)
+        if upper > lower:
+            out.append(
+                _Busy(gpu_id, node, type_name, value, job_project or booking_project or "?", lower, upper)
+            )
+    return out
+
+
+def _spread(periods: Iterable[_Busy], rng: Range, key: Any, weight: Any = None) -> dict[Any, list[float]]:
+    """GPU-hours per key per bucket (a period crossing buckets is split at their edges)."""
+    n = len(rng.starts())
+    out: dict[Any, list[float]] = defaultdict(lambda: [0.0] * n)
+    for p in periods:
+        w = weight(p) if weight else 1.0
+        i = rng.index(p.lower)
+        t = p.lower
+        while t < p.upper and i < n:
+            edge = min(rng.start_at + (i + 1) * rng.step, p.upper)
+            out[key(p)][i] += w * (edge - t).total_seconds() / 3600.0
+            t, i = edge, i + 1
+    return out
+
+
+def _capacity_gpus(cluster_id: int) -> dict[str, int]:
+    cap: dict[str, int] = defaultdict(int)
+    for type_name, count in Node.objects.filter(cluster_id=cluster_id).values_list(
+        "gpu_type__name", "gpu_count"
+    ):
+        cap[type_name] += count
+    return dict(cap)
+
+
+def utilization_get(*, cluster_id: int, rng: Range, now: datetime | None = None) -> list[Table]:
+    """Busy GPU-hours per bucket by GPU type and by project (stacked), and per node busy fraction."""
+    now = now or timezone.now()
+    periods = _busy_periods(cluster_id=cluster_id, rng=rng, now=now)
+    starts = rng.starts()
+    labels = [_label(s, rng.bucket) for s in starts]
+    step_h = rng.step.total_seconds() / 3600.0
+    capacity = _capacity_gpus(cluster_id)
+    total_gpus = sum(capacity.values())
+
+    by_type = _spread(periods, rng, key=lambda p: p.gpu_type)
+    types = sorted(set(capacity) | set(by_type))
+    type_rows = []
+    for i, label in enumerate(labels):
+        busy = [round(by_type[t][i], 2) if t in by_type else 0.0 for t in types]
+        util = round(100.0 * sum(busy) / (total_gpus * step_h), 1) if total_gpus else 0.0
+        type_rows.append((label, *busy, util))
+    by_type_table = Table(
+        name="utilization-by-type",
+        caption="Busy GPU-hours by GPU type",
+        headers=("Period", *types, "Utilization %"),
+        rows=tuple(type_rows),
+        chart="stacked",
+        extra={"skip_last": True},
+    )
+
+    by_project = _spread(periods, rng, key=lambda p: p.project)
+    projects = sorted(by_project)
+    project_rows = [
+        (label, *(round(by_project[p][i], 2) for p in projects)) for i, label in enumerate(labels)
+    ]
+    by_project_table = Table(
+        name="utilization-by-project",
+        caption="Busy GPU-hours by project",
+        headers=("Period", *projects),
+        rows=tuple(project_rows),
+        chart="stacked",
+    )
+
+    # Node x time heatmap: busy fraction = busy GPU-hours / (GPUs on the node x bucket length).
+    nodes = list(Node.objects.filter(cluster_id=cluster_id).order_by("name").values_list("name", "gpu_count"))
+    by_node = _spread(periods, rng, key=lambda p: p.node)
+    heat_rows = []
+    for name, count in nodes:
+        cells = by_node.get(name, [0.0] * len(labels))
+        heat_rows.append((name, *(round(min(1.0, c / (count * step_h)), 2) for c in cells)))
+    heatmap = Table(
+        name="node-heatmap",
+        caption="Busy fraction per node (0 = idle, 1 = every GPU busy the whole period)",
+        headers=("Node", *labels),
+        rows=tuple(heat_rows),
+        chart="heatmap",
+    )
+    return [by_type_table, by_project_table, heatmap]
+
+
+# ---- fairness ----
+
+
+def jain_index(values: Sequence[float]) -> float | None:
+    """Jain's fairness index (sum x)^2 / (n sum x^2): 1 = equal, 1/n = one takes all."""
+    xs = [v for v in values if v is not None]
+    square = sum(x * x for x in xs)
+    if not xs or square == 0:
+        return None
+    return sum(xs) ** 2 / (len(xs) * square)
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    lo, hi = math.floor(k), math.ceil(k)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def fairness_get(*, cluster_id: int, rng: Range, now: datetime | None = None) -> list[Table]:
+    """Value-weighted GPU-hour shares against entitlements, Jain's index, and waits.
+
+    * share: a project's busy GPU-hours times ``GpuType.value``, over everyone's, per bucket;
+    * entitlement: its fair-share weight over the weights of all active projects (the engine's
+      fair-share target), beside its guaranteed quota's value over all guarantees;
+    * Jain's index over the projects that ran something in the bucket, of share / entitlement;
+    * wait = start - first submission, for jobs that started in the range, by project and class.
+    """
+    now = now or timezone.now()
+    periods = _busy_periods(cluster_id=cluster_id, rng=rng, now=now)
+    labels = [_label(s, rng.bucket) for s in rng.starts()]
+    weighted = _spread(periods, rng, key=lambda p: p.project, weight=lambda p: p.value)
+    projects = list(
+        Project.objects.filter(is_active=True).order_by("slug").values_list("slug", "fair_share_weight")
+    )
+    weights = dict(projects)
+    total_weight = sum(weights.values()) or 1.0
+    entitled = {slug: w / total_weight for slug, w in weights.items()}
+    guaranteed: dict[str, float] = defaultdict(float)
+    for slug, gpus, value in Quota.objects.filter(project__is_active=True).values_list(
+        "project__slug", "guaranteed_gpus", "gpu_type__value"
+    ):
+        guaranteed[slug] += gpus * value
+    total_guaranteed = sum(guaranteed.values())
+    slugs = sorted(set(weights) | set(weighted))
+
+    share_rows, jain_rows = [], []
+    for i, label in enumerate(labels):
+        total = sum(v[i] for v in weighted.values())
+        shares = {s: (weighted[s][i] / total if total and s in weighted else 0.0) for s in slugs}
+        share_rows.append((label, *(round(100.0 * shares[s], 1) for s in slugs)))
+        ratios = [
+            shares[s] / entitled[s] for s in slugs if s in weighted and weighted[s][i] > 0 and entitled.get(s)
+        ]
+        j = jain_index(ratios)
+        jain_rows.append((label, round(j, 3) if j is not None else None))
+
+    totals = {s: sum(weighted[s]) if s in weighted else 0.0 for s in slugs}
+    grand = sum(totals.values())
+    summary = Table(
+        name="fairness-summary",
+        caption="Share of value-weighted GPU-hours against entitlement over the whole range (%)",
+        headers=(
+            "Project",
+            "Value-weighted GPU-hours",
+            "Share %",
+            "Fair-share entitlement %",
+            "Quota entitlement %",
+        ),
+        rows=tuple(
+            (
+                s,
+                round(totals[s], 2),
+                round(100.0 * totals[s] / grand, 1) if grand else 0.0,
+                round(100.0 * entitled.get(s, 0.0), 1),
+                round(100.0 * guaranteed.get(s, 0.0) / total_guaranteed, 1) if total_guaranteed else None,
+            )
+            for s in slugs
+        ),
+        chart="bar",
+        extra={"only": [2, 3, 4]},
+    )
+    shares_table = Table(
+        name="fairness-shares",
+        caption="Share of value-weighted GPU-hours by project (%)",
+        headers=("Period", *slugs),
+        rows=tuple(share_rows),
+        chart="line",
+    )
+    jain_table = Table(
+        name="fairness-jain",
+        caption="Jain's fairness index of share / entitlement (1 = everyone at their entitlement)",
+        headers=("Period", "Jain index"),
+        rows=tuple(jain_rows),
+        chart="line",
+    )
+
+    waits: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for slug, kind, submitted, first, started in Job.objects.filter(
+        cluster_id=cluster_id, started_at__gte=rng.start_at, started_at__lt=rng.end_at
+    ).values_list("project__slug", "kind", "submitted_at", "first_submitted_at", "started_at"):
+        waits[(slug, kind)].append(max(0.0, (started - (first or submitted)).total_seconds()))
+    wait_table = Table(
+        name="fairness-waits",
+        caption="Wait from submission to start by project and class (minutes)",
+        headers=("Project / class", "Jobs", "Mean wait min", "p95 wait min"),
+        rows=tuple(
+            (
+                f"{slug} / {kind}",
+                len(w),
+                round(sum(w) / len(w) / 60.0, 1),
+                round(_percentile(w, 0.95) / 60.0, 1),
+            )
+            for (slug, kind), w in sorted(waits.items())
+        ),
+        chart="bar",
+        extra={"only": [2, 3]},
+    )
+    return [summary, shares_table, jain_table, wait_table]
+
+
+# ---- idle GPU-hours by reason ----
+
+
+def _rounds(cluster_id: int, rng: Range, now: datetime) -> list[tuple[datetime, dict[str, int], int]]:
+    rows = list(
+        EngineRound.objects.filter(
+            cluster_id=cluster_id, error="", started_at__gte=rng.start_at, started_at__lt=min(rng.end_at, now)
+        )
+        .order_by("started_at", "id")
+        .values_list("started_at", "decisions", "id")
+    )
+    return [(at, dict((d or {}).get("idle", {})), pk) for at, d, pk in rows]
+
+
+def idle_get(*, cluster_id: int, rng: Range, now: datetime | None = None) -> Table:
+    """Idle GPU-hours by idle reason per bucket, reconstructed from the engine rounds.
+
+    A round stores how many GPUs were idle for each reason at its instant
+    (``EngineRound.decisions["idle"]``).  Each count is held until the next round, at most
+    `ROUND_HOLD_MAX` (and not past now or the range): idle GPU-hours = GPUs x that interval.
+    """
+    now = now or timezone.now()
+    rounds = _rounds(cluster_id, rng, now)
+    n = len(rng.starts())
+    hours: dict[str, list[float]] = {r: [0.0] * n for r in IDLE_REASONS}
+    stop = min(rng.end_at, now)
+    for k, (at, idle, _) in enumerate(rounds):
+        nxt = rounds[k + 1][0] if k + 1 < len(rounds) else stop
+        upper = min(nxt, at + ROUND_HOLD_MAX, stop)
+        t, i = at, rng.index(at)
+        while t < upper and i < n:
+            edge = min(rng.start_at + (i + 1) * rng.step, upper)
+            for reason, count in idle.items():
+                hours.setdefault(reason, [0.0] * n)[i] += count * (edge - t).total_seconds() / 3600.0
+            t, i = edge, i + 1
+    reasons = [r for r in hours if any(hours[r])] or list(IDLE_REASONS[:1])
+    return Table(
+        name="idle-by-reason",
+        caption="Idle GPU-hours by reason (reconstructed from engine rounds)",
+        headers=("Period", *reasons),
+        rows=tuple(
+            (_label(s, rng.bucket), *(round(hours[r][i], 2) for r in reasons))
+            for i, s in enumerate(rng.starts())
+        ),
+        chart="stacked",
+        extra={"drill": True},
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class IdleDrill:
+    round_id: int | None
+    at: datetime | None
+    idle: dict[str, int]
+    gpus: Table
+    jobs: Table
+
+
+def idle_drill_get(*, cluster_id: int, start_at: datetime, end_at: datetime) -> IdleDrill:
+    """The latest round in ``[start_at, end_at)``: its idle counts, the GPUs that were free at its
+    instant (no allocation covering it) with their node state, and the jobs pending then.
+
+    Rounds store counts by reason, not which GPU had which reason, so the GPU list is rebuilt
+    from allocations and node state, and each pending job shows its latest stored reason.
+    """
+    row = (
+        EngineRound.objects.filter(
+            cluster_id=cluster_id, error="", started_at__gte=start_at, started_at__lt=end_at
+        )
+        .order_by("-started_at", "-id")
+        .values_list("id", "started_at", "decisions")
+        .first()
+    )
+    if row is None:
+        empty = Table(name="idle-gpus", caption="No engine round in this period", headers=("GPU",), rows=())
+        return IdleDrill(
+            None, None, {}, empty, Table(name="idle-jobs", caption="", headers=("Job",), rows=())
+        )
+    pk, at, decisions = row
+    busy = set(
+        Allocation.objects.filter(gpu__node__cluster_id=cluster_id, period__contains=at)
+        .exclude(state=Allocation.State.RELEASED)
+        .values_list("gpu_id", flat=True)
+    )
+    gpus = [
+        (f"{node}:{index}", type_name, status)
+        for gid, node, index, type_name, status in Gpu.objects.filter(node__cluster_id=cluster_id)
+        .order_by("node__name", "index")
+        .values_list("id", "node__name", "index", "node__gpu_type__name", "node__status")
+        if gid not in busy
+    ]
+    pending = (
+        Job.objects.filter(cluster_id=cluster_id, submitted_at__lte=at)
+        .filter(Q(started_at__isnull=True) | Q(started_at__gt=at))
+        .exclude(status=Job.Status.CANCELLED, ended_at__lte=at)
+        .order_by("submitted_at", "id")
+        .values_list(
+            "id", "name", "project__slug", "gpu_count", "gpu_type__name", "pending_reason", "pending_sentence"
+        )[:200]
+    )
+    return IdleDrill(
+        pk,
+        at,
+        dict((decisions or {}).get("idle", {})),
+        Table(
+            name="idle-gpus",
+            caption=f"{len(gpus)} GPU(s) without an allocation at the round",
+            headers=("GPU", "Type", "Node state"),
+            rows=tuple(gpus),
+        ),
+        Table(
+            name="idle-jobs",
+            caption="Jobs pending at the round (with their latest reason)",
+            headers=("Job", "Name", "Project", "GPUs", "Type", "Reason", "Why"),
+            rows=tuple((j, n, p, c, t or "any", r or "-", s) for j, n, p, c, t, r, s in pending),
+        ),
+    )
+
+
+# ---- audit log ----
+
+
+def audit_event_list(
+    *,
+    actor: str = "",
+    verb: str = "",
+    entity_type: str = "",
+    start_at: datetime | None = None,
+    end_at: datetime | None = None,
+) -> QuerySet[AuditEvent]:
+    """Audit events, newest first; ``actor`` matches a username or an actor label."""
+    qs = AuditEvent.objects.select_related("actor").order_by("-at", "-id")
+    if actor:
+        qs = qs.filter(Q(actor__username=actor) | Q(actor_label=actor))
+    if verb:
+        qs = qs.filter(verb__startswith=verb)
+    if entity_type:
+        qs = qs.filter(entity_type=entity_type)
+    if start_at:
+        qs = qs.filter(at__gte=start_at)
+    if end_at:
+        qs = qs.filter(at__lt=end_at)
+    return qs
+
+
+def audit_entity_types() -> list[str]:
+    return list(AuditEvent.objects.order_by().values_list("entity_type", flat=True).distinct())
+
+
+def quota_list() -> list[Quota]:
+    return list(
+        Quota.objects.select_related("project", "gpu_type").order_by("project__name", "gpu_type__name")
+    )

@@ -1,0 +1,456 @@
+"""Staff pages (DESIGN §7): utilization, fairness, idle reasons, capacity planning and what-if,
+quotas and policy knobs, audit log.
+
+Every view is staff only (anonymous: the sign-in page; signed-in non-staff: 403).  Pages
+render in full, or one named partial for htmx (``page.html#name``, DOM id = partial name).
+Every chart comes from a `Table`; ``?csv=<table name>`` downloads that same table as CSV.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, time, timedelta
+from functools import wraps
+from typing import Any
+from urllib.parse import quote
+
+from django.contrib.auth.decorators import login_required
+from django.contrib.auth.models import User
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django.views.decorators.vary import vary_on_headers
+from django_htmx.middleware import HtmxDetails
+
+from portal.accounts.models import Quota
+from portal.ops import selectors, services
+from portal.ops.forms import AuditFilterForm, PolicyForm, QuotaForm, RangeForm, WhatIfForm
+from portal.ops.selectors import Table
+
+UNPROCESSABLE = 422
+AUDIT_PAGE_SIZE = 50
+
+
+class HtmxHttpRequest(HttpRequest):
+    htmx: HtmxDetails
+    user: User
+
+
+def staff_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """Signed in (else the sign-in page) and staff (else 403)."""
+
+    @wraps(view)
+    def wrapped(request: HtmxHttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not request.user.is_staff:
+            raise PermissionDenied("Operations pages are for staff.")
+        return view(request, *args, **kwargs)
+
+    return login_required(wrapped)
+
+
+def _render(
+    request: HtmxHttpRequest, template: str, partial: str, context: dict[str, Any], *, status: int = 200
+) -> HttpResponse:
+    is_fragment = bool(request.htmx) and not request.htmx.history_restore_request
+    return render(request, f"{template}#{partial}" if is_fragment else template, context, status=status)
+
+
+def _csv(table: Table) -> HttpResponse:
+    response = HttpResponse(content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{table.name}.csv"'
+    writer = csv.writer(response)
+    writer.writerow(table.headers)
+    for row in table.rows:
+        writer.writerow(["" if v is None else v for v in row])
+    return response
+
+
+def _csv_or_none(request: HttpRequest, tables: Sequence[Table]) -> HttpResponse | None:
+    wanted = request.GET.get("csv")
+    if not wanted:
+        return None
+    for table in tables:
+        if table.name == wanted:
+            return _csv(table)
+    raise Http404("No such table")
+
+
+def _range(request: HttpRequest) -> tuple[RangeForm, int | None, selectors.Range]:
+    clusters = selectors.cluster_list()
+    data = {
+        "cluster": request.GET.get("cluster") or (clusters[0].pk if clusters else ""),
+        "days": request.GET.get("days") or 7,
+        "bucket": request.GET.get("bucket") or "day",
+    }
+    form = RangeForm(data, clusters=clusters)
+    if form.is_valid():
+        d = form.cleaned_data
+        return form, d["cluster"], selectors.range_get(days=d["days"], bucket=d["bucket"])
+    return form, (clusters[0].pk if clusters else None), selectors.range_get(days=7, bucket="day")
+
+
+def _query(form: RangeForm) -> str:
+    return "&".join(f"{k}={form.data[k]}" for k in ("cluster", "days", "bucket") if form.data.get(k))
+
+
+@staff_required
+@require_GET
+def home(request: HtmxHttpRequest) -> HttpResponse:
+    return render(request, "ops/home.html", {"clusters": selectors.cluster_list()})
+
+
+def _range_page(
+    request: HtmxHttpRequest, *, template: str, build: Callable[[int, selectors.Range], list[Table]]
+) -> HttpResponse:
+    form, cluster_id, rng = _range(request)
+    tables = build(cluster_id, rng) if cluster_id is not None else []
+    if (response := _csv_or_none(request, tables)) is not None:
+        return response
+    context = {"form": form, "tables": tables, "rng": rng, "query": _query(form), "cluster_id": cluster_id}
+    return _render(request, template, "ops-report", context)
+
+
+@staff_required
+@vary_on_headers("HX-Request")
+@require_GET
+def utilization(request: HtmxHttpRequest) -> HttpResponse:
+    return _range_page(
+        request,
+        template="ops/utilization.html",
+        build=lambda cid, rng: selectors.utilization_get(cluster_id=cid, rng=rng),
+    )
+
+
+@staff_required
+@vary_on_headers("HX-Request")
+@require_GET
+def fairness(request: HtmxHttpRequest) -> HttpResponse:
+    return _range_page(
+        request,
+        template="ops/fairness.html",
+        build=lambda cid, rng: selectors.fairness_get(cluster_id=cid, rng=rng),
+    )
+
+
+@staff_required
+@vary_on_headers("HX-Request")
+@require_GET
+def idle(request: HtmxHttpRequest) -> HttpResponse:
+    return _range_page(
+        request,
+        template="ops/idle.html",
+        build=lambda cid, rng: [selectors.idle_get(cluster_id=cid, rng=rng)],
+    )
+
+
+@staff_required
+@require_GET
+def idle_drill(request: HtmxHttpRequest) -> HttpResponse:
+    """GPUs and pending jobs of the latest round in one period (``?cluster=&period=&bucket=``)."""
+    form, cluster_id, rng = _range(request)
+    raw = request.GET.get("period", "")
+    try:
+        fmt = "%Y-%m-%d" if rng.bucket == "day" else "%Y-%m-%d %H:00"
+        start = datetime.strptime(raw, fmt).replace(tzinfo=UTC)
+    except ValueError as exc:
+        raise Http404("Give a period from the table") from exc
+    if cluster_id is None:
+        raise Http404("No cluster")
+    drill = selectors.idle_drill_get(cluster_id=cluster_id, start_at=start, end_at=start + rng.step)
+    if (response := _csv_or_none(request, [drill.gpus, drill.jobs])) is not None:
+        return response
+    context = {
+        "drill": drill,
+        "period": raw,
+        "query": _query(form),
+        "drill_query": f"{_query(form)}&period={quote(raw)}",
+    }
+    return _render(request, "ops/idle_drill.html", "idle-drill", context)
+
+
+# ---- capacity planning ----
+
+
+def _capacity_context(cluster_id: int | None) -> dict[str, Any]:
+    from forecasting.models import ForecastRun
+    from forecasting.selectors import cluster_capacity_by_type, forecast_band_get
+
+    if cluster_id is None:
+        return {"bands": [], "gpu_types": []}
+    now = timezone.now()
+    capacity = cluster_capacity_by_type(cluster_id=cluster_id)
+    bands = []
+    for type_name in sorted(capacity):
+        band = forecast_band_get(
+            cluster_id=cluster_id, kind=ForecastRun.Kind.GPU_TYPE, key=type_name, at=now, history_h=72
+        )
+        rows: list[tuple[Any, ...]] = [
+            (ts.strftime("%Y-%m-%d %H:00"), round(v, 2), None, None, None, band.capacity_gpus)
+            for ts, v in band.history
+        ]
+        rows += [
+            (
+                p.ts.astimezone(UTC).strftime("%Y-%m-%d %H:00"),
+                None,
+                round(p.yhat, 2),
+                round(p.lower80, 2),
+                round(p.upper80, 2),
+                band.capacity_gpus,
+            )
+            for p in band.points
+        ]
+        bands.append(
+            Table(
+                name=f"forecast-{type_name}",
+                caption=f"{type_name}: demand (GPUs), forecast with its 80% band, and capacity"
+                + (
+                    f" (model {band.run.model_name}, issued {band.run.issued_at:%Y-%m-%d %H:%M} UTC)"
+                    if band.run
+                    else " (no forecast stored yet)"
+                ),
+                headers=("Hour (UTC)", "Actual", "Forecast", "Lower 80%", "Upper 80%", "Capacity"),
+                rows=tuple(rows),
+                chart="band",
+            )
+        )
+    return {"bands": bands, "gpu_types": sorted(capacity)}
+
+
+@staff_required
+@vary_on_headers("HX-Request")
+@require_GET
+def capacity(request: HtmxHttpRequest) -> HttpResponse:
+    form, cluster_id, _ = _range(request)
+    context = {"form": form, "cluster_id": cluster_id, "query": _query(form), **_capacity_context(cluster_id)}
+    if (response := _csv_or_none(request, context["bands"])) is not None:
+        return response
+    context["whatif_form"] = WhatIfForm(gpu_types=context["gpu_types"])
+    return render(request, "ops/capacity.html", context)
+
+
+@staff_required
+@require_GET
+def capacity_exceed(request: HtmxHttpRequest) -> HttpResponse:
+    """When forecast demand exceeds capacity (fits one model per type now: loaded on request)."""
+    from forecasting.capacity import capacity_exceed_when
+
+    form, cluster_id, _ = _range(request)
+    try:
+        days = max(1, min(90, int(request.GET.get("horizon_days", "28"))))
+    except ValueError:
+        days = 28
+    crossings = capacity_exceed_when(cluster_id=cluster_id, horizon_days=days) if cluster_id else {}
+    table = Table(
+        name="capacity-exceed",
+        caption=f"When forecast demand exceeds capacity (next {days} days)",
+        headers=(
+            "GPU type",
+            "Capacity GPUs",
+            "Forecast exceeds at",
+            "Upper 80% exceeds at",
+            "Peak forecast",
+            "Peak upper 80%",
+        ),
+        rows=tuple(
+            (
+                c.gpu_type,
+                c.capacity_gpus,
+                f"{c.yhat_exceeds_at:%Y-%m-%d %H:00}" if c.yhat_exceeds_at else "not within the horizon",
+                f"{c.upper80_exceeds_at:%Y-%m-%d %H:00}"
+                if c.upper80_exceeds_at
+                else "not within the horizon",
+                round(c.peak_yhat, 1),
+                round(c.peak_upper80, 1),
+            )
+            for c in crossings.values()
+        ),
+    )
+    if (response := _csv_or_none(request, [table])) is not None:
+        return response
+    return render(
+        request,
+        "ops/capacity.html#capacity-exceed",
+        {"exceed": table, "query": _query(form), "horizon_days": days},
+    )
+
+
+@staff_required
+@require_POST
+def whatif_new(request: HtmxHttpRequest) -> HttpResponse:
+    from scheduling.models import Cluster
+
+    form_range, cluster_id, _ = _range(request)
+    cluster = get_object_or_404(Cluster, pk=cluster_id) if cluster_id else None
+    ctx = _capacity_context(cluster_id)
+    form = WhatIfForm(request.POST, gpu_types=ctx["gpu_types"])
+    context: dict[str, Any] = {"whatif_form": form, "query": _query(form_range), "cluster_id": cluster_id}
+    if cluster is None or not form.is_valid():
+        return render(request, "ops/capacity.html#whatif", context, status=UNPROCESSABLE)
+    try:
+        state = services.whatif_create(cluster=cluster, user=request.user, **form.cleaned_data)
+    except ValidationError as exc:
+        for key, msgs in exc.message_dict.items():
+            form.add_error(key if key in form.fields else None, msgs)
+        return render(request, "ops/capacity.html#whatif", context, status=UNPROCESSABLE)
+    context["state"] = state
+    url = reverse("ops:whatif", args=[state["id"]])
+    if request.htmx:
+        return render(request, "ops/capacity.html#whatif", context)
+    return HttpResponseRedirect(url, status=303)
+
+
+@staff_required
+@require_GET
+def whatif(request: HtmxHttpRequest, whatif_id: str) -> HttpResponse:
+    """A what-if's progress (htmx polls the ``whatif-status`` partial until it is done)."""
+    state = services.whatif_get(whatif_id=whatif_id)
+    if state is None:
+        raise Http404("Unknown or expired what-if")
+    context = {"state": state, "compare": _whatif_table(state)}
+    if request.htmx:
+        return render(request, "ops/whatif.html#whatif-status", context)
+    return render(request, "ops/whatif.html", context)
+
+
+def _whatif_table(state: dict[str, Any]) -> Table:
+    results = state.get("results", {})
+    base, what = results.get("baseline", {}), results.get("whatif", {})
+
+    def fmt(r: dict[str, Any], key: str, scale: float = 1.0) -> Any:
+        return round(r[key] * scale, 1) if key in r else None
+
+    return Table(
+        name="whatif",
+        caption="Baseline against what-if (same jobs replayed)",
+        headers=("Measure", "Baseline", "What-if"),
+        rows=(
+            ("Policy", base.get("policy"), what.get("policy")),
+            ("GPUs", base.get("gpus"), what.get("gpus")),
+            ("Wait p95 (min)", fmt(base, "wait_p95_s", 1 / 60), fmt(what, "wait_p95_s", 1 / 60)),
+            ("Wait mean (min)", fmt(base, "wait_mean_s", 1 / 60), fmt(what, "wait_mean_s", 1 / 60)),
+            ("Utilization %", fmt(base, "utilization", 100), fmt(what, "utilization", 100)),
+        ),
+    )
+
+
+# ---- quotas and policy ----
+
+
+@staff_required
+@require_GET
+def quotas(request: HtmxHttpRequest) -> HttpResponse:
+    quotas = selectors.quota_list()
+    rows = [
+        (
+            q,
+            QuotaForm(
+                initial={"guaranteed_gpus": q.guaranteed_gpus, "borrow_limit_gpus": q.borrow_limit_gpus},
+                quota_id=q.pk,
+            ),
+        )
+        for q in quotas
+    ]
+    return render(request, "ops/quotas.html", {"rows": rows})
+
+
+@staff_required
+@require_POST
+def quota_edit(request: HtmxHttpRequest, quota_id: int) -> HttpResponse:
+    quota = get_object_or_404(Quota.objects.select_related("project", "gpu_type"), pk=quota_id)
+    form = QuotaForm(request.POST, quota_id=quota.pk)
+    status = 200
+    if form.is_valid():
+        try:
+            quota = services.quota_update(quota_id=quota.pk, user=request.user, **form.cleaned_data)
+            saved = True
+        except ValidationError as exc:
+            for key, msgs in exc.message_dict.items():
+                form.add_error(key if key in form.fields else None, msgs)
+            saved, status = False, UNPROCESSABLE
+    else:
+        saved, status = False, UNPROCESSABLE
+    if not request.htmx:
+        if saved:
+            return HttpResponseRedirect(reverse("ops:quotas"), status=303)
+        return render(request, "ops/quotas.html", {"rows": [(quota, form)]}, status=status)
+    return render(
+        request, "ops/quotas.html#quota-row", {"quota": quota, "form": form, "saved": saved}, status=status
+    )
+
+
+@staff_required
+@require_http_methods(["GET", "POST"])
+def policy(request: HtmxHttpRequest) -> HttpResponse:
+    from scheduling.snapshots import policy_config_for_cluster
+
+    form_range, cluster_id, _ = _range(request)
+    if cluster_id is None:
+        raise Http404("No cluster")
+    from scheduling.models import Cluster
+
+    cluster = get_object_or_404(Cluster, pk=cluster_id)
+    saved, status = False, 200
+    if request.method == "POST":
+        form = PolicyForm(request.POST)
+        if form.is_valid():
+            try:
+                cluster = services.cluster_policy_update(
+                    cluster_id=cluster.pk, user=request.user, **form.cleaned_data
+                )
+                saved = True
+            except ValidationError as exc:
+                for key, msgs in exc.message_dict.items():
+                    form.add_error(key if key in form.fields else None, msgs)
+                status = UNPROCESSABLE
+        else:
+            status = UNPROCESSABLE
+    else:
+        cfg = policy_config_for_cluster(cluster=cluster)
+        raw = (cluster.settings or {}).get("policy", {})
+        headroom = (raw.get("interactive_headroom") if isinstance(raw, dict) else None) or []
+        form = PolicyForm(
+            initial={
+                "name": cfg.name,
+                "grace_s": cfg.grace_s,
+                "min_runtime_s": cfg.min_runtime_s,
+                "booking_lead_s": cfg.booking_lead_s,
+                "interactive_headroom": ", ".join(f"{t}:{g}" for t, g in headroom),
+            }
+        )
+    context = {
+        "form": form,
+        "range_form": form_range,
+        "cluster": cluster,
+        "saved": saved,
+        "query": _query(form_range),
+    }
+    return _render(request, "ops/policy.html", "policy-form", context, status=status)
+
+
+# ---- audit log ----
+
+
+@staff_required
+@vary_on_headers("HX-Request")
+@require_GET
+def audit(request: HtmxHttpRequest) -> HttpResponse:
+    form = AuditFilterForm(request.GET)
+    filters: dict[str, Any] = {}
+    if form.is_valid():
+        d = form.cleaned_data
+        filters = {k: d[k] for k in ("actor", "verb", "entity_type") if d[k]}
+        if d["start"]:
+            filters["start_at"] = datetime.combine(d["start"], time.min, tzinfo=UTC)
+        if d["end"]:
+            filters["end_at"] = datetime.combine(d["end"] + timedelta(days=1), time.min, tzinfo=UTC)
+    page = Paginator(selectors.audit_event_list(**filters), AUDIT_PAGE_SIZE).get_page(request.GET.get("page"))
+    params = request.GET.copy()
+    params.pop("page", None)
+    query = params.urlencode()
+    context = {"form": form, "page": page, "query": query, "entity_types": selectors.audit_entity_types()}
+    return _render(request, "ops/audit.html", "audit-list", context)
