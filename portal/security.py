@@ -232,3 +232,70 @@ class WriteRateThrottle(throttling.UserRateThrottle):
         if request.method not in _UNSAFE_METHODS:
             return True
         return super().allow_request(request, view)
+
+
+# ---- every admin action in the audit log ----
+# Django's admin writes a LogEntry for each add, change and delete; each one is mirrored as an
+# ``admin.<action>`` AuditEvent (actor = the staff user), so the portal's audit log is complete.
+# Bulk deletes ("delete selected") write their LogEntries with bulk_create, which sends no
+# signal: the site-wide action is wrapped to record them.
+
+_ADMIN_VERBS = {1: "admin.add", 2: "admin.change", 3: "admin.delete"}
+
+
+def _admin_audit(
+    *, user_id: int | None, model: str, object_id: str, after: dict[str, Any], verb: str
+) -> None:
+    from scheduling.models import AuditEvent
+
+    AuditEvent.objects.create(
+        actor_id=user_id,
+        actor_label=AuditEvent.Actor.ADMIN,
+        verb=verb,
+        entity_type=model[:40],
+        entity_id=int(object_id) if str(object_id).isdigit() else 0,
+        before=None,
+        after={"object_id": str(object_id), **after},
+        at=timezone.now(),
+    )
+
+
+def _mirror_log_entry(sender: Any, instance: Any, created: bool, **kwargs: Any) -> None:
+    if not created or kwargs.get("raw"):
+        return
+    content_type = instance.content_type
+    _admin_audit(
+        user_id=instance.user_id,
+        model=content_type.model if content_type is not None else "unknown",
+        object_id=str(instance.object_id or ""),
+        after={"repr": instance.object_repr, "change": instance.get_change_message()},
+        verb=_ADMIN_VERBS.get(instance.action_flag, "admin.action"),
+    )
+
+
+def _audited_delete_selected(modeladmin: Any, request: HttpRequest, queryset: Any) -> Any:
+    from django.contrib.admin.actions import delete_selected
+
+    objects = [(str(obj.pk), str(obj)[:200]) for obj in queryset] if request.POST.get("post") else []
+    response = delete_selected(modeladmin, request, queryset)
+    if objects and response is None:  # None: the deletion was confirmed and done
+        model = queryset.model._meta.model_name
+        for pk, text in objects:
+            _admin_audit(
+                user_id=request.user.pk, model=model, object_id=pk, after={"repr": text}, verb="admin.delete"
+            )
+    return response
+
+
+_audited_delete_selected.short_description = "Delete selected %(verbose_name_plural)s"  # type: ignore[attr-defined]
+_audited_delete_selected.allowed_permissions = ("delete",)  # type: ignore[attr-defined]
+
+
+def admin_audit_connect() -> None:
+    """Mirror admin LogEntries into the audit log (called once from AccountsConfig.ready)."""
+    from django.contrib import admin
+    from django.contrib.admin.models import LogEntry
+    from django.db.models.signals import post_save
+
+    post_save.connect(_mirror_log_entry, sender=LogEntry, dispatch_uid="berth-admin-audit")
+    admin.site.add_action(_audited_delete_selected, "delete_selected")

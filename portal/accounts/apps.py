@@ -7,5 +7,8 @@ class AccountsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # Connects the sign-in lockout's signal receivers (user_login_failed, user_logged_in).
-        from portal import security  # noqa: F401
+        # Connects the sign-in lockout's signal receivers (user_login_failed, user_logged_in)
+        # and mirrors every admin action into the audit log.
+        from portal import security
+
+        security.admin_audit_connect()
