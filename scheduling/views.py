@@ -1,4 +1,5 @@
-"""Browser pages (server-rendered, htmx): book a GPU window, my bookings, my jobs.
+"""Browser pages (server-rendered, htmx): dashboard, book a GPU window, availability, my bookings,
+my jobs, submit a job, API tokens.
 
 Each view renders its full page, or only the named partial of that page when htmx asks
 (``page.html#name``; the DOM id is the partial's name), and varies its cache on
@@ -8,10 +9,12 @@ goes through ``scheduling.services``; bad input comes back as form errors, never
 
 from __future__ import annotations
 
+import csv
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import date, datetime, time, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 from django.conf import settings
 from django.contrib import messages
@@ -23,12 +26,16 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.text import slugify
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django.views.decorators.vary import vary_on_headers
 from django_htmx.http import HttpResponseClientRedirect
 from django_htmx.middleware import HtmxDetails
+from rest_framework.authtoken.models import Token
 
+from forecasting.selectors import job_engine_request, runtime_predict
 from portal.accounts.selectors import project_list
+from portal.accounts.services import token_create, token_revoke
 from scheduling.forms import (
     DATETIME_LOCAL_FORMAT,
     BookingForm,
@@ -43,9 +50,11 @@ from scheduling.selectors import (
     booking_alternatives,
     booking_list,
     cluster_capacity,
+    cluster_list,
     gpu_type_list,
     job_list,
 )
+from scheduling.selectors_ui import OutlookHour, TypeOutlook, availability_outlook, dashboard_get
 from scheduling.services import (
     BookingConflictError,
     booking_cancel,
@@ -204,7 +213,7 @@ def _book_context(form: BookingForm, **extra: Any) -> dict[str, Any]:
 @vary_on_headers("HX-Request")
 @require_http_methods(["GET", "POST"])
 def booking_new(request: HtmxHttpRequest) -> HttpResponse:
-    """The home page: a form to book GPUs; POST books them through ``booking_create``."""
+    """A form to book GPUs; POST books them through ``booking_create``."""
     if request.method == "GET":
         initial = _booking_initial(request)
         # Links from the availability timeline pre-fill the form (?gpu_type=…&start_at=…).
@@ -334,7 +343,124 @@ def availability_timeline(request: HtmxHttpRequest) -> HttpResponse:
         "rows": rows,
         "now": now,
     }
-    return _render(request, TIMELINE_TEMPLATE, "availability-grid", context)
+    if request.htmx and not request.htmx.history_restore_request:
+        return render(request, f"{TIMELINE_TEMPLATE}#availability-grid", context)
+    outlook_days = _outlook_days(request)
+    outlook = _outlook(now, days=outlook_days)
+    context.update(
+        {
+            "outlook": outlook,
+            "outlook_days": outlook_days,
+            "outlook_day_choices": OUTLOOK_DAY_CHOICES,
+            "outlook_has_forecast": any(
+                h.forecast is not None for view in outlook for h in view.type_outlook.hours
+            ),
+        }
+    )
+    return render(request, TIMELINE_TEMPLATE, context)
+
+
+OUTLOOK_DAY_CHOICES = (1, 3, 7)
+OUTLOOK_DEFAULT_DAYS = 3
+
+
+def _outlook_days(request: HtmxHttpRequest) -> int:
+    try:
+        days = int(request.GET.get("days", OUTLOOK_DEFAULT_DAYS))
+    except ValueError:
+        return OUTLOOK_DEFAULT_DAYS
+    return days if days in OUTLOOK_DAY_CHOICES else OUTLOOK_DEFAULT_DAYS
+
+
+def _outlook(now: datetime, *, days: int) -> list[OutlookView]:
+    """The coming ``days`` from the start of the current hour, with a booking link per hour."""
+    start = timezone.localtime(now).replace(minute=0, second=0, microsecond=0)
+    soonest = next_quarter_hour(now)
+    return [
+        OutlookView(
+            type_outlook=t,
+            book_starts=tuple(
+                timezone.localtime(max(h.start_at, soonest)).strftime(DATETIME_LOCAL_FORMAT) for h in t.hours
+            ),
+        )
+        for t in availability_outlook(start_at=start, hours=24 * days)
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class OutlookView:
+    """One GPU type's outlook and, per hour, the booking form's start for it."""
+
+    type_outlook: TypeOutlook
+    book_starts: tuple[str, ...]
+
+    @property
+    def gpu_type(self) -> str:
+        return self.type_outlook.gpu_type
+
+    @property
+    def capacity(self) -> int:
+        return self.type_outlook.capacity
+
+    @property
+    def rows(self) -> list[tuple[OutlookHour, str]]:
+        return list(zip(self.type_outlook.hours, self.book_starts, strict=True))
+
+    @property
+    def chart_id(self) -> str:
+        return f"outlook-data-{slugify(self.gpu_type)}"
+
+    @property
+    def chart(self) -> dict[str, Any]:
+        data = self.type_outlook.chart_data()
+        url = reverse("booking-new")
+        data["bookUrls"] = [
+            f"{url}?{urlencode({'gpu_type': self.gpu_type, 'start_at': start, 'duration_h': 1})}"
+            if hour.free_gpus > 0
+            else None
+            for hour, start in self.rows
+        ]
+        return data
+
+
+CSV_COLUMNS = (
+    "gpu_type",
+    "hour_start_utc",
+    "capacity_gpus",
+    "free_gpus",
+    "booked_gpus",
+    "lendable_gpus",
+    "forecast_gpus",
+    "forecast_lower80_gpus",
+    "forecast_upper80_gpus",
+)
+
+
+@login_required
+@require_GET
+def availability_csv(request: HtmxHttpRequest) -> HttpResponse:
+    """The availability outlook's numbers (the chart's and the table's) as CSV, one row per type-hour."""
+    days = _outlook_days(request)
+    response = HttpResponse(content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="berth-availability-{days}d.csv"'
+    writer = csv.writer(response)
+    writer.writerow(CSV_COLUMNS)
+    for view in _outlook(timezone.now(), days=days):
+        for hour, _start in view.rows:
+            writer.writerow(
+                (
+                    view.gpu_type,
+                    hour.start_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                    view.capacity,
+                    hour.free_gpus,
+                    hour.booked_gpus,
+                    hour.lendable_gpus,
+                    "" if hour.forecast is None else hour.forecast,
+                    "" if hour.forecast_lower80 is None else hour.forecast_lower80,
+                    "" if hour.forecast_upper80 is None else hour.forecast_upper80,
+                )
+            )
+    return response
 
 
 # ---- my bookings ----
@@ -447,11 +573,16 @@ def job_new(request: HtmxHttpRequest) -> HttpResponse:
     gpu_types = gpu_type_list().filter(nodes__cluster__is_active=True).distinct()
     if request.method == "GET":
         form = JobForm(projects=projects, gpu_types=gpu_types)
-        return _render(request, JOB_NEW_TEMPLATE, "job-form", {"form": form})
+        # Predict for the initial values at once (an unbound form is never valid: use a bound copy).
+        first = projects.first()
+        initial = {"project": first.slug if first else "", "gpu_count": "1", "requested_h": "1"}
+        prediction = _job_prediction(request, JobForm(initial, projects=projects, gpu_types=gpu_types))
+        return _render(request, JOB_NEW_TEMPLATE, "job-form", {"form": form, "prediction": prediction})
 
     form = JobForm(request.POST, projects=projects, gpu_types=gpu_types)
     if not form.is_valid():
-        return _render(request, JOB_NEW_TEMPLATE, "job-form", {"form": form}, status=UNPROCESSABLE)
+        context = {"form": form, "prediction": _job_prediction(request, form)}
+        return _render(request, JOB_NEW_TEMPLATE, "job-form", context, status=UNPROCESSABLE)
     data = form.cleaned_data
     try:
         job = job_submit(
@@ -523,3 +654,122 @@ def job_cancel_view(request: HtmxHttpRequest, job_id: int) -> HttpResponse:
     else:
         messages.success(request, f"Cancelled job {job.name}.")
     return HttpResponseRedirect(reverse("my-jobs"), status=303)
+
+
+# ---- dashboard (the home page) ----
+
+DASHBOARD_TEMPLATE = "scheduling/dashboard.html"
+
+
+@login_required
+@vary_on_headers("HX-Request")
+@require_GET
+def dashboard(request: HtmxHttpRequest) -> HttpResponse:
+    """The user's bookings and jobs with live status; htmx polls the ``dashboard-live`` part."""
+    context = {"dash": dashboard_get(request.user), "now": timezone.now()}
+    return _render(request, DASHBOARD_TEMPLATE, "dashboard-live", context)
+
+
+# ---- predicted runtime beside the user's estimate ----
+
+
+def _job_prediction(request: HtmxHttpRequest, form: JobForm) -> dict[str, Any]:
+    """The runtime predictor's p50/p90 for the job the form describes, and the user's estimate.
+
+    Only the fields the predictor keys on matter (project, name, GPU type and count, the
+    estimate); the others may still be incomplete.
+    """
+    form.is_valid()
+    data = form.cleaned_data
+    estimate_s = round(data["requested_h"] * 3600) if data.get("requested_h") else None
+    result: dict[str, Any] = {"estimate_s": estimate_s, "p50_s": None, "p90_s": None}
+    project, gpu_count = data.get("project"), data.get("gpu_count")
+    if project is None or not gpu_count:
+        return result
+    gpu_type: GpuType | None = data.get("gpu_type")
+    clusters = cluster_list().filter(is_active=True)
+    if gpu_type is not None:
+        clusters = clusters.filter(nodes__gpu_type=gpu_type)
+    cluster = clusters.distinct().order_by("pk").first()
+    if cluster is None:
+        return result
+    request_ = job_engine_request(
+        job_id=0,
+        username=request.user.get_username(),
+        project_slug=project.slug,
+        name=data.get("name") or "",
+        gpu_count=gpu_count,
+        submitted_at=timezone.now(),
+        requested_s=estimate_s,
+        kind=Job.Kind.BATCH,
+        gpu_type=gpu_type.name if gpu_type else None,
+    )
+    ((p50_s, p90_s),) = runtime_predict(cluster_id=cluster.pk, requests=[request_])
+    result.update({"p50_s": p50_s, "p90_s": p90_s})
+    if estimate_s and p50_s:
+        result["ratio"] = estimate_s / p50_s
+    return result
+
+
+@login_required
+@vary_on_headers("HX-Request")
+@require_GET
+def job_prediction(request: HtmxHttpRequest) -> HttpResponse:
+    """The "predicted runtime" box for the job form's values (htmx), or the form with it."""
+    form = JobForm(
+        request.GET,
+        projects=project_list(request.user),
+        gpu_types=gpu_type_list().filter(nodes__cluster__is_active=True).distinct(),
+    )
+    prediction = _job_prediction(request, form)
+    if request.htmx:
+        return render(request, f"{JOB_NEW_TEMPLATE}#job-prediction", {"prediction": prediction})
+    return render(request, JOB_NEW_TEMPLATE, {"form": form, "prediction": prediction})
+
+
+# ---- API tokens ----
+
+TOKENS_TEMPLATE = "scheduling/tokens.html"
+
+
+def _tokens_context(request: HtmxHttpRequest, *, new_key: str = "") -> dict[str, Any]:
+    token = Token.objects.filter(user=request.user).first()
+    api_root = request.build_absolute_uri("/api/v1")
+    example_start = timezone.localtime(next_quarter_hour(timezone.now()) + timedelta(hours=1))
+    return {
+        "token": token,
+        "new_key": new_key,
+        "api_root": api_root,
+        "host_url": request.build_absolute_uri("/").rstrip("/"),
+        "project": project_list(request.user).first(),
+        "gpu_type": gpu_type_list().filter(nodes__cluster__is_active=True).distinct().first(),
+        "example_start": example_start.isoformat(),
+        "example_end": (example_start + timedelta(hours=2)).isoformat(),
+    }
+
+
+@login_required
+@vary_on_headers("HX-Request")
+@require_http_methods(["GET", "POST"])
+def api_tokens(request: HtmxHttpRequest) -> HttpResponse:
+    """Whether the user has an API token; POST ``action=create`` issues a new one (shown once),
+    ``action=revoke`` deletes it.  Both through ``portal.accounts.services``."""
+    if request.method == "GET":
+        return _render(request, TOKENS_TEMPLATE, "token-panel", _tokens_context(request))
+    action = request.POST.get("action", "")
+    new_key = ""
+    if action == "create":
+        new_key = token_create(user=request.user, actor_label="user")
+        messages.success(request, "A new API token was created; any older token no longer works.")
+    elif action == "revoke":
+        had = token_revoke(user=request.user, actor_label="user")
+        messages.success(request, "Your API token was revoked." if had else "You had no API token.")
+    else:
+        return HttpResponse("Unknown action.", status=400)
+    if new_key:
+        # Shown once, on this response only (not through a redirect, which would put it in a URL
+        # or the session).
+        return _render(request, TOKENS_TEMPLATE, "token-panel", _tokens_context(request, new_key=new_key))
+    if request.htmx:
+        return _render(request, TOKENS_TEMPLATE, "token-panel", _tokens_context(request))
+    return HttpResponseRedirect(reverse("api-tokens"), status=303)

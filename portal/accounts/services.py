@@ -83,3 +83,30 @@ def token_revoke(*, user: User, actor_label: str = "api") -> bool:
         at=timezone.now(),
     )
     return bool(deleted)
+
+
+@transaction.atomic
+def token_create(*, user: User, actor_label: str = "user") -> str:
+    """Issue a new API token for the user, replacing any old one (which stops working at once).
+
+    Returns the new key.  An ``auth.token_create`` audit event records whether a token was
+    replaced (never the key itself).
+    """
+    from django.utils import timezone
+    from rest_framework.authtoken.models import Token
+
+    from scheduling.services import audit_event_record
+
+    replaced, _ = Token.objects.filter(user=user).delete()
+    token = Token.objects.create(user=user)
+    audit_event_record(
+        actor=user,
+        actor_label=actor_label,
+        verb="auth.token_create",
+        entity_type="user",
+        entity_id=user.pk,
+        before={"had_token": bool(replaced)},
+        after={"has_token": True},
+        at=timezone.now(),
+    )
+    return str(token.key)

@@ -1,9 +1,10 @@
-/* Berth: the little JavaScript the pages need beyond htmx.
-   After a form comes back with errors (an htmx POST swapped it in place), move keyboard focus
-   to the first field in error, or to the error summary, so keyboard and screen-reader users
-   are not left at the top of the page. */
+/* Berth: the little JavaScript the pages need beyond htmx. */
 (function () {
   "use strict";
+
+  /* After a form comes back with errors (an htmx POST swapped it in place), move keyboard focus
+     to the first field in error, or to the error summary, so keyboard and screen-reader users
+     are not left at the top of the page. */
   document.addEventListener("htmx:afterSettle", function (event) {
     var detail = event.detail || {};
     if (!detail.requestConfig || detail.requestConfig.verb !== "post") return;
@@ -15,5 +16,75 @@
       target.setAttribute("tabindex", "-1");
     }
     target.focus();
+  });
+
+  /* Polled regions ([data-poll], hx-trigger "every 5s"): no requests while the tab is hidden,
+     one at once when it becomes visible again ("berth:visible"), and no swap when the answer
+     says nothing new, so the surrounding aria-live region announces real changes only.  (An
+     hx-trigger filter expression would need eval, which the CSP forbids.) */
+  document.addEventListener("htmx:confirm", function (event) {
+    var elt = event.detail && event.detail.elt;
+    if (elt && elt.hasAttribute && elt.hasAttribute("data-poll") && document.hidden) {
+      event.preventDefault();
+    }
+  });
+  document.addEventListener("visibilitychange", function () {
+    if (!document.hidden) document.dispatchEvent(new CustomEvent("berth:visible"));
+  });
+  function textOf(node) {
+    return (node.textContent || "").replace(/\s+/g, " ").trim();
+  }
+  document.addEventListener("htmx:beforeSwap", function (event) {
+    var detail = event.detail || {};
+    var elt = detail.elt;
+    if (!elt || !elt.hasAttribute || !elt.hasAttribute("data-poll") || !detail.xhr) return;
+    if (detail.xhr.status !== 200) {
+      detail.shouldSwap = false; // keep the last good state; the next poll tries again
+      return;
+    }
+    var incoming = document.createElement("template");
+    incoming.innerHTML = detail.serverResponse;
+    if (textOf(incoming.content) === textOf(elt)) detail.shouldSwap = false;
+  });
+
+  /* Copy buttons: <button data-copy="ID"> copies the text of the element with that id. */
+  function announce(button, message) {
+    var status = document.getElementById(button.getAttribute("data-copy") + "-status");
+    if (status) status.textContent = message;
+  }
+  function fallbackCopy(text) {
+    var area = document.createElement("textarea");
+    area.value = text;
+    area.setAttribute("readonly", "");
+    area.className = "visually-hidden";
+    document.body.appendChild(area);
+    area.select();
+    var ok = false;
+    try {
+      ok = document.execCommand("copy");
+    } catch (e) {
+      ok = false;
+    }
+    document.body.removeChild(area);
+    return ok;
+  }
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest && event.target.closest("button[data-copy]");
+    if (!button) return;
+    var source = document.getElementById(button.getAttribute("data-copy"));
+    if (!source) return;
+    var text = source.value !== undefined && source.tagName !== "PRE" && source.tagName !== "CODE"
+      ? source.value : source.textContent;
+    text = text.replace(/\s+$/, "");
+    var done = function () { announce(button, "Copied."); };
+    var failed = function () {
+      if (fallbackCopy(text)) done();
+      else announce(button, "Could not copy: select the text and copy it by hand.");
+    };
+    if (navigator.clipboard && window.isSecureContext) {
+      navigator.clipboard.writeText(text).then(done, failed);
+    } else {
+      failed();
+    }
   });
 })();

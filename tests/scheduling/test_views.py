@@ -55,6 +55,7 @@ def _form(
     ("method", "name", "kwargs"),
     [
         ("get", "home", {}),
+        ("get", "booking-new", {}),
         ("get", "booking-availability", {}),
         ("get", "my-bookings", {}),
         ("get", "my-jobs", {}),
@@ -99,7 +100,12 @@ def test_wrong_password_is_a_form_error(client: Client, member: User) -> None:
 
 @pytest.mark.parametrize(
     ("name", "fragment_id"),
-    [("home", "booking-form"), ("my-bookings", "booking-list"), ("my-jobs", "job-list")],
+    [
+        ("booking-new", "booking-form"),
+        ("home", "dashboard-live"),
+        ("my-bookings", "booking-list"),
+        ("my-jobs", "job-list"),
+    ],
 )
 def test_htmx_gets_only_the_fragment(
     member_web: Client, nodes: list[Node], name: str, fragment_id: str
@@ -136,13 +142,13 @@ def test_every_hx_get_has_an_href_or_a_form_action(
     member_web: Client, member: User, project: Project, nodes: list[Node]
 ) -> None:
     JobFactory.create_batch(60, user=member, project=project)  # enough for the pager links
-    for name in ("home", "my-bookings", "my-jobs"):
+    for name in ("booking-new", "my-bookings", "my-jobs"):
         html = member_web.get(reverse(name)).content.decode()
         for tag in re.findall(r"<(?:a|div|form)\b[^>]*\bhx-get=[^>]*>", html):
             if tag.startswith("<a"):
                 assert "href=" in tag, tag
         # The live availability box has a no-JavaScript twin: the day's timeline, a plain link.
-        if name == "home":
+        if name == "booking-new":
             assert f'href="{reverse("availability")}?day=' in html
             assert 'hx-params="not csrfmiddlewaretoken"' in html  # no token in GET URLs or logs
 
@@ -195,7 +201,7 @@ def test_availability_does_not_need_a_project(client: Client, nodes: list[Node],
     params = {"gpu_type": "A100", "gpu_count": "2", "start_at": soon.strftime(LOCAL), "duration_h": "1"}
     html = client.get(reverse("booking-availability"), params, **HTMX).content.decode()
     assert re.search(r'class="big-number">\s*8\b', html)
-    page = client.get(reverse("home")).content.decode()
+    page = client.get(reverse("booking-new")).content.decode()
     assert "not a member of any project" in page
 
 
@@ -205,7 +211,9 @@ def test_availability_does_not_need_a_project(client: Client, nodes: list[Node],
 def test_booking_is_created_through_the_service(
     member_web: Client, member: User, project: Project, nodes: list[Node], soon: datetime
 ) -> None:
-    response = member_web.post(reverse("home"), _form(project, start=soon, hours=4, gpus=2, note="ablation"))
+    response = member_web.post(
+        reverse("booking-new"), _form(project, start=soon, hours=4, gpus=2, note="ablation")
+    )
 
     assert response.status_code == 303
     booking = Booking.objects.get(user=member)
@@ -222,7 +230,7 @@ def test_booking_with_an_exact_end_overrides_the_duration(
     member_web: Client, member: User, project: Project, nodes: list[Node], soon: datetime
 ) -> None:
     end = soon + timedelta(hours=3, minutes=30)
-    member_web.post(reverse("home"), _form(project, start=soon, hours=1, end_at=end.strftime(LOCAL)))
+    member_web.post(reverse("booking-new"), _form(project, start=soon, hours=1, end_at=end.strftime(LOCAL)))
     booking = Booking.objects.get(user=member)
     assert booking.end_at == end
 
@@ -230,7 +238,7 @@ def test_booking_with_an_exact_end_overrides_the_duration(
 def test_htmx_booking_redirects_on_the_client(
     member_web: Client, project: Project, nodes: list[Node], soon: datetime
 ) -> None:
-    response = member_web.post(reverse("home"), _form(project, start=soon), **HTMX)
+    response = member_web.post(reverse("booking-new"), _form(project, start=soon), **HTMX)
     assert response.status_code == 200
     assert response["HX-Redirect"].startswith(reverse("my-bookings"))
 
@@ -260,7 +268,7 @@ def test_bad_form_input_is_shown_as_form_errors(
 ) -> None:
     data = {**_form(project, start=soon), **changes}
     for extra in ({}, HTMX):
-        response = member_web.post(reverse("home"), data, **extra)
+        response = member_web.post(reverse("booking-new"), data, **extra)
         assert response.status_code == 422
         assert message in response.content.decode()
         assert f'id="id_{field}_error"'.encode() in response.content
@@ -287,7 +295,7 @@ def test_service_refusals_come_back_as_form_errors(
     message: str,
 ) -> None:
     response = member_web.post(
-        reverse("home"), _form(project, start=soon + start_shift, hours=hours, gpus=gpus)
+        reverse("booking-new"), _form(project, start=soon + start_shift, hours=hours, gpus=gpus)
     )
     assert response.status_code == 422
     assert message in response.content.decode()
@@ -298,7 +306,7 @@ def test_end_before_start_is_a_form_error(
     member_web: Client, project: Project, nodes: list[Node], soon: datetime
 ) -> None:
     data = _form(project, start=soon, end_at=(soon - timedelta(hours=1)).strftime(LOCAL))
-    response = member_web.post(reverse("home"), data)
+    response = member_web.post(reverse("booking-new"), data)
     assert response.status_code == 422
     assert b"The end must be after the start." in response.content
 
@@ -311,7 +319,7 @@ def test_conflict_offers_the_nearest_alternative_in_one_click(
         other, project=project, gpu_type=a100, gpu_count=8, start_at=soon, end_at=soon + timedelta(hours=3)
     )
 
-    response = member_web.post(reverse("home"), _form(project, start=soon, hours=2, gpus=2), **HTMX)
+    response = member_web.post(reverse("booking-new"), _form(project, start=soon, hours=2, gpus=2), **HTMX)
 
     assert response.status_code == 409
     html = response.content.decode()
@@ -319,13 +327,15 @@ def test_conflict_offers_the_nearest_alternative_in_one_click(
     assert "Book this instead" in html
     # Re-post exactly what the first "book this instead" button carries.
     alt_form = re.search(
-        r'<form method="post" action="/"[^>]*>(.*?)</form>', html.split("Free windows nearby")[1], re.S
+        r'<form method="post" action="/bookings/new/"[^>]*>(.*?)</form>',
+        html.split("Free windows nearby")[1],
+        re.S,
     )
     assert alt_form is not None
     fields = dict(re.findall(r'name="(\w+)" value="([^"]*)"', alt_form.group(1)))
     assert fields["start_at"] == (soon + timedelta(hours=3)).strftime("%Y-%m-%dT%H:%M:%S")
 
-    again = member_web.post(reverse("home"), fields, **HTMX)
+    again = member_web.post(reverse("booking-new"), fields, **HTMX)
     assert again.status_code == 200, again.content.decode()[:500]
     booking = Booking.objects.get(user=member)
     assert (booking.start_at, booking.end_at) == (soon + timedelta(hours=3), soon + timedelta(hours=5))
@@ -529,7 +539,7 @@ def test_timeline_shows_free_gpus_per_hour_and_links_to_the_form(
     assert f"start_at={ten.strftime('%Y-%m-%dT%H')}%3A00" in html
     # Each hour's number links to the booking form, which opens pre-filled.
     form = member_web.get(
-        reverse("home"), {"gpu_type": "A100", "start_at": ten.strftime(LOCAL), "duration_h": "1"}
+        reverse("booking-new"), {"gpu_type": "A100", "start_at": ten.strftime(LOCAL), "duration_h": "1"}
     )
     assert f'value="{ten.strftime(LOCAL)}"' in form.content.decode()
 

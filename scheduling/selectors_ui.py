@@ -1,0 +1,224 @@
+"""Page-specific reads for the researcher pages: the dashboard and the availability outlook.
+
+Everything here is built on the scoped selectors in ``scheduling.selectors`` (the user's own
+work only) and the forecasting selectors; nothing writes.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.contrib.auth.models import User
+from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
+from django.utils import timezone
+
+from forecasting.models import ForecastRun
+from forecasting.selectors import forecast_band_get, interactive_headroom_get
+from scheduling.models import Allocation, Booking, Cluster, Job, Preemption
+from scheduling.selectors import availability_get, booking_list, gpu_type_list, job_list
+
+HOUR = timedelta(hours=1)
+RECENT_FINISHED = timedelta(hours=24)
+RECENT_PREEMPTIONS = timedelta(days=7)
+
+
+# ---- dashboard ----
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionNotice:
+    """One preemption of the user's job, said the way the dashboard says it."""
+
+    job: Job
+    signalled_at: datetime
+    stopped_at: datetime  # killed_at, or the planned end of the grace period
+    lost_gpu_h: float
+    reason: str
+
+    @property
+    def is_back_running(self) -> bool:
+        return self.job.status in (Job.Status.STARTING, Job.Status.RUNNING) and bool(
+            self.job.started_at and self.job.started_at >= self.signalled_at
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Dashboard:
+    bookings: tuple[Booking, ...]  # open (confirmed or active), soonest first
+    jobs: tuple[Job, ...]  # open (pending, starting, running), newest first
+    finished_jobs: tuple[Job, ...]  # ended in the last day, newest first
+    preemptions: tuple[PreemptionNotice, ...]  # last week, newest first
+
+    @property
+    def pending_count(self) -> int:
+        return sum(1 for job in self.jobs if job.status == Job.Status.PENDING)
+
+    @property
+    def running_count(self) -> int:
+        return sum(1 for job in self.jobs if job.status in (Job.Status.STARTING, Job.Status.RUNNING))
+
+
+def dashboard_get(user: User, *, now: datetime | None = None, limit: int = 50) -> Dashboard:
+    """The user's own open bookings and jobs, recently finished jobs and recent preemptions.
+
+    A fixed number of queries whatever the amount of work (each list is capped at ``limit``).
+    """
+    now = now or timezone.now()
+    bookings = booking_list(user, mine_only=True, status=Booking.OPEN_STATUSES).order_by("start_at", "id")
+    jobs = job_list(user, mine_only=True, status=Job.OPEN_STATUSES).order_by("-submitted_at", "-id")
+    finished = (
+        job_list(user, mine_only=True)
+        .exclude(status__in=Job.OPEN_STATUSES)
+        .filter(ended_at__gte=now - RECENT_FINISHED)
+        .order_by("-ended_at", "-id")
+    )
+    preemptions = (
+        Preemption.objects.filter(job__user=user, signalled_at__gte=now - RECENT_PREEMPTIONS)
+        .select_related("job", "job__gpu_type", "job__project")
+        .order_by("-signalled_at", "-id")[:limit]
+    )
+    notices = tuple(
+        PreemptionNotice(
+            job=row.job,
+            signalled_at=row.signalled_at,
+            stopped_at=row.killed_at or row.kill_at,
+            lost_gpu_h=row.lost_gpu_s / 3600.0,
+            reason=row.reason,
+        )
+        for row in preemptions
+    )
+    return Dashboard(
+        bookings=tuple(bookings[:limit]),
+        jobs=tuple(jobs[:limit]),
+        finished_jobs=tuple(finished[:10]),
+        preemptions=notices,
+    )
+
+
+# ---- availability outlook ----
+
+
+@dataclass(frozen=True, slots=True)
+class OutlookHour:
+    start_at: datetime
+    free_gpus: int  # free for the whole hour (bookable)
+    booked_gpus: int  # held by bookings at some instant of the hour
+    lendable_gpus: int  # booked-but-unused plus held headroom: what preemptible work may borrow
+    forecast: float | None  # demand forecast (GPUs, hourly mean)
+    forecast_lower80: float | None
+    forecast_upper80: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class TypeOutlook:
+    gpu_type: str
+    capacity: int
+    hours: tuple[OutlookHour, ...]
+
+    def chart_data(self) -> dict[str, Any]:
+        """The numbers the chart draws (the table prints the same ones)."""
+        return {
+            "gpuType": self.gpu_type,
+            "capacity": self.capacity,
+            "hours": [timezone.localtime(h.start_at).strftime("%Y-%m-%dT%H:%M") for h in self.hours],
+            "free": [h.free_gpus for h in self.hours],
+            "booked": [h.booked_gpus for h in self.hours],
+            "lendable": [h.lendable_gpus for h in self.hours],
+            "forecast": [h.forecast for h in self.hours],
+            "lower80": [h.forecast_lower80 for h in self.hours],
+            "upper80": [h.forecast_upper80 for h in self.hours],
+        }
+
+
+def _booked_by_hour(
+    *, gpu_type_id: int, start_at: datetime, steps: int, now: datetime
+) -> tuple[list[int], list[int]]:
+    """Per hour: GPUs held by open bookings, and of those the ones not in use (lendable).
+
+    A booking that has started but is not in use lends its GPUs until it is used; the outlook
+    projects that state through the booking's end.  A booking that has not started lends
+    nothing here: before its start its GPUs are simply free or used by other work.
+    """
+    end_at = start_at + steps * HOUR
+    rows = Allocation.objects.filter(
+        gpu__node__gpu_type_id=gpu_type_id,
+        gpu__node__cluster__is_active=True,
+        booking__isnull=False,
+        booking__status__in=Booking.OPEN_STATUSES,
+        period__overlap=DateTimeTZRange(start_at, end_at, "[)"),
+    ).exclude(state=Allocation.State.RELEASED)
+    booked: list[set[int]] = [set() for _ in range(steps)]
+    unused: list[set[int]] = [set() for _ in range(steps)]
+    for gpu_id, period, is_in_use, booking_start in rows.values_list(
+        "gpu_id", "period", "booking__is_in_use", "booking__start_at"
+    ):
+        lower = max(period.lower or start_at, start_at)
+        upper = min(period.upper or end_at, end_at)
+        first = int((lower - start_at).total_seconds() // 3600)
+        last = int(((upper - start_at).total_seconds() - 1) // 3600)
+        is_lendable = booking_start <= now and not is_in_use
+        for i in range(max(first, 0), min(last, steps - 1) + 1):
+            booked[i].add(gpu_id)
+            if is_lendable:
+                unused[i].add(gpu_id)
+    return [len(s) for s in booked], [len(s) for s in unused]
+
+
+def availability_outlook(*, start_at: datetime, hours: int) -> list[TypeOutlook]:
+    """Free, booked and lendable GPUs per GPU type and hour, with the demand forecast behind it.
+
+    ``start_at`` is an hour boundary (aware).  Lendable = GPUs of started bookings not in use
+    plus the interactive headroom the engine holds idle for the hour (both lendable to
+    preemptible, checkpointing work and reclaimed with a grace period).  The forecast is the
+    newest stored GPU-type demand forecast of each active cluster, summed over clusters.
+    """
+    now = timezone.now()
+    clusters = list(Cluster.objects.filter(is_active=True).order_by("pk"))
+    headroom: list[dict[str, int]] = [defaultdict(int) for _ in range(hours)]
+    forecasts: dict[str, dict[datetime, list[float]]] = defaultdict(dict)
+    for cluster in clusters:
+        for i in range(hours):
+            for type_name, gpus in interactive_headroom_get(
+                cluster_id=cluster.pk, at=start_at + i * HOUR
+            ).items():
+                headroom[i][type_name] += gpus
+    out: list[TypeOutlook] = []
+    for gpu_type in gpu_type_list().filter(nodes__cluster__is_active=True).distinct():
+        availability = availability_get(
+            gpu_type_name=gpu_type.name, start_at=start_at, end_at=start_at + hours * HOUR, step_s=3600
+        )
+        if availability.capacity == 0:
+            continue
+        by_ts = forecasts[gpu_type.name]
+        for cluster in clusters:
+            if not cluster.nodes.filter(gpu_type=gpu_type).exists():
+                continue
+            band = forecast_band_get(
+                cluster_id=cluster.pk, kind=ForecastRun.Kind.GPU_TYPE, key=gpu_type.name, at=now, history_h=1
+            )
+            for point in band.points:
+                sums = by_ts.setdefault(point.ts, [0.0, 0.0, 0.0])
+                sums[0] += point.yhat
+                sums[1] += point.lower80
+                sums[2] += point.upper80
+        booked, unused = _booked_by_hour(gpu_type_id=gpu_type.pk, start_at=start_at, steps=hours, now=now)
+        rows = []
+        for i, slot in enumerate(availability.slots):
+            band_point = by_ts.get(slot.start_at)
+            held = min(headroom[i].get(gpu_type.name, 0), slot.free_gpus)
+            rows.append(
+                OutlookHour(
+                    start_at=slot.start_at,
+                    free_gpus=slot.free_gpus,
+                    booked_gpus=booked[i],
+                    lendable_gpus=unused[i] + held,
+                    forecast=round(band_point[0], 2) if band_point else None,
+                    forecast_lower80=round(band_point[1], 2) if band_point else None,
+                    forecast_upper80=round(band_point[2], 2) if band_point else None,
+                )
+            )
+        out.append(TypeOutlook(gpu_type.name, availability.capacity, tuple(rows)))
+    return out

@@ -1,0 +1,92 @@
+/* Berth availability outlook: one Chart.js chart per GPU type, drawn from the JSON the page
+   embeds (json_script) -- the same numbers as the table beside it.  Bars: booked and free GPUs
+   (stacked up to the capacity); lines: lendable GPUs, the demand forecast and its 80% band.
+   Clicking an hour with free GPUs opens the booking form pre-filled for that hour; keyboard
+   users have the same links in the table. */
+(function () {
+  "use strict";
+
+  var COLORS = {
+    booked: "#1f4fbf",
+    free: "#2f855a",
+    lendable: "#b45309",
+    forecast: "#6b21a8",
+    band: "rgba(107, 33, 168, 0.15)",
+    capacity: "#1d2433"
+  };
+
+  function label(hour) {
+    // "2026-11-30T14:00" -> "30/11 14:00" (already in the site's time zone)
+    return hour.slice(8, 10) + "/" + hour.slice(5, 7) + " " + hour.slice(11, 16);
+  }
+
+  function draw(canvas) {
+    var source = document.getElementById(canvas.getAttribute("data-chart"));
+    if (!source || typeof window.Chart === "undefined") return;
+    var data = JSON.parse(source.textContent);
+    var hasForecast = data.forecast.some(function (v) { return v !== null; });
+    var datasets = [
+      { type: "bar", label: "Booked", data: data.booked, backgroundColor: COLORS.booked, stack: "gpus", order: 3 },
+      { type: "bar", label: "Free", data: data.free, backgroundColor: COLORS.free, stack: "gpus", order: 3 },
+      { type: "line", label: "Lendable", data: data.lendable, borderColor: COLORS.lendable, borderDash: [6, 3],
+        stepped: true, pointRadius: 0, borderWidth: 2, order: 1 },
+      { type: "line", label: "Capacity", data: data.hours.map(function () { return data.capacity; }),
+        borderColor: COLORS.capacity, borderWidth: 1, pointRadius: 0, order: 2 }
+    ];
+    if (hasForecast) {
+      datasets.push(
+        { type: "line", label: "Forecast 80% low", data: data.lower80, borderWidth: 0, pointRadius: 0,
+          fill: false, order: 0 },
+        { type: "line", label: "Forecast 80% band", data: data.upper80, borderWidth: 0, pointRadius: 0,
+          backgroundColor: COLORS.band, fill: "-1", order: 0 },
+        { type: "line", label: "Forecast demand", data: data.forecast, borderColor: COLORS.forecast,
+          borderWidth: 2, pointRadius: 0, order: 0 }
+      );
+    }
+    // eslint-disable-next-line no-new
+    new window.Chart(canvas, {
+      data: { labels: data.hours.map(label), datasets: datasets },
+      options: {
+        animation: false,
+        responsive: true,
+        maintainAspectRatio: false,
+        interaction: { mode: "index", intersect: false },
+        scales: {
+          x: { stacked: true, ticks: { maxRotation: 0, autoSkip: true, maxTicksLimit: 8 } },
+          y: { stacked: false, beginAtZero: true, suggestedMax: data.capacity, title: { display: true, text: "GPUs" } }
+        },
+        plugins: {
+          legend: {
+            labels: { filter: function (item) { return item.text !== "Forecast 80% low"; } }
+          },
+          tooltip: {
+            callbacks: {
+              footer: function (items) {
+                var i = items.length ? items[0].dataIndex : -1;
+                return i >= 0 && data.bookUrls[i] ? "Click to book this hour" : "";
+              }
+            }
+          }
+        },
+        onHover: function (event, elements) {
+          var i = elements.length ? elements[0].index : -1;
+          canvas.classList.toggle("clickable", i >= 0 && Boolean(data.bookUrls[i]));
+        },
+        onClick: function (event, elements) {
+          if (!elements.length) return;
+          var url = data.bookUrls[elements[0].index];
+          if (url) window.location.assign(url);
+        }
+      }
+    });
+    canvas.setAttribute("data-drawn", "true");
+  }
+
+  function init() {
+    var canvases = document.querySelectorAll("canvas.outlook-chart");
+    for (var i = 0; i < canvases.length; i++) draw(canvases[i]);
+  }
+
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", init);
+  else init();
+})();
