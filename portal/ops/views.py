@@ -312,6 +312,8 @@ def whatif(request: HtmxHttpRequest, whatif_id: str) -> HttpResponse:
     if state is None:
         raise Http404("Unknown or expired what-if")
     context = {"state": state, "compare": _whatif_table(state)}
+    if (response := _csv_or_none(request, [context["compare"]])) is not None:
+        return response
     if request.htmx:
         return render(request, "ops/whatif.html#whatif-status", context)
     return render(request, "ops/whatif.html", context)

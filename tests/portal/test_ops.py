@@ -1,0 +1,511 @@
+"""Staff (operations) pages: access, the numbers behind the charts, CSV = table, writes audited,
+what-if replay to done, query-count bounds."""
+
+from __future__ import annotations
+
+import csv
+import io
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.contrib.postgres.fields.ranges import DateTimeTZRange
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+
+from portal.accounts.models import Project
+from portal.ops import selectors, services
+from portal.ops.selectors import Range, jain_index
+from scheduling.models import Allocation, AuditEvent, Cluster, EngineRound, GpuType, Job, Node
+from scheduling.snapshots import policy_config_for_cluster
+from tests.factories import JobFactory, ProjectFactory, QuotaFactory, UserFactory
+
+pytestmark = pytest.mark.django_db
+
+PAGES = [
+    ("ops:home", {}),
+    ("ops:utilization", {}),
+    ("ops:fairness", {}),
+    ("ops:idle", {}),
+    ("ops:capacity", {}),
+    ("ops:quotas", {}),
+    ("ops:policy", {}),
+    ("ops:audit", {}),
+]
+
+# A fixed past day, whole hours (UTC): the selectors get `now` after it.
+DAY = datetime(2026, 11, 2, tzinfo=UTC)
+
+
+@pytest.fixture
+def staff_web(client: Client, staff: User) -> Client:
+    client.force_login(staff)
+    return client
+
+
+def _ran(
+    job_project: Project,
+    cluster: Cluster,
+    gpu_type: GpuType,
+    node: Node,
+    start: datetime,
+    hours: float,
+    *,
+    index: int = 0,
+    kind: str = "batch",
+    wait_s: float = 600.0,
+) -> Job:
+    """A finished job that held GPU ``index`` of ``node`` for ``hours`` from ``start``."""
+    end = start + timedelta(hours=hours)
+    job = JobFactory(
+        project=job_project,
+        cluster=cluster,
+        gpu_type=gpu_type,
+        kind=kind,
+        status=Job.Status.COMPLETED,
+        submitted_at=start - timedelta(seconds=wait_s),
+        started_at=start,
+        ended_at=end,
+    )
+    Allocation.objects.create(
+        gpu=node.gpus.get(index=index),
+        job=job,
+        period=DateTimeTZRange(start, end, "[)"),
+        state=Allocation.State.ENDED,
+    )
+    return job
+
+
+def _day_range() -> Range:
+    return Range(start_at=DAY, end_at=DAY + timedelta(days=1), bucket="hour")
+
+
+def _csv_rows(response: Any) -> list[list[str]]:
+    assert response["Content-Type"].startswith("text/csv")
+    return list(csv.reader(io.StringIO(response.content.decode())))
+
+
+# ---- access ----
+
+
+@pytest.mark.parametrize(("name", "kwargs"), PAGES)
+def test_pages_are_staff_only(
+    client: Client, member: User, staff: User, nodes: list[Node], name: str, kwargs: dict[str, Any]
+) -> None:
+    url = reverse(name, kwargs=kwargs)
+    anonymous = client.get(url)
+    assert anonymous.status_code == 302
+    assert "/login/" in anonymous["Location"]
+    client.force_login(member)
+    assert client.get(url).status_code == 403
+    client.force_login(staff)
+    assert client.get(url).status_code == 200
+
+
+def test_writes_are_staff_only(
+    client: Client, member: User, nodes: list[Node], a100: GpuType, project: Project
+) -> None:
+    quota = QuotaFactory(project=project, gpu_type=a100, guaranteed_gpus=2)
+    client.force_login(member)
+    response = client.post(reverse("ops:quota-edit", args=[quota.pk]), {f"q{quota.pk}-guaranteed_gpus": 0})
+    assert response.status_code == 403
+    assert client.post(reverse("ops:policy"), {"name": "fifo"}).status_code == 403
+    assert client.post(reverse("ops:whatif-new"), {"gpu_type": "A100"}).status_code == 403
+    quota.refresh_from_db()
+    assert quota.guaranteed_gpus == 2
+    assert not AuditEvent.objects.filter(entity_type="quota").exists()
+
+
+# ---- utilization ----
+
+
+def test_utilization_counts_busy_gpu_hours_by_type_project_and_node(
+    cluster: Cluster, nodes: list[Node], a100: GpuType
+) -> None:
+    vision, nlp = ProjectFactory(slug="vision"), ProjectFactory(slug="nlp")
+    # 02:30-04:30 on one GPU of a0 (splits over three hours), 03:00-04:00 on two GPUs of a1.
+    _ran(vision, cluster, a100, nodes[0], DAY + timedelta(hours=2, minutes=30), 2)
+    _ran(nlp, cluster, a100, nodes[1], DAY + timedelta(hours=3), 1, index=0)
+    _ran(nlp, cluster, a100, nodes[1], DAY + timedelta(hours=3), 1, index=1)
+    by_type, by_project, heat = selectors.utilization_get(
+        cluster_id=cluster.pk, rng=_day_range(), now=DAY + timedelta(days=2)
+    )
+    rows = {r[0]: r for r in by_type.rows}
+    assert by_type.headers == ("Period", "A100", "Utilization %")
+    assert rows["2026-11-02 02:00"][1] == 0.5
+    assert rows["2026-11-02 03:00"][1] == 3.0
+    assert rows["2026-11-02 03:00"][2] == pytest.approx(37.5)
+    assert rows["2026-11-02 04:00"][1] == 0.5
+    assert sum(r[1] for r in by_type.rows) == pytest.approx(4.0)
+    project_totals = {h: sum(r[i] for r in by_project.rows) for i, h in enumerate(by_project.headers) if i}
+    assert project_totals == {"nlp": pytest.approx(2.0), "vision": pytest.approx(2.0)}
+    heat_rows = {r[0]: r for r in heat.rows}
+    three = heat.headers.index("2026-11-02 03:00")
+    assert heat_rows["a0"][three] == 0.25
+    assert heat_rows["a1"][three] == 0.5
+
+
+def test_utilization_ignores_released_and_the_future(
+    cluster: Cluster, nodes: list[Node], a100: GpuType, project: Project
+) -> None:
+    job = _ran(project, cluster, a100, nodes[0], DAY + timedelta(hours=1), 1)
+    Allocation.objects.filter(job=job).update(state=Allocation.State.RELEASED)
+    # Running from 22:00 with no known end: counted up to "now" (23:00) only.
+    _ran(project, cluster, a100, nodes[0], DAY + timedelta(hours=22), 5, index=1)
+    by_type = selectors.utilization_get(
+        cluster_id=cluster.pk, rng=_day_range(), now=DAY + timedelta(hours=23)
+    )[0]
+    assert sum(r[1] for r in by_type.rows) == pytest.approx(1.0)
+
+
+def test_utilization_csv_matches_the_table(
+    staff_web: Client, cluster: Cluster, nodes: list[Node], a100: GpuType, project: Project
+) -> None:
+    _ran(project, cluster, a100, nodes[0], timezone.now() - timedelta(hours=5), 2)
+    page = staff_web.get(reverse("ops:utilization"), {"cluster": cluster.pk, "days": 1, "bucket": "hour"})
+    tables = {t.name: t for t in page.context["tables"]}
+    for name in ("utilization-by-type", "utilization-by-project", "node-heatmap"):
+        response = staff_web.get(
+            reverse("ops:utilization"), {"cluster": cluster.pk, "days": 1, "bucket": "hour", "csv": name}
+        )
+        rows = _csv_rows(response)
+        assert rows[0] == list(tables[name].headers)
+        assert rows[1:] == [["" if v is None else str(v) for v in row] for row in tables[name].rows]
+    # The page prints the same numbers: the busy hours appear in the HTML table.
+    assert sum(r[1] for r in tables["utilization-by-type"].rows) == pytest.approx(2.0)
+    assert 'id="table-utilization-by-type"' in page.content.decode()
+    assert 'id="chart-utilization-by-type" type="application/json"' in page.content.decode()
+    assert staff_web.get(reverse("ops:utilization"), {"csv": "nope"}).status_code == 404
+
+
+def test_range_page_renders_the_partial_for_htmx(staff_web: Client, nodes: list[Node]) -> None:
+    response = staff_web.get(reverse("ops:fairness"), HTTP_HX_REQUEST="true")
+    body = response.content.decode()
+    assert response.status_code == 200
+    assert body.lstrip().startswith('<div id="ops-report"')
+    assert "HX-Request" in response["Vary"]
+
+
+# ---- fairness ----
+
+
+def test_jain_index() -> None:
+    assert jain_index([1.0, 1.0, 1.0]) == pytest.approx(1.0)
+    assert jain_index([1.0, 0.0, 0.0, 0.0]) == pytest.approx(0.25)
+    assert jain_index([]) is None
+
+
+def test_fairness_weights_by_gpu_value_and_compares_with_entitlement(
+    cluster: Cluster, nodes: list[Node], a100: GpuType
+) -> None:
+    h100 = GpuType.objects.create(name="H100", value=3.0)
+    fast = Node.objects.create(cluster=cluster, name="h0", gpu_type=h100, gpu_count=1)
+    fast.gpus.create(index=0)
+    vision = ProjectFactory(slug="vision", fair_share_weight=1.0)
+    nlp = ProjectFactory(slug="nlp", fair_share_weight=3.0)
+    QuotaFactory(project=nlp, gpu_type=a100, guaranteed_gpus=3)
+    QuotaFactory(project=vision, gpu_type=a100, guaranteed_gpus=1)
+    # One hour each: vision on an A100 (value 1), nlp on the H100 (value 3) -> 25% / 75%.
+    _ran(vision, cluster, a100, nodes[0], DAY + timedelta(hours=5), 1, wait_s=120)
+    _ran(nlp, cluster, h100, fast, DAY + timedelta(hours=5), 1, kind="interactive", wait_s=60)
+    summary, _shares, jain, waits = selectors.fairness_get(
+        cluster_id=cluster.pk, rng=_day_range(), now=DAY + timedelta(days=1)
+    )
+    by_slug = {r[0]: r for r in summary.rows}
+    assert by_slug["vision"][2] == 25.0
+    assert by_slug["nlp"][2] == 75.0
+    assert by_slug["vision"][3] == 25.0
+    assert by_slug["nlp"][3] == 75.0
+    assert by_slug["vision"][4] == 25.0
+    assert by_slug["nlp"][4] == 75.0
+    jain_at = dict(jain.rows)
+    assert jain_at["2026-11-02 05:00"] == pytest.approx(1.0)  # everyone exactly at entitlement
+    assert jain_at["2026-11-02 06:00"] is None
+    wait_rows = {r[0]: r for r in waits.rows}
+    assert wait_rows["vision / batch"][1:] == (1, 2.0, 2.0)
+    assert wait_rows["nlp / interactive"][1:] == (1, 1.0, 1.0)
+
+
+def test_jain_drops_when_one_project_takes_everything(
+    cluster: Cluster, nodes: list[Node], a100: GpuType
+) -> None:
+    vision, nlp = ProjectFactory(slug="vision"), ProjectFactory(slug="nlp")
+    _ran(vision, cluster, a100, nodes[0], DAY + timedelta(hours=1), 1)
+    _ran(vision, cluster, a100, nodes[0], DAY + timedelta(hours=2), 1, index=1)
+    _ran(nlp, cluster, a100, nodes[1], DAY + timedelta(hours=2), 1, index=0)
+    _ran(nlp, cluster, a100, nodes[1], DAY + timedelta(hours=2), 1, index=1)
+    _ran(nlp, cluster, a100, nodes[1], DAY + timedelta(hours=2), 1, index=2)
+    _, _, jain, _ = selectors.fairness_get(
+        cluster_id=cluster.pk, rng=_day_range(), now=DAY + timedelta(days=1)
+    )
+    at = dict(jain.rows)
+    assert at["2026-11-02 01:00"] == pytest.approx(1.0)  # one project alone: index of one value
+    assert at["2026-11-02 02:00"] == pytest.approx(
+        (0.5 + 1.5) ** 2 / (2 * (0.25 + 2.25))
+    )  # 1:3 for equal weights
+
+
+# ---- idle reasons ----
+
+
+def _round(cluster: Cluster, at: datetime, idle: dict[str, int]) -> EngineRound:
+    return EngineRound.objects.create(cluster=cluster, started_at=at, decisions={"idle": idle})
+
+
+def test_idle_hours_reconstructed_from_rounds(cluster: Cluster, nodes: list[Node]) -> None:
+    t = DAY + timedelta(hours=4)
+    _round(cluster, t, {"no_demand": 6})
+    _round(cluster, t + timedelta(minutes=2), {"no_demand": 4, "fragmentation": 2})
+    # The last round holds for at most 5 minutes (a stopped loop must not paint hours of idleness).
+    EngineRound.objects.create(cluster=cluster, started_at=t + timedelta(minutes=3), error="backend down")
+    table = selectors.idle_get(cluster_id=cluster.pk, rng=_day_range(), now=DAY + timedelta(days=1))
+    row = dict(zip(table.headers, next(r for r in table.rows if r[0] == "2026-11-02 04:00"), strict=True))
+    assert row["no_demand"] == pytest.approx(round(6 * 2 / 60 + 4 * 5 / 60, 2))
+    assert row["fragmentation"] == pytest.approx(round(2 * 5 / 60, 2))
+    assert sum(r[1] for r in table.rows) == pytest.approx(row["no_demand"])
+
+
+def test_idle_drill_lists_free_gpus_and_pending_jobs(
+    staff_web: Client, cluster: Cluster, nodes: list[Node], a100: GpuType, project: Project
+) -> None:
+    now = timezone.now().replace(minute=0, second=0, microsecond=0)
+    at = now - timedelta(hours=2, minutes=-10)
+    _round(cluster, at, {"fragmentation": 7})
+    _ran(project, cluster, a100, nodes[0], at - timedelta(minutes=30), 1)  # GPU a0:0 busy then
+    JobFactory(
+        project=project,
+        cluster=cluster,
+        name="waiting",
+        gpu_count=8,
+        submitted_at=at - timedelta(minutes=5),
+        pending_reason="fragmentation",
+    )
+    JobFactory(project=project, cluster=cluster, name="later", submitted_at=at + timedelta(minutes=5))
+    period = (now - timedelta(hours=2)).strftime("%Y-%m-%d %H:00")
+    response = staff_web.get(
+        reverse("ops:idle-drill"),
+        {"cluster": cluster.pk, "days": 1, "bucket": "hour", "period": period},
+        HTTP_HX_REQUEST="true",
+    )
+    assert response.status_code == 200
+    drill = response.context["drill"]
+    assert drill.idle == {"fragmentation": 7}
+    gpus = [r[0] for r in drill.gpus.rows]
+    assert "a0:0" not in gpus
+    assert len(gpus) == 7
+    assert [r[1] for r in drill.jobs.rows] == ["waiting"]
+    rows = _csv_rows(
+        staff_web.get(
+            reverse("ops:idle-drill"),
+            {"cluster": cluster.pk, "days": 1, "bucket": "hour", "period": period, "csv": "idle-jobs"},
+        )
+    )
+    assert rows[1][1] == "waiting"
+    assert rows[1][5] == "fragmentation"
+    assert staff_web.get(reverse("ops:idle-drill"), {"period": "yesterday"}).status_code == 404
+
+
+# ---- query counts ----
+
+
+@pytest.mark.parametrize("name", ["ops:utilization", "ops:fairness", "ops:idle", "ops:audit", "ops:quotas"])
+def test_aggregate_pages_have_bounded_queries(
+    staff_web: Client,
+    django_assert_max_num_queries: Any,
+    cluster: Cluster,
+    nodes: list[Node],
+    a100: GpuType,
+    name: str,
+) -> None:
+    start = timezone.now() - timedelta(days=2)
+    for k in range(12):
+        project = ProjectFactory()
+        QuotaFactory(project=project, gpu_type=a100)
+        _ran(project, cluster, a100, nodes[k % 2], start + timedelta(hours=3 * k), 2, index=k % 4)
+        _round(cluster, start + timedelta(hours=k), {"no_demand": k})
+        AuditEvent.objects.create(
+            actor_label="engine", verb="job.start", entity_type="job", entity_id=k, at=start
+        )
+    with django_assert_max_num_queries(14):
+        response = staff_web.get(reverse(name), {"cluster": cluster.pk, "days": 7, "bucket": "hour"})
+    assert response.status_code == 200
+
+
+# ---- quotas and policy ----
+
+
+def test_quota_edit_writes_an_audit_event(
+    staff_web: Client, staff: User, nodes: list[Node], a100: GpuType, project: Project
+) -> None:
+    quota = QuotaFactory(project=project, gpu_type=a100, guaranteed_gpus=2, borrow_limit_gpus=2)
+    url = reverse("ops:quota-edit", args=[quota.pk])
+    response = staff_web.post(
+        url, {f"q{quota.pk}-guaranteed_gpus": 4, f"q{quota.pk}-borrow_limit_gpus": ""}, HTTP_HX_REQUEST="true"
+    )
+    assert response.status_code == 200
+    assert "Saved" in response.content.decode()
+    quota.refresh_from_db()
+    assert (quota.guaranteed_gpus, quota.borrow_limit_gpus) == (4, None)
+    event = AuditEvent.objects.get(entity_type="quota", entity_id=quota.pk)
+    assert event.verb == "quota.update"
+    assert event.actor == staff
+    assert event.before == {"guaranteed_gpus": 2, "borrow_limit_gpus": 2}
+    assert event.after == {"guaranteed_gpus": 4, "borrow_limit_gpus": None}
+
+
+def test_quota_edit_refusal_is_a_form_error(
+    staff_web: Client, nodes: list[Node], a100: GpuType, project: Project
+) -> None:
+    quota = QuotaFactory(project=project, gpu_type=a100, guaranteed_gpus=2)
+    url = reverse("ops:quota-edit", args=[quota.pk])
+    response = staff_web.post(url, {f"q{quota.pk}-guaranteed_gpus": 99}, HTTP_HX_REQUEST="true")
+    assert response.status_code == 422
+    assert "Only 8 A100 GPUs exist." in response.content.decode()
+    response = staff_web.post(url, {f"q{quota.pk}-guaranteed_gpus": -1})
+    assert response.status_code == 422
+    quota.refresh_from_db()
+    assert quota.guaranteed_gpus == 2
+    assert not AuditEvent.objects.filter(entity_type="quota").exists()
+
+
+def test_policy_edit_reaches_the_engine_config_and_is_audited(
+    staff_web: Client, cluster: Cluster, nodes: list[Node]
+) -> None:
+    cluster.settings = {"policy": {"name": "berth", "backfill_depth": 50}, "partition": "gpu"}
+    cluster.save()
+    url = f"{reverse('ops:policy')}?cluster={cluster.pk}"
+    data = {
+        "name": "easy",
+        "grace_s": 60,
+        "min_runtime_s": 600,
+        "booking_lead_s": 0,
+        "interactive_headroom": "A100:2",
+    }
+    assert staff_web.post(url, data).status_code == 200
+    cluster.refresh_from_db()
+    assert cluster.settings["partition"] == "gpu"
+    config = policy_config_for_cluster(cluster=cluster)
+    assert (config.name, config.grace_s, config.min_runtime_s, config.backfill_depth) == (
+        "easy",
+        60.0,
+        600.0,
+        50,
+    )
+    assert config.interactive_headroom == (("A100", 2),)
+    event = AuditEvent.objects.get(verb="cluster.policy_update")
+    assert event.before == {"name": "berth"}
+    assert event.after["name"] == "easy"
+    bad = staff_web.post(url, {**data, "interactive_headroom": "H100:1"})
+    assert bad.status_code == 422
+    assert "no H100 GPUs" in bad.content.decode()
+    bad = staff_web.post(url, {**data, "interactive_headroom": "two"})
+    assert bad.status_code == 422
+    assert AuditEvent.objects.filter(verb="cluster.policy_update").count() == 1
+
+
+# ---- audit log ----
+
+
+def test_audit_log_filters_and_pages(staff_web: Client, staff: User) -> None:
+    other = UserFactory(username="root-cause")
+    at = datetime(2026, 11, 3, 12, tzinfo=UTC)
+    for k in range(60):
+        AuditEvent.objects.create(
+            actor_label="engine", verb="job.start", entity_type="job", entity_id=k, at=at
+        )
+    AuditEvent.objects.create(
+        actor=other,
+        actor_label="user",
+        verb="quota.update",
+        entity_type="quota",
+        entity_id=1,
+        at=at - timedelta(days=2),
+    )
+    page = staff_web.get(reverse("ops:audit")).context["page"]
+    assert page.paginator.count == 61
+    assert len(page.object_list) == 50
+    assert (
+        staff_web.get(reverse("ops:audit"), {"page": 2}).context["page"].object_list[0].entity_id is not None
+    )
+    by_actor = staff_web.get(reverse("ops:audit"), {"actor": "root-cause"}).context["page"]
+    assert [e.verb for e in by_actor] == ["quota.update"]
+    assert staff_web.get(reverse("ops:audit"), {"verb": "job."}).context["page"].paginator.count == 60
+    assert staff_web.get(reverse("ops:audit"), {"entity_type": "quota"}).context["page"].paginator.count == 1
+    dated = staff_web.get(reverse("ops:audit"), {"start": "2026-11-01", "end": "2026-11-01"}).context["page"]
+    assert [e.verb for e in dated] == ["quota.update"]
+    assert staff_web.get(reverse("ops:audit"), {"start": "not a date"}).status_code == 200
+
+
+# ---- what-if ----
+
+
+def test_whatif_runs_to_done_with_baseline_and_whatif(
+    staff_web: Client, staff: User, cluster: Cluster, nodes: list[Node], a100: GpuType, project: Project
+) -> None:
+    base = timezone.now() - timedelta(days=1)
+    for k in range(12):  # bursts of 4-GPU jobs: with more GPUs the waits can only shrink
+        start = base + timedelta(hours=2 * (k // 8))
+        _ran(project, cluster, a100, nodes[k % 2], start, 1, index=(k // 2) % 4, wait_s=0)
+        Job.objects.filter(pk=Job.objects.latest("id").pk).update(gpu_count=4, submitted_at=base)
+    state = services.whatif_create(
+        cluster=cluster, gpu_type="A100", gpu_delta=8, policy="berth", user=staff, enqueue=False
+    )
+    assert state["status"] == "queued"
+    assert state["current_gpus"] == 8
+    response = staff_web.get(reverse("ops:whatif", args=[state["id"]]), HTTP_HX_REQUEST="true")
+    assert 'hx-trigger="every 1s"' in response.content.decode()  # still polling
+    done = services.whatif_execute(whatif_id=state["id"])
+    assert done["status"] == "done"
+    assert done["progress"] == 1.0
+    assert done["jobs"] == 12
+    assert done["results"]["baseline"]["gpus"] == 8
+    assert done["results"]["whatif"]["gpus"] == 16
+    assert done["results"]["whatif"]["wait_p95_s"] <= done["results"]["baseline"]["wait_p95_s"]
+    response = staff_web.get(reverse("ops:whatif", args=[state["id"]]), HTTP_HX_REQUEST="true")
+    body = response.content.decode()
+    assert "every 1s" not in body
+    assert 'value="100"' in body
+    assert "Wait p95 (min)" in body
+    rows = _csv_rows(staff_web.get(reverse("ops:whatif", args=[state["id"]]), {"csv": "whatif"}))
+    assert rows[2] == ["GPUs", "8", "16"]
+
+
+def test_whatif_form_errors(staff_web: Client, cluster: Cluster, nodes: list[Node]) -> None:
+    url = f"{reverse('ops:whatif-new')}?cluster={cluster.pk}"
+    response = staff_web.post(
+        url,
+        {"gpu_type": "A100", "gpu_delta": -8, "policy": "berth", "history_days": 14},
+        HTTP_HX_REQUEST="true",
+    )
+    assert response.status_code == 422
+    assert "Keep at least one node" in response.content.decode()
+    response = staff_web.post(
+        url,
+        {"gpu_type": "A100", "gpu_delta": 4, "policy": "magic", "history_days": 14},
+        HTTP_HX_REQUEST="true",
+    )
+    assert response.status_code == 422
+
+
+def test_whatif_new_queues_the_task_after_commit(
+    staff_web: Client,
+    cluster: Cluster,
+    nodes: list[Node],
+    monkeypatch: pytest.MonkeyPatch,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    sent: list[str] = []
+    from portal.ops import tasks
+
+    monkeypatch.setattr(tasks.whatif_run, "delay", lambda whatif_id: sent.append(whatif_id))  # no worker here
+    with django_capture_on_commit_callbacks(execute=True):
+        response = staff_web.post(
+            f"{reverse('ops:whatif-new')}?cluster={cluster.pk}",
+            {"gpu_type": "A100", "gpu_delta": 4, "policy": "easy", "history_days": 7},
+            HTTP_HX_REQUEST="true",
+        )
+    assert response.status_code == 200
+    assert len(sent) == 1
+    assert f'hx-get="{reverse("ops:whatif", args=[sent[0]])}"' in response.content.decode()
