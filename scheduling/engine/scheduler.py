@@ -280,7 +280,14 @@ class Scheduler:
             if booking.start_at <= self.now or booking.id not in self.booking_gpus:
                 continue
             lead_at = booking.start_at - self.policy.booking_lead_s
-            hold = Hold(holder=booking.id, normal_until=lead_at, lent_until=lead_at, is_strict=True)
+            # lent work is evicted when the booking starts: only checkpointing work may borrow
+            hold = Hold(
+                holder=booking.id,
+                normal_until=lead_at,
+                lent_until=lead_at,
+                is_strict=True,
+                is_checkpoint_only=True,
+            )
             self.inter_pool.hold(self.booking_gpus[booking.id], hold)
             if self.batch_pool is not self.inter_pool:
                 self.batch_pool.hold(self.booking_gpus[booking.id], hold)
