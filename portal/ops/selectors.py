@@ -277,7 +277,8 @@ def fairness_get(*, cluster_id: int, rng: Range, now: datetime | None = None) ->
     for i, label in enumerate(labels):
         total = sum(v[i] for v in weighted.values())
         shares = {s: (weighted[s][i] / total if total and s in weighted else 0.0) for s in slugs}
-        share_rows.append((label, *(round(100.0 * shares[s], 1) for s in slugs)))
+        # No GPU-hours at all in the bucket: no shares (blank), not everyone at 0%.
+        share_rows.append((label, *((round(100.0 * shares[s], 1) if total else None) for s in slugs)))
         ratios = [
             shares[s] / entitled[s] for s in slugs if s in weighted and weighted[s][i] > 0 and entitled.get(s)
         ]

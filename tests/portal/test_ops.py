@@ -210,7 +210,7 @@ def test_fairness_weights_by_gpu_value_and_compares_with_entitlement(
     # One hour each: vision on an A100 (value 1), nlp on the H100 (value 3) -> 25% / 75%.
     _ran(vision, cluster, a100, nodes[0], DAY + timedelta(hours=5), 1, wait_s=120)
     _ran(nlp, cluster, h100, fast, DAY + timedelta(hours=5), 1, kind="interactive", wait_s=60)
-    summary, _shares, jain, waits = selectors.fairness_get(
+    summary, shares, jain, waits = selectors.fairness_get(
         cluster_id=cluster.pk, rng=_day_range(), now=DAY + timedelta(days=1)
     )
     by_slug = {r[0]: r for r in summary.rows}
@@ -220,6 +220,9 @@ def test_fairness_weights_by_gpu_value_and_compares_with_entitlement(
     assert by_slug["nlp"][3] == 75.0
     assert by_slug["vision"][4] == 25.0
     assert by_slug["nlp"][4] == 75.0
+    share_at = {r[0]: r[1:] for r in shares.rows}
+    assert share_at["2026-11-02 05:00"] == (75.0, 25.0)  # nlp, vision
+    assert share_at["2026-11-02 06:00"] == (None, None)  # nothing ran: no shares
     jain_at = dict(jain.rows)
     assert jain_at["2026-11-02 05:00"] == pytest.approx(1.0)  # everyone exactly at entitlement
     assert jain_at["2026-11-02 06:00"] is None
