@@ -19,7 +19,9 @@ class RangeForm(forms.Form):
 
     def __init__(self, *args: Any, clusters: list[Any], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["cluster"].choices = [(c.pk, c.name) for c in clusters]
+        cluster_field = self.fields["cluster"]
+        assert isinstance(cluster_field, forms.ChoiceField)
+        cluster_field.choices = [(c.pk, c.name) for c in clusters]
 
 
 class QuotaForm(forms.Form):
@@ -33,7 +35,8 @@ class QuotaForm(forms.Form):
     )
 
     def __init__(self, *args: Any, quota_id: int, **kwargs: Any) -> None:
-        super().__init__(*args, prefix=f"q{quota_id}", **kwargs)
+        kwargs["prefix"] = f"q{quota_id}"
+        super().__init__(*args, **kwargs)
         # The inputs sit in table cells; the form attribute ties them to the row's form.
         for field in self.fields.values():
             field.widget.attrs["form"] = f"quota-form-{quota_id}"
@@ -77,7 +80,9 @@ class WhatIfForm(forms.Form):
 
     def __init__(self, *args: Any, gpu_types: list[str], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["gpu_type"].choices = [(t, t) for t in gpu_types]
+        type_field = self.fields["gpu_type"]
+        assert isinstance(type_field, forms.ChoiceField)
+        type_field.choices = [(t, t) for t in gpu_types]
 
 
 class AuditFilterForm(forms.Form):

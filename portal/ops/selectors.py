@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.contrib.postgres.fields.ranges import DateTimeTZRange
+from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
@@ -329,7 +329,8 @@ def fairness_get(*, cluster_id: int, rng: Range, now: datetime | None = None) ->
     for slug, kind, submitted, first, started in Job.objects.filter(
         cluster_id=cluster_id, started_at__gte=rng.start_at, started_at__lt=rng.end_at
     ).values_list("project__slug", "kind", "submitted_at", "first_submitted_at", "started_at"):
-        waits[(slug, kind)].append(max(0.0, (started - (first or submitted)).total_seconds()))
+        if started is not None:  # filtered above; for the type checker
+            waits[(slug, kind)].append(max(0.0, (started - (first or submitted)).total_seconds()))
     wait_table = Table(
         name="fairness-waits",
         caption="Wait from submission to start by project and class (minutes)",

@@ -118,7 +118,7 @@ def cluster_policy_update(
         cluster = Cluster.objects.select_for_update().get(pk=cluster_id)
         current = dict(cluster.settings or {})
         raw = current.get("policy", {})
-        policy = {"name": raw} if isinstance(raw, str) else dict(raw or {})
+        policy: dict[str, Any] = {"name": raw} if isinstance(raw, str) else dict(raw or {})
         before = {k: policy.get(k) for k in POLICY_KNOBS if k in policy}
         policy.update(
             {
@@ -155,7 +155,8 @@ def _key(whatif_id: str) -> str:
 
 
 def whatif_get(*, whatif_id: str) -> dict[str, Any] | None:
-    return cache.get(_key(whatif_id))
+    state: dict[str, Any] | None = cache.get(_key(whatif_id))
+    return state
 
 
 def _whatif_put(state: dict[str, Any]) -> None:
@@ -191,7 +192,7 @@ def whatif_create(
         raise ValidationError(errors)
     from forecasting.capacity import _policy_name
 
-    state = {
+    state: dict[str, Any] = {
         "id": uuid.uuid4().hex,
         "cluster_id": cluster.pk,
         "gpu_type": gpu_type,

@@ -311,8 +311,9 @@ def whatif(request: HtmxHttpRequest, whatif_id: str) -> HttpResponse:
     state = services.whatif_get(whatif_id=whatif_id)
     if state is None:
         raise Http404("Unknown or expired what-if")
-    context = {"state": state, "compare": _whatif_table(state)}
-    if (response := _csv_or_none(request, [context["compare"]])) is not None:
+    compare = _whatif_table(state)
+    context = {"state": state, "compare": compare}
+    if (response := _csv_or_none(request, [compare])) is not None:
         return response
     if request.htmx:
         return render(request, "ops/whatif.html#whatif-status", context)
