@@ -29,6 +29,7 @@ BUCKETS = {"hour": timedelta(hours=1), "day": timedelta(days=1)}
 # A round's idle counts hold until the next round, but no longer than this (a stopped loop
 # must not paint hours of idleness from one stale round).
 ROUND_HOLD_MAX = timedelta(minutes=5)
+HEATMAP_MAX_COLUMNS = 7 * 24
 IDLE_REASONS: tuple[str, ...] = tuple(r.value for r in IdleReason)
 
 
@@ -211,16 +212,20 @@ def utilization_get(*, cluster_id: int, rng: Range, now: datetime | None = None)
     )
 
     # Node x time heatmap: busy fraction = busy GPU-hours / (GPUs on the node x bucket length).
+    # More than a week of hours would be thousands of cells per node: those go per day.
+    heat_rng = rng if len(starts) <= HEATMAP_MAX_COLUMNS else Range(rng.start_at, rng.end_at, "day")
+    heat_labels = [_label(s, heat_rng.bucket) for s in heat_rng.starts()]
+    heat_step_h = heat_rng.step.total_seconds() / 3600.0
     nodes = list(Node.objects.filter(cluster_id=cluster_id).order_by("name").values_list("name", "gpu_count"))
-    by_node = _spread(periods, rng, key=lambda p: p.node)
+    by_node = _spread(periods, heat_rng, key=lambda p: p.node)
     heat_rows = []
     for name, count in nodes:
-        cells = by_node.get(name, [0.0] * len(labels))
-        heat_rows.append((name, *(round(min(1.0, c / (count * step_h)), 2) for c in cells)))
+        cells = by_node.get(name, [0.0] * len(heat_labels))
+        heat_rows.append((name, *(round(min(1.0, c / (count * heat_step_h)), 2) for c in cells)))
     heatmap = Table(
         name="node-heatmap",
-        caption="Busy fraction per node (0 = idle, 1 = every GPU busy the whole period)",
-        headers=("Node", *labels),
+        caption=f"Busy fraction per node and {heat_rng.bucket} (0 = idle, 1 = every GPU busy all the time)",
+        headers=("Node", *heat_labels),
         rows=tuple(heat_rows),
         chart="heatmap",
     )

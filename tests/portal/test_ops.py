@@ -147,6 +147,20 @@ def test_utilization_counts_busy_gpu_hours_by_type_project_and_node(
     assert heat_rows["a1"][three] == 0.5
 
 
+def test_heatmap_goes_daily_beyond_a_week_of_hours(
+    cluster: Cluster, nodes: list[Node], a100: GpuType, project: Project
+) -> None:
+    _ran(project, cluster, a100, nodes[0], DAY + timedelta(hours=6), 12)
+    rng = Range(start_at=DAY - timedelta(days=9), end_at=DAY + timedelta(days=1), bucket="hour")
+    by_type, _, heat = selectors.utilization_get(cluster_id=cluster.pk, rng=rng, now=DAY + timedelta(days=2))
+    assert len(by_type.rows) == 240
+    assert heat.headers[1:3] == ("2026-10-24", "2026-10-25")
+    assert len(heat.headers) == 11
+    assert dict(zip(heat.headers, heat.rows[0], strict=True))["2026-11-02"] == pytest.approx(
+        round(12 / 96, 2)
+    )
+
+
 def test_utilization_ignores_released_and_the_future(
     cluster: Cluster, nodes: list[Node], a100: GpuType, project: Project
 ) -> None:
