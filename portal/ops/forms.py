@@ -9,19 +9,34 @@ from django import forms
 from portal.ops.services import POLICY_NAMES
 
 RANGE_DAYS = ((1, "Last day"), (7, "Last 7 days"), (30, "Last 30 days"), (90, "Last 90 days"))
+MAX_HOURLY_DAYS = 7
 POLICY_CHOICES = tuple((n, n) for n in POLICY_NAMES)
 
 
 class RangeForm(forms.Form):
+    coarsened = False  # True when an hourly request over a long range was turned into daily
     cluster = forms.TypedChoiceField(coerce=int, label="Cluster")
     days = forms.TypedChoiceField(coerce=int, choices=RANGE_DAYS, initial=7, label="Range")
-    bucket = forms.ChoiceField(choices=(("hour", "Hourly"), ("day", "Daily")), initial="day", label="Per")
+    bucket = forms.ChoiceField(
+        choices=(("hour", "Hourly"), ("day", "Daily")),
+        initial="day",
+        label="Per",
+        help_text=f"Hourly for up to {MAX_HOURLY_DAYS} days.",
+    )
 
     def __init__(self, *args: Any, clusters: list[Any], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         cluster_field = self.fields["cluster"]
         assert isinstance(cluster_field, forms.ChoiceField)
         cluster_field.choices = [(c.pk, c.name) for c in clusters]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        # Hourly over more than a week is hundreds of bars and a slow page: per day instead.
+        if data.get("bucket") == "hour" and data.get("days", 0) > MAX_HOURLY_DAYS:
+            data["bucket"] = "day"
+            self.coarsened = True
+        return data
 
 
 class QuotaForm(forms.Form):

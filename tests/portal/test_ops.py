@@ -194,6 +194,17 @@ def test_utilization_csv_matches_the_table(
     assert staff_web.get(reverse("ops:utilization"), {"csv": "nope"}).status_code == 404
 
 
+def test_hourly_is_limited_to_a_week(staff_web: Client, cluster: Cluster, nodes: list[Node]) -> None:
+    response = staff_web.get(
+        reverse("ops:utilization"), {"cluster": cluster.pk, "days": 30, "bucket": "hour"}
+    )
+    assert response.context["rng"].bucket == "day"
+    assert len(response.context["tables"][0].rows) == 30
+    assert "hourly covers up to 7 days" in response.content.decode()
+    response = staff_web.get(reverse("ops:utilization"), {"cluster": cluster.pk, "days": 7, "bucket": "hour"})
+    assert len(response.context["tables"][0].rows) == 7 * 24
+
+
 def test_range_page_renders_the_partial_for_htmx(staff_web: Client, nodes: list[Node]) -> None:
     response = staff_web.get(reverse("ops:fairness"), HTTP_HX_REQUEST="true")
     body = response.content.decode()
