@@ -17,6 +17,7 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 
 from portal.accounts.models import Membership, Project
+from scheduling import tasks
 from scheduling.backends.live_sim import LiveSimBackend, LiveSimConfig
 from scheduling.backends.registry import engine_redis, live_sim_key_prefix
 from scheduling.models import Cluster, GpuType, Job, Node
@@ -49,10 +50,19 @@ def clear_engine_keys(url: str = ENGINE_REDIS_URL) -> None:
         client.delete(*keys)
 
 
+REAL_TRIGGER = tasks.engine_round_trigger
+
+
 @pytest.fixture
-def engine_redis_url(settings: Any) -> Iterator[str]:
-    """Point the simulator, triggers and metrics at a private Redis db, empty before and after."""
+def engine_redis_url(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Point the simulator, triggers and metrics at a private Redis db, empty before and after.
+
+    The services' round trigger (after submits, cancels, bookings) becomes a no-op: these tests
+    run rounds themselves, and a committed trigger would otherwise send a task to the shared
+    broker for some other worker to run.  Tests of the trigger restore `REAL_TRIGGER`.
+    """
     settings.BERTH_ENGINE_REDIS_URL = ENGINE_REDIS_URL
+    monkeypatch.setattr(tasks, "engine_round_trigger", lambda cluster_id: None)
     clear_engine_keys()
     yield ENGINE_REDIS_URL
     clear_engine_keys()
@@ -145,6 +155,7 @@ def later(at: datetime, seconds: float) -> datetime:
 __all__ = [
     "BROKER_REDIS_URL",
     "ENGINE_REDIS_URL",
+    "REAL_TRIGGER",
     "Node",
     "clear_engine_keys",
     "engine_redis_url",

@@ -180,3 +180,26 @@ def test_kill_9_mid_round_loses_and_duplicates_nothing(
     rollbacks = AuditEvent.objects.filter(entity_type="job", entity_id=job.pk, verb="job.start_rollback")
     assert rollbacks.count() == (1 if where == "apply" else 0)
     assert worker.poll() is None  # the worker itself survived and replaced its process
+
+
+def test_a_submit_triggers_a_round_on_the_worker(worker, engine_redis_url, monkeypatch) -> None:
+    """job_submit -> (commit) -> engine_round_trigger -> the worker runs a round: no beat needed."""
+    from scheduling import tasks
+    from scheduling.services import job_submit
+
+    original = tasks.engine_round.apply_async
+
+    def via_test_broker(*args, **kwargs):
+        with app.connection_for_write(BROKER_REDIS_URL) as conn:
+            return original(*args, connection=conn, **kwargs)
+
+    monkeypatch.setattr(tasks, "engine_round_trigger", loop.REAL_TRIGGER)
+    monkeypatch.setattr(tasks.engine_round, "apply_async", via_test_broker)
+    cluster = make_cluster(nodes=1, gpus_per_node=4)
+    user, project = make_member()
+
+    job = job_submit(
+        user, project=project, cluster=cluster, name="j", gpu_count=1, payload={"sim_runtime_s": 600}
+    )
+
+    _wait_for(lambda: _job_status(job.pk) == Job.Status.RUNNING, timeout_s=60, what="the triggered round")

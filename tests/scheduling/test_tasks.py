@@ -80,9 +80,10 @@ def test_dispatch_enqueues_one_round_per_active_cluster_until_it_runs(engine_red
 
 @pytest.mark.django_db
 def test_trigger_enqueues_after_commit_and_debounces(
-    engine_redis_url, sent, django_capture_on_commit_callbacks, settings
+    engine_redis_url, sent, django_capture_on_commit_callbacks, settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     settings.BERTH_ENGINE_TRIGGER_DEBOUNCE_S = 30.0
+    monkeypatch.setattr(tasks, "engine_round_trigger", loop.REAL_TRIGGER)  # the fixture mutes it
     cluster = make_cluster(nodes=1)
 
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
