@@ -14,13 +14,18 @@
    truncated to ``[start, ended)``); preempted jobs are requeued with ``attempt + 1``, their
    ``first_submitted_at`` kept and the lost GPU-seconds written on the `Preemption` row; jobs
    the database believes running that the backend does not know are *lost* and requeued;
-   a start that never reached the backend is rolled back.  Bookings become active at their
-   start and completed at their end.  Allocations of running jobs are extended before they lapse.
-4. The frozen `ClusterSnapshot` (``scheduling.snapshots``) goes through ``plan_round``.
+   a start that never reached the backend is rolled back.  Work the backend runs that the
+   database does not (a cancelled job, a start the database rolled back) is adopted if its GPUs
+   are free, else cancelled after the commit; a job running on other GPUs than planned (Slurm
+   picks indices) has its allocations moved.  Bookings become active at their start and
+   completed at their end.  Allocations of running jobs are extended before they lapse.
+4. The frozen `ClusterSnapshot` (``scheduling.snapshots``) goes through ``plan_round``; an
+   exception there is recorded on the round (status ``engine_error``) and changes nothing.
 5. The plan is persisted in ONE transaction: allocations for starts (job rows, then node
    rows, locked in id order; the exclusion constraint refuses any overlap, which rolls back
    only that start and leaves the job pending with a reason), `Preemption` rows, the pending
-   explanations, the `EngineRound` row and an `AuditEvent` (actor ``engine``) for every change.
+   explanations (and the engine's notes on bookings that may start late), the `EngineRound`
+   row and an `AuditEvent` (actor ``engine``) for every change.
 6. ``backend.apply`` runs in ``transaction.on_commit``.  A failed start (a failed result, or
    the whole apply raising `BackendError`) is rolled back: its allocations are released and
    the job is pending again with reason ``backend``.  Nothing is left half-started.
