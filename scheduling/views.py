@@ -10,6 +10,7 @@ goes through ``scheduling.services``; bad input comes back as form errors, never
 from __future__ import annotations
 
 import csv
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
@@ -693,19 +694,32 @@ def _job_prediction(request: HtmxHttpRequest, form: JobForm) -> dict[str, Any]:
     cluster = clusters.distinct().order_by("pk").first()
     if cluster is None:
         return result
+    features = (
+        request.user.get_username(),
+        project.slug,
+        data.get("name") or "",
+        gpu_count,
+        estimate_s,
+        gpu_type.name if gpu_type else None,
+    )
     request_ = job_engine_request(
-        job_id=0,
-        username=request.user.get_username(),
-        project_slug=project.slug,
-        name=data.get("name") or "",
+        # The predictor caches a prediction per job id until it observes more history: a
+        # preview's id is its features (negative, never a real job's), so equal forms share it
+        # and different ones never get each other's answer.
+        job_id=-1 - zlib.crc32(repr(features).encode()),
+        username=features[0],
+        project_slug=features[1],
+        name=features[2],
         gpu_count=gpu_count,
         submitted_at=timezone.now(),
         requested_s=estimate_s,
         kind=Job.Kind.BATCH,
-        gpu_type=gpu_type.name if gpu_type else None,
+        gpu_type=features[5],
     )
     ((p50_s, p90_s),) = runtime_predict(cluster_id=cluster.pk, requests=[request_])
     result.update({"p50_s": p50_s, "p90_s": p90_s})
+    # With no history for jobs like this one the predictor answers the estimate itself.
+    result["is_estimate_only"] = bool(estimate_s) and p50_s == p90_s == float(estimate_s)
     if estimate_s and p50_s:
         result["ratio"] = estimate_s / p50_s
     return result

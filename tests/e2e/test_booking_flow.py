@@ -33,9 +33,9 @@ def test_book_see_and_cancel_a_window(
 
     page.on("console", on_console)
 
-    # Log in: the home page sends us to the login form first.
-    page.goto(f"{base}/")
-    expect(page).to_have_url(f"{base}/login/?next=/")
+    # Log in: the booking form sends us to the login form first, and back after it.
+    page.goto(f"{base}/bookings/new/")
+    expect(page).to_have_url(f"{base}/login/?next=/bookings/new/")
     page.get_by_label("Username").fill(member.username)
     page.get_by_label("Password").fill("pw-not-secret")
     page.get_by_role("button", name="Log in").click()
@@ -150,7 +150,7 @@ def test_a_full_window_offers_the_next_free_one_in_one_click(
     )
     base = str(live_server).rstrip("/")
     page.set_default_timeout(10_000)
-    page.goto(f"{base}/login/")
+    page.goto(f"{base}/login/?next=/bookings/new/")
     page.get_by_label("Username").fill(member.username)
     page.get_by_label("Password").fill("pw-not-secret")
     page.get_by_role("button", name="Log in").click()

@@ -21,6 +21,7 @@ from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
 from forecasting.models import ForecastPoint, ForecastRun
+from forecasting.selectors import runtime_predictor_forget
 from portal.accounts.models import Project
 from scheduling.models import AuditEvent, Booking, Cluster, GpuType, Job, Node, Preemption
 from scheduling.services import booking_create
@@ -331,14 +332,28 @@ def test_job_prediction_fragment_shows_the_predictors_quantiles_and_the_estimate
 
 
 def test_job_prediction_with_the_real_predictor_and_an_incomplete_form(
-    member_web: Client, project: Project, nodes: list[Node]
+    member_web: Client, member: User, project: Project, nodes: list[Node]
 ) -> None:
     url = reverse("job-prediction")
     incomplete = member_web.get(url, {"requested_h": "2"}, **HTMX).content.decode()
     assert "No prediction yet" in incomplete
-    real = member_web.get(url, {"project": project.slug, "gpu_count": "1", "requested_h": "2"}, **HTMX)
+    params = {"project": project.slug, "name": "bert", "gpu_count": "1", "requested_h": "4"}
+    runtime_predictor_forget()
+    real = member_web.get(url, params, **HTMX)
     assert real.status_code == 200
-    assert 'id="job-prediction"' in real.content.decode()
+    assert "No finished jobs like this one yet" in real.content.decode()
+    # Once jobs like it have finished (about 90 minutes each), the prediction follows them.
+    ended = timezone.now() - timedelta(hours=1)
+    for _ in range(5):
+        JobFactory(
+            user=member, project=project, cluster=nodes[0].cluster, name="bert", gpu_count=1,
+            requested_s=4 * 3600, status=Job.Status.COMPLETED, started_at=ended - timedelta(minutes=90),
+            ended_at=ended, submitted_at=ended - timedelta(hours=2),
+        )  # fmt: skip
+    runtime_predictor_forget()
+    learned = re.sub(r"\s+", " ", member_web.get(url, params, **HTMX).content.decode())
+    assert '<p class="big-number">1 h 30 min</p>' in learned
+    assert "Your estimate: <strong>4 h</strong>" in learned
     page = member_web.get(reverse("job-new")).content.decode()
     assert 'hx-get="/jobs/new/prediction/"' in page
     assert re.search(r'<div aria-live="polite">\s*<section id="job-prediction"', page)
