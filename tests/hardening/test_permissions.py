@@ -22,7 +22,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
-from portal.accounts.models import Membership
+from portal.accounts.models import Membership, Quota
 from scheduling import services
 from scheduling.models import AuditEvent, Booking, Job
 from tests.factories import (
@@ -92,7 +92,8 @@ def lab(settings):
         end_at=start + timedelta(hours=1),
     )
     job = services.job_submit(users["researcher"], project=vision, name="train", gpu_count=1)
-    return {"users": users, "booking": booking, "job": job}
+    quota = Quota.objects.create(project=vision, gpu_type=a100, guaranteed_gpus=1)
+    return {"users": users, "booking": booking, "job": job, "quota": quota}
 
 
 def _client(lab: dict, role: str, *, api: bool) -> Client:
@@ -166,6 +167,35 @@ EXPECTED: dict[str, tuple[str, dict[str, str]]] = {
     "job-cancel": _row("/jobs/{job}/cancel/", "302/302", "405/303", "405/404", "405/404"),
     "login": _row("/login/", "200/200", "302/302", "302/302", "302/302"),
     "logout": _row("/logout/", "405/302", "405/302", "405/302", "405/302"),
+    # Operations pages (portal/ops): staff only; anonymous to the login page, everyone else 403.
+    "ops:home": _row("/ops/", "302/302", "403/403", "403/403", "200/405"),
+    "ops:utilization": _row("/ops/utilization/", "302/302", "403/403", "403/403", "200/405"),
+    "ops:fairness": _row("/ops/fairness/", "302/302", "403/403", "403/403", "200/405"),
+    "ops:idle": _row("/ops/idle/", "302/302", "403/403", "403/403", "200/405"),
+    # Without a period from the table there is nothing to drill into.
+    "ops:idle-drill": _row("/ops/idle/drill/", "302/302", "403/403", "403/403", "404/405"),
+    "ops:capacity": _row("/ops/capacity/", "302/302", "403/403", "403/403", "200/405"),
+    "ops:capacity-exceed": _row("/ops/capacity/exceed/", "302/302", "403/403", "403/403", "200/405"),
+    "ops:whatif-new": _row("/ops/capacity/whatif/", "302/302", "403/403", "403/403", "405/422"),
+    "ops:whatif": _row("/ops/capacity/whatif/unknown/", "302/302", "403/403", "403/403", "404/405"),
+    "ops:quotas": _row("/ops/quotas/", "302/302", "403/403", "403/403", "200/405"),
+    "ops:quota-edit": _row("/ops/quotas/999999/", "302/302", "403/403", "403/403", "405/404"),
+    "ops:policy": _row("/ops/policy/", "302/302", "403/403", "403/403", "200/422"),
+    "ops:audit": _row("/ops/audit/", "302/302", "403/403", "403/403", "200/405"),
+    # Ops pages: staff only (403 for signed-in non-staff).
+    "ops:home": _row("/ops/", "302/302", "403/403", "403/403", "200/405"),
+    "ops:utilization": _row("/ops/utilization/", "302/302", "403/403", "403/403", "200/405"),
+    "ops:fairness": _row("/ops/fairness/", "302/302", "403/403", "403/403", "200/405"),
+    "ops:idle": _row("/ops/idle/", "302/302", "403/403", "403/403", "200/405"),
+    "ops:idle-drill": _row("/ops/idle/drill/", "302/302", "403/403", "403/403", "404/405"),
+    "ops:capacity": _row("/ops/capacity/", "302/302", "403/403", "403/403", "200/405"),
+    "ops:capacity-exceed": _row("/ops/capacity/exceed/", "302/302", "403/403", "403/403", "200/405"),
+    "ops:whatif-new": _row("/ops/capacity/whatif/", "302/302", "403/403", "403/403", "405/422"),
+    "ops:whatif": _row("/ops/capacity/whatif/unknown/", "302/302", "403/403", "403/403", "404/405"),
+    "ops:quotas": _row("/ops/quotas/", "302/302", "403/403", "403/403", "200/405"),
+    "ops:quota-edit": _row("/ops/quotas/{quota}/", "302/302", "403/403", "403/403", "405/422"),
+    "ops:policy": _row("/ops/policy/", "302/302", "403/403", "403/403", "200/422"),
+    "ops:audit": _row("/ops/audit/", "302/302", "403/403", "403/403", "200/405"),
     # Static files (unnamed route): public.
     "": _row("/static/css/berth.css", "200/-", "200/-", "200/-", "200/-"),
 }
@@ -195,7 +225,7 @@ def _fresh_objects(lab: dict) -> dict[str, int]:
         end_at=start + timedelta(hours=Booking.objects.count() + 1),
     )
     job = services.job_submit(lab["users"]["researcher"], project=vision, name="train", gpu_count=1)
-    return {"booking": booking.pk, "job": job.pk}
+    return {"booking": booking.pk, "job": job.pk, "quota": lab["quota"].pk}
 
 
 @pytest.mark.parametrize("role", ROLES)
@@ -235,7 +265,9 @@ _OBJECT_ROUTES = [
 
 
 def test_object_routes_cover_every_route_with_an_object_id():
-    with_ids = {route for route, _ in all_routes() if "_id>" in route}
+    # The operations pages' ids (quotas, what-ifs) are staff-only objects, not someone's own:
+    # every non-staff role gets 403 there (the access table above checks it).
+    with_ids = {route for route, _ in all_routes() if "_id>" in route and not route.startswith("ops/")}
     covered = {url.split("{")[0].lstrip("/") for url, _ in _OBJECT_ROUTES}
     for route in with_ids:
         assert route.split("<")[0] in covered, f"{route} is not in _OBJECT_ROUTES"
