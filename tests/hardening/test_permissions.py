@@ -167,21 +167,6 @@ EXPECTED: dict[str, tuple[str, dict[str, str]]] = {
     "job-cancel": _row("/jobs/{job}/cancel/", "302/302", "405/303", "405/404", "405/404"),
     "login": _row("/login/", "200/200", "302/302", "302/302", "302/302"),
     "logout": _row("/logout/", "405/302", "405/302", "405/302", "405/302"),
-    # Operations pages (portal/ops): staff only; anonymous to the login page, everyone else 403.
-    "ops:home": _row("/ops/", "302/302", "403/403", "403/403", "200/405"),
-    "ops:utilization": _row("/ops/utilization/", "302/302", "403/403", "403/403", "200/405"),
-    "ops:fairness": _row("/ops/fairness/", "302/302", "403/403", "403/403", "200/405"),
-    "ops:idle": _row("/ops/idle/", "302/302", "403/403", "403/403", "200/405"),
-    # Without a period from the table there is nothing to drill into.
-    "ops:idle-drill": _row("/ops/idle/drill/", "302/302", "403/403", "403/403", "404/405"),
-    "ops:capacity": _row("/ops/capacity/", "302/302", "403/403", "403/403", "200/405"),
-    "ops:capacity-exceed": _row("/ops/capacity/exceed/", "302/302", "403/403", "403/403", "200/405"),
-    "ops:whatif-new": _row("/ops/capacity/whatif/", "302/302", "403/403", "403/403", "405/422"),
-    "ops:whatif": _row("/ops/capacity/whatif/unknown/", "302/302", "403/403", "403/403", "404/405"),
-    "ops:quotas": _row("/ops/quotas/", "302/302", "403/403", "403/403", "200/405"),
-    "ops:quota-edit": _row("/ops/quotas/999999/", "302/302", "403/403", "403/403", "405/404"),
-    "ops:policy": _row("/ops/policy/", "302/302", "403/403", "403/403", "200/422"),
-    "ops:audit": _row("/ops/audit/", "302/302", "403/403", "403/403", "200/405"),
     # Ops pages: staff only (403 for signed-in non-staff).
     "ops:home": _row("/ops/", "302/302", "403/403", "403/403", "200/405"),
     "ops:utilization": _row("/ops/utilization/", "302/302", "403/403", "403/403", "200/405"),
