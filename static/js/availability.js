@@ -8,7 +8,7 @@
 
   var COLORS = {
     booked: "#1f4fbf",
-    free: "#2f855a",
+    free: "rgba(47, 133, 90, 0.55)",
     lendable: "#b45309",
     forecast: "#6b21a8",
     band: "rgba(107, 33, 168, 0.15)",
