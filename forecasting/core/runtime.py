@@ -70,9 +70,15 @@ DEFAULT_LEVELS: tuple[tuple[str, float], ...] = (
 )
 
 
-def _level_key(level: str, job: JobRequest) -> Hashable | None:
-    """The history key of ``job`` at ``level``, or None when the job lacks the feature."""
-    req = round(job.requested_s) if job.requested_s else None
+def _requested(job: JobRequest) -> float | None:
+    """The job's requested time when it is a usable positive number, else None."""
+    req = job.requested_s
+    return req if req is not None and math.isfinite(req) and req > 0 else None
+
+
+def _level_key(level: str, job: JobRequest, req: int | None) -> Hashable | None:
+    """The history key of ``job`` at ``level`` (``req``: its rounded requested time), or None
+    when the job lacks the feature."""
     if level == "user_name_gpus":
         return (level, job.user, job.name, job.gpu_count) if job.name else None
     if level == "user_req_gpus":
@@ -135,7 +141,7 @@ class HistoryRuntimePredictor:
         min_runtime_s: float = 1.0,
     ) -> None:
         for level, _ in levels:
-            _level_key(level, JobRequest(id="", user="", project="", gpu_count=1, submit_at=0.0))
+            _level_key(level, JobRequest(id="", user="", project="", gpu_count=1, submit_at=0.0), None)
         self.window = window
         self.decay = decay
         self.levels = levels
@@ -161,11 +167,13 @@ class HistoryRuntimePredictor:
         return self._n_observed
 
     def _log_p50(self, job: JobRequest) -> float | None:
-        log_req = math.log(job.requested_s) if job.requested_s else None
+        requested = _requested(job)
+        log_req = math.log(requested) if requested else None
+        req = round(requested) if requested else None
         votes: list[tuple[float, float]] = []
         history = self._history
         for (level, _), weights in zip(self.levels, self._level_weights, strict=True):
-            key = _level_key(level, job)
+            key = _level_key(level, job, req)
             if key is None:
                 continue
             hist = history.get(key)
@@ -197,30 +205,39 @@ class HistoryRuntimePredictor:
                     for stale in list(self._predicted)[: self._max_predicted // 10]:
                         del self._predicted[stale]
                 self._predicted[job.id] = (self._n_observed, log_p50)
+        requested = _requested(job)
         if log_p50 is None:
-            p50 = job.requested_s if job.requested_s else self.default_s
+            p50 = requested if requested else self.default_s
             p90 = p50
         else:
             p50 = math.exp(log_p50)
             p90 = math.exp(log_p50 + max(self._log_q90, 0.0))
-        if job.requested_s:
-            p50 = min(p50, job.requested_s)
-            p90 = min(p90, job.requested_s)
+        if requested:
+            p50 = min(p50, requested)
+            p90 = min(p90, requested)
         p50 = max(p50, self.min_runtime_s)
         return p50, max(p90, p50)
 
     def observe(self, job: JobRequest, runtime_s: float) -> None:
-        """Learn from a finished job: amortised O(levels + window) time, bounded memory per key."""
+        """Learn from a finished job: amortised O(levels + window) time, bounded memory per key.
+
+        A NaN or infinite runtime is ignored (nothing to learn); negatives count as the floor.
+        """
+        if not math.isfinite(runtime_s):
+            self._predicted.pop(job.id, None)
+            return
         log_rt = math.log(max(runtime_s, self.min_runtime_s))
+        requested = _requested(job)
         cached = self._predicted.pop(job.id, None)
         log_p50 = cached[1] if cached is not None else self._log_p50(job)
         if log_p50 is not None:
-            if job.requested_s:
-                log_p50 = min(log_p50, math.log(job.requested_s))
+            if requested:
+                log_p50 = min(log_p50, math.log(requested))
             self._residuals.append(log_rt - log_p50)
-        log_ratio = log_rt - math.log(job.requested_s) if job.requested_s else None
+        log_ratio = log_rt - math.log(requested) if requested else None
+        req = round(requested) if requested else None
         for level, _ in self.levels:
-            key = _level_key(level, job)
+            key = _level_key(level, job, req)
             if key is None:
                 continue
             hist = self._history.get(key)

@@ -117,3 +117,14 @@ def test_predict_is_repeatable_and_observe_works_without_predict() -> None:
     assert p.predict(j) == p.predict(j)
     p.observe(job("bob"), 0.0)  # never predicted, zero runtime: floored, no error
     assert p.predict(job("bob"))[0] >= 1.0
+
+
+def test_bad_inputs_are_tolerated() -> None:
+    p = HistoryRuntimePredictor()
+    feed(p, {"user": "alice", "requested_s": 1_000.0}, [100.0, 120.0])
+    p.observe(job("alice"), float("nan"))  # nothing to learn
+    assert p.n_observed == 2
+    for requested in (0.0, -5.0, float("inf")):  # unusable limits are ignored, not logged
+        p50, p90 = p.predict(job("alice", requested_s=requested))
+        assert 1.0 <= p50 <= p90
+        assert math.isfinite(p90)
