@@ -20,6 +20,8 @@ export DATABASE_URL=${DATABASE_URL:-postgres://berth:berth@127.0.0.1:$PG_PORT/be
 export REDIS_URL=${REDIS_URL:-redis://127.0.0.1:$REDIS_PORT/0}
 # Celery refuses nothing as root with JSON-only serialisation; the warning only adds noise to the log.
 export C_FORCE_ROOT=${C_FORCE_ROOT:-1}
+# The demo cluster is simulated: run its clock 30x so jobs start, finish and get preempted while you watch.
+export BERTH_SIM_SPEEDUP=${BERTH_SIM_SPEEDUP:-30}
 SERVICES=(web worker beat)
 
 is_running() {  # is_running NAME: the pid file names a live process

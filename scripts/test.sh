@@ -14,5 +14,10 @@ if [ -x scripts/slurm.sh ] && command -v slurmctld >/dev/null 2>&1; then
   fi
   trap 'scripts/slurm.sh stop >/dev/null 2>&1 || true' EXIT
 fi
+# Tests get Redis databases of their own (broker, cache, engine state): a demo or another
+# checkout on the same server keeps its queues, and tests never consume each other's tasks.
+REDIS_URL=${REDIS_URL:-redis://127.0.0.1:${REDIS_PORT:-56379}/0}
+export REDIS_URL="${REDIS_URL%/*}/9"
+$BIN/python -c "import os, redis; redis.Redis.from_url(os.environ['REDIS_URL']).flushdb()"
 mkdir -p artifacts
 $BIN/pytest "$@"
