@@ -76,13 +76,15 @@ def _metrics_allowed(request: HttpRequest) -> bool:
 
 
 class SecurityHeadersMiddleware:
-    """CSP and Permissions-Policy on every response; ``/metrics`` only for its allowed callers.
+    """CSP, Permissions-Policy and ``Cache-Control: private, no-store`` (unless set; not on static
+    files) on every response; ``/metrics`` only for its allowed callers.
 
     Place after ``AuthenticationMiddleware`` (the staff check reads ``request.user``).
     """
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
+        self.static_prefix = "/" + str(settings.STATIC_URL).lstrip("/")
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         if request.path_info.rstrip("/") == "/metrics" and not _metrics_allowed(request):
@@ -92,6 +94,10 @@ class SecurityHeadersMiddleware:
             )
         else:
             response = self.get_response(request)
+        # Pages and API answers are personal (tokens, bookings): no browser or proxy may store
+        # them unless a view says otherwise.  Static files keep their own caching.
+        if "Cache-Control" not in response and not request.path_info.startswith(self.static_prefix):
+            response["Cache-Control"] = "private, no-store"
         if settings.BERTH_CSP and "Content-Security-Policy" not in response:
             response["Content-Security-Policy"] = settings.BERTH_CSP
         response.setdefault("Permissions-Policy", _PERMISSIONS_POLICY)

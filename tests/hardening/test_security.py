@@ -70,6 +70,15 @@ def test_security_headers_on_pages_and_api(client, url):
     assert response["X-Content-Type-Options"] == "nosniff"
     assert response["Referrer-Policy"] == "same-origin"
     assert response["X-Frame-Options"] == "DENY"
+    assert "no-store" in response["Cache-Control"]
+
+
+@pytest.mark.django_db
+def test_static_files_keep_their_caching(client, settings):
+    settings.STATIC_ROOT = settings.STATICFILES_DIRS[0]
+    response = client.get("/static/css/berth.css")
+    assert response.status_code == 200
+    assert "no-store" not in response.get("Cache-Control", "")
 
 
 @pytest.mark.django_db
@@ -78,11 +87,15 @@ def test_pages_have_no_inline_scripts(client, staff):
     staff.set_password("pw")
     staff.save()
     client.force_login(staff)
-    for url in ["/", "/bookings/", "/jobs/", "/jobs/new/", "/availability/", "/api/docs/"]:
+    urls = ["/", "/bookings/new/", "/bookings/", "/jobs/", "/jobs/new/", "/availability/", "/account/tokens/"]
+    urls += ["/ops/", "/ops/utilization/", "/ops/fairness/", "/ops/idle/", "/ops/capacity/", "/ops/quotas/"]
+    urls += ["/ops/policy/", "/ops/audit/", "/api/docs/", "/admin/"]
+    for url in urls:
         body = client.get(url).content.decode()
         for chunk in body.split("<script")[1:]:
             tag = chunk.split(">", 1)[0]
-            assert "src=" in tag, f"inline script on {url}"
+            # json_script data blocks are not executed: CSP does not apply to them.
+            assert "src=" in tag or 'type="application/json"' in tag, f"inline script on {url}"
 
 
 def test_hsts_and_secure_cookies_in_production_settings():
