@@ -5,7 +5,8 @@ Definitions:
   Useful GPU-time counts batch work that was kept (not later lost to a preemption),
   interactive sessions and booking owners' use.
 * ``busy_utilization``: the same ratio restricted to the instants when some queued job could
-  run on the empty cluster (its size fits the cluster's GPUs of a matching type).
+  run on the empty cluster (its size fits the cluster's GPUs of a matching type); 0.0 when no
+  job ever had to wait.
 * Batch waits: ``wait = completion - first submit - runtime`` (the time a job was not making
   kept progress, so requeues and lost work count); equal to start - submit for jobs never
   preempted.  ``jct = completion - first submit``; bounded slowdown ``max(1, jct / max(runtime, 10 s))``.
