@@ -94,6 +94,12 @@ def _range(request: HttpRequest) -> tuple[RangeForm, int | None, selectors.Range
     return form, (clusters[0].pk if clusters else None), selectors.range_get(days=7, bucket="day")
 
 
+def _is_asked_cluster(request: HttpRequest, cluster_id: int | None) -> bool:
+    """Writes act on the cluster the URL names: an unknown one must not fall back to the first."""
+    raw = request.GET.get("cluster")
+    return cluster_id is not None and (not raw or raw == str(cluster_id))
+
+
 def _query(form: RangeForm) -> str:
     return "&".join(f"{k}={form.data[k]}" for k in ("cluster", "days", "bucket") if form.data.get(k))
 
@@ -282,13 +288,18 @@ def capacity_exceed(request: HtmxHttpRequest) -> HttpResponse:
 @staff_required
 @require_POST
 def whatif_new(request: HtmxHttpRequest) -> HttpResponse:
+    from forecasting.selectors import cluster_capacity_by_type
     from scheduling.models import Cluster
 
     form_range, cluster_id, _ = _range(request)
-    cluster = get_object_or_404(Cluster, pk=cluster_id) if cluster_id else None
-    ctx = _capacity_context(cluster_id)
-    form = WhatIfForm(request.POST, gpu_types=ctx["gpu_types"])
+    cluster = (
+        Cluster.objects.filter(pk=cluster_id).first() if _is_asked_cluster(request, cluster_id) else None
+    )
+    gpu_types = sorted(cluster_capacity_by_type(cluster_id=cluster.pk)) if cluster else []
+    form = WhatIfForm(request.POST, gpu_types=gpu_types)
     context: dict[str, Any] = {"whatif_form": form, "query": _query(form_range), "cluster_id": cluster_id}
+    if cluster is None:
+        form.add_error(None, "Choose a cluster from the capacity page.")
     if cluster is None or not form.is_valid():
         return render(request, "ops/capacity.html#whatif", context, status=UNPROCESSABLE)
     try:
@@ -392,8 +403,8 @@ def policy(request: HtmxHttpRequest) -> HttpResponse:
     from scheduling.snapshots import policy_config_for_cluster
 
     form_range, cluster_id, _ = _range(request)
-    if cluster_id is None:
-        raise Http404("No cluster")
+    if cluster_id is None or not _is_asked_cluster(request, cluster_id):
+        raise Http404("No such cluster")
     from scheduling.models import Cluster
 
     cluster = get_object_or_404(Cluster, pk=cluster_id)

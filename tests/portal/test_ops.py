@@ -537,3 +537,47 @@ def test_whatif_new_queues_the_task_after_commit(
     assert response.status_code == 200
     assert len(sent) == 1
     assert f'hx-get="{reverse("ops:whatif", args=[sent[0]])}"' in response.content.decode()
+
+
+# ---- bad input never produces a 500 ----
+
+
+def test_pages_without_any_cluster(staff_web: Client) -> None:
+    for name in ("ops:utilization", "ops:fairness", "ops:idle", "ops:capacity", "ops:quotas", "ops:audit"):
+        assert staff_web.get(reverse(name)).status_code == 200, name
+    assert staff_web.get(reverse("ops:policy")).status_code == 404
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"cluster": "abc", "days": "x", "bucket": "minute"},
+        {"cluster": "999999"},
+        {"days": "-3"},
+        {"csv": ""},
+    ],
+)
+def test_bad_range_parameters_fall_back(
+    staff_web: Client, cluster: Cluster, nodes: list[Node], params: dict[str, str]
+) -> None:
+    for name in ("ops:utilization", "ops:fairness", "ops:idle"):
+        response = staff_web.get(reverse(name), params)
+        assert response.status_code == 200, (name, params)
+        assert response.context["rng"].bucket == "day"
+
+
+def test_whatif_unknown_type_and_cluster(staff_web: Client, cluster: Cluster, nodes: list[Node]) -> None:
+    data = {"gpu_type": "H100", "gpu_delta": 4, "policy": "berth", "history_days": 14}
+    response = staff_web.post(f"{reverse('ops:whatif-new')}?cluster={cluster.pk}", data)
+    assert response.status_code == 422
+    response = staff_web.post(f"{reverse('ops:whatif-new')}?cluster=999999", {**data, "gpu_type": "A100"})
+    assert response.status_code == 422
+    assert "Choose a cluster" in response.content.decode()
+    # Policy writes never fall back to another cluster either.
+    response = staff_web.post(
+        f"{reverse('ops:policy')}?cluster=999999", {"name": "fifo", "grace_s": 1, "min_runtime_s": 1}
+    )
+    assert response.status_code == 404
+    cluster.refresh_from_db()
+    assert "policy" not in cluster.settings
+    assert staff_web.get(reverse("ops:whatif", args=["nope"])).status_code == 404
