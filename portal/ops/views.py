@@ -292,9 +292,9 @@ def whatif_new(request: HtmxHttpRequest) -> HttpResponse:
     from scheduling.models import Cluster
 
     form_range, cluster_id, _ = _range(request)
-    cluster = (
-        Cluster.objects.filter(pk=cluster_id).first() if _is_asked_cluster(request, cluster_id) else None
-    )
+    cluster = None
+    if cluster_id is not None and _is_asked_cluster(request, cluster_id):
+        cluster = Cluster.objects.filter(pk=cluster_id).first()
     gpu_types = sorted(cluster_capacity_by_type(cluster_id=cluster.pk)) if cluster else []
     form = WhatIfForm(request.POST, gpu_types=gpu_types)
     context: dict[str, Any] = {"whatif_form": form, "query": _query(form_range), "cluster_id": cluster_id}
