@@ -462,6 +462,9 @@ class BerthModel:
         last_level = float(self._level_series(np.append(st["resid"], np.nan))[-1])
         path = st["future"][:horizon_h] + beta[:horizon_h] * last_level
         zf = np.empty(horizon_h)
+        comp_lo = np.empty(horizon_h)
+        comp_hi = np.empty(horizon_h)
+        used = st["weights"].max(axis=0) > 0
         for start in range(0, horizon_h, 24):
             # One day at a time: the blend was calibrated on 24-hour paths.
             width = min(24, horizon_h - start)
@@ -469,7 +472,15 @@ class BerthModel:
             day_path = np.append(path[start : start + width], np.zeros(24 - width))[None, :]
             comps = self._components(np.append(z, np.full(start, np.nan)), idx, day_path)
             zf[start : start + width] = self._blend(comps, st["weights"])[0, :width]
+            comp_lo[start : start + width] = comps[used, 0, :width].min(axis=0)
+            comp_hi[start : start + width] = comps[used, 0, :width].max(axis=0)
         lo_q, hi_q = self._interval_offsets(horizon_h)
+        # A zero-width band means the calibration window saw no error at all (a flat or
+        # all-zero series); then the disagreement of the blended components is the only
+        # uncertainty known, and it keeps e.g. exact zeros inside a band around 0.004.
+        flat = hi_q - lo_q <= 1e-9
+        lo_q = np.where(flat, np.minimum(lo_q, comp_lo - zf), lo_q)
+        hi_q = np.where(flat, np.maximum(hi_q, comp_hi - zf), hi_q)
         point, lower, upper = self._inv(zf), self._inv(zf + lo_q), self._inv(zf + hi_q)
         if st["nonneg"]:
             point, lower, upper = (np.maximum(a, 0.0) for a in (point, lower, upper))
