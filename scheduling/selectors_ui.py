@@ -11,13 +11,15 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
+from django.db.models import Max
 from django.utils import timezone
 
 from forecasting.models import ForecastRun
-from forecasting.selectors import forecast_band_get, interactive_headroom_get
-from scheduling.models import Allocation, Booking, Cluster, Job, Preemption
+from forecasting.selectors import forecast_points_list, forecast_run_latest, interactive_headroom_get
+from scheduling.models import Allocation, Booking, Cluster, Job, Node, Preemption
 from scheduling.selectors import availability_get, booking_list, gpu_type_list, job_list
 
 HOUR = timedelta(hours=1)
@@ -167,6 +169,33 @@ def _booked_by_hour(
     return [len(s) for s in booked], [len(s) for s in unused]
 
 
+def _headroom_by_hour(*, clusters: list[Cluster], start_at: datetime, hours: int) -> list[dict[str, int]]:
+    """GPUs per type the engine holds idle as interactive headroom in each hour (all clusters).
+
+    ``interactive_headroom_get`` per hour, but only for the hours a stored interactive forecast
+    can cover: it uses runs at most ``BERTH_HEADROOM_MAX_FORECAST_AGE_H`` old, so after the
+    newest run's issue time plus that age the headroom is 0 and is not asked for.
+    """
+    out: list[dict[str, int]] = [defaultdict(int) for _ in range(hours)]
+    newest = dict(
+        ForecastRun.objects.filter(cluster__in=clusters, kind=ForecastRun.Kind.INTERACTIVE)
+        .values_list("cluster_id")
+        .annotate(latest=Max("issued_at"))
+    )
+    max_age = timedelta(hours=settings.BERTH_HEADROOM_MAX_FORECAST_AGE_H)
+    for cluster in clusters:
+        latest = newest.get(cluster.pk)
+        if latest is None:
+            continue
+        for i in range(hours):
+            at = start_at + i * HOUR
+            if at >= latest + max_age + HOUR:
+                break
+            for type_name, gpus in interactive_headroom_get(cluster_id=cluster.pk, at=at).items():
+                out[i][type_name] += gpus
+    return out
+
+
 def availability_outlook(*, start_at: datetime, hours: int) -> list[TypeOutlook]:
     """Free, booked and lendable GPUs per GPU type and hour, with the demand forecast behind it.
 
@@ -177,14 +206,12 @@ def availability_outlook(*, start_at: datetime, hours: int) -> list[TypeOutlook]
     """
     now = timezone.now()
     clusters = list(Cluster.objects.filter(is_active=True).order_by("pk"))
-    headroom: list[dict[str, int]] = [defaultdict(int) for _ in range(hours)]
-    forecasts: dict[str, dict[datetime, list[float]]] = defaultdict(dict)
-    for cluster in clusters:
-        for i in range(hours):
-            for type_name, gpus in interactive_headroom_get(
-                cluster_id=cluster.pk, at=start_at + i * HOUR
-            ).items():
-                headroom[i][type_name] += gpus
+    headroom = _headroom_by_hour(clusters=clusters, start_at=start_at, hours=hours)
+    types_by_cluster: dict[int, set[str]] = defaultdict(set)
+    for cluster_id, type_name in Node.objects.filter(cluster__in=clusters).values_list(
+        "cluster_id", "gpu_type__name"
+    ):
+        types_by_cluster[cluster_id].add(type_name)
     out: list[TypeOutlook] = []
     for gpu_type in gpu_type_list().filter(nodes__cluster__is_active=True).distinct():
         availability = availability_get(
@@ -192,14 +219,18 @@ def availability_outlook(*, start_at: datetime, hours: int) -> list[TypeOutlook]
         )
         if availability.capacity == 0:
             continue
-        by_ts = forecasts[gpu_type.name]
+        # The newest stored demand forecast of the type per cluster (what forecast_band_get
+        # draws, without the history it also loads), summed over clusters.
+        by_ts: dict[datetime, list[float]] = {}
         for cluster in clusters:
-            if not cluster.nodes.filter(gpu_type=gpu_type).exists():
+            if gpu_type.name not in types_by_cluster[cluster.pk]:
                 continue
-            band = forecast_band_get(
-                cluster_id=cluster.pk, kind=ForecastRun.Kind.GPU_TYPE, key=gpu_type.name, at=now, history_h=1
+            run = forecast_run_latest(
+                cluster_id=cluster.pk, kind=ForecastRun.Kind.GPU_TYPE, key=gpu_type.name, at=now
             )
-            for point in band.points:
+            if run is None:
+                continue
+            for point in forecast_points_list(run=run):
                 sums = by_ts.setdefault(point.ts, [0.0, 0.0, 0.0])
                 sums[0] += point.yhat
                 sums[1] += point.lower80

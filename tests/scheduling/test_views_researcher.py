@@ -283,6 +283,16 @@ def test_outlook_page_has_chart_data_table_and_booking_links(
         assert "src=" in tag or 'type="application/json"' in tag, tag
 
 
+def test_outlook_query_count_does_not_grow_with_the_days(member_web: Client, nodes: list[Node]) -> None:
+    _forecast(nodes[0].cluster)
+    counts = []
+    for days in (1, 7):
+        with CaptureQueriesContext(connection) as ctx:
+            assert member_web.get(reverse("availability"), {"days": days}).status_code == 200
+        counts.append(len(ctx.captured_queries))
+    assert counts[0] == counts[1] <= 20
+
+
 def test_outlook_days_are_limited_to_the_offered_choices(member_web: Client, nodes: list[Node]) -> None:
     assert len(_csv(member_web, days=7)) == 7 * 24
     response = member_web.get(reverse("availability-csv"), {"days": "365"})
@@ -413,3 +423,28 @@ def test_the_token_from_the_page_works_on_the_api(
     assert api.get("/api/v1/bookings/", HTTP_AUTHORIZATION=f"Token {key}").status_code == 200
     member_web.post(reverse("api-tokens"), {"action": "revoke"})
     assert api.get("/api/v1/bookings/", HTTP_AUTHORIZATION=f"Token {key}").status_code == 401
+
+
+def test_outlook_counts_the_held_interactive_headroom_as_lendable(
+    member_web: Client, nodes: list[Node]
+) -> None:
+    issued = timezone.now().replace(minute=0, second=0, microsecond=0) - timedelta(hours=1)
+    run = ForecastRun.objects.create(
+        cluster=nodes[0].cluster,
+        kind=ForecastRun.Kind.INTERACTIVE,
+        key="A100",
+        model_name="berth",
+        issued_at=issued,
+        train_start_at=issued - timedelta(days=7),
+        train_end_at=issued,
+        horizon_h=12,
+    )
+    ForecastPoint.objects.bulk_create(
+        ForecastPoint(run=run, ts=issued + timedelta(hours=h), yhat=1.0, lower80=0.0, upper80=1.6)
+        for h in range(12)
+    )
+    rows = _csv(member_web, days=1)
+    # Two GPUs held (the forecast's upper 1.6 rounded up, within a quarter of the 8) while the
+    # run is younger than BERTH_HEADROOM_MAX_FORECAST_AGE_H (6 h: the first five hours here).
+    assert [int(r["lendable_gpus"]) for r in rows[:7]] == [2, 2, 2, 2, 2, 0, 0]
+    assert all(r["free_gpus"] == "8" for r in rows)
