@@ -57,6 +57,36 @@ class QuotaForm(forms.Form):
             field.widget.attrs["form"] = f"quota-form-{quota_id}"
 
 
+class QuotaNewForm(forms.Form):
+    project = forms.TypedChoiceField(coerce=int, label="Project")
+    gpu_type = forms.TypedChoiceField(coerce=int, label="GPU type")
+    guaranteed_gpus = forms.IntegerField(label="Guaranteed GPUs", min_value=0, max_value=100_000, initial=0)
+    borrow_limit_gpus = forms.IntegerField(
+        label="Borrow limit (GPUs)",
+        min_value=0,
+        max_value=100_000,
+        required=False,
+        help_text="Empty: no limit.",
+    )
+
+    def __init__(self, *args: Any, projects: list[Any], gpu_types: list[Any], **kwargs: Any) -> None:
+        kwargs["prefix"] = "new"
+        super().__init__(*args, **kwargs)
+        for name, choices in (("project", projects), ("gpu_type", gpu_types)):
+            field = self.fields[name]
+            assert isinstance(field, forms.ChoiceField)
+            field.choices = [(o.pk, o.name) for o in choices]
+
+
+class WeightForm(forms.Form):
+    fair_share_weight = forms.FloatField(label="Fair-share weight", min_value=0.001, max_value=1000)
+
+    def __init__(self, *args: Any, project_id: int, **kwargs: Any) -> None:
+        kwargs["prefix"] = f"p{project_id}"
+        super().__init__(*args, **kwargs)
+        self.fields["fair_share_weight"].widget.attrs["form"] = f"weight-form-{project_id}"
+
+
 class PolicyForm(forms.Form):
     name = forms.ChoiceField(label="Policy", choices=POLICY_CHOICES)
     grace_s = forms.FloatField(label="Preemption grace (s)", min_value=0)

@@ -508,3 +508,13 @@ def quota_list() -> list[Quota]:
     return list(
         Quota.objects.select_related("project", "gpu_type").order_by("project__name", "gpu_type__name")
     )
+
+
+def project_list() -> list[Project]:
+    return list(Project.objects.filter(is_active=True).order_by("name"))
+
+
+def gpu_type_list() -> list[Any]:
+    from scheduling.models import GpuType
+
+    return list(GpuType.objects.order_by("name"))

@@ -79,6 +79,74 @@ def quota_update(*, quota_id: int, user: Any, guaranteed_gpus: int, borrow_limit
     return quota
 
 
+def quota_create(
+    *, project_id: int, gpu_type_id: int, user: Any, guaranteed_gpus: int, borrow_limit_gpus: int | None
+) -> Quota:
+    """A project's quota for a GPU type it has none for; writes ``quota.create``."""
+    from portal.accounts.models import Project
+    from scheduling.models import GpuType
+
+    errors: dict[str, str] = {}
+    gpu_type = GpuType.objects.filter(pk=gpu_type_id).first()
+    if gpu_type is None:
+        errors["gpu_type"] = "Choose a GPU type."
+    if not Project.objects.filter(pk=project_id).exists():
+        errors["project"] = "Choose a project."
+    if guaranteed_gpus < 0:
+        errors["guaranteed_gpus"] = "Give 0 or more GPUs."
+    if borrow_limit_gpus is not None and borrow_limit_gpus < 0:
+        errors["borrow_limit_gpus"] = "Give 0 or more GPUs, or leave empty for no limit."
+    if gpu_type is not None and "guaranteed_gpus" not in errors:
+        existing = sum(Node.objects.filter(gpu_type=gpu_type).values_list("gpu_count", flat=True))
+        if guaranteed_gpus > existing:
+            errors["guaranteed_gpus"] = f"Only {existing} {gpu_type.name} GPUs exist."
+    if errors:
+        raise ValidationError(errors)
+    with transaction.atomic():
+        if Quota.objects.select_for_update().filter(project_id=project_id, gpu_type_id=gpu_type_id).exists():
+            raise ValidationError(
+                {"gpu_type": "This project already has a quota for that type: edit it above."}
+            )
+        quota = Quota.objects.create(
+            project_id=project_id,
+            gpu_type_id=gpu_type_id,
+            guaranteed_gpus=guaranteed_gpus,
+            borrow_limit_gpus=borrow_limit_gpus,
+        )
+        after = {
+            "project_id": project_id,
+            "gpu_type_id": gpu_type_id,
+            "guaranteed_gpus": guaranteed_gpus,
+            "borrow_limit_gpus": borrow_limit_gpus,
+        }
+        _audit(
+            user=user, verb="quota.create", entity_type="quota", entity_id=quota.pk, before=None, after=after
+        )
+    return quota
+
+
+def project_weight_update(*, project_id: int, user: Any, fair_share_weight: float) -> Any:
+    """Set a project's fair-share weight (its entitlement); writes ``project.weight_update``."""
+    from portal.accounts.models import Project
+
+    if not math.isfinite(fair_share_weight) or not 0 < fair_share_weight <= 1000:
+        raise ValidationError({"fair_share_weight": "Give a weight above 0 and at most 1000."})
+    with transaction.atomic():
+        project = Project.objects.select_for_update().get(pk=project_id)
+        before = {"fair_share_weight": project.fair_share_weight}
+        project.fair_share_weight = fair_share_weight
+        project.save(update_fields=["fair_share_weight"])
+        _audit(
+            user=user,
+            verb="project.weight_update",
+            entity_type="project",
+            entity_id=project.pk,
+            before=before,
+            after={"fair_share_weight": fair_share_weight},
+        )
+    return project
+
+
 def cluster_policy_update(
     *,
     cluster_id: int,

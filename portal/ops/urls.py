@@ -13,7 +13,9 @@ urlpatterns = [
     path("capacity/whatif/", views.whatif_new, name="whatif-new"),
     path("capacity/whatif/<str:whatif_id>/", views.whatif, name="whatif"),
     path("quotas/", views.quotas, name="quotas"),
+    path("quotas/new/", views.quota_new, name="quota-new"),
     path("quotas/<int:quota_id>/", views.quota_edit, name="quota-edit"),
+    path("projects/<int:project_id>/weight/", views.project_weight, name="project-weight"),
     path("policy/", views.policy, name="policy"),
     path("audit/", views.audit, name="audit"),
 ]

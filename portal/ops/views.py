@@ -25,11 +25,20 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django.views.decorators.vary import vary_on_headers
+from django_htmx.http import HttpResponseClientRedirect
 from django_htmx.middleware import HtmxDetails
 
-from portal.accounts.models import Quota
+from portal.accounts.models import Project, Quota
 from portal.ops import selectors, services
-from portal.ops.forms import AuditFilterForm, PolicyForm, QuotaForm, RangeForm, WhatIfForm
+from portal.ops.forms import (
+    AuditFilterForm,
+    PolicyForm,
+    QuotaForm,
+    QuotaNewForm,
+    RangeForm,
+    WeightForm,
+    WhatIfForm,
+)
 from portal.ops.selectors import Table
 
 UNPROCESSABLE = 422
@@ -355,9 +364,9 @@ def _whatif_table(state: dict[str, Any]) -> Table:
 # ---- quotas and policy ----
 
 
-@staff_required
-@require_GET
-def quotas(request: HtmxHttpRequest) -> HttpResponse:
+def _quotas_context(*, new_form: QuotaNewForm | None = None) -> dict[str, Any]:
+    projects = selectors.project_list()
+    gpu_types = selectors.gpu_type_list()
     quotas = selectors.quota_list()
     rows = [
         (
@@ -369,7 +378,76 @@ def quotas(request: HtmxHttpRequest) -> HttpResponse:
         )
         for q in quotas
     ]
-    return render(request, "ops/quotas.html", {"rows": rows})
+    weights = [
+        (p, WeightForm(initial={"fair_share_weight": p.fair_share_weight}, project_id=p.pk)) for p in projects
+    ]
+    return {
+        "rows": rows,
+        "weights": weights,
+        "new_form": new_form or QuotaNewForm(projects=projects, gpu_types=gpu_types),
+    }
+
+
+@staff_required
+@require_GET
+def quotas(request: HtmxHttpRequest) -> HttpResponse:
+    return render(request, "ops/quotas.html", _quotas_context())
+
+
+def _form_errors(form: Any, exc: ValidationError) -> None:
+    for key, msgs in exc.message_dict.items():
+        form.add_error(key if key in form.fields else None, msgs)
+
+
+@staff_required
+@require_POST
+def quota_new(request: HtmxHttpRequest) -> HttpResponse:
+    form = QuotaNewForm(request.POST, projects=selectors.project_list(), gpu_types=selectors.gpu_type_list())
+    if form.is_valid():
+        d = form.cleaned_data
+        try:
+            services.quota_create(
+                project_id=d["project"],
+                gpu_type_id=d["gpu_type"],
+                user=request.user,
+                guaranteed_gpus=d["guaranteed_gpus"],
+                borrow_limit_gpus=d["borrow_limit_gpus"],
+            )
+        except ValidationError as exc:
+            _form_errors(form, exc)
+        else:
+            if request.htmx:
+                return HttpResponseClientRedirect(reverse("ops:quotas"))
+            return HttpResponseRedirect(reverse("ops:quotas"), status=303)
+    context = _quotas_context(new_form=form)
+    name = "ops/quotas.html#quota-new" if request.htmx else "ops/quotas.html"
+    return render(request, name, context, status=UNPROCESSABLE)
+
+
+@staff_required
+@require_POST
+def project_weight(request: HtmxHttpRequest, project_id: int) -> HttpResponse:
+    project = get_object_or_404(Project, pk=project_id)
+    form = WeightForm(request.POST, project_id=project.pk)
+    saved, status = False, UNPROCESSABLE
+    if form.is_valid():
+        try:
+            project = services.project_weight_update(
+                project_id=project.pk,
+                user=request.user,
+                fair_share_weight=form.cleaned_data["fair_share_weight"],
+            )
+            saved, status = True, 200
+        except ValidationError as exc:
+            _form_errors(form, exc)
+    if not request.htmx:
+        if saved:
+            return HttpResponseRedirect(reverse("ops:quotas"), status=303)
+        return render(
+            request, "ops/quotas.html", {**_quotas_context(), "weights": [(project, form)]}, status=status
+        )
+    context = {"project": project, "form": form, "saved": saved}
+    return render(request, "ops/quotas.html#weight-row", context, status=status)
 
 
 @staff_required

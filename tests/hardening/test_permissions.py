@@ -179,6 +179,8 @@ EXPECTED: dict[str, tuple[str, dict[str, str]]] = {
     "ops:whatif": _row("/ops/capacity/whatif/unknown/", "302/302", "403/403", "403/403", "404/405"),
     "ops:quotas": _row("/ops/quotas/", "302/302", "403/403", "403/403", "200/405"),
     "ops:quota-edit": _row("/ops/quotas/{quota}/", "302/302", "403/403", "403/403", "405/422"),
+    "ops:quota-new": _row("/ops/quotas/new/", "302/302", "403/403", "403/403", "405/422"),
+    "ops:project-weight": _row("/ops/projects/999999/weight/", "302/302", "403/403", "403/403", "405/404"),
     "ops:policy": _row("/ops/policy/", "302/302", "403/403", "403/403", "200/422"),
     "ops:audit": _row("/ops/audit/", "302/302", "403/403", "403/403", "200/405"),
     # Static files (unnamed route): public.

@@ -15,7 +15,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from portal.accounts.models import Project
+from portal.accounts.models import Project, Quota
 from portal.ops import selectors, services
 from portal.ops.selectors import Range, jain_index
 from scheduling.models import Allocation, AuditEvent, Cluster, EngineRound, GpuType, Job, Node
@@ -113,6 +113,11 @@ def test_writes_are_staff_only(
     assert response.status_code == 403
     assert client.post(reverse("ops:policy"), {"name": "fifo"}).status_code == 403
     assert client.post(reverse("ops:whatif-new"), {"gpu_type": "A100"}).status_code == 403
+    assert client.post(reverse("ops:quota-new"), {"new-project": project.pk}).status_code == 403
+    weight = {f"p{project.pk}-fair_share_weight": 9}
+    assert client.post(reverse("ops:project-weight", args=[project.pk]), weight).status_code == 403
+    project.refresh_from_db()
+    assert project.fair_share_weight == 1.0
     quota.refresh_from_db()
     assert quota.guaranteed_gpus == 2
     assert not AuditEvent.objects.filter(entity_type="quota").exists()
@@ -581,3 +586,40 @@ def test_whatif_unknown_type_and_cluster(staff_web: Client, cluster: Cluster, no
     cluster.refresh_from_db()
     assert "policy" not in cluster.settings
     assert staff_web.get(reverse("ops:whatif", args=["nope"])).status_code == 404
+
+
+def test_quota_create_and_weight_edit_are_audited(
+    staff_web: Client, staff: User, nodes: list[Node], a100: GpuType, project: Project
+) -> None:
+    data = {
+        "new-project": project.pk,
+        "new-gpu_type": a100.pk,
+        "new-guaranteed_gpus": 3,
+        "new-borrow_limit_gpus": "",
+    }
+    response = staff_web.post(reverse("ops:quota-new"), data, HTTP_HX_REQUEST="true")
+    assert response.status_code == 200
+    assert response["HX-Redirect"] == reverse("ops:quotas")
+    quota = Quota.objects.get(project=project, gpu_type=a100)
+    assert (quota.guaranteed_gpus, quota.borrow_limit_gpus) == (3, None)
+    assert AuditEvent.objects.get(verb="quota.create").entity_id == quota.pk
+    again = staff_web.post(reverse("ops:quota-new"), data, HTTP_HX_REQUEST="true")
+    assert again.status_code == 422
+    assert "already has a quota" in again.content.decode()
+    assert AuditEvent.objects.filter(verb="quota.create").count() == 1
+
+    url = reverse("ops:project-weight", args=[project.pk])
+    response = staff_web.post(url, {f"p{project.pk}-fair_share_weight": 2.5}, HTTP_HX_REQUEST="true")
+    assert response.status_code == 200
+    project.refresh_from_db()
+    assert project.fair_share_weight == 2.5
+    event = AuditEvent.objects.get(verb="project.weight_update")
+    assert (event.before, event.after, event.actor) == (
+        {"fair_share_weight": 1.0},
+        {"fair_share_weight": 2.5},
+        staff,
+    )
+    bad = staff_web.post(url, {f"p{project.pk}-fair_share_weight": 0}, HTTP_HX_REQUEST="true")
+    assert bad.status_code == 422
+    project.refresh_from_db()
+    assert project.fair_share_weight == 2.5
