@@ -1,6 +1,7 @@
 """DESIGN §3.6: every state change of a booking, job or allocation is an audit event with its cause.
 
-Each service is driven once; before and after, the state of every booking, job and allocation
+Each service, and the engine's round (its write path for starts, finishes, preemptions and
+booking status changes), is driven; before and after, the state of every booking, job and allocation
 is fingerprinted, and every row that appeared or changed must have a new audit event naming
 the actor (the user for people, the label ``engine`` for the engine).  Admin actions are in the
 audit log too.
@@ -19,6 +20,13 @@ from portal.accounts.models import Membership
 from scheduling import services
 from scheduling.models import Allocation, AuditEvent, Booking, Cluster, GpuType, Job
 from tests.factories import ClusterFactory, GpuTypeFactory, MembershipFactory, NodeFactory, UserFactory
+from tests.integration import loop
+from tests.integration.loop import later, make_cluster, make_member, submit
+
+# Shared fixtures (assigned, not imported, so that test arguments do not shadow an import).
+engine_redis_url = loop.engine_redis_url
+run_round = loop.run_round
+t0 = loop.t0
 
 pytestmark = pytest.mark.django_db
 
@@ -106,54 +114,42 @@ def test_every_booking_service_is_audited(lab):
         end_at=now + timedelta(hours=1),
         now=now,
     )
-    with Audited(actor=None, label="engine"):
-        services.booking_statuses_advance(now=now + timedelta(minutes=1))
+    Booking.objects.filter(pk=running.pk).update(status=Booking.Status.ACTIVE)  # as a round would
     with Audited(actor=user, label="user"):
         services.booking_end_early(
             Booking.objects.get(pk=running.pk), user=user, now=now + timedelta(minutes=2)
         )
 
 
-def test_every_job_service_is_audited(lab):
-    user, now = lab["user"], timezone.now()
-    gpus = list(lab["cluster"].nodes.get(name="a0").gpus.order_by("index").values_list("pk", flat=True))
+def test_job_services_are_audited(lab):
+    user = lab["user"]
     with Audited(actor=user, label="user"):
-        job = services.job_submit(
-            user, project=lab["project"], name="train", gpu_count=2, is_preemptible=True
-        )
-    with Audited(actor=None, label="engine"):
-        job = services.job_start(
-            job,
-            gpu_ids=gpus[:2],
-            started_at=now,
-            expected_end_at=now + timedelta(hours=1),
-            is_preemptible=True,
-        )
-    with Audited(actor=None, label="engine"):
-        job = services.job_allocations_extend(
-            job, until=now + timedelta(hours=2), at=now + timedelta(minutes=5)
-        )
-    with Audited(actor=None, label="engine"):
-        services.job_preempt_signal(
-            job, signalled_at=now + timedelta(minutes=10), kill_at=now + timedelta(minutes=12), reason="test"
-        )
-    with Audited(actor=None, label="engine"):
-        job = services.job_requeue(Job.objects.get(pk=job.pk), stopped_at=now + timedelta(minutes=12))
-    with Audited(actor=None, label="engine"):
-        job = services.job_start(
-            job,
-            gpu_ids=gpus[2:4],
-            started_at=now + timedelta(minutes=13),
-            expected_end_at=now + timedelta(hours=1),
-        )
-    with Audited(actor=None, label="engine"):
-        services.job_finish(
-            job, status=Job.Status.COMPLETED, ended_at=now + timedelta(minutes=30), exit_code=0
-        )
-
-    other = services.job_submit(user, project=lab["project"], name="other", gpu_count=1)
+        job = services.job_submit(user, project=lab["project"], name="train", gpu_count=2)
     with Audited(actor=lab["manager"], label="api"):
-        services.job_cancel(other, user=lab["manager"], actor_label="api")
+        services.job_cancel(job, user=lab["manager"], actor_label="api")
+
+
+def test_engine_rounds_audit_every_change_they_make(engine_redis_url, run_round, t0):
+    """The engine's write path (scheduling.rounds): starts, finishes and booking status changes."""
+    cluster = make_cluster(nodes=1, gpus_per_node=4)
+    user, project = make_member()
+    submit(user, project, cluster, gpus=2, runtime_s=60, now=t0, name="short")
+    with Audited(actor=None, label="engine"):
+        run_round(cluster, t0)  # starts the job: status, allocations
+    assert Job.objects.get(name="short").status in (Job.Status.STARTING, Job.Status.RUNNING)
+    booking = services.booking_create(
+        user,
+        project=project,
+        gpu_type=GpuType.objects.get(name="A100"),
+        gpu_count=1,
+        start_at=t0,
+        end_at=later(t0, 3600),
+        now=t0,
+    )
+    with Audited(actor=None, label="engine"):
+        run_round(cluster, later(t0, 300))  # the job has finished; the booking has begun
+    assert Job.objects.get(name="short").status == Job.Status.COMPLETED
+    assert Booking.objects.get(pk=booking.pk).status == Booking.Status.ACTIVE
 
 
 def test_admin_actions_are_in_the_audit_log(lab):

@@ -216,8 +216,7 @@ def _fresh_objects(lab: dict) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("role", ROLES)
-def test_access_table(lab, role, settings):
-    settings.STATIC_ROOT = settings.STATICFILES_DIRS[0]  # production serves collected files
+def test_access_table(lab, role, static_from_source):
     failures = []
     for name, (template, expected) in EXPECTED.items():
         get_code, post_code = expected[role].split("/")

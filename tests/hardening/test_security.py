@@ -74,8 +74,7 @@ def test_security_headers_on_pages_and_api(client, url):
 
 
 @pytest.mark.django_db
-def test_static_files_keep_their_caching(client, settings):
-    settings.STATIC_ROOT = settings.STATICFILES_DIRS[0]
+def test_static_files_keep_their_caching(client, static_from_source):
     response = client.get("/static/css/berth.css")
     assert response.status_code == 200
     assert "no-store" not in response.get("Cache-Control", "")
