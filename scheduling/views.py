@@ -207,7 +207,13 @@ def _add_service_errors(form: BookingForm, exc: ValidationError) -> None:
 
 
 def _book_context(form: BookingForm, **extra: Any) -> dict[str, Any]:
-    return {"form": form, "availability": extra.pop("availability", None), "alternatives": (), **extra}
+    return {
+        "form": form,
+        "availability": extra.pop("availability", None),
+        "alternatives": (),
+        "max_advance_days": settings.BERTH_BOOKING_MAX_ADVANCE_S // 86400,
+        **extra,
+    }
 
 
 @login_required
@@ -336,7 +342,7 @@ def availability_timeline(request: HtmxHttpRequest) -> HttpResponse:
             for slot in availability.slots
         )
         rows.append(TimelineRow(gpu_type.name, availability.capacity, cells))
-    context = {
+    context: dict[str, Any] = {
         "day": day,
         "previous_day": day - timedelta(days=1) if day > today else None,
         "next_day": day + timedelta(days=1) if day < last_day else None,
@@ -719,7 +725,7 @@ def _job_prediction(request: HtmxHttpRequest, form: JobForm) -> dict[str, Any]:
     ((p50_s, p90_s),) = runtime_predict(cluster_id=cluster.pk, requests=[request_])
     result.update({"p50_s": p50_s, "p90_s": p90_s})
     # With no history for jobs like this one the predictor answers the estimate itself.
-    result["is_estimate_only"] = bool(estimate_s) and p50_s == p90_s == float(estimate_s)
+    result["is_estimate_only"] = estimate_s is not None and p50_s == p90_s == float(estimate_s)
     if estimate_s and p50_s:
         result["ratio"] = estimate_s / p50_s
     return result

@@ -8,7 +8,7 @@ register = template.Library()
 
 
 @register.filter
-def duration_s(value: float | int | None) -> str:
+def duration_s(value: float | str | None) -> str:
     """Seconds as a short human duration: "45 min", "2 h 30 min", "3 d 4 h"; "–" when unknown."""
     if value is None or value == "":
         return "–"

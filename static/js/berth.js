@@ -1,6 +1,8 @@
 /* Berth: the little JavaScript the pages need beyond htmx. */
 (function () {
   "use strict";
+  // Controls that only work with JavaScript (class "js-only") are hidden until it runs.
+  document.documentElement.classList.add("js");
 
   /* After a form comes back with errors (an htmx POST swapped it in place), move keyboard focus
      to the first field in error, or to the error summary, so keyboard and screen-reader users
@@ -45,6 +47,19 @@
     var incoming = document.createElement("template");
     incoming.innerHTML = detail.serverResponse;
     if (textOf(incoming.content) === textOf(elt)) detail.shouldSwap = false;
+  });
+
+  /* "Start now": <button data-set-now="ID" data-utc-offset-s="N"> sets that datetime-local
+     input to the current minute in the site's time zone and asks for fresh availability. */
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest && event.target.closest("button[data-set-now]");
+    if (!button) return;
+    var input = document.getElementById(button.getAttribute("data-set-now"));
+    if (!input) return;
+    var offset = parseInt(button.getAttribute("data-utc-offset-s") || "0", 10) || 0;
+    input.value = new Date(Date.now() + offset * 1000).toISOString().slice(0, 16);
+    input.dispatchEvent(new Event("change", { bubbles: true }));
+    input.focus();
   });
 
   /* Copy buttons: <button data-copy="ID"> copies the text of the element with that id. */

@@ -8,7 +8,7 @@ API tokens page's copy buttons; the pages at a phone's width.  Screenshots go to
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -296,3 +296,29 @@ def test_pages_fit_a_phone(
     expect(page.locator("#main")).to_be_focused()
     assert errors == [], errors
     context.close()
+
+
+@pytest.mark.e2e
+@pytest.mark.django_db(transaction=True)
+def test_book_a_window_starting_now(
+    live_server: object, page: Page, member: User, project: Project, nodes: list[Node]
+) -> None:
+    base = str(live_server).rstrip("/")
+    page.set_default_timeout(10_000)
+    errors = _console_errors(page)
+    _log_in(page, base, member, "/bookings/new/")
+    page.get_by_role("button", name="Start now").click()
+    now = timezone.localtime()
+    start = page.get_by_label("Start")
+    expect(start).to_be_focused()
+    assert abs(
+        datetime.strptime(start.input_value(), "%Y-%m-%dT%H:%M").replace(tzinfo=now.tzinfo) - now
+    ) < timedelta(minutes=2)
+    expect(page.locator("#availability")).to_contain_text(f"{now:%H:%M}"[:4])
+    page.get_by_role("button", name="Book", exact=True).click()
+    expect(page.get_by_role("heading", name="My bookings")).to_be_visible()
+    booking = Booking.objects.get(user=member)
+    assert abs(booking.start_at - timezone.now()) < timedelta(minutes=2)
+    page.get_by_role("link", name="Dashboard").click()
+    expect(page.locator(f"#dash-booking-{booking.pk}")).to_contain_text("1 × A100")
+    assert errors == [], errors
