@@ -49,6 +49,18 @@
     if (textOf(incoming.content) === textOf(elt)) detail.shouldSwap = false;
   });
 
+  /* After a polled region changed, say its summary ([data-announce]) in the persistent live
+     region "<id>-announce", so screen readers hear what changed rather than the whole part. */
+  document.addEventListener("htmx:afterSwap", function (event) {
+    var target = event.detail && event.detail.target;
+    if (!target || !target.id) return;
+    var fresh = document.getElementById(target.id);
+    if (!fresh || !fresh.hasAttribute("data-poll")) return;
+    var region = document.getElementById(fresh.id + "-announce");
+    var summary = fresh.querySelector("[data-announce]");
+    if (region && summary) region.textContent = "Updated: " + textOf(summary);
+  });
+
   /* "Start now": <button data-set-now="ID" data-utc-offset-s="N"> sets that datetime-local
      input to the current minute in the site's time zone and asks for fresh availability. */
   document.addEventListener("click", function (event) {

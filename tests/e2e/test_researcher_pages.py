@@ -192,6 +192,10 @@ def test_submit_a_job_see_the_prediction_and_watch_it_start_on_the_dashboard(
     assert job.status in (Job.Status.STARTING, Job.Status.RUNNING)
     expect(row.locator(".badge")).to_have_text(re.compile("Starting|Running"), timeout=12_000)
     expect(page.locator("#dashboard-summary")).to_contain_text("1 job running, 0 pending")
+    # Screen readers hear the new summary (a live region outside the replaced part).
+    expect(page.locator("#dashboard-live-announce")).to_contain_text(
+        "Updated: 0 open bookings, 1 job running"
+    )
     page.screenshot(path=str(ARTIFACTS / "e2e-dashboard-job-running.png"), full_page=True)
     assert errors == [], errors
 

@@ -131,8 +131,9 @@ def test_dashboard_polls_a_fragment_inside_a_live_region(member_web: Client, nod
     assert tag is not None
     assert 'hx-trigger="every 5s, berth:visible from:document"' in tag.group(0)
     assert "data-poll" in tag.group(0)
-    # The live region is the parent that stays while the polled part is replaced.
-    assert re.search(r'<div aria-live="polite"[^>]*>\s*<div id="dashboard-live"', html)
+    # A persistent live region outside the polled part; berth.js fills it from [data-announce].
+    assert '<p id="dashboard-live-announce" class="visually-hidden" aria-live="polite"' in html
+    assert 'id="dashboard-summary" data-announce' in html
 
     fragment = member_web.get("/", **HTMX)
     assert fragment.content.decode().lstrip().startswith('<div id="dashboard-live"')
