@@ -230,14 +230,28 @@ def _clear_login_failures(sender: Any, request: Any, user: Any, **kwargs: Any) -
 
 
 class WriteRateThrottle(throttling.UserRateThrottle):
-    """Per-user limit on unsafe API methods (reads are not throttled); rate ``api-write``."""
+    """Per-user limit on unsafe API methods (reads are not throttled); rate ``api-write``.
+
+    A fixed-window counter (one ``incr`` per write), not DRF's sliding log: DRF stores every
+    request time of the window in one cache value and rewrites it on each request, which at
+    the generous default rate means thousands of timestamps pickled to Redis per write.
+    """
 
     scope = "api-write"
 
     def allow_request(self, request: Request, view: APIView) -> bool:
-        if request.method not in _UNSAFE_METHODS:
+        if request.method not in _UNSAFE_METHODS or self.rate is None:
             return True
-        return super().allow_request(request, view)
+        key = self.get_cache_key(request, view)
+        if key is None or self.num_requests is None or self.duration is None:
+            return True
+        now = time.time()
+        window = int(now // self.duration)
+        self._retry_after = (window + 1) * self.duration - now
+        return _hit(f"{key}:{window}", window_s=self.duration) <= self.num_requests
+
+    def wait(self) -> float | None:
+        return getattr(self, "_retry_after", None)
 
 
 # ---- every admin action in the audit log ----

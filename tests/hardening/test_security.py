@@ -192,6 +192,9 @@ def test_api_writes_are_throttled_per_user_and_reads_are_not(member, nodes, soon
         api = token_client(member)
         codes = [api.post("/api/v1/jobs/", {"name": "x"}, format="json").status_code for _ in range(3)]
         assert codes == [400, 400, 429]
+        refused = api.post("/api/v1/jobs/", {"name": "x"}, format="json")
+        assert 0 < int(refused["Retry-After"]) <= 60
+        assert refused.json()["message"]
         assert api.get("/api/v1/bookings/").status_code == 200
         assert token_client(UserFactory()).post("/api/v1/jobs/", {}, format="json").status_code == 400
     finally:
