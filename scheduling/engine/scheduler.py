@@ -51,7 +51,7 @@ class Knobs:
     fits_on_p50: bool = False  # backfill if the median runtime fits (else the planning estimate)
     shadow_on_p50: bool = False  # the top job's shadow time from running jobs' median ends
     shadow_on_requested: bool = False  # running jobs' ends from user estimates even when predicting
-    preempts_by_consent: bool = False  # preemptible jobs outside any guarantee run reclaimable
+    preempts_by_consent: bool = False  # checkpointing preemptible jobs outside a guarantee run reclaimable
 
 
 _FMT_CACHE: dict[tuple[int, int], str] = {}
@@ -428,9 +428,14 @@ class Scheduler:
                         f"preemptible, so it cannot run on borrowed capacity; it needs {job.gpu_count} GPUs.",
                     )
                     return False
-            elif job.is_preemptible and not is_within_guarantee and self.knobs.preempts_by_consent:
-                # no guarantee covers it and the user allows preemption: it runs reclaimable, so
-                # bookings, sessions and the top job can have its GPUs back within a grace
+            elif (
+                self.knobs.preempts_by_consent
+                and job.is_preemptible
+                and job.is_checkpointable
+                and not is_within_guarantee
+            ):
+                # no guarantee covers it and it checkpoints on request: it runs reclaimable, so
+                # bookings and sessions can have its GPUs back within a grace at little loss
                 must_lend = True
         prefer = self.knobs.prefers_cheap_types
         gpus = pool.find(
@@ -574,7 +579,7 @@ class Scheduler:
             incoming=incoming,
             excluded_jobs=self.out.preempted,
             is_single_node=single,
-            may_take=self._may_take_for(job, is_quota_claim=is_quota_claim),
+            may_take=self._may_take_for(job, types, estimate, single, is_quota_claim=is_quota_claim),
         )
         if reclaim is None or (not reclaim.victims and not reclaim.incoming_gpus):
             return False
@@ -606,7 +611,15 @@ class Scheduler:
         self.out.wake_at(reclaim.ready_at, self.now)
         return True
 
-    def _may_take_for(self, job: JobRequest, *, is_quota_claim: bool) -> Callable[[RunningJob], bool] | None:
+    def _may_take_for(
+        self,
+        job: JobRequest,
+        types: Sequence[str],
+        estimate: Estimate,
+        single: bool,
+        *,
+        is_quota_claim: bool,
+    ) -> Callable[[RunningJob], bool] | None:
         """Which reclaimable jobs a demand may take: sessions any, a quota claim other projects'
         borrowed work, the top job only what was lent while it waited."""
         if job.kind == JobKind.INTERACTIVE:
@@ -614,7 +627,7 @@ class Scheduler:
         if is_quota_claim:
             project = job.project
             return lambda running: running.job.project != project
-        return self._lent_from(job)
+        return self._lent_from(job, types, estimate, single)
 
     def is_within_guarantee(self, job: JobRequest, types: Sequence[str]) -> bool:
         """Whether the job's project has a guarantee of a fitting type that covers it."""
@@ -623,33 +636,38 @@ class Scheduler:
             for t in types
         )
 
-    def _lent_from(self, job: JobRequest) -> Callable[[RunningJob], bool]:
+    def _lent_from(
+        self, job: JobRequest, types: Sequence[str], estimate: Estimate, single: bool
+    ) -> Callable[[RunningJob], bool]:
         """Which running work a top job may take back: what was lent while it waited.
 
         Only checkpointing jobs (a restart from scratch costs more than a batch job gains),
-        only jobs started after it was (re)queued, and only once they are past their minimum
+        only jobs started after it was (re)queued, only jobs expected to still run at its
+        shadow time (the ones really in its way), and only once they are past their minimum
         runtime (waiting out a minimum runtime would leave the reclaimed GPUs idle).  A requeued
         victim therefore cannot start a cascade against work that was there before it.
         """
         latest_kill = self.now + self.policy.grace_s
+        shadow = self._regular_shadow(job, types, estimate, single)
+        in_way_after = -INF if shadow is None else shadow.start_at
+        end_hold = self.state.end_hold
 
         def may_take(running: RunningJob) -> bool:
             return (
                 running.job.is_checkpointable
                 and running.started_at >= job.submit_at
+                and end_hold[running.job.id] >= in_way_after
                 and kill_time(self.state, running) <= latest_kill
             )
 
         return may_take
 
-    def _worth_reclaiming(
-        self, job: JobRequest, types: Sequence[str], estimate: Estimate, reclaim: Reclaim, single: bool
-    ) -> bool:
-        """Reclaim for the top job only if it gains more GPU-time than the victims lose."""
-        if not reclaim.victims:
-            return True
+    def _regular_shadow(
+        self, job: JobRequest, types: Sequence[str], estimate: Estimate, single: bool
+    ) -> Shadow | None:
+        """The top job's shadow time if nothing were reclaimed for it."""
         state = self.state
-        shadow = earliest_start(
+        return earliest_start(
             node_gpus=((i, state.nodes[i].gpu_ids) for i in self.nodes_for(job, types)),
             available=self.availability(for_job=job.id, with_reclaim=False),
             gpu_count=job.gpu_count,
@@ -657,6 +675,14 @@ class Scheduler:
             duration_s=estimate.hold_s,
             windows=self.windows,
         )
+
+    def _worth_reclaiming(
+        self, job: JobRequest, types: Sequence[str], estimate: Estimate, reclaim: Reclaim, single: bool
+    ) -> bool:
+        """Reclaim for the top job only if it gains more GPU-time than the victims lose."""
+        if not reclaim.victims:
+            return True
+        shadow = self._regular_shadow(job, types, estimate, single)
         if shadow is None:
             return True
         # What the cluster gains is the idle time of the free GPUs the top job would otherwise
