@@ -164,6 +164,19 @@ def test_staff_opens_every_ops_page_and_runs_a_whatif(
     expect(page.locator("#audit-list")).to_contain_text("quota.update")
     page.screenshot(path=str(ARTIFACTS / "e2e-ops-audit.png"), full_page=True)
 
+    # Narrow screens: the pages reflow; wide tables scroll inside their own box, not the page.
+    page.set_viewport_size({"width": 390, "height": 844})
+    for path in ("/ops/utilization/", "/ops/fairness/", "/ops/capacity/", "/ops/quotas/", "/ops/audit/"):
+        page.goto(f"{base}{path}")
+        overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+        culprits = page.evaluate(
+            """Array.from(document.querySelectorAll('body *')).filter(e => (!e.parentElement.closest('.table-wrap')) && e.getBoundingClientRect().right > window.innerWidth + 1)
+            .slice(0, 8).map(e => e.tagName + '#' + e.id + '.' + e.className + ' ' + Math.round(e.getBoundingClientRect().right) + ' ' + getComputedStyle(e).overflowX + ' ' + getComputedStyle(e).display)"""
+        )
+        assert overflow <= 1, f"{path} scrolls sideways by {overflow}px: {culprits}"
+    page.goto(f"{base}/ops/utilization/")
+    page.screenshot(path=str(ARTIFACTS / "e2e-ops-utilization-narrow.png"), full_page=False)
+
     for worker in workers:
         worker.join(timeout=30)
     assert errors == []
