@@ -19,6 +19,14 @@ from scheduling.models import Allocation, AuditEvent, Cluster, EngineRound, GpuT
 from tests.factories import JobFactory, QuotaFactory
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
+# Elements outside a scrolling table box that reach past the right edge of the window.
+WIDE_ELEMENTS_JS = """
+Array.from(document.querySelectorAll("body *"))
+  .filter((e) => !e.parentElement.closest(".table-wrap"))
+  .filter((e) => e.getBoundingClientRect().right > window.innerWidth + 1)
+  .slice(0, 8)
+  .map((e) => `${e.tagName}#${e.id}.${e.className} ${Math.round(e.getBoundingClientRect().right)}`)
+"""
 
 
 def _history(cluster: Cluster, a100: GpuType, nodes: list[Node], project: Project) -> None:
@@ -169,10 +177,7 @@ def test_staff_opens_every_ops_page_and_runs_a_whatif(
     for path in ("/ops/utilization/", "/ops/fairness/", "/ops/capacity/", "/ops/quotas/", "/ops/audit/"):
         page.goto(f"{base}{path}")
         overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
-        culprits = page.evaluate(
-            """Array.from(document.querySelectorAll('body *')).filter(e => (!e.parentElement.closest('.table-wrap')) && e.getBoundingClientRect().right > window.innerWidth + 1)
-            .slice(0, 8).map(e => e.tagName + '#' + e.id + '.' + e.className + ' ' + Math.round(e.getBoundingClientRect().right) + ' ' + getComputedStyle(e).overflowX + ' ' + getComputedStyle(e).display)"""
-        )
+        culprits = page.evaluate(WIDE_ELEMENTS_JS)
         assert overflow <= 1, f"{path} scrolls sideways by {overflow}px: {culprits}"
     page.goto(f"{base}/ops/utilization/")
     page.screenshot(path=str(ARTIFACTS / "e2e-ops-utilization-narrow.png"), full_page=False)
