@@ -46,6 +46,14 @@
     }
     var incoming = document.createElement("template");
     incoming.innerHTML = detail.serverResponse;
+    var root = incoming.content.firstElementChild;
+    if (!root || root.id !== elt.id) {
+      // Not the fragment (the session ended and the poll was redirected to the login page):
+      // never paste a page into the page; reload so the browser shows where it was sent.
+      detail.shouldSwap = false;
+      window.location.reload();
+      return;
+    }
     if (textOf(incoming.content) === textOf(elt)) detail.shouldSwap = false;
   });
 

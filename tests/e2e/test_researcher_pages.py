@@ -326,3 +326,17 @@ def test_book_a_window_starting_now(
     page.get_by_role("link", name="Dashboard").click()
     expect(page.locator(f"#dash-booking-{booking.pk}")).to_contain_text("1 × A100")
     assert errors == [], errors
+
+
+@pytest.mark.e2e
+@pytest.mark.django_db(transaction=True)
+def test_a_poll_after_the_session_ended_shows_the_login_page_not_a_page_in_a_page(
+    live_server: object, page: Page, member: User, project: Project, nodes: list[Node]
+) -> None:
+    base = str(live_server).rstrip("/")
+    _log_in(page, base, member)
+    expect(page.locator("#dashboard-live")).to_be_visible()
+    page.context.clear_cookies()  # the session ends (logged out elsewhere, or expired)
+    expect(page).to_have_url(re.compile(r"/login/\?next=/$"), timeout=12_000)
+    expect(page.get_by_role("heading", name="Dashboard")).to_have_count(0)
+    expect(page.get_by_label("Username")).to_be_visible()
