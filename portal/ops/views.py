@@ -287,11 +287,13 @@ def capacity_exceed(request: HtmxHttpRequest) -> HttpResponse:
     )
     if (response := _csv_or_none(request, [table])) is not None:
         return response
-    return render(
-        request,
-        "ops/capacity.html#capacity-exceed",
-        {"exceed": table, "query": _query(form), "horizon_days": days},
-    )
+    context: dict[str, Any] = {"exceed": table, "query": _query(form), "horizon_days": days}
+    if request.htmx:
+        return render(request, "ops/capacity.html#capacity-exceed", context)
+    # Without JavaScript the link leads here: the whole capacity page, with the answer in place.
+    context.update(form=form, cluster_id=cluster_id, **_capacity_context(cluster_id))
+    context["whatif_form"] = WhatIfForm(gpu_types=context["gpu_types"])
+    return render(request, "ops/capacity.html", context)
 
 
 @staff_required

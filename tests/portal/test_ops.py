@@ -623,3 +623,15 @@ def test_quota_create_and_weight_edit_are_audited(
     assert bad.status_code == 422
     project.refresh_from_db()
     assert project.fair_share_weight == 2.5
+
+
+def test_capacity_exceed_without_history(staff_web: Client, cluster: Cluster, nodes: list[Node]) -> None:
+    params = {"cluster": cluster.pk, "horizon_days": 7}
+    fragment = staff_web.get(reverse("ops:capacity-exceed"), params, HTTP_HX_REQUEST="true")
+    body = fragment.content.decode()
+    assert body.lstrip().startswith('<div id="capacity-exceed"')
+    assert "not within the horizon" in body
+    page = staff_web.get(reverse("ops:capacity-exceed"), params)
+    assert "<h1>Capacity planning</h1>" in page.content.decode()
+    rows = _csv_rows(staff_web.get(reverse("ops:capacity-exceed"), {**params, "csv": "capacity-exceed"}))
+    assert rows[1][:2] == ["A100", "8"]
