@@ -1,11 +1,8 @@
-"""Browser pages, log in / log out, and static files (mounted at "" by portal/urls.py)."""
+"""Browser pages and log in / log out (mounted at "" by portal/urls.py; WhiteNoise serves static files)."""
 
 from __future__ import annotations
 
-from django.conf import settings
-from django.contrib.staticfiles.urls import staticfiles_urlpatterns
-from django.urls import URLPattern, URLResolver, path, re_path
-from django.views.static import serve
+from django.urls import URLPattern, URLResolver, path
 
 from portal.accounts.views import BerthLoginView, BerthLogoutView
 from scheduling import views
@@ -28,15 +25,3 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("login/", BerthLoginView.as_view(), name="login"),
     path("logout/", BerthLogoutView.as_view(), name="logout"),
 ]
-
-if settings.DEBUG:
-    # Development: straight from static/ and the apps, no collectstatic needed.
-    urlpatterns += staticfiles_urlpatterns()
-else:
-    # Production: the collected files (Dockerfile runs collectstatic).  The asset set is tiny
-    # (one stylesheet, htmx), so the app serves it itself rather than needing another server;
-    # a proxy or CDN in front caches it.
-    static_prefix = settings.STATIC_URL.lstrip("/")
-    urlpatterns += [
-        re_path(rf"^{static_prefix}(?P<path>.*)$", serve, {"document_root": settings.STATIC_ROOT}),
-    ]
