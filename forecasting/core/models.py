@@ -281,7 +281,8 @@ class BerthModel:
        horizon (pooled over h +- 3), widened to the 10%/90% quantiles of day-over-day
        changes of the whole history where those are wider; added in log space and
        transformed back, so the band is as wide as the model's recent multi-step errors
-       (not its one-step noise) and does not forget older regime shifts.
+       (not its one-step noise) and does not forget older regime shifts.  A band that is
+       still zero-wide opens to the spread of the blended components.
 
     Prophet's in-sample residuals flatter it (its trend bends to the data it saw), so steps
     3-4 use a second Prophet fit that ends ``calibration_days`` days earlier and are scored
