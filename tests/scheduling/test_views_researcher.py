@@ -449,3 +449,18 @@ def test_outlook_counts_the_held_interactive_headroom_as_lendable(
     # run is younger than BERTH_HEADROOM_MAX_FORECAST_AGE_H (6 h: the first five hours here).
     assert [int(r["lendable_gpus"]) for r in rows[:7]] == [2, 2, 2, 2, 2, 0, 0]
     assert all(r["free_gpus"] == "8" for r in rows)
+
+
+def test_my_jobs_shows_the_predicted_runtime_beside_the_estimate(
+    member_web: Client, member: User, project: Project, nodes: list[Node]
+) -> None:
+    job = JobFactory(
+        user=member, project=project, cluster=nodes[0].cluster, predicted_p50_s=1800, predicted_p90_s=5400
+    )
+    row = (
+        member_web.get(reverse("my-jobs"))
+        .content.decode()
+        .split(f'id="job-row-{job.pk}"')[1]
+        .split("</tr>")[0]
+    )
+    assert "Predicted runtime 30 min (p90 1 h 30 min); you said 1 h." in row
