@@ -83,6 +83,11 @@
   }
 
   function init() {
+    if (typeof window.Chart !== "undefined") {
+      // Axis and legend text in the page's text colour (Chart.js's default grey is below 7:1).
+      window.Chart.defaults.color = "#1d2433";
+      window.Chart.defaults.font.family = getComputedStyle(document.body).fontFamily;
+    }
     var canvases = document.querySelectorAll("canvas.outlook-chart");
     for (var i = 0; i < canvases.length; i++) draw(canvases[i]);
   }
