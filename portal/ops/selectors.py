@@ -361,7 +361,10 @@ def fairness_get(*, cluster_id: int, rng: Range, now: datetime | None = None) ->
 def _rounds(cluster_id: int, rng: Range, now: datetime) -> list[tuple[datetime, dict[str, int], int]]:
     rows = list(
         EngineRound.objects.filter(
-            cluster_id=cluster_id, error="", started_at__gte=rng.start_at, started_at__lt=min(rng.end_at, now)
+            cluster_id=cluster_id,
+            error="",
+            started_at__gte=rng.start_at - ROUND_HOLD_MAX,
+            started_at__lt=min(rng.end_at, now),
         )
         .order_by("started_at", "id")
         .values_list("started_at", "decisions", "id")
@@ -384,7 +387,8 @@ def idle_get(*, cluster_id: int, rng: Range, now: datetime | None = None) -> Tab
     for k, (at, idle, _) in enumerate(rounds):
         nxt = rounds[k + 1][0] if k + 1 < len(rounds) else stop
         upper = min(nxt, at + ROUND_HOLD_MAX, stop)
-        t, i = at, rng.index(at)
+        t = max(at, rng.start_at)  # a round just before the range holds into it
+        i = rng.index(t)
         while t < upper and i < n:
             edge = min(rng.start_at + (i + 1) * rng.step, upper)
             for reason, count in idle.items():

@@ -635,3 +635,11 @@ def test_capacity_exceed_without_history(staff_web: Client, cluster: Cluster, no
     assert "<h1>Capacity planning</h1>" in page.content.decode()
     rows = _csv_rows(staff_web.get(reverse("ops:capacity-exceed"), {**params, "csv": "capacity-exceed"}))
     assert rows[1][:2] == ["A100", "8"]
+
+
+def test_idle_round_just_before_the_range_counts_inside_it(cluster: Cluster, nodes: list[Node]) -> None:
+    _round(cluster, DAY - timedelta(minutes=2), {"down": 3})
+    _round(cluster, DAY + timedelta(minutes=1), {})
+    table = selectors.idle_get(cluster_id=cluster.pk, rng=_day_range(), now=DAY + timedelta(days=1))
+    first = dict(zip(table.headers, table.rows[0], strict=True))
+    assert first["down"] == pytest.approx(round(3 * 1 / 60, 2))  # only the minute inside the range
