@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.contrib.auth.backends import ModelBackend
 from django.contrib.auth.signals import user_logged_in, user_login_failed
-from django.core.cache import cache
+from django.core.cache import cache, caches
+from django.core.cache.backends.redis import RedisCache
 from django.core.exceptions import PermissionDenied
 from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -115,13 +116,26 @@ def _parse_rate(rate: str) -> tuple[int, int]:
 
 
 def _hit(key: str, *, window_s: int) -> int:
-    """Count one event under ``key`` in a fixed window; returns the count so far."""
-    if cache.add(key, 1, timeout=window_s):
+    """Count one event under ``key`` in a fixed window; returns the count so far.
+
+    On Redis: one round trip (pipelined INCR + EXPIRE; Django's own ``incr`` costs two, plus
+    the ``add`` before it).  Other caches (local memory in development): add, then incr.
+    """
+    backend = caches["default"]
+    if isinstance(backend, RedisCache):
+        full_key = backend.make_and_validate_key(key)
+        # Django's RedisCache stores ints as plain Redis integers, so cache.get() reads this back.
+        pipe = backend._cache.get_client(full_key, write=True).pipeline(transaction=False)
+        pipe.incr(full_key)
+        pipe.expire(full_key, window_s)
+        count, _ = pipe.execute()
+        return int(count)
+    if backend.add(key, 1, timeout=window_s):
         return 1
     try:
-        return int(cache.incr(key))
+        return int(backend.incr(key))
     except ValueError:  # expired between add and incr
-        cache.set(key, 1, timeout=window_s)
+        backend.set(key, 1, timeout=window_s)
         return 1
 
 

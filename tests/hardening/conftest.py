@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
-from django.conf import settings
-from django.urls import URLPattern, URLResolver, get_resolver
-from django.views.static import serve
 
+def clear_local_cache() -> None:
+    """Empty the cache between tests, but only a local-memory one: on Redis, clear() is FLUSHDB."""
+    from django.core.cache import caches
+    from django.core.cache.backends.locmem import LocMemCache
 
-@pytest.fixture
-def static_from_source(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Tests run with DEBUG off, where static files come from STATIC_ROOT (collectstatic's output,
-    which may not exist in a checkout): serve them from static/ instead."""
-    stack = list(get_resolver().url_patterns)
-    while stack:
-        pattern = stack.pop()
-        if isinstance(pattern, URLResolver):
-            stack.extend(pattern.url_patterns)
-        elif isinstance(pattern, URLPattern) and pattern.callback is serve:
-            monkeypatch.setitem(pattern.default_args, "document_root", str(settings.STATICFILES_DIRS[0]))
+    backend = caches["default"]
+    if isinstance(backend, LocMemCache):
+        backend.clear()

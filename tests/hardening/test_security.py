@@ -5,17 +5,19 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from django.core.cache import cache
 from django.test import Client
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from portal.security import login_failures_clear
 from scheduling.models import AuditEvent
 from tests.conftest import token_client
 from tests.factories import UserFactory
+from tests.hardening.conftest import clear_local_cache
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,9 +25,9 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(autouse=True)
 def _clean_cache():
     """Rate-limit and lockout counters live in the cache: every test starts from zero."""
-    cache.clear()
+    clear_local_cache()
     yield
-    cache.clear()
+    clear_local_cache()
 
 
 def test_production_settings_pass_check_deploy():
@@ -74,7 +76,7 @@ def test_security_headers_on_pages_and_api(client, url):
 
 
 @pytest.mark.django_db
-def test_static_files_keep_their_caching(client, static_from_source):
+def test_static_files_keep_their_caching(client):
     response = client.get("/static/css/berth.css")
     assert response.status_code == 200
     assert "no-store" not in response.get("Cache-Control", "")
@@ -147,7 +149,7 @@ def test_lockout_after_repeated_failures_blocks_even_the_right_password(settings
     other = APIClient(REMOTE_ADDR="10.0.0.9")
     ok = other.post("/api/v1/auth/token/", {"username": "alice", "password": "pw-not-secret"}, format="json")
     assert ok.status_code == 200
-    cache.clear()  # the lock's expiry (BERTH_LOGIN_LOCKOUT_S) as seen by the cache
+    login_failures_clear(username="alice", ip="127.0.0.1")  # as the lock's expiry would
     again = api.post("/api/v1/auth/token/", {"username": "alice", "password": "pw-not-secret"}, format="json")
     assert again.status_code == 200
 
@@ -224,3 +226,27 @@ def test_revoked_token_stops_working_at_once(member):
 @pytest.mark.django_db
 def test_token_revoke_needs_authentication():
     assert APIClient().delete("/api/v1/me/token/").status_code == 401
+
+
+@pytest.mark.django_db
+def test_lockout_and_throttle_counters_work_on_redis(settings):
+    """Production keeps the counters in Redis (shared by all web processes): the same rules hold."""
+    # A Redis db of its own and a unique key prefix; never cache.clear() here: on Redis that is
+    # FLUSHDB, which would wipe whatever else shares the db.  The keys expire by themselves.
+    base = os.environ.get("REDIS_URL", "redis://127.0.0.1:56379/0").rsplit("/", 1)[0]
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": f"{base}/15",
+            "KEY_PREFIX": f"berth-test-{os.getpid()}-{time.time_ns()}",
+        }
+    }
+    settings.BERTH_LOGIN_LOCKOUT_ATTEMPTS = 2
+    UserFactory(username="carol")
+    api = APIClient()
+    for _ in range(2):
+        api.post("/api/v1/auth/token/", {"username": "carol", "password": "wrong"}, format="json")
+    ok = {"username": "carol", "password": "pw-not-secret"}
+    assert api.post("/api/v1/auth/token/", ok, format="json").status_code == 400
+    assert AuditEvent.objects.filter(verb="auth.lockout").count() == 1
+    assert APIClient(REMOTE_ADDR="10.0.0.2").post("/api/v1/auth/token/", ok, format="json").status_code == 200
