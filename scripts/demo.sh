@@ -22,6 +22,8 @@ export REDIS_URL=${REDIS_URL:-redis://127.0.0.1:$REDIS_PORT/0}
 export C_FORCE_ROOT=${C_FORCE_ROOT:-1}
 # The demo cluster is simulated: run its clock 30x so jobs start, finish and get preempted while you watch.
 export BERTH_SIM_SPEEDUP=${BERTH_SIM_SPEEDUP:-30}
+# Web and worker share one cache (what-if progress, login lockouts): Redis, as in production.
+export BERTH_CACHE_URL=${BERTH_CACHE_URL:-$REDIS_URL}
 SERVICES=(web worker beat)
 
 is_running() {  # is_running NAME: the pid file names a live process

@@ -238,6 +238,8 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_TIME_LIMIT = env.int("CELERY_TASK_TIME_LIMIT", default=300)
 CELERY_TASK_SOFT_TIME_LIMIT = env.int("CELERY_TASK_SOFT_TIME_LIMIT", default=240)
 CELERY_TASK_ALWAYS_EAGER = False
+# Task modules outside installed apps (autodiscovery covers scheduling and forecasting).
+CELERY_IMPORTS = ["portal.ops.tasks"]
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # acks_late tasks of a worker that died are redelivered after this (the default is an hour);
 # it must exceed the longest task time limit.
