@@ -27,6 +27,9 @@ for _ in $(seq 100); do
   kill -0 "$pid" 2>/dev/null || { cat "$log" >&2; exit 1; }
   sleep 0.3
 done
+# Warm every worker (URL resolver, DRF, middleware load on a process's first request), so the
+# first phase's p99 measures requests, not worker start-up.
+seq $(( 8 * workers )) | xargs -P "$workers" -I{} curl -s -o /dev/null "http://127.0.0.1:$port/api/v1/me/" || true
 echo "gunicorn pid $pid on 127.0.0.1:$port ($workers workers x $threads threads)"
 $BIN/python -m bench.api --url "http://127.0.0.1:$port" --setup \
   --clients "${BENCH_CLIENTS:-16}" --duration-s "${BENCH_DURATION_S:-10}" --out "$out"
