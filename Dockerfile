@@ -29,4 +29,4 @@ EXPOSE 8000
 HEALTHCHECK --interval=30s --timeout=5s --start-period=20s \
   CMD python -c "import os, socket; socket.create_connection(('127.0.0.1', int(os.environ['PORT'])), timeout=4).close()" || exit 1
 
-CMD ["sh", "-c", "exec gunicorn portal.wsgi:application --bind 0.0.0.0:${PORT} --workers ${WEB_CONCURRENCY:-3} --access-logfile - --error-logfile -"]
+CMD ["sh", "-c", "exec gunicorn portal.wsgi:application --preload --bind 0.0.0.0:${PORT} --workers ${WEB_CONCURRENCY:-3} --forwarded-allow-ips=${FORWARDED_ALLOW_IPS:-127.0.0.1} --access-logfile - --error-logfile -"]

@@ -17,7 +17,7 @@ log=.run/bench-api-gunicorn.log
 export DJANGO_ENV=production DJANGO_DEBUG=0 DJANGO_SECURE_SSL_REDIRECT=0 \
   DJANGO_SECRET_KEY="${DJANGO_SECRET_KEY:-bench-only-$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')}" \
   DJANGO_ALLOWED_HOSTS="127.0.0.1,localhost" LOG_LEVEL="${LOG_LEVEL:-WARNING}"
-$BIN/gunicorn portal.wsgi:application --bind "127.0.0.1:$port" --workers "$workers" --threads "$threads" \
+$BIN/gunicorn portal.wsgi:application --preload --bind "127.0.0.1:$port" --workers "$workers" --threads "$threads" \
   --worker-class "$([ "$threads" -gt 1 ] && echo gthread || echo sync)" --timeout 60 \
   --log-level warning >"$log" 2>&1 &
 pid=$!

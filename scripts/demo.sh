@@ -102,7 +102,7 @@ start() {
 
   trap 'echo; echo "==> stopping"; stop_all; exit 0' INT TERM
   echo "==> starting web, worker and beat (logs in .run/demo/)"
-  launch web "$BIN/gunicorn" portal.wsgi:application --bind "$HOST:$PORT" --workers 2 --threads 2 \
+  launch web "$BIN/gunicorn" portal.wsgi:application --preload --bind "$HOST:$PORT" --workers 2 --threads 2 \
     --timeout 60 --access-logfile - --error-logfile -
   launch worker "$BIN/celery" -A portal worker --loglevel INFO --concurrency 1 --hostname "berth-demo@%h"
   launch beat "$BIN/celery" -A portal beat --loglevel INFO \
