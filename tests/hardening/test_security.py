@@ -39,6 +39,9 @@ def test_production_settings_pass_check_deploy():
         "DJANGO_ALLOWED_HOSTS": "berth.example.org",
     }
     env.pop("DJANGO_DEBUG", None)
+    # The browser tests set this for the whole test session (Playwright's loop beside the ORM);
+    # a deployment never has it, and check --deploy rightly refuses it.
+    env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
     result = subprocess.run(
         [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
         cwd=ROOT,
