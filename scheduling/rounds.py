@@ -69,7 +69,12 @@ from scheduling.models import (
     Node,
     Preemption,
 )
-from scheduling.services import audit_event_record
+from scheduling.services import (
+    allocation_events_record,
+    allocation_state,
+    allocations_close,
+    audit_event_record,
+)
 from scheduling.snapshots import (
     RUNNING_STATUSES,
     cluster_snapshot_build,
@@ -138,16 +143,6 @@ def _job_state(job: Job) -> dict[str, Any]:
     }
 
 
-def _alloc_state(allocation: Allocation) -> dict[str, Any]:
-    return {
-        "gpu_id": allocation.gpu_id,
-        "state": allocation.state,
-        "lower": _iso(allocation.period.lower),
-        "upper": _iso(allocation.period.upper),
-        "is_preemptible": allocation.is_preemptible,
-    }
-
-
 def _audit(verb: str, entity_type: str, entity_id: int, before: Any, after: Any, at: datetime) -> None:
     audit_event_record(
         actor=None,
@@ -164,18 +159,7 @@ def _audit(verb: str, entity_type: str, entity_id: int, before: Any, after: Any,
 def _audit_allocations(
     changes: Sequence[tuple[Allocation, dict[str, Any] | None]], verb: str, at: datetime
 ) -> None:
-    AuditEvent.objects.bulk_create(
-        AuditEvent(
-            actor_label=ENGINE,
-            verb=verb,
-            entity_type="allocation",
-            entity_id=a.pk,
-            before=before,
-            after=_alloc_state(a),
-            at=at,
-        )
-        for a, before in changes
-    )
+    allocation_events_record(changes=changes, actor=None, actor_label=ENGINE, verb=verb, at=at)
 
 
 def _is_exclusion_violation(exc: IntegrityError) -> bool:
@@ -207,27 +191,14 @@ def cluster_round_lock(cluster_id: int) -> Iterator[bool]:
 
 def _close_job_allocations(job: Job, *, at: datetime, verb: str) -> None:
     """End the job's blocking allocations at ``at``: truncate what had started, release the rest."""
-    changes: list[tuple[Allocation, dict[str, Any] | None]] = []
-    for allocation in job.allocations.exclude(state__in=(Allocation.State.RELEASED, Allocation.State.ENDED)):
-        before = _alloc_state(allocation)
-        lower, upper = allocation.period.lower, allocation.period.upper
-        if lower is not None and lower < at:
-            if upper is None or upper > at:
-                allocation.period = DateTimeTZRange(lower, at, "[)")
-            allocation.state = Allocation.State.ENDED
-        else:
-            allocation.state = Allocation.State.RELEASED
-        changes.append((allocation, before))
-    if changes:
-        Allocation.objects.bulk_update([a for a, _ in changes], ["period", "state"])
-        _audit_allocations(changes, verb, at)
+    allocations_close(job.allocations.all(), at=at, actor=None, actor_label=ENGINE, verb=verb)
 
 
 def _release_job_allocations(job: Job, *, at: datetime, verb: str) -> None:
     """A start that never happened: its allocations leave the constraint (state ``released``)."""
     changes: list[tuple[Allocation, dict[str, Any] | None]] = []
     for allocation in job.allocations.exclude(state__in=(Allocation.State.RELEASED, Allocation.State.ENDED)):
-        before = _alloc_state(allocation)
+        before = allocation_state(allocation)
         allocation.state = Allocation.State.RELEASED
         changes.append((allocation, before))
     if changes:
@@ -545,7 +516,7 @@ def _reconcile_bookings(cluster: Cluster, *, now: datetime) -> None:
         booking.save(update_fields=["status", "ended_at", "updated_at"])
         changes = []
         for allocation in booking.allocations.exclude(state__in=(Allocation.State.RELEASED, new_alloc)):
-            changes.append((allocation, _alloc_state(allocation)))
+            changes.append((allocation, allocation_state(allocation)))
             allocation.state = new_alloc
         if changes:
             Allocation.objects.bulk_update([a for a, _ in changes], ["state"])
@@ -576,7 +547,7 @@ def _extend_running(cluster: Cluster, *, now: datetime) -> None:
                 new_upper = min(new_upper, cap)
             if new_upper <= upper:
                 continue
-            changes.append((allocation, _alloc_state(allocation)))
+            changes.append((allocation, allocation_state(allocation)))
             allocation.period = DateTimeTZRange(allocation.period.lower, new_upper, "[)")
         if not changes:
             continue

@@ -100,7 +100,7 @@ def _job_state(job: Job) -> dict[str, Any]:
     }
 
 
-def _allocation_state(allocation: Allocation) -> dict[str, Any]:
+def allocation_state(allocation: Allocation) -> dict[str, Any]:
     period = allocation.period
     return {
         "gpu_id": allocation.gpu_id,
@@ -139,7 +139,7 @@ def audit_event_record(
     )
 
 
-def _allocation_events(
+def allocation_events_record(
     *,
     changes: Iterable[tuple[Allocation, dict[str, Any] | None]],
     actor: User | None,
@@ -156,7 +156,7 @@ def _allocation_events(
             entity_type="allocation",
             entity_id=allocation.pk,
             before=before,
-            after=_allocation_state(allocation),
+            after=allocation_state(allocation),
             at=at,
         )
         for allocation, before in changes
@@ -440,7 +440,7 @@ def booking_create(
                     after={**_booking_state(booking), "gpu_ids": list(gpu_ids), "cluster_id": cluster_id},
                     at=now,
                 )
-                _allocation_events(
+                allocation_events_record(
                     changes=((a, None) for a in allocations),
                     actor=user,
                     actor_label=actor_label,
@@ -500,7 +500,7 @@ def _lock_booking(booking: Booking) -> Booking:
     return Booking.objects.select_for_update().get(pk=booking.pk)
 
 
-def _close_allocations(
+def allocations_close(
     allocations: Iterable[Allocation],
     *,
     at: datetime,
@@ -513,7 +513,7 @@ def _close_allocations(
     for allocation in allocations:
         if allocation.state in (Allocation.State.RELEASED, Allocation.State.ENDED):
             continue
-        before = _allocation_state(allocation)
+        before = allocation_state(allocation)
         lower, upper = allocation.period.lower, allocation.period.upper
         if lower is not None and lower < at:
             if upper is None or upper > at:
@@ -524,7 +524,7 @@ def _close_allocations(
         changed.append((allocation, before))
     if changed:
         Allocation.objects.bulk_update([a for a, _ in changed], ["period", "state"])
-        _allocation_events(changes=changed, actor=actor, actor_label=actor_label, verb=verb, at=at)
+        allocation_events_record(changes=changed, actor=actor, actor_label=actor_label, verb=verb, at=at)
 
 
 @transaction.atomic
@@ -550,7 +550,7 @@ def booking_cancel(
     if booking.start_at < now:
         booking.ended_at = now
     booking.save(update_fields=["status", "ended_at", "updated_at"])
-    _close_allocations(
+    allocations_close(
         booking.allocations.all(), at=now, actor=user, actor_label=actor_label, verb="allocation.cancel"
     )
     audit_event_record(
@@ -592,7 +592,7 @@ def booking_end_early(
     booking.status = Booking.Status.COMPLETED
     booking.ended_at = now
     booking.save(update_fields=["status", "ended_at", "updated_at"])
-    _close_allocations(
+    allocations_close(
         booking.allocations.all(), at=now, actor=user, actor_label=actor_label, verb="allocation.end"
     )
     audit_event_record(
@@ -670,7 +670,7 @@ def booking_extend(
         if not conflict:
             changed = []
             for allocation in allocations:
-                before = _allocation_state(allocation)
+                before = allocation_state(allocation)
                 allocation.period = DateTimeTZRange(allocation.period.lower, end_at, "[)")
                 changed.append((allocation, before))
             try:
@@ -684,7 +684,7 @@ def booking_extend(
             before_booking = _booking_state(booking)
             booking.end_at = end_at
             booking.save(update_fields=["end_at", "updated_at"])
-            _allocation_events(
+            allocation_events_record(
                 changes=changed, actor=user, actor_label=actor_label, verb="allocation.extend", at=now
             )
             audit_event_record(
@@ -859,7 +859,7 @@ def job_cancel(
     job.save(
         update_fields=["status", "ended_at", "pending_reason", "pending_sentence", "eta_p50_at", "eta_p90_at"]
     )
-    _close_allocations(
+    allocations_close(
         job.allocations.all(), at=now, actor=user, actor_label=actor_label, verb="allocation.cancel"
     )
     audit_event_record(
