@@ -406,6 +406,11 @@ def _reconcile_jobs(
         if obs.job_id in open_ids or obs.state not in (OS.RUNNING, OS.PENDING) or not obs.job_id.isdigit():
             continue
         known = Job.objects.select_for_update().filter(pk=int(obs.job_id), cluster=cluster).first()
+        if known is not None and known.status == Job.Status.PENDING and obs.state == OS.PENDING:
+            # Queued in the backend for a job still pending here (a start whose answer was a
+            # refusal, e.g. Slurm's "nodes not available" right after an outage): keep it; the
+            # next start of this job finds it and moves it, and if it runs first it is adopted.
+            continue
         if known is None or known.status != Job.Status.PENDING or obs.state != OS.RUNNING or not obs.gpu_ids:
             out.to_cancel.append(obs.job_id)
             continue
@@ -841,7 +846,8 @@ def _apply_after_commit(
             results = [ActionResult("start", s.job_id, False, str(exc)) for s in persisted.starts]
     cancel_results = []
     cancel = getattr(backend, "cancel", None)
-    for job_id in to_cancel:
+    starting = {s.job_id for s in persisted.starts}
+    for job_id in (j for j in to_cancel if j not in starting):  # never cancel what this round starts
         if cancel is None:
             break
         try:
