@@ -57,7 +57,7 @@ from scheduling.backends.base import ActionResult, BackendError, ClusterBackend,
 from scheduling.backends.base import ObservedState as OS
 from scheduling.backends.registry import backend_for_cluster
 from scheduling.engine import plan_round
-from scheduling.engine.types import NodeStatus, Plan, PreemptAction, StartAction
+from scheduling.engine.types import NodeStatus, Plan, PreemptAction, ReleaseAction, StartAction
 from scheduling.models import (
     Allocation,
     AuditEvent,
@@ -76,6 +76,7 @@ from scheduling.services import (
     audit_event_record,
 )
 from scheduling.snapshots import (
+    BOOKING_PREFIX,
     RUNNING_STATUSES,
     cluster_snapshot_build,
     epoch,
@@ -813,6 +814,23 @@ def _call_apply(
     return backend.apply(plan)
 
 
+def _closed_booking_releases(cluster: Cluster, *, now: datetime) -> list[ReleaseAction]:
+    """Bookings cancelled or ended in the last hour: the backend drops what it holds for them.
+
+    The engine plans only for open bookings, so nothing else tells a backend (a Slurm
+    reservation) that a booking is gone.  Releasing is idempotent, so the hour of repeats
+    covers rounds the backend missed while it was unreachable.
+    """
+    closed = Booking.objects.filter(
+        cluster=cluster,
+        status__in=(Booking.Status.CANCELLED, Booking.Status.COMPLETED),
+        updated_at__gte=now - timedelta(hours=1),
+    ).values_list("pk", flat=True)
+    return [
+        ReleaseAction(holder_id=f"{BOOKING_PREFIX}{pk}", gpu_ids=(), reason="booking closed") for pk in closed
+    ]
+
+
 def _apply_after_commit(
     *,
     cluster: Cluster,
@@ -833,7 +851,7 @@ def _apply_after_commit(
         starts=tuple(persisted.starts),
         preemptions=tuple(preemptions),
         reservations=plan.reservations,
-        releases=plan.releases,
+        releases=(*plan.releases, *_closed_booking_releases(cluster, now=now)),
     )
     error = ""
     results: list[ActionResult] = []

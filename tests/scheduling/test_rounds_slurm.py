@@ -287,13 +287,10 @@ def test_controller_outage_degrades_keeps_services_working_and_reconciles_withou
     job_cancel(first, user=user)
     job_cancel(second, user=user)
     booking_cancel(booking, user=user)
-    # (Reservations are not checked: no round releases the Slurm reservation of a cancelled booking
-    # yet, nothing in the engine emits a ReleaseAction; the fixture deletes it.  Reported with this
-    # module's commit.)
     _rounds_until(
         cluster,
-        lambda: not _live_slurm_jobs(prefix),
-        what="Berth to cancel this run's jobs on Slurm",
+        lambda: not _live_slurm_jobs(prefix) and not _reservations(prefix),
+        what="Berth to cancel this run's jobs and release the booking's reservation on Slurm",
         timeout_s=60.0,
     )
     for ref_ in (ref, second.backend_ref):
