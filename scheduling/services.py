@@ -527,6 +527,47 @@ def allocations_close(
         allocation_events_record(changes=changed, actor=actor, actor_label=actor_label, verb=verb, at=at)
 
 
+def _lock_open_booking(booking: Booking, *, user: User) -> Booking:
+    booking = _lock_booking(booking)
+    _require_can_manage(user, owner_id=booking.user_id, project_id=booking.project_id)
+    if booking.status not in Booking.OPEN_STATUSES:
+        raise ValidationError({"status": f"This booking is already {booking.status}."})
+    return booking
+
+
+def _booking_close(
+    booking: Booking,
+    *,
+    status: str,
+    ended_at: datetime | None,
+    user: User,
+    actor_label: str,
+    verb: str,
+    allocation_verb: str,
+    now: datetime,
+) -> Booking:
+    """Set the booking's final status, end its allocations at ``now`` and audit both."""
+    before = _booking_state(booking)
+    booking.status = status
+    booking.ended_at = ended_at
+    booking.save(update_fields=["status", "ended_at", "updated_at"])
+    allocations_close(
+        booking.allocations.all(), at=now, actor=user, actor_label=actor_label, verb=allocation_verb
+    )
+    audit_event_record(
+        actor=user,
+        actor_label=actor_label,
+        verb=verb,
+        entity_type="booking",
+        entity_id=booking.pk,
+        before=before,
+        after=_booking_state(booking),
+        at=now,
+    )
+    _engine_round_soon(booking.cluster_id)
+    return booking
+
+
 @transaction.atomic
 def booking_cancel(
     booking: Booking,
@@ -541,30 +582,17 @@ def booking_cancel(
     start, it ends now: allocations are truncated to ``[start, now)`` and kept as history.
     """
     now = _now(now)
-    booking = _lock_booking(booking)
-    _require_can_manage(user, owner_id=booking.user_id, project_id=booking.project_id)
-    if booking.status not in Booking.OPEN_STATUSES:
-        raise ValidationError({"status": f"This booking is already {booking.status}."})
-    before = _booking_state(booking)
-    booking.status = Booking.Status.CANCELLED
-    if booking.start_at < now:
-        booking.ended_at = now
-    booking.save(update_fields=["status", "ended_at", "updated_at"])
-    allocations_close(
-        booking.allocations.all(), at=now, actor=user, actor_label=actor_label, verb="allocation.cancel"
-    )
-    audit_event_record(
-        actor=user,
+    booking = _lock_open_booking(booking, user=user)
+    return _booking_close(
+        booking,
+        status=Booking.Status.CANCELLED,
+        ended_at=now if booking.start_at < now else booking.ended_at,
+        user=user,
         actor_label=actor_label,
         verb="booking.cancel",
-        entity_type="booking",
-        entity_id=booking.pk,
-        before=before,
-        after=_booking_state(booking),
-        at=now,
+        allocation_verb="allocation.cancel",
+        now=now,
     )
-    _engine_round_soon(booking.cluster_id)
-    return booking
 
 
 @transaction.atomic
@@ -580,33 +608,21 @@ def booking_end_early(
     Only for a booking that has started and not yet ended (use ``booking_cancel`` before the start).
     """
     now = _now(now)
-    booking = _lock_booking(booking)
-    _require_can_manage(user, owner_id=booking.user_id, project_id=booking.project_id)
-    if booking.status not in Booking.OPEN_STATUSES:
-        raise ValidationError({"status": f"This booking is already {booking.status}."})
+    booking = _lock_open_booking(booking, user=user)
     if now <= booking.start_at:
         raise ValidationError({"status": "This booking has not started yet; cancel it instead."})
     if now >= booking.end_at:
         raise ValidationError({"status": "This booking has already ended."})
-    before = _booking_state(booking)
-    booking.status = Booking.Status.COMPLETED
-    booking.ended_at = now
-    booking.save(update_fields=["status", "ended_at", "updated_at"])
-    allocations_close(
-        booking.allocations.all(), at=now, actor=user, actor_label=actor_label, verb="allocation.end"
-    )
-    audit_event_record(
-        actor=user,
+    return _booking_close(
+        booking,
+        status=Booking.Status.COMPLETED,
+        ended_at=now,
+        user=user,
         actor_label=actor_label,
         verb="booking.end_early",
-        entity_type="booking",
-        entity_id=booking.pk,
-        before=before,
-        after=_booking_state(booking),
-        at=now,
+        allocation_verb="allocation.end",
+        now=now,
     )
-    _engine_round_soon(booking.cluster_id)
-    return booking
 
 
 def _extension_limit(*, gpu_ids: Sequence[int], after: datetime, exclude_booking_id: int) -> datetime | None:
