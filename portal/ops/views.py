@@ -130,37 +130,25 @@ def _range_page(
     return _render(request, template, "ops-report", context)
 
 
-@staff_required
-@vary_on_headers("HX-Request")
-@require_GET
-def utilization(request: HtmxHttpRequest) -> HttpResponse:
-    return _range_page(
-        request,
-        template="ops/utilization.html",
-        build=lambda cid, rng: selectors.utilization_get(cluster_id=cid, rng=rng),
-    )
+def _range_view(
+    template: str, build: Callable[[int, selectors.Range], list[Table]]
+) -> Callable[..., HttpResponse]:
+    """A staff report page over a cluster and a date range (``?cluster=&days=&bucket=``)."""
+
+    @staff_required
+    @vary_on_headers("HX-Request")
+    @require_GET
+    def view(request: HtmxHttpRequest) -> HttpResponse:
+        return _range_page(request, template=template, build=build)
+
+    return view
 
 
-@staff_required
-@vary_on_headers("HX-Request")
-@require_GET
-def fairness(request: HtmxHttpRequest) -> HttpResponse:
-    return _range_page(
-        request,
-        template="ops/fairness.html",
-        build=lambda cid, rng: selectors.fairness_get(cluster_id=cid, rng=rng),
-    )
-
-
-@staff_required
-@vary_on_headers("HX-Request")
-@require_GET
-def idle(request: HtmxHttpRequest) -> HttpResponse:
-    return _range_page(
-        request,
-        template="ops/idle.html",
-        build=lambda cid, rng: [selectors.idle_get(cluster_id=cid, rng=rng)],
-    )
+utilization = _range_view(
+    "ops/utilization.html", lambda cid, rng: selectors.utilization_get(cluster_id=cid, rng=rng)
+)
+fairness = _range_view("ops/fairness.html", lambda cid, rng: selectors.fairness_get(cluster_id=cid, rng=rng))
+idle = _range_view("ops/idle.html", lambda cid, rng: [selectors.idle_get(cluster_id=cid, rng=rng)])
 
 
 @staff_required
