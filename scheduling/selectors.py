@@ -12,7 +12,9 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 
+import psycopg
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser, User
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -175,7 +177,22 @@ class Availability:
     cluster: str | None
     capacity: int  # GPUs of the type on up nodes
     step_s: int
-    slots: tuple[AvailabilitySlot, ...]
+    start_at: datetime
+    end_at: datetime
+    free: tuple[int, ...]  # free GPUs per step (the API renders these without building slots)
+
+    def boundaries(self) -> list[datetime]:
+        """The ``len(free) + 1`` step boundaries; the last is ``end_at`` (computed, not added,
+        so year 9999 cannot overflow)."""
+        step = timedelta(seconds=self.step_s)
+        out = [self.start_at + i * step for i in range(len(self.free))]
+        out.append(self.end_at)
+        return out
+
+    @property
+    def slots(self) -> tuple[AvailabilitySlot, ...]:
+        b = self.boundaries()
+        return tuple(AvailabilitySlot(b[i], b[i + 1], free) for i, free in enumerate(self.free))
 
 
 def _validate_query_window(*, start_at: datetime, end_at: datetime, step_s: int) -> int:
@@ -201,7 +218,8 @@ def _validate_query_window(*, start_at: datetime, end_at: datetime, step_s: int)
 
 # The availability hot path in one round trip: the capacity row (gpu_id NULL) and, for every
 # allocation overlapping the window, the first and last step it touches.  Raw SQL because
-# it runs hundreds of times a second; tests compare it with a brute-force count.
+# it runs hundreds of times a second; tests compare it with a brute-force count.  Typed
+# parameters (numeric epoch, exact) keep one prepared plan per connection.
 _AVAILABILITY_SQL = """
 WITH gpu_type AS (SELECT id FROM scheduling_gputype WHERE name = %(gpu_type)s),
 bookable AS (
@@ -215,14 +233,40 @@ bookable AS (
 SELECT NULL::bigint, count(*)::int, NULL::int FROM bookable HAVING EXISTS (SELECT 1 FROM gpu_type)
 UNION ALL
 SELECT a.gpu_id,
-       greatest(0, floor((extract(epoch FROM lower(a.period)) - %(t0)s) / %(step)s))::int,
-       least(%(last)s, ceil((extract(epoch FROM upper(a.period)) - %(t0)s) / %(step)s)::int - 1)
+       greatest(0, floor((extract(epoch FROM lower(a.period)) - %(t0)s::numeric) / %(step)s::int))::int,
+       least(%(last)s::int,
+             ceil((extract(epoch FROM upper(a.period)) - %(t0)s::numeric) / %(step)s::int)::int - 1)
   FROM scheduling_allocation a
  WHERE a.gpu_id IN (SELECT id FROM bookable)
    AND a.period && tstzrange(%(start)s, %(end)s, '[)')
    AND NOT (a.state = 'released')
  ORDER BY 1 NULLS FIRST, 2
 """
+
+
+def _availability_rows(params: dict[str, object]) -> list[tuple[int | None, int, int | None]]:
+    """Run ``_AVAILABILITY_SQL`` as a prepared statement on Django's connection.
+
+    Planning this query cost PostgreSQL more CPU than running it; Django's default cursor binds
+    parameters client-side and so can never reuse a plan.  A server-side-binding psycopg cursor
+    with ``prepare=True`` plans it once per connection.  It runs in Django's current transaction
+    (if any) but outside Django's query logging.
+    """
+    connection.ensure_connection()
+    raw = connection.connection
+    if raw is None or connection.vendor != "postgresql":  # pragma: no cover - Berth runs on PostgreSQL
+        with connection.cursor() as cursor:
+            cursor.execute(_AVAILABILITY_SQL, params)
+            return list(cursor.fetchall())
+    with connection.wrap_database_errors, psycopg.Cursor(raw) as cursor:
+        cursor.execute(_AVAILABILITY_SQL, params, prepare=True)
+        return list(cursor.fetchall())
+
+
+def _epoch_s(value: datetime) -> Decimal:
+    """Seconds since the epoch, exactly (a float loses microseconds at today's epoch)."""
+    delta = value - _EPOCH
+    return Decimal(delta.days * 86_400 + delta.seconds) + Decimal(delta.microseconds).scaleb(-6)
 
 
 def availability_get(
@@ -240,20 +284,17 @@ def availability_get(
     steps each overlapping allocation touches) and a sweep in Python: O(allocations + steps).
     """
     steps = _validate_query_window(start_at=start_at, end_at=end_at, step_s=step_s)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _AVAILABILITY_SQL,
-            {
-                "gpu_type": gpu_type_name,
-                "cluster": cluster_name or None,
-                "t0": (start_at - _EPOCH).total_seconds(),
-                "step": step_s,
-                "last": steps - 1,
-                "start": start_at,
-                "end": end_at,
-            },
-        )
-        rows = cursor.fetchall()
+    rows = _availability_rows(
+        {
+            "gpu_type": gpu_type_name,
+            "cluster": cluster_name or None,
+            "t0": _epoch_s(start_at),
+            "step": step_s,
+            "last": steps - 1,
+            "start": start_at,
+            "end": end_at,
+        }
+    )
     if not rows or rows[0][0] is not None:
         raise ValidationError({"gpu_type": [f"Unknown GPU type {gpu_type_name!r}."]})
     capacity = rows[0][1]
@@ -281,16 +322,12 @@ def availability_get(
         busy_delta[current[1]] += 1
         busy_delta[current[2] + 1] -= 1
 
-    slots: list[AvailabilitySlot] = []
+    free: list[int] = []
     busy = 0
-    step = timedelta(seconds=step_s)
     for i in range(steps):
         busy += busy_delta[i]
-        slot_start = start_at + i * step
-        # The last slot ends at end_at (computed, not added, so year 9999 cannot overflow).
-        slot_end = end_at if i == steps - 1 else slot_start + step
-        slots.append(AvailabilitySlot(slot_start, slot_end, max(capacity - busy, 0)))
-    return Availability(gpu_type_name, cluster_name, capacity, step_s, tuple(slots))
+        free.append(max(capacity - busy, 0))
+    return Availability(gpu_type_name, cluster_name, capacity, step_s, start_at, end_at, tuple(free))
 
 
 # ---- conflicts: alternatives and quota peaks ----

@@ -30,9 +30,8 @@ import psycopg.errors
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db import IntegrityError, OperationalError, transaction
+from django.db import IntegrityError, OperationalError, connection, transaction
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
-from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from portal.accounts.models import Membership, Project, Quota
@@ -139,16 +138,15 @@ def audit_event_record(
     )
 
 
-def allocation_events_record(
+def _allocation_events(
     *,
     changes: Iterable[tuple[Allocation, dict[str, Any] | None]],
     actor: User | None,
     actor_label: str,
     verb: str,
     at: datetime,
-) -> None:
-    """One audit event per changed allocation, in one INSERT."""
-    AuditEvent.objects.bulk_create(
+) -> list[AuditEvent]:
+    return [
         AuditEvent(
             actor_id=_actor_id(actor),
             actor_label=actor_label,
@@ -160,6 +158,20 @@ def allocation_events_record(
             at=at,
         )
         for allocation, before in changes
+    ]
+
+
+def allocation_events_record(
+    *,
+    changes: Iterable[tuple[Allocation, dict[str, Any] | None]],
+    actor: User | None,
+    actor_label: str,
+    verb: str,
+    at: datetime,
+) -> None:
+    """One audit event per changed allocation, in one INSERT."""
+    AuditEvent.objects.bulk_create(
+        _allocation_events(changes=changes, actor=actor, actor_label=actor_label, verb=verb, at=at)
     )
 
 
@@ -176,6 +188,33 @@ def _require_member(user: User, *, project: Project) -> None:
         return
     if not Membership.objects.filter(user_id=user.pk, project=project).exists():
         raise PermissionDenied("You are not a member of this project.")
+
+
+def _require_member_read_quota(user: User, *, project: Project, gpu_type: GpuType) -> Quota | None:
+    """``_require_member`` and the project's quota row for the type, in one round trip.
+
+    The quota row is read before the caller's node lock (a quota created concurrently is
+    indistinguishable from one created just after this booking); the project's peak use,
+    which concurrent bookings do change, is computed under the lock.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            SELECT EXISTS (SELECT 1 FROM {Membership._meta.db_table} WHERE user_id = %s AND project_id = %s),
+                   q.id, q.guaranteed_gpus, q.borrow_limit_gpus
+              FROM (SELECT 1) AS one
+              LEFT JOIN {Quota._meta.db_table} q ON q.project_id = %s AND q.gpu_type_id = %s
+            """,  # noqa: S608 - table names from the models, values bound
+            [user.pk, project.pk, project.pk, gpu_type.pk],
+        )
+        is_member, quota_id, guaranteed, borrow = cursor.fetchone()
+    if not getattr(user, "is_staff", False) and not is_member:
+        raise PermissionDenied("You are not a member of this project.")
+    if quota_id is None:
+        return None
+    return Quota(
+        pk=quota_id, project=project, gpu_type=gpu_type, guaranteed_gpus=guaranteed, borrow_limit_gpus=borrow
+    )
 
 
 def _require_can_manage(user: User, *, owner_id: int, project_id: int) -> None:
@@ -230,12 +269,13 @@ def _is_deadlock(exc: OperationalError) -> bool:
 
 def _lock_nodes(*, gpu_type: GpuType, cluster_ids: Sequence[int]) -> None:
     """Serialize placements on one GPU type (see the locking protocol in the module docstring)."""
-    list(
-        Node.objects.select_for_update()
-        .filter(gpu_type=gpu_type, cluster_id__in=cluster_ids)
-        .order_by("id")
-        .values_list("id", flat=True)
-    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT id FROM {Node._meta.db_table} WHERE gpu_type_id = %s AND cluster_id = ANY(%s)"  # noqa: S608
+            " ORDER BY id FOR UPDATE",
+            [gpu_type.pk, list(cluster_ids)],
+        )
+        cursor.fetchall()
 
 
 # ---- booking placement ----
@@ -247,29 +287,48 @@ class _FreeNode:
     name: str
     cluster_id: int
     gpu_ids: tuple[int, ...]
+    gpu_indexes: tuple[int, ...] = ()  # parallel to gpu_ids
+
+
+# GPUs of the type on up nodes with no blocking allocation overlapping the period.  Raw SQL:
+# it runs under the node lock of every booking, and the ORM's compilation of the NOT EXISTS
+# cost more CPU than PostgreSQL's answer.  ``NOT (state = 'released')`` is the exclusion
+# index's predicate, so the index serves the anti-join.
+_FREE_GPUS_SQL = f"""
+SELECT g.id, g.node_id, n.name, n.cluster_id, g.index
+  FROM {Gpu._meta.db_table} g
+  JOIN {Node._meta.db_table} n ON n.id = g.node_id
+ WHERE n.gpu_type_id = %(gpu_type)s AND n.cluster_id = ANY(%(clusters)s) AND n.status = %(up)s
+   AND NOT EXISTS (
+       SELECT 1 FROM {Allocation._meta.db_table} a
+        WHERE a.gpu_id = g.id AND a.period && %(period)s AND NOT (a.state = %(released)s)
+   )
+ ORDER BY g.node_id, g.index
+"""  # noqa: S608 - table names from the models, values bound
 
 
 def _free_nodes(*, gpu_type: GpuType, cluster_ids: Sequence[int], period: DateTimeTZRange) -> list[_FreeNode]:
     """GPUs of the type on up nodes with no blocking allocation overlapping ``period``."""
-    busy = Allocation.objects.filter(gpu_id=OuterRef("pk"), period__overlap=period).exclude(
-        state=Allocation.State.RELEASED
-    )
-    rows = (
-        Gpu.objects.filter(
-            ~Exists(busy),
-            node__gpu_type=gpu_type,
-            node__cluster_id__in=cluster_ids,
-            node__status=Node.Status.UP,
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _FREE_GPUS_SQL,
+            {
+                "gpu_type": gpu_type.pk,
+                "clusters": list(cluster_ids),
+                "up": Node.Status.UP.value,
+                "period": period,
+                "released": Allocation.State.RELEASED.value,
+            },
         )
-        .order_by("node_id", "index")
-        .values_list("id", "node_id", "node__name", "node__cluster_id")
-    )
+        rows = cursor.fetchall()
     by_node: dict[int, list[int]] = defaultdict(list)
+    indexes: dict[int, list[int]] = defaultdict(list)
     meta: dict[int, tuple[str, int]] = {}
-    for gpu_id, node_id, node_name, cluster_id in rows:
+    for gpu_id, node_id, node_name, cluster_id, index in rows:
         by_node[node_id].append(gpu_id)
+        indexes[node_id].append(index)
         meta[node_id] = (node_name, cluster_id)
-    return [_FreeNode(n, meta[n][0], meta[n][1], tuple(g)) for n, g in by_node.items()]
+    return [_FreeNode(n, meta[n][0], meta[n][1], tuple(g), tuple(indexes[n])) for n, g in by_node.items()]
 
 
 def _pick_gpus(nodes: Sequence[_FreeNode], *, gpu_count: int) -> tuple[tuple[int, ...], int] | None:
@@ -315,12 +374,18 @@ def _pick_gpus(nodes: Sequence[_FreeNode], *, gpu_count: int) -> tuple[tuple[int
 
 
 def _capacity_by_cluster(*, gpu_type: GpuType, cluster_ids: Sequence[int]) -> dict[int, int]:
-    counts: dict[int, int] = defaultdict(int)
-    for cluster_id in Gpu.objects.filter(
-        node__gpu_type=gpu_type, node__cluster_id__in=cluster_ids
-    ).values_list("node__cluster_id", flat=True):
-        counts[cluster_id] += 1
-    return counts
+    """GPUs of the type per cluster (one grouped row per cluster, not one row per GPU)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT n.cluster_id, count(*) FROM {Gpu._meta.db_table} g"  # noqa: S608
+            f" JOIN {Node._meta.db_table} n ON n.id = g.node_id"
+            " WHERE n.gpu_type_id = %s AND n.cluster_id = ANY(%s) GROUP BY n.cluster_id",
+            [gpu_type.pk, list(cluster_ids)],
+        )
+        return {cluster_id: int(n) for cluster_id, n in cursor.fetchall()}
+
+
+_QUOTA_UNREAD = object()
 
 
 def _check_booking_quota(
@@ -331,8 +396,15 @@ def _check_booking_quota(
     start_at: datetime,
     end_at: datetime,
     exclude_booking_id: int | None = None,
+    quota: Any = _QUOTA_UNREAD,
 ) -> None:
-    quota = Quota.objects.filter(project=project, gpu_type=gpu_type).first()
+    """Refuse (400) what would take the project over its quota of the type in the window.
+
+    ``quota``: the project's ``Quota`` row for the type (or ``None``) when the caller has read it
+    already; the peak is always computed here, under the caller's node lock.
+    """
+    if quota is _QUOTA_UNREAD:
+        quota = Quota.objects.filter(project=project, gpu_type=gpu_type).first()
     if quota is None or quota.max_gpus is None:
         return
     peak = peak_concurrent_gpus(
@@ -378,7 +450,7 @@ def booking_create(
     _validate_window(start_at=start_at, end_at=end_at, now=now)
     if gpu_count < 1:
         raise ValidationError({"gpu_count": "Book at least one GPU."})
-    _require_member(user, project=project)
+    quota = _require_member_read_quota(user, project=project, gpu_type=gpu_type)
     if not project.is_active:
         raise ValidationError({"project": "This project is archived."})
 
@@ -406,12 +478,15 @@ def booking_create(
                 _lock_nodes(gpu_type=gpu_type, cluster_ids=cluster_ids)
                 # Under the node lock: two bookings of one project cannot both pass the quota.
                 _check_booking_quota(
-                    project=project, gpu_type=gpu_type, gpu_count=gpu_count, start_at=start_at, end_at=end_at
-                )
-                pick = _pick_gpus(
-                    _free_nodes(gpu_type=gpu_type, cluster_ids=cluster_ids, period=period),
+                    project=project,
+                    gpu_type=gpu_type,
                     gpu_count=gpu_count,
+                    start_at=start_at,
+                    end_at=end_at,
+                    quota=quota,
                 )
+                free = _free_nodes(gpu_type=gpu_type, cluster_ids=cluster_ids, period=period)
+                pick = _pick_gpus(free, gpu_count=gpu_count)
                 if pick is None:
                     break
                 gpu_ids, cluster_id = pick
@@ -430,24 +505,41 @@ def booking_create(
                     Allocation(gpu_id=g, booking=booking, period=period, state=Allocation.State.PLANNED)
                     for g in gpu_ids
                 )
-                audit_event_record(
-                    actor=user,
-                    actor_label=actor_label,
-                    verb="booking.create",
-                    entity_type="booking",
-                    entity_id=booking.pk,
-                    before=None,
-                    after={**_booking_state(booking), "gpu_ids": list(gpu_ids), "cluster_id": cluster_id},
-                    at=now,
-                )
-                allocation_events_record(
-                    changes=((a, None) for a in allocations),
-                    actor=user,
-                    actor_label=actor_label,
-                    verb="allocation.create",
-                    at=now,
+                # The booking's event and one per allocation, in one INSERT.
+                AuditEvent.objects.bulk_create(
+                    [
+                        AuditEvent(
+                            actor_id=_actor_id(user),
+                            actor_label=actor_label,
+                            verb="booking.create",
+                            entity_type="booking",
+                            entity_id=booking.pk,
+                            before=None,
+                            after={
+                                **_booking_state(booking),
+                                "gpu_ids": list(gpu_ids),
+                                "cluster_id": cluster_id,
+                            },
+                            at=now,
+                        ),
+                        *_allocation_events(
+                            changes=((a, None) for a in allocations),
+                            actor=user,
+                            actor_label=actor_label,
+                            verb="allocation.create",
+                            at=now,
+                        ),
+                    ]
                 )
                 _engine_round_soon(cluster_id)
+                # What the API shows, without reading the booking back: its cluster and GPUs.
+                booking.cluster = next(c for c in clusters if c.pk == cluster_id)
+                where = {
+                    g: (node.name, i)
+                    for node in free
+                    for g, i in zip(node.gpu_ids, node.gpu_indexes, strict=True)
+                }
+                booking.held_gpus = [(g, *where[g]) for g in sorted(gpu_ids)]  # type: ignore[attr-defined]
                 return booking
         except (IntegrityError, OperationalError) as exc:
             is_retryable = (

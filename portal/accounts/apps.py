@@ -8,7 +8,9 @@ class AccountsConfig(AppConfig):
 
     def ready(self) -> None:
         # Connects the sign-in lockout's signal receivers (user_login_failed, user_logged_in)
-        # and mirrors every admin action into the audit log.
+        # and mirrors every admin action into the audit log; drops cached API tokens on change.
         from portal import security
+        from portal.accounts import authentication
 
         security.admin_audit_connect()
+        authentication.token_cache_connect()

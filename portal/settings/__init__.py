@@ -184,9 +184,13 @@ CACHES = {
 }
 
 # ---- REST framework ----
+# API tokens: each web process caches token -> user this long (0: off).  A revoked token or a
+# deactivated user is refused at once by the process that made the change and within this
+# bound by the others (portal.accounts.authentication).
+BERTH_API_TOKEN_CACHE_S = env.float("BERTH_API_TOKEN_CACHE_S", default=5.0)
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "portal.accounts.authentication.CachedTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],

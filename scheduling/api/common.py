@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from django.contrib.auth.models import User
 from django.db.models import QuerySet
 from django.urls import Resolver404, resolve
+from django.utils import timezone
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import exceptions, serializers
 from rest_framework.request import Request
@@ -76,6 +78,33 @@ class PaginatedApi(APIView):
         paginator = self.pagination_class()
         page = paginator.paginate_queryset(queryset, request, view=self)
         return paginator.get_paginated_response(serializer(page, many=True).data)
+
+
+def drf_datetime(value: datetime | None) -> str | None:
+    """What DRF's ``DateTimeField`` renders (ISO 8601 in the current time zone, ``Z`` for UTC)."""
+    if value is None:
+        return None
+    text = value.astimezone(timezone.get_current_timezone()).isoformat()
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
+
+
+_validators: dict[type[serializers.Serializer[Any]], serializers.Serializer[Any]] = {}
+
+
+def validate(serializer_class: type[serializers.Serializer[Any]], data: Any) -> dict[str, Any]:
+    """``serializer_class(data=data)`` + ``is_valid(raise_exception=True)`` + ``validated_data``,
+    without building the serializer and deep-copying its fields on every request.
+
+    One unbound instance per class is reused: validation keeps no state on the serializer
+    (only ``fields``, built once), so this is safe across requests and threads.  For input
+    serializers without ``context`` or ``instance``.  Raises the same 400 (``ValidationError``
+    with a field -> messages dict).
+    """
+    serializer = _validators.get(serializer_class)
+    if serializer is None:
+        serializer = _validators.setdefault(serializer_class, serializer_class())
+    validated: dict[str, Any] = serializer.run_validation(data)
+    return validated
 
 
 def csv_values(raw: str | None, *, allowed: Sequence[str], name: str) -> list[str]:

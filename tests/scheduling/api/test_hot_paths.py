@@ -1,0 +1,202 @@
+"""The API's hot paths (token authentication, availability, booking create) stay correct when fast.
+
+The token cache must not outlive a revocation (at once in this process, within
+``BERTH_API_TOKEN_CACHE_S`` elsewhere); availability must show a booking the moment it is made;
+a created booking's response is what reading it back shows.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.contrib.postgres.fields.ranges import DateTimeTZRange
+from django.db import connection
+from rest_framework.authtoken.models import Token
+from rest_framework.fields import DateTimeField
+
+from portal.accounts import authentication
+from portal.accounts.services import token_create
+from scheduling.models import Allocation, Gpu
+from tests.conftest import token_client
+from tests.factories import AllocationFactory
+
+pytestmark = pytest.mark.django_db
+
+ME = "/api/v1/me/"
+
+
+@pytest.fixture(autouse=True)
+def _empty_token_cache():
+    authentication.token_cache_clear()
+    yield
+    authentication.token_cache_clear()
+
+
+def _availability(client, start: datetime, end: datetime, step: int = 3600, **extra):
+    params = {"gpu_type": "A100", "start": start.isoformat(), "end": end.isoformat(), "step": step, **extra}
+    response = client.get("/api/v1/availability/", params)
+    assert response.status_code == 200, response.content
+    return response.json()
+
+
+# ---- token cache ----
+
+
+def test_cached_token_needs_no_query(member, django_assert_num_queries):
+    api = token_client(member)
+    assert api.get(ME).status_code == 200  # token lookup + memberships
+    with django_assert_num_queries(1):  # memberships only
+        assert api.get(ME).json()["username"] == member.username
+
+
+def test_replaced_token_is_refused_at_once(member):
+    api = token_client(member)
+    assert api.get(ME).status_code == 200
+    new_key = token_create(user=member)
+    assert api.get(ME).status_code == 401
+    api.credentials(HTTP_AUTHORIZATION=f"Token {new_key}")
+    assert api.get(ME).status_code == 200
+
+
+def test_deactivated_user_is_refused_at_once(member):
+    api = token_client(member)
+    assert api.get(ME).status_code == 200
+    member.is_active = False
+    member.save()
+    assert api.get(ME).status_code == 401
+
+
+def test_staff_flag_change_is_seen_at_once(member):
+    api = token_client(member)
+    assert api.get(ME).json()["is_staff"] is False
+    assert api.get("/api/v1/audit-events/").status_code == 403
+    member.is_staff = True
+    member.save()
+    assert api.get(ME).json()["is_staff"] is True
+    assert api.get("/api/v1/audit-events/").status_code == 200
+
+
+def test_a_change_no_signal_reports_is_refused_within_the_bound(member, settings, monkeypatch):
+    """The documented bound: a token deleted where this process cannot see it (another web
+    process, raw SQL) stops working once the cached entry expires."""
+    settings.BERTH_API_TOKEN_CACHE_S = 5
+    now = [1000.0]
+    monkeypatch.setattr(authentication.time, "monotonic", lambda: now[0])
+    api = token_client(member)
+    assert api.get(ME).status_code == 200
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM authtoken_token WHERE user_id = %s", [member.pk])
+    now[0] += 4.9
+    assert api.get(ME).status_code == 200  # still cached: within the bound
+    now[0] += 0.2
+    assert api.get(ME).status_code == 401
+
+
+def test_cache_off_reads_the_token_every_time(member, settings):
+    settings.BERTH_API_TOKEN_CACHE_S = 0
+    api = token_client(member)
+    assert api.get(ME).status_code == 200
+    Token.objects.filter(user=member).update(key="0" * 40)  # no signal, nothing cached
+    assert api.get(ME).status_code == 401
+
+
+def test_unknown_token_is_refused_and_not_cached(member):
+    api = token_client(member)
+    api.credentials(HTTP_AUTHORIZATION="Token " + "f" * 40)
+    assert api.get(ME).status_code == 401
+    assert api.get(ME).status_code == 401
+
+
+def test_request_user_is_not_shared_between_requests(member):
+    api = token_client(member)
+    api.get(ME)
+    first, _ = authentication.CachedTokenAuthentication().authenticate_credentials(Token.objects.get().key)
+    second, _ = authentication.CachedTokenAuthentication().authenticate_credentials(Token.objects.get().key)
+    assert first == second
+    assert first is not second
+
+
+# ---- availability ----
+
+
+def test_availability_reflects_a_new_booking_at_once(member_client, project, nodes, soon):
+    window = (soon, soon + timedelta(hours=2))
+    assert [s["free_gpus"] for s in _availability(member_client, *window)["slots"]] == [8, 8]
+    body = {
+        "project": project.slug,
+        "gpu_type": "A100",
+        "gpu_count": 3,
+        "start_at": soon.isoformat(),
+        "end_at": (soon + timedelta(hours=1)).isoformat(),
+    }
+    created = member_client.post("/api/v1/bookings/", body, format="json")
+    assert created.status_code == 201
+    assert [s["free_gpus"] for s in _availability(member_client, *window)["slots"]] == [5, 8]
+    assert member_client.post(f"/api/v1/bookings/{created.json()['id']}/cancel/").status_code == 200
+    assert [s["free_gpus"] for s in _availability(member_client, *window)["slots"]] == [8, 8]
+
+
+def test_availability_renders_boundaries_as_drf_does(member_client, nodes):
+    """Offsets and fractions of a second in the query: each boundary as DRF's DateTimeField
+    would render it, the last one the requested end."""
+    start = datetime.fromisoformat("2030-01-01T09:00:00.250000+02:00")
+    end = start + timedelta(minutes=25, seconds=3)
+    data = _availability(member_client, start, end, step=600)
+    field = DateTimeField()
+    expected = [start + timedelta(minutes=10 * i) for i in range(3)] + [end]
+    assert [s["start_at"] for s in data["slots"]] == [field.to_representation(t) for t in expected[:-1]]
+    assert [s["end_at"] for s in data["slots"]] == [field.to_representation(t) for t in expected[1:]]
+    assert data["slots"][0]["start_at"] == "2030-01-01T07:00:00.250000Z"
+
+
+def test_availability_step_edges_are_exact_to_the_microsecond(member_client, nodes):
+    """An allocation ending exactly on a step boundary (with microseconds) leaves the next step free."""
+    t0 = datetime(2030, 6, 1, 12, 0, 0, 123456, tzinfo=UTC)
+    gpu = Gpu.objects.order_by("id").first()
+    AllocationFactory(gpu=gpu, period=DateTimeTZRange(t0, t0 + timedelta(seconds=600), "[)"))
+    AllocationFactory(
+        gpu=gpu,
+        period=DateTimeTZRange(t0 + timedelta(seconds=1800, microseconds=1), t0 + timedelta(hours=2), "[)"),
+    )
+    data = _availability(member_client, t0, t0 + timedelta(seconds=2400), 600)
+    assert [s["free_gpus"] for s in data["slots"]] == [7, 8, 8, 7]
+
+
+# ---- booking create ----
+
+
+def test_create_answers_what_reading_it_back_shows(member_client, project, nodes, soon):
+    for count in (1, 6):  # one node, then across both nodes
+        body = {
+            "project": project.slug,
+            "gpu_type": "A100",
+            "gpu_count": count,
+            "start_at": soon.isoformat(),
+            "end_at": (soon + timedelta(hours=1)).isoformat(),
+            "note": "n",
+        }
+        created = member_client.post("/api/v1/bookings/", body, format="json")
+        assert created.status_code == 201, created.content
+        again = member_client.get(f"/api/v1/bookings/{created.json()['id']}/")
+        assert created.json() == again.json()
+        assert len(created.json()["gpus"]) == count
+        soon += timedelta(hours=1)
+
+
+def test_create_query_count(member_client, project, nodes, soon, django_assert_max_num_queries):
+    body = {
+        "project": project.slug,
+        "gpu_type": "A100",
+        "cluster": nodes[0].cluster.name,
+        "gpu_count": 2,
+        "start_at": soon.isoformat(),
+        "end_at": (soon + timedelta(hours=1)).isoformat(),
+    }
+    member_client.get(ME)  # the token is cached from here on
+    # 3 slug lookups, membership + quota, capacity, lock, free GPUs, 3 INSERTs (booking,
+    # allocations, audit events), and the test's savepoint and its release (in production the
+    # transaction's BEGIN and COMMIT); it was 17 before the create path was trimmed.
+    with django_assert_max_num_queries(12):
+        assert member_client.post("/api/v1/bookings/", body, format="json").status_code == 201
+    assert Allocation.objects.count() == 2
