@@ -7,16 +7,22 @@ Availability is public to every signed-in user: it says how many GPUs are free, 
 
 from __future__ import annotations
 
+import logging
 import math
+import re
+import secrets
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 import psycopg
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser, User
+from django.core.cache import cache
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import connection
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
@@ -28,6 +34,8 @@ from portal.accounts.models import Membership, Project
 from scheduling.models import Allocation, AuditEvent, Booking, Cluster, Gpu, GpuType, Job, Node
 
 AnyUser = User | AnonymousUser
+
+logger = logging.getLogger(__name__)
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -269,7 +277,142 @@ def _epoch_s(value: datetime) -> Decimal:
     return Decimal(delta.days * 86_400 + delta.seconds) + Decimal(delta.microseconds).scaleb(-6)
 
 
+# ---- the availability cache ----
+# Availability is read far more often than GPUs are booked: each web process keeps answers
+# for a generation of the data, and every write that can change availability starts a new
+# generation.  The generation is a counter in the default cache (Redis in production, so all
+# processes share it).  A write is noticed at the database-driver level (``_note_writes``, an
+# execute wrapper on every Django connection, web and worker processes alike): any INSERT,
+# UPDATE, DELETE or TRUNCATE that names allocations, GPUs, nodes, clusters or GPU types bumps
+# the generation when it runs and again after its transaction commits.  The first bump hides
+# the write from answers computed before it; the second retires answers that other processes
+# computed while the transaction was still open (they cannot have seen its rows).  So a
+# booking's response is sent only after availability everywhere shows it.  Writes that bypass
+# Django's cursors (psql, another application) are seen once entries expire, after
+# ``BERTH_AVAILABILITY_CACHE_S`` (0 turns the cache off); so is a write whose bump found Redis
+# down.
+
+_GENERATION_KEY = "berth:availability:generation"
+_CACHE_MAX_ENTRIES = 2_000
+_cache: dict[tuple[object, ...], tuple[float, Availability]] = {}
+_AVAILABILITY_TABLES = re.compile(r"scheduling_(?:allocation|gpu|node|cluster|gputype)\b", re.IGNORECASE)
+_READ_ONLY_PREFIXES = ("SELECT", "SAVEPOINT", "RELEASE", "ROLLBACK", "BEGIN", "COMMIT", "SET ", "SHOW")
+
+
+def _new_counter() -> None:
+    # A random start, not 0: a counter lost to a Redis flush or eviction must not count up
+    # again through generations that processes still hold answers for.
+    cache.add(_GENERATION_KEY, secrets.randbits(62), timeout=None)
+
+
+def _generation() -> int | None:
+    """The current generation, or ``None`` (no caching) when the cache cannot be read."""
+    try:
+        value = cache.get(_GENERATION_KEY)
+        if value is None:
+            _new_counter()
+            value = cache.get(_GENERATION_KEY)
+    except Exception:  # Redis down: answer from the database
+        logger.warning("availability cache: generation unreadable", exc_info=True)
+        return None
+    return int(value) if value is not None else None
+
+
+def availability_changed() -> None:
+    """Start a new generation: cached availability answers are not used any more."""
+    try:
+        try:
+            cache.incr(_GENERATION_KEY)
+        except ValueError:  # no counter yet (or it was evicted): any new value retires the old
+            _new_counter()
+    except Exception:  # entries then expire after BERTH_AVAILABILITY_CACHE_S
+        logger.warning("availability cache: generation not bumped", exc_info=True)
+
+
+def _has_pending_write() -> bool:
+    """Whether this connection's open transaction changed availability (not committed yet):
+    its reads must see its own writes, and what they see must not outlive a rollback."""
+    return connection.in_atomic_block and any(
+        func is _bump_after_commit for _, func, _ in connection.run_on_commit
+    )
+
+
+def _bump_after_commit() -> None:
+    availability_changed()
+
+
+def _note_writes(execute: Any, sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
+    result = execute(sql, params, many, context)
+    text = sql.lstrip()
+    if text[:9].upper().startswith(_READ_ONLY_PREFIXES) or not _AVAILABILITY_TABLES.search(text):
+        return result
+    availability_changed()
+    conn = context["connection"]
+    # Once per transaction: a callback registered at savepoints that all enclose this write
+    # survives exactly when this write does (a rolled-back savepoint drops its callbacks).
+    enclosing = set(conn.savepoint_ids)
+    if conn.in_atomic_block and not any(
+        func is _bump_after_commit and sids <= enclosing for sids, func, _ in conn.run_on_commit
+    ):
+        conn.on_commit(_bump_after_commit)
+    return result
+
+
+def _install_write_watch(sender: Any, connection: Any, **kwargs: Any) -> None:
+    if _note_writes not in connection.execute_wrappers:
+        connection.execute_wrappers.append(_note_writes)
+
+
+def availability_cache_connect() -> None:
+    """Watch every Django database connection for writes that change availability
+    (called once from SchedulingConfig.ready, so worker processes bump the generation too)."""
+    from django.db import connections
+    from django.db.backends.signals import connection_created
+
+    connection_created.connect(_install_write_watch, dispatch_uid="berth-availability-writes")
+    for conn in connections.all(initialized_only=True):
+        _install_write_watch(None, conn)
+
+
 def availability_get(
+    *,
+    gpu_type_name: str,
+    start_at: datetime,
+    end_at: datetime,
+    step_s: int = 3600,
+    cluster_name: str | None = None,
+) -> Availability:
+    """Free GPUs of one type per time step over ``[start_at, end_at)``, through the
+    per-process cache described above (same answer as ``availability_compute``)."""
+    ttl = float(settings.BERTH_AVAILABILITY_CACHE_S)
+    generation = _generation() if ttl > 0 and not _has_pending_write() else None
+    if generation is None:
+        return availability_compute(
+            gpu_type_name=gpu_type_name,
+            start_at=start_at,
+            end_at=end_at,
+            step_s=step_s,
+            cluster_name=cluster_name,
+        )
+    key = (generation, gpu_type_name, cluster_name or None, start_at, end_at, step_s)
+    now = time.monotonic()
+    hit = _cache.get(key)
+    if hit is not None and hit[0] > now:
+        return hit[1]
+    result = availability_compute(
+        gpu_type_name=gpu_type_name,
+        start_at=start_at,
+        end_at=end_at,
+        step_s=step_s,
+        cluster_name=cluster_name,
+    )
+    if len(_cache) >= _CACHE_MAX_ENTRIES:
+        _cache.clear()
+    _cache[key] = (now + ttl, result)
+    return result
+
+
+def availability_compute(
     *,
     gpu_type_name: str,
     start_at: datetime,

@@ -129,6 +129,10 @@ BERTH_ALTERNATIVES_HORIZON_S = env.int("BERTH_ALTERNATIVES_HORIZON_S", default=1
 # Availability queries: smallest step and most steps in one answer.
 BERTH_AVAILABILITY_MIN_STEP_S = env.int("BERTH_AVAILABILITY_MIN_STEP_S", default=5 * 60)
 BERTH_AVAILABILITY_MAX_STEPS = env.int("BERTH_AVAILABILITY_MAX_STEPS", default=2_000)
+# Each web process caches availability answers until a write changes allocations, GPUs, nodes
+# or clusters (at once, see scheduling.selectors) and at most this long (0: no cache), which
+# bounds how long a write made outside Django (psql, another program) can go unseen.
+BERTH_AVAILABILITY_CACHE_S = env.float("BERTH_AVAILABILITY_CACHE_S", default=10.0)
 
 # Where the real public traces live (read-only); the project ships small samples of its own.
 TRACES_DIR = env.path("BERTH_TRACES_DIR", default=BASE_DIR.parent / "shared" / "traces")

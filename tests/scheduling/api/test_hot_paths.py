@@ -11,13 +11,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.contrib.postgres.fields.ranges import DateTimeTZRange
-from django.db import connection
+from django.db import connection, transaction
 from rest_framework.authtoken.models import Token
 from rest_framework.fields import DateTimeField
 
 from portal.accounts import authentication
 from portal.accounts.services import token_create
-from scheduling.models import Allocation, Gpu
+from scheduling import selectors
+from scheduling.models import Allocation, Gpu, Node
 from tests.conftest import token_client
 from tests.factories import AllocationFactory
 
@@ -200,3 +201,105 @@ def test_create_query_count(member_client, project, nodes, soon, django_assert_m
     with django_assert_max_num_queries(12):
         assert member_client.post("/api/v1/bookings/", body, format="json").status_code == 201
     assert Allocation.objects.count() == 2
+
+
+# ---- the availability cache (committed data: these tests commit like production does) ----
+
+
+def _free(**window) -> list[int]:
+    return [s.free_gpus for s in selectors.availability_get(gpu_type_name="A100", **window).slots]
+
+
+@pytest.fixture
+def computed(monkeypatch):
+    """Counts the answers computed from the database (the rest came from the cache)."""
+    calls = []
+    original = selectors.availability_compute
+
+    def counting(**kwargs):
+        calls.append(kwargs)
+        return original(**kwargs)
+
+    monkeypatch.setattr(selectors, "availability_compute", counting)
+    return calls
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cached_availability_shows_a_booking_at_once(member_client, project, nodes, soon, computed):
+    window = (soon, soon + timedelta(hours=2))
+    assert [s["free_gpus"] for s in _availability(member_client, *window)["slots"]] == [8, 8]
+    assert [s["free_gpus"] for s in _availability(member_client, *window)["slots"]] == [8, 8]
+    assert len(computed) == 1  # the second answer came from the cache
+    body = {
+        "project": project.slug,
+        "gpu_type": "A100",
+        "gpu_count": 3,
+        "start_at": soon.isoformat(),
+        "end_at": (soon + timedelta(hours=1)).isoformat(),
+    }
+    assert member_client.post("/api/v1/bookings/", body, format="json").status_code == 201
+    assert [s["free_gpus"] for s in _availability(member_client, *window)["slots"]] == [5, 8]
+    assert len(computed) == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_bulk_writes_and_node_changes_retire_cached_answers(nodes, soon):
+    window = {"start_at": soon, "end_at": soon + timedelta(hours=1), "step_s": 3600}
+    gpu = Gpu.objects.filter(node=nodes[0]).first()
+    AllocationFactory(gpu=gpu, period=DateTimeTZRange(soon, soon + timedelta(hours=1), "[)"))
+    assert _free(**window) == [7]
+    Allocation.objects.update(state=Allocation.State.RELEASED)  # a queryset update: no signal
+    assert _free(**window) == [8]
+    Node.objects.filter(pk=nodes[1].pk).update(status=Node.Status.DOWN)
+    assert _free(**window) == [4]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_write_is_retired_when_it_runs_and_again_when_it_commits(nodes, soon):
+    before = selectors._generation()
+    with transaction.atomic():
+        Node.objects.filter(pk=nodes[1].pk).update(status=Node.Status.DOWN)
+        during = selectors._generation()
+        # Its own transaction reads its write (and caches nothing a rollback could falsify).
+        assert _free(start_at=soon, end_at=soon + timedelta(hours=1)) == [4]
+    assert during == before + 1
+    assert selectors._generation() == before + 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_rolled_back_write_leaves_no_cached_trace(nodes, soon):
+    window = {"start_at": soon, "end_at": soon + timedelta(hours=1)}
+
+    def write_read_fail() -> None:
+        with transaction.atomic():
+            Node.objects.filter(pk=nodes[1].pk).update(status=Node.Status.DOWN)
+            assert _free(**window) == [4]
+            raise RuntimeError
+
+    with pytest.raises(RuntimeError):
+        write_read_fail()
+    assert _free(**window) == [8]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_write_outside_django_is_seen_within_the_bound(nodes, soon, settings, monkeypatch):
+    settings.BERTH_AVAILABILITY_CACHE_S = 10
+    now = [5000.0]
+    monkeypatch.setattr(selectors.time, "monotonic", lambda: now[0])
+    window = {"start_at": soon, "end_at": soon + timedelta(hours=1)}
+    assert _free(**window) == [8]
+    connection.ensure_connection()
+    with connection.connection.cursor() as raw:  # psycopg directly: no Django cursor sees it
+        raw.execute("UPDATE scheduling_node SET status = 'down' WHERE id = %s", [nodes[1].pk])
+    now[0] += 9
+    assert _free(**window) == [8]  # cached, within the bound
+    now[0] += 2
+    assert _free(**window) == [4]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cache_off(nodes, soon, settings, computed):
+    settings.BERTH_AVAILABILITY_CACHE_S = 0
+    window = {"start_at": soon, "end_at": soon + timedelta(hours=1)}
+    assert _free(**window) == _free(**window) == [8]
+    assert len(computed) == 2
