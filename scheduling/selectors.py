@@ -22,7 +22,8 @@ from typing import Any
 import psycopg
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser, User
-from django.core.cache import cache
+from django.core.cache import cache, caches
+from django.core.cache.backends.redis import RedisCache
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import connection
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
@@ -284,13 +285,13 @@ def _epoch_s(value: datetime) -> Decimal:
 # processes share it).  A write is noticed at the database-driver level (``_note_writes``, an
 # execute wrapper on every Django connection, web and worker processes alike): any INSERT,
 # UPDATE, DELETE or TRUNCATE that names allocations, GPUs, nodes, clusters or GPU types bumps
-# the generation when it runs and again after its transaction commits.  The first bump hides
-# the write from answers computed before it; the second retires answers that other processes
-# computed while the transaction was still open (they cannot have seen its rows).  So a
-# booking's response is sent only after availability everywhere shows it.  Writes that bypass
-# Django's cursors (psql, another application) are seen once entries expire, after
-# ``BERTH_AVAILABILITY_CACHE_S`` (0 turns the cache off); so is a write whose bump found Redis
-# down.
+# the generation once it is committed: at once in autocommit, else after its transaction
+# commits.  Answers computed elsewhere while the transaction was open (they cannot have seen
+# its rows) are retired by that bump, and the transaction's own reads bypass the cache.  The
+# commit hooks run before the request ends, so a booking's response is sent only after
+# availability everywhere shows it.  Writes that bypass Django's cursors (psql, another
+# application) are seen once entries expire, after ``BERTH_AVAILABILITY_CACHE_S`` (0 turns
+# the cache off); so is a write whose bump found Redis down.
 
 _GENERATION_KEY = "berth:availability:generation"
 _CACHE_MAX_ENTRIES = 2_000
@@ -321,6 +322,13 @@ def _generation() -> int | None:
 def availability_changed() -> None:
     """Start a new generation: cached availability answers are not used any more."""
     try:
+        backend = caches["default"]
+        if isinstance(backend, RedisCache):
+            # One INCR (Django's incr costs an EXISTS first); a missing counter starts again
+            # at 1, far from the random start of the one it replaces.
+            key = backend.make_and_validate_key(_GENERATION_KEY)
+            backend._cache.get_client(key, write=True).incr(key)
+            return
         try:
             cache.incr(_GENERATION_KEY)
         except ValueError:  # no counter yet (or it was evicted): any new value retires the old
@@ -346,14 +354,16 @@ def _note_writes(execute: Any, sql: str, params: Any, many: bool, context: dict[
     text = sql.lstrip()
     if text[:9].upper().startswith(_READ_ONLY_PREFIXES) or not _AVAILABILITY_TABLES.search(text):
         return result
-    availability_changed()
     conn = context["connection"]
-    # Once per transaction: a callback registered at savepoints that all enclose this write
-    # survives exactly when this write does (a rolled-back savepoint drops its callbacks).
+    if not conn.in_atomic_block:  # autocommit: the write is committed already
+        availability_changed()
+        return result
+    # After the commit, once per transaction: a callback registered at savepoints that all
+    # enclose this write survives exactly when this write does (a rolled-back savepoint drops
+    # its callbacks).  Until then other processes cannot see the write, and this transaction's
+    # own reads bypass the cache (_has_pending_write).
     enclosing = set(conn.savepoint_ids)
-    if conn.in_atomic_block and not any(
-        func is _bump_after_commit and sids <= enclosing for sids, func, _ in conn.run_on_commit
-    ):
+    if not any(func is _bump_after_commit and sids <= enclosing for sids, func, _ in conn.run_on_commit):
         conn.on_commit(_bump_after_commit)
     return result
 
