@@ -458,18 +458,8 @@ def booking_create(
     if cluster is not None and not cluster.is_active:
         raise ValidationError({"cluster": "This cluster is not active."})
     cluster_ids = [c.pk for c in clusters]
-    capacity = _capacity_by_cluster(gpu_type=gpu_type, cluster_ids=cluster_ids)
-    largest = max(capacity.values(), default=0)
-    if largest == 0:
-        raise ValidationError({"gpu_type": f"No cluster here has {gpu_type.name} GPUs."})
-    if gpu_count > largest:
-        raise ValidationError(
-            {
-                "gpu_count": (
-                    f"At most {largest} {gpu_type.name} GPUs exist in one cluster; asked for {gpu_count}."
-                )
-            }
-        )
+    # A count no cluster has is a 400, not a 409; checked only when placement fails, so a
+    # booking that fits costs no capacity query.
 
     period = DateTimeTZRange(start_at, end_at, "[)")
     for attempt in range(_PLACEMENT_ATTEMPTS):
@@ -553,6 +543,18 @@ def booking_create(
                 "booking_create: %s on attempt %d; picking again", type(exc.__cause__).__name__, attempt + 1
             )
 
+    capacity = _capacity_by_cluster(gpu_type=gpu_type, cluster_ids=cluster_ids)
+    largest = max(capacity.values(), default=0)
+    if largest == 0:
+        raise ValidationError({"gpu_type": f"No cluster here has {gpu_type.name} GPUs."})
+    if gpu_count > largest:
+        raise ValidationError(
+            {
+                "gpu_count": (
+                    f"At most {largest} {gpu_type.name} GPUs exist in one cluster; asked for {gpu_count}."
+                )
+            }
+        )
     alternatives = booking_alternatives(
         gpu_type=gpu_type,
         gpu_count=gpu_count,
