@@ -127,6 +127,79 @@ def count_double_bookings(*, cluster: str, storm_start: datetime, storm_end: dat
     return overlaps, granted
 
 
+# ---- CPU accounting (Linux /proc; absent elsewhere) ----
+# Throughput on a shared machine says little; CPU seconds per request do not depend on what
+# else runs.  The bench reports, per phase, the CPU its own client processes, the server's
+# process tree (``--server-pid``) and the database's backends spent per request.
+
+
+def _proc_cpu_s(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _tree_pids(root: int) -> list[int]:
+    """``root`` and its descendants."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        parents.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(parents.get(pid, []))
+    return out
+
+
+def _db_backend_pids() -> list[int]:
+    """The PostgreSQL backends serving this database (a local server only)."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        return [int(r[0]) for r in cur.fetchall()]
+
+
+class CpuMeter:
+    """CPU seconds of the server's process tree and the database backends over a phase."""
+
+    def __init__(self, server_pid: int | None, with_db: bool) -> None:
+        self.server_pid = server_pid
+        self.with_db = with_db and os.path.isdir("/proc")
+        self._start: dict[str, dict[int, float]] = {}
+
+    def _sample(self) -> dict[str, dict[int, float]]:
+        out: dict[str, dict[int, float]] = {}
+        if self.server_pid is not None:
+            out["server"] = {p: _proc_cpu_s(p) for p in _tree_pids(self.server_pid)}
+        if self.with_db:
+            out["db"] = {p: _proc_cpu_s(p) for p in _db_backend_pids()}
+        return out
+
+    def start(self) -> None:
+        self._start = self._sample()
+
+    def stop(self) -> dict[str, float]:
+        end = self._sample()
+        return {
+            name: sum(max(0.0, cpu - self._start.get(name, {}).get(pid, 0.0)) for pid, cpu in pids.items())
+            for name, pids in end.items()
+        }
+
+
 # ---- client processes ----
 
 
@@ -144,7 +217,9 @@ def _request(
     return response.status
 
 
-def _client_loop(args: tuple[Target, str, int, float, float, int]) -> tuple[list[float], dict[int, int]]:
+def _client_loop(
+    args: tuple[Target, str, int, float, float, int],
+) -> tuple[list[float], dict[int, int], float]:
     target, phase, client, start_wall, duration_s, base_hour = args
     token = target.tokens[client % len(target.tokens)]
     conn = http.client.HTTPConnection(target.host, target.port, timeout=30)
@@ -154,6 +229,7 @@ def _client_loop(args: tuple[Target, str, int, float, float, int]) -> tuple[list
     while time.time() < start_wall:
         time.sleep(0.001)
     deadline = start_wall + duration_s
+    cpu0 = time.process_time()
     i = 0
     while time.time() < deadline:
         if phase == "availability":
@@ -190,8 +266,9 @@ def _client_loop(args: tuple[Target, str, int, float, float, int]) -> tuple[list
         latencies.append((time.perf_counter() - t0) * 1000.0)
         statuses[code] = statuses.get(code, 0) + 1
         i += 1
+    cpu = time.process_time() - cpu0
     conn.close()
-    return latencies, statuses
+    return latencies, statuses, cpu
 
 
 def _storm_client(args: tuple[Target, int, float, str, str, int]) -> int:
@@ -214,17 +291,30 @@ def _storm_client(args: tuple[Target, int, float, str, str, int]) -> int:
 
 
 def run_phase(
-    pool: Any, target: Target, *, phase: str, clients: int, duration_s: float, base_hour: int
+    pool: Any,
+    target: Target,
+    *,
+    phase: str,
+    clients: int,
+    duration_s: float,
+    base_hour: int,
+    meter: CpuMeter | None = None,
 ) -> dict[str, Any]:
     start_wall = time.time() + 0.5
     jobs = [(target, phase, c, start_wall, duration_s, base_hour) for c in range(clients)]
+    if meter is not None:
+        meter.start()
     results = pool.map(_client_loop, jobs)
-    latencies = [x for lat, _ in results for x in lat]
+    used = meter.stop() if meter is not None else {}
+    latencies = [x for lat, _, _ in results for x in lat]
     statuses: dict[str, int] = {}
-    for _, st in results:
+    for _, st, _ in results:
         for code, n in st.items():
             statuses[str(code)] = statuses.get(str(code), 0) + n
     ok = sum(n for code, n in statuses.items() if code in {"200", "201"})
+    n = max(1, len(latencies))
+    cpu_ms = {"client": round(sum(cpu for _, _, cpu in results) / n * 1000.0, 3)}
+    cpu_ms.update({name: round(seconds / n * 1000.0, 3) for name, seconds in used.items()})
     return {
         "rps": round(len(latencies) / duration_s, 1),
         "ok_rps": round(ok / duration_s, 1),
@@ -233,6 +323,8 @@ def run_phase(
         "mean_ms": round(statistics.fmean(latencies), 2) if latencies else 0.0,
         "requests": len(latencies),
         "statuses": statuses,
+        # CPU per request (ms): the bench's clients, the server's processes, the database.
+        "cpu_ms_per_request": cpu_ms,
     }
 
 
@@ -248,6 +340,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bench-nodes", type=int, default=32)
     parser.add_argument("--duration-s", type=float, default=10.0)
     parser.add_argument("--storm-clients", type=int, default=50)
+    parser.add_argument(
+        "--server-pid", type=int, default=None, help="server's main pid: report its CPU per request"
+    )
+    parser.add_argument(
+        "--phases",
+        default="availability,booking_create,bookings_list",
+        help="comma-separated subset of availability, booking_create, bookings_list",
+    )
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
 
@@ -274,16 +374,29 @@ def main(argv: list[str] | None = None) -> int:
         cluster=cluster,
     )
 
+    phases = [p.strip() for p in args.phases.split(",") if p.strip()]
+    unknown = set(phases) - {"availability", "booking_create", "bookings_list"}
+    if unknown:
+        parser.error(f"unknown phase(s): {', '.join(sorted(unknown))}")
+    meter = CpuMeter(args.server_pid, with_db=args.setup) if os.path.isdir("/proc") else None
     endpoints: dict[str, dict[str, Any]] = {}
     ctx = mp.get_context("fork")
     with ctx.Pool(max(args.clients, args.storm_clients)) as pool:
-        for phase in ("availability", "booking_create", "bookings_list"):
+        for phase in phases:
             endpoints[phase] = run_phase(
-                pool, target, phase=phase, clients=args.clients, duration_s=args.duration_s, base_hour=24
+                pool,
+                target,
+                phase=phase,
+                clients=args.clients,
+                duration_s=args.duration_s,
+                base_hour=24,
+                meter=meter,
             )
+            result = endpoints[phase]
+            cpu = "  ".join(f"{k} {v:.2f}" for k, v in result["cpu_ms_per_request"].items())
             print(
-                f"{phase:>16}: {endpoints[phase]['rps']:8.1f} req/s  p50 {endpoints[phase]['p50_ms']:7.2f} ms"
-                f"  p99 {endpoints[phase]['p99_ms']:7.2f} ms  {endpoints[phase]['statuses']}"
+                f"{phase:>16}: {result['rps']:8.1f} req/s  p50 {result['p50_ms']:7.2f} ms"
+                f"  p99 {result['p99_ms']:7.2f} ms  {result['statuses']}  CPU ms/req: {cpu}"
             )
 
         # The storm: every client wants the same window, together asking for more than exists.

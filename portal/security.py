@@ -115,6 +115,23 @@ def _parse_rate(rate: str) -> tuple[int, int]:
     return int(count), seconds
 
 
+_redis_clients: dict[tuple[int, bool], Any] = {}
+
+
+def cache_redis(backend: RedisCache, *, write: bool) -> Any:
+    """A redis-py client on the default cache's connection pool, made once per process.
+
+    Django's ``RedisCache`` builds a new ``redis.Redis`` object for every operation, which
+    costs more CPU than the round trip itself; clients are thread-safe (the pool is shared),
+    so one per backend and direction is kept.
+    """
+    slot = (id(backend), write)
+    client = _redis_clients.get(slot)
+    if client is None:
+        client = _redis_clients.setdefault(slot, backend._cache.get_client(None, write=write))
+    return client
+
+
 def _hit(key: str, *, window_s: int) -> int:
     """Count one event under ``key`` in a fixed window; returns the count so far.
 
@@ -125,7 +142,7 @@ def _hit(key: str, *, window_s: int) -> int:
     if isinstance(backend, RedisCache):
         full_key = backend.make_and_validate_key(key)
         # Django's RedisCache stores ints as plain Redis integers, so cache.get() reads this back.
-        pipe = backend._cache.get_client(full_key, write=True).pipeline(transaction=False)
+        pipe = cache_redis(backend, write=True).pipeline(transaction=False)
         pipe.incr(full_key)
         pipe.expire(full_key, window_s)
         count, _ = pipe.execute()

@@ -32,6 +32,7 @@ from django.http import Http404
 from django.utils import timezone
 
 from portal.accounts.models import Membership, Project
+from portal.security import cache_redis
 from scheduling.models import Allocation, AuditEvent, Booking, Cluster, Gpu, GpuType, Job, Node
 
 AnyUser = User | AnonymousUser
@@ -309,7 +310,11 @@ def _new_counter() -> None:
 def _generation() -> int | None:
     """The current generation, or ``None`` (no caching) when the cache cannot be read."""
     try:
-        value = cache.get(_GENERATION_KEY)
+        backend = caches["default"]
+        if isinstance(backend, RedisCache):  # one GET on a kept client (see cache_redis)
+            value = cache_redis(backend, write=False).get(backend.make_and_validate_key(_GENERATION_KEY))
+        else:
+            value = cache.get(_GENERATION_KEY)
         if value is None:
             _new_counter()
             value = cache.get(_GENERATION_KEY)
@@ -326,8 +331,7 @@ def availability_changed() -> None:
         if isinstance(backend, RedisCache):
             # One INCR (Django's incr costs an EXISTS first); a missing counter starts again
             # at 1, far from the random start of the one it replaces.
-            key = backend.make_and_validate_key(_GENERATION_KEY)
-            backend._cache.get_client(key, write=True).incr(key)
+            cache_redis(backend, write=True).incr(backend.make_and_validate_key(_GENERATION_KEY))
             return
         try:
             cache.incr(_GENERATION_KEY)

@@ -31,5 +31,5 @@ done
 # first phase's p99 measures requests, not worker start-up.
 seq $(( 8 * workers )) | xargs -P "$workers" -I{} curl -s -o /dev/null "http://127.0.0.1:$port/api/v1/me/" || true
 echo "gunicorn pid $pid on 127.0.0.1:$port ($workers workers x $threads threads)"
-$BIN/python -m bench.api --url "http://127.0.0.1:$port" --setup \
-  --clients "${BENCH_CLIENTS:-16}" --duration-s "${BENCH_DURATION_S:-10}" --out "$out"
+$BIN/python -m bench.api --url "http://127.0.0.1:$port" --setup --server-pid "$pid" \
+  --clients "${BENCH_CLIENTS:-16}" --duration-s "${BENCH_DURATION_S:-10}" --out "$out" ${BENCH_ARGS:-}
