@@ -254,23 +254,29 @@ SELECT a.gpu_id,
 """
 
 
-def _availability_rows(params: dict[str, object]) -> list[tuple[int | None, int, int | None]]:
-    """Run ``_AVAILABILITY_SQL`` as a prepared statement on Django's connection.
+def prepared_fetchall(sql: str, params: Sequence[Any] | dict[str, Any]) -> list[tuple[Any, ...]]:
+    """Run a read-only statement as a prepared statement on Django's connection; all rows.
 
-    Planning this query cost PostgreSQL more CPU than running it; Django's default cursor binds
-    parameters client-side and so can never reuse a plan.  A server-side-binding psycopg cursor
-    with ``prepare=True`` plans it once per connection.  It runs in Django's current transaction
-    (if any) but outside Django's query logging.
+    For the hot paths' SQL: planning such a statement can cost PostgreSQL as much CPU as
+    running it, and Django's default cursor binds parameters client-side, so it never reuses a
+    plan.  A server-side-binding psycopg cursor with ``prepare=True`` plans once per connection.
+    It runs in Django's current transaction (if any), with Django's error translation, but
+    outside Django's query log and execute wrappers: never use it for writes.
     """
     connection.ensure_connection()
     raw = connection.connection
     if raw is None or connection.vendor != "postgresql":  # pragma: no cover - Berth runs on PostgreSQL
         with connection.cursor() as cursor:
-            cursor.execute(_AVAILABILITY_SQL, params)
+            cursor.execute(sql, params)
             return list(cursor.fetchall())
     with connection.wrap_database_errors, psycopg.Cursor(raw) as cursor:
-        cursor.execute(_AVAILABILITY_SQL, params, prepare=True)
+        cursor.execute(sql, params, prepare=True)
         return list(cursor.fetchall())
+
+
+def _availability_rows(params: dict[str, object]) -> list[tuple[int | None, int, int | None]]:
+    # Planning this statement cost PostgreSQL more CPU than running it.
+    return prepared_fetchall(_AVAILABILITY_SQL, params)
 
 
 def _epoch_s(value: datetime) -> Decimal:

@@ -49,6 +49,7 @@ from scheduling.selectors import (
     Alternative,
     booking_alternatives,
     peak_concurrent_gpus,
+    prepared_fetchall,
 )
 
 logger = logging.getLogger(__name__)
@@ -197,17 +198,15 @@ def _require_member_read_quota(user: User, *, project: Project, gpu_type: GpuTyp
     indistinguishable from one created just after this booking); the project's peak use,
     which concurrent bookings do change, is computed under the lock.
     """
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"""
-            SELECT EXISTS (SELECT 1 FROM {Membership._meta.db_table} WHERE user_id = %s AND project_id = %s),
-                   q.id, q.guaranteed_gpus, q.borrow_limit_gpus
-              FROM (SELECT 1) AS one
-              LEFT JOIN {Quota._meta.db_table} q ON q.project_id = %s AND q.gpu_type_id = %s
-            """,  # noqa: S608 - table names from the models, values bound
-            [user.pk, project.pk, project.pk, gpu_type.pk],
-        )
-        is_member, quota_id, guaranteed, borrow = cursor.fetchone()
+    [(is_member, quota_id, guaranteed, borrow)] = prepared_fetchall(
+        f"""
+        SELECT EXISTS (SELECT 1 FROM {Membership._meta.db_table} WHERE user_id = %s AND project_id = %s),
+               q.id, q.guaranteed_gpus, q.borrow_limit_gpus
+          FROM (SELECT 1) AS one
+          LEFT JOIN {Quota._meta.db_table} q ON q.project_id = %s AND q.gpu_type_id = %s
+        """,  # noqa: S608 - table names from the models, values bound
+        [user.pk, project.pk, project.pk, gpu_type.pk],
+    )
     if not getattr(user, "is_staff", False) and not is_member:
         raise PermissionDenied("You are not a member of this project.")
     if quota_id is None:
@@ -269,13 +268,11 @@ def _is_deadlock(exc: OperationalError) -> bool:
 
 def _lock_nodes(*, gpu_type: GpuType, cluster_ids: Sequence[int]) -> None:
     """Serialize placements on one GPU type (see the locking protocol in the module docstring)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT id FROM {Node._meta.db_table} WHERE gpu_type_id = %s AND cluster_id = ANY(%s)"  # noqa: S608
-            " ORDER BY id FOR UPDATE",
-            [gpu_type.pk, list(cluster_ids)],
-        )
-        cursor.fetchall()
+    prepared_fetchall(
+        f"SELECT id FROM {Node._meta.db_table} WHERE gpu_type_id = %s AND cluster_id = ANY(%s)"  # noqa: S608
+        " ORDER BY id FOR UPDATE",
+        [gpu_type.pk, list(cluster_ids)],
+    )
 
 
 # ---- booking placement ----
@@ -309,18 +306,16 @@ SELECT g.id, g.node_id, n.name, n.cluster_id, g.index
 
 def _free_nodes(*, gpu_type: GpuType, cluster_ids: Sequence[int], period: DateTimeTZRange) -> list[_FreeNode]:
     """GPUs of the type on up nodes with no blocking allocation overlapping ``period``."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _FREE_GPUS_SQL,
-            {
-                "gpu_type": gpu_type.pk,
-                "clusters": list(cluster_ids),
-                "up": Node.Status.UP.value,
-                "period": period,
-                "released": Allocation.State.RELEASED.value,
-            },
-        )
-        rows = cursor.fetchall()
+    rows = prepared_fetchall(
+        _FREE_GPUS_SQL,
+        {
+            "gpu_type": gpu_type.pk,
+            "clusters": list(cluster_ids),
+            "up": Node.Status.UP.value,
+            "period": period,
+            "released": Allocation.State.RELEASED.value,
+        },
+    )
     by_node: dict[int, list[int]] = defaultdict(list)
     indexes: dict[int, list[int]] = defaultdict(list)
     meta: dict[int, tuple[str, int]] = {}

@@ -106,12 +106,11 @@ def _resolve_refs(data: dict[str, Any]) -> dict[str, Any]:
         columns += [f"r{i}.{f.column}" for f in model._meta.concrete_fields]
         joins.append(f"LEFT JOIN {model._meta.db_table} r{i} ON r{i}.{slug} = %s{extra.format(i=i)}")
         params.append(data[field])
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT {', '.join(columns)} FROM (SELECT 1) AS one {' '.join(joins)}",  # noqa: S608
-            params,  # names above come from the models; values are bound
-        )
-        row = list(cursor.fetchone())
+    [found] = selectors.prepared_fetchall(
+        f"SELECT {', '.join(columns)} FROM (SELECT 1) AS one {' '.join(joins)}",  # noqa: S608
+        params,  # names above come from the models; values are bound
+    )
+    row = list(found)
     errors: dict[str, list[str]] = {}
     out = dict(data)
     for field, model, slug, _ in wanted:

@@ -195,10 +195,11 @@ def test_create_query_count(member_client, project, nodes, soon, django_assert_m
         "end_at": (soon + timedelta(hours=1)).isoformat(),
     }
     member_client.get(ME)  # the token is cached from here on
-    # The names (1), membership + quota (1), lock (1), free GPUs (1), 3 INSERTs
-    # (booking, allocations, audit events), and the test's savepoint and its release (in
-    # production the transaction's BEGIN and COMMIT); it was 17 before the path was trimmed.
-    with django_assert_max_num_queries(9):
+    # 7 round trips: the names, membership + quota, the node lock and the free GPUs run as
+    # prepared statements (selectors.prepared_fetchall, outside Django's query log); what the
+    # log shows is the 3 INSERTs (booking, allocations, audit events) and the test's savepoint
+    # and its release (in production BEGIN and COMMIT).  It was 17 statements before.
+    with django_assert_max_num_queries(5):
         assert member_client.post("/api/v1/bookings/", body, format="json").status_code == 201
     assert Allocation.objects.count() == 2
 
