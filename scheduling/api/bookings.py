@@ -14,7 +14,15 @@ from rest_framework.views import APIView
 
 from portal.accounts.models import Project
 from scheduling import selectors, services
-from scheduling.api.common import PaginatedApi, csv_values, drf_datetime, errors, request_user, validate
+from scheduling.api.common import (
+    JsonNegotiation,
+    PaginatedApi,
+    csv_values,
+    drf_datetime,
+    errors,
+    request_user,
+    validate,
+)
 from scheduling.models import AuditEvent, Booking, Cluster, GpuType
 
 _MAX_GPUS = 4096  # an absurd count is a field error before it reaches the database
@@ -129,6 +137,8 @@ def _resolve_refs(data: dict[str, Any]) -> dict[str, Any]:
 
 
 class BookingListCreateApi(PaginatedApi):
+    content_negotiation_class = JsonNegotiation
+
     class FilterSerializer(serializers.Serializer[Any]):
         status = serializers.CharField(
             required=False, allow_blank=True, help_text="Comma-separated statuses."

@@ -12,7 +12,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from scheduling import selectors
-from scheduling.api.common import errors, validate
+from scheduling.api.common import JsonNegotiation, errors, validate
 from scheduling.models import Cluster
 
 
@@ -76,6 +76,8 @@ class ClusterListApi(APIView):
 
 
 class AvailabilityApi(APIView):
+    content_negotiation_class = JsonNegotiation
+
     class FilterSerializer(serializers.Serializer[Any]):
         gpu_type = serializers.CharField(max_length=40)
         start = serializers.DateTimeField()

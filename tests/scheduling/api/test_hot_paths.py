@@ -362,3 +362,24 @@ def test_create_refuses_unknown_names(member_client, project, nodes, soon, field
     assert response.status_code == 400
     assert list(response.json()["fields"]) == [field]
     assert "does not exist" in response.json()["fields"][field][0]
+
+
+@pytest.mark.parametrize(
+    "accept", [None, "*/*", "application/json", "application/json; indent=2", "text/html"]
+)
+def test_content_negotiation_shortcut_answers_as_drf(member_client, nodes, soon, accept, monkeypatch):
+    from rest_framework.negotiation import DefaultContentNegotiation
+
+    from scheduling.api.inventory import AvailabilityApi
+
+    params = {"gpu_type": "A100", "start": soon.isoformat(), "end": (soon + timedelta(hours=1)).isoformat()}
+    extra = {"HTTP_ACCEPT": accept} if accept is not None else {}
+    fast = member_client.get("/api/v1/availability/", params, **extra)
+    monkeypatch.setattr(AvailabilityApi, "content_negotiation_class", DefaultContentNegotiation)
+    drf = member_client.get("/api/v1/availability/", params, **extra)
+    assert (fast.status_code, fast["Content-Type"], fast.content) == (
+        drf.status_code,
+        drf["Content-Type"],
+        drf.content,
+    )
+    assert fast.status_code == (406 if accept == "text/html" else 200)
