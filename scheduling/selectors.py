@@ -274,6 +274,15 @@ def prepared_fetchall(sql: str, params: Sequence[Any] | dict[str, Any]) -> list[
         return list(cursor.fetchall())
 
 
+def prepared_execute(sql: str, params: Sequence[Any] | dict[str, Any]) -> None:
+    """``prepared_fetchall`` for a statement that returns no rows.  It bypasses the
+    availability write watch: a caller writing allocations calls ``availability_write_noted``."""
+    connection.ensure_connection()
+    raw = connection.connection
+    with connection.wrap_database_errors, psycopg.Cursor(raw) as cursor:
+        cursor.execute(sql, params, prepare=True)
+
+
 def _availability_rows(params: dict[str, object]) -> list[tuple[int | None, int, int | None]]:
     # Planning this statement cost PostgreSQL more CPU than running it.
     return prepared_fetchall(_AVAILABILITY_SQL, params)
@@ -364,10 +373,16 @@ def _note_writes(execute: Any, sql: str, params: Any, many: bool, context: dict[
     text = sql.lstrip()
     if text[:9].upper().startswith(_READ_ONLY_PREFIXES) or not _AVAILABILITY_TABLES.search(text):
         return result
-    conn = context["connection"]
+    availability_write_noted(context["connection"])
+    return result
+
+
+def availability_write_noted(conn: Any = connection) -> None:
+    """Record that ``conn`` just wrote allocations, GPUs, nodes or clusters (for writes that
+    bypass Django's cursors on purpose, such as ``prepared_execute``)."""
     if not conn.in_atomic_block:  # autocommit: the write is committed already
         availability_changed()
-        return result
+        return
     # After the commit, once per transaction: a callback registered at savepoints that all
     # enclose this write survives exactly when this write does (a rolled-back savepoint drops
     # its callbacks).  Until then other processes cannot see the write, and this transaction's
@@ -375,7 +390,6 @@ def _note_writes(execute: Any, sql: str, params: Any, many: bool, context: dict[
     enclosing = set(conn.savepoint_ids)
     if not any(func is _bump_after_commit and sids <= enclosing for sids, func, _ in conn.run_on_commit):
         conn.on_commit(_bump_after_commit)
-    return result
 
 
 def _install_write_watch(sender: Any, connection: Any, **kwargs: Any) -> None:

@@ -383,3 +383,30 @@ def test_content_negotiation_shortcut_answers_as_drf(member_client, nodes, soon,
         drf.content,
     )
     assert fast.status_code == (406 if accept == "text/html" else 200)
+
+
+def test_create_writes_every_audit_event_as_before(member_client, member, project, nodes, soon):
+    """The allocations and their events go in one statement: the events are what
+    ``allocation_events_record`` writes (one per allocation, ``allocation_state`` after)."""
+    from scheduling.models import AuditEvent
+    from scheduling.services import allocation_state
+
+    body = {
+        "project": project.slug,
+        "gpu_type": "A100",
+        "gpu_count": 6,
+        "start_at": soon.isoformat(),
+        "end_at": (soon + timedelta(hours=1)).isoformat(),
+    }
+    created = member_client.post("/api/v1/bookings/", body, format="json").json()
+    events = list(AuditEvent.objects.order_by("id"))
+    assert [e.verb for e in events] == ["booking.create"] + ["allocation.create"] * 6
+    assert events[0].entity_id == created["id"]
+    assert events[0].after["gpu_ids"] == created["gpu_ids"]
+    allocations = {a.pk: a for a in Allocation.objects.filter(booking_id=created["id"])}
+    assert sorted(e.entity_id for e in events[1:]) == sorted(allocations)
+    for event in events:
+        assert (event.actor_id, event.actor_label, event.before) == (member.pk, "api", None)
+    for event in events[1:]:
+        assert event.after == allocation_state(allocations[event.entity_id])
+    assert [e.after["gpu_id"] for e in events[1:]] == events[0].after["gpu_ids"]  # in pick order
