@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from scheduling.engine.backfill import Shadow, Window, earliest_start
 from scheduling.engine.cluster import Estimate, RoundState
+from scheduling.engine.fragmentation import DrainAwareChooser
 from scheduling.engine.outcome import Outcome
 from scheduling.engine.placement import INF, FreePool, Hold
 from scheduling.engine.preemption import Reclaim, is_reclaimable, kill_time, plan_reclaim
@@ -52,6 +53,7 @@ class Knobs:
     shadow_on_p50: bool = False  # the top job's shadow time from running jobs' median ends
     shadow_on_requested: bool = False  # running jobs' ends from user estimates even when predicting
     preempts_by_consent: bool = False  # checkpointing preemptible jobs outside a guarantee run reclaimable
+    drain_aware: bool = False  # place where nodes' expected drain is delayed least (fragmentation.py)
 
 
 _FMT_CACHE: dict[tuple[int, int], str] = {}
@@ -123,6 +125,9 @@ class Scheduler:
         free = set(topology.up_gpus.difference(state.running_by_gpu))
         self._place_bookings(free)
         self._init_availability(free)
+        self._chooser = (
+            DrainAwareChooser(state, self.started_end, self.active_booking_gpu) if knobs.drain_aware else None
+        )
         if knobs.has_partition:
             partition_gpus = {g for i in self.partition_nodes for g in state.nodes[i].gpu_ids}
             self.inter_pool = self._pool(free & partition_gpus)
@@ -136,7 +141,11 @@ class Scheduler:
     def _pool(self, free: set[int]) -> FreePool:
         topology = self.state.topology
         return FreePool(
-            free, gpu_node=topology.gpu_node, node_types=topology.node_types, max_size=topology.max_size
+            free,
+            gpu_node=topology.gpu_node,
+            node_types=topology.node_types,
+            max_size=topology.max_size,
+            chooser=self._chooser,
         )
 
     def _init_availability(self, free: set[int]) -> None:
