@@ -76,7 +76,14 @@ class NodeChooser(Protocol):
     """A policy's own node choice (see ``fragmentation.py``); `FreePool.find` defers to it."""
 
     def choose(
-        self, pool: FreePool, gpu_types: Sequence[str], gpu_count: int, *, until: float, strict: float, mode: int
+        self,
+        pool: FreePool,
+        gpu_types: Sequence[str],
+        gpu_count: int,
+        *,
+        until: float,
+        strict: float,
+        mode: int,
     ) -> tuple[int, ...] | None: ...
 
 
