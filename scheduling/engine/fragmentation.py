@@ -227,7 +227,7 @@ def reclaim_for_wide(sched: Scheduler, job: JobRequest, types: Sequence[str], es
     if gained <= lost:
         return False
     for victim in reclaim.victims:
-        sched.preempt(victim.running, for_id=job.id, why=f"job {job.id}, which needs a whole node,")
+        sched.preempt(victim.running, for_id=job.id, why=f"job {job.id}, which needs a whole node")
     pool.take(reclaim.free_gpus)
     for gpu in reclaim.free_gpus:
         sched.out.claimed[gpu] = job.id

@@ -6,7 +6,7 @@ import pytest
 
 from scheduling.engine import plan_round
 from scheduling.engine.fragmentation import cost_class
-from scheduling.engine.types import GpuType, Plan, PolicyConfig
+from scheduling.engine.types import GpuType, IdleReason, Plan, PolicyConfig
 from scheduling.sim.arrivals import scale_arrivals
 from scheduling.sim.trace import Trace, TraceJob
 from tests.scheduling.engine.conftest import job, make_nodes, running, snapshot
@@ -136,3 +136,22 @@ def test_berth_wide_job_reclaims_lent_work_past_its_minimum_runtime_only() -> No
     assert plan.preemptions == ()
     # easy never preempts
     assert plan_round(snap, PolicyConfig(name="easy"), NOW).preemptions == ()
+
+
+def test_idle_gpus_are_fragmentation_only_while_enough_gpus_stay_free_in_total() -> None:
+    nodes = make_nodes(2, 8)
+    soon = running(job("soon", 1, requested_s=3_600.0), (0,), started_at=NOW)
+    late = running(job("late", 7, requested_s=36_000.0), tuple(range(8, 15)), started_at=NOW)
+    wide = job("wide", 8)
+    # 8 GPUs free in total but at most 7 on one node: fragmentation
+    plan = plan_round(
+        snapshot(nodes, running_jobs=[soon, late], pending=[wide]), PolicyConfig(name="easy"), NOW
+    )
+    assert {reason for _gpu, reason in plan.idle} == {IdleReason.FRAGMENTATION}
+    # a long job backfills onto GPU 15: 7 GPUs are left, held for the wide job, which now waits
+    # for resources, so they are reserved, not fragmented
+    filler = job("filler", 1, submit_at=1.0, requested_s=18_000.0)
+    snap = snapshot(nodes, running_jobs=[soon, late], pending=[wide, filler])
+    plan = plan_round(snap, PolicyConfig(name="easy"), NOW)
+    assert started(plan) == {"filler": (15,)}
+    assert dict(plan.idle) == dict.fromkeys(range(1, 8), IdleReason.RESERVED_UNUSED)
