@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 # Per query, at most this many nodes of a type are scored (tightest fits first, see
 # `FreePool.candidates`): it bounds a round's placement cost on large clusters, and the nodes
 # left out are the emptiest ones, which are also the costliest to break.
-MAX_CANDIDATES = 64
+MAX_CANDIDATES = 16
 
 _CostKey = tuple[int, int, int, int, int, int]
 
@@ -62,20 +62,13 @@ def cost_class(cost_gpu_s: float) -> int:
 class DrainAwareChooser:
     """The `placement.NodeChooser` of berth (see the module docstring)."""
 
-    __slots__ = ("_drain", "_gpu_node", "_node_gpus", "_now", "_pinned", "_started_end", "is_lendable")
+    __slots__ = ("_drain", "_gpu_node", "_node_gpus", "_now", "_pinned", "is_lendable")
 
-    def __init__(
-        self,
-        state: RoundState,
-        started_end: Mapping[int, tuple[float, float]],
-        active_bookings: Mapping[int, Booking],
-    ) -> None:
-        """``started_end`` (GPU -> (p50 end, hold end) of jobs started this round) is read live,
-        so drain times follow the round's own starts."""
+    def __init__(self, state: RoundState, active_bookings: Mapping[int, Booking]) -> None:
+        """Drain times from the snapshot; the scheduler reports its own starts (`note_start`)."""
         self._now = now = state.now
         self._gpu_node = state.gpu_node
         self._node_gpus = [node.gpu_ids for node in state.nodes]
-        self._started_end = started_end
         # the job being placed may run lent (set by the scheduler around each query)
         self.is_lendable = False
         # nodes running work that cannot be reclaimed: they drain only when it ends
@@ -99,21 +92,19 @@ class DrainAwareChooser:
                 drain[node] = booking.end_at
         self._drain = drain
 
-    def note_start(self, gpus: Sequence[int], *, is_lent: bool) -> None:
-        """Record a start of this round (its end is read from ``started_end``)."""
-        if not is_lent:
-            self._pinned.update(self._gpu_node[gpu] for gpu in gpus)
+    def note_start(self, gpus: Sequence[int], *, is_lent: bool, end_at: float) -> None:
+        """Record a start of this round, expected to end at ``end_at`` (p50)."""
+        drain = self._drain
+        for gpu in gpus:
+            node = self._gpu_node[gpu]
+            if drain.get(node, self._now) < end_at:
+                drain[node] = end_at
+            if not is_lent:
+                self._pinned.add(node)
 
     def drain_at(self, node: int) -> float:
         """When the node is expected to have no work left (``now`` if it has none)."""
-        at = self._drain.get(node, self._now)
-        started = self._started_end
-        if started:
-            for gpu in self._node_gpus[node]:
-                end = started.get(gpu)
-                if end is not None and end[0] > at:
-                    at = end[0]
-        return at
+        return self._drain.get(node, self._now)
 
     def node_cost(self, node: int, gpu_count: int, until: float) -> float:
         """GPU-seconds of whole-node capacity lost by running ``gpu_count`` GPUs there until ``until``."""
@@ -173,8 +164,10 @@ class DrainAwareChooser:
                 )
                 if best is None or key < best[0]:
                     best = (key, tuple(sorted(usable[:gpu_count])))
-                    if key[:4] == (0, 0, rank, 0):
-                        return best[1]  # no cost, exact fit, preferred type so far: nothing beats it
+                    if key[:2] == (0, 0):
+                        # candidates come tightest first and earlier types rank better: the
+                        # first cost-free one is the best fit among the cost-free ones
+                        return best[1]
                 seen += 1
                 if seen >= MAX_CANDIDATES:
                     break

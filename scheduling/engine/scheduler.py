@@ -125,9 +125,7 @@ class Scheduler:
         free = set(topology.up_gpus.difference(state.running_by_gpu))
         self._place_bookings(free)
         self._init_availability(free)
-        self.drain_chooser = (
-            DrainAwareChooser(state, self.started_end, self.active_booking_gpu) if knobs.drain_aware else None
-        )
+        self.drain_chooser = DrainAwareChooser(state, self.active_booking_gpu) if knobs.drain_aware else None
         if knobs.has_partition:
             partition_gpus = {g for i in self.partition_nodes for g in state.nodes[i].gpu_ids}
             self.inter_pool = self._pool(free & partition_gpus)
@@ -372,6 +370,8 @@ class Scheduler:
             self.avail_p50[gpu] = self.now + estimate.p50_s
             self.avail_hold[gpu] = self.now + estimate.hold_s
             self.avail_reclaim.pop(gpu, None)
+        if self.drain_chooser is not None:
+            self.drain_chooser.note_start(gpus, is_lent=is_lent, end_at=self.now + estimate.p50_s)
         self.out.starts.append(
             StartAction(
                 job_id=job.id,
@@ -464,7 +464,6 @@ class Scheduler:
         if gpus is not None:
             if chooser is not None:
                 must_lend = must_lend or (chooser.is_lendable and chooser.delays_drain(gpus, INF))
-                chooser.note_start(gpus, is_lent=must_lend)
                 chooser.is_lendable = False
             self.start(job, gpus, estimate, is_lent=must_lend)
             return True
