@@ -159,10 +159,6 @@ class FreePool:
         """Every free GPU, sorted."""
         return sorted(gpu for gpus in self._free.values() for gpu in gpus)
 
-    def node_free_count(self, node: int) -> int:
-        """Free GPUs of a node, held ones included."""
-        return len(self._free.get(node, ()))
-
     def max_size(self, gpu_type: str) -> int:
         return self._max_size.get(gpu_type, 0)
 
