@@ -2,7 +2,7 @@
 
     python -m bench.replay --trace CSV --cluster SPEC [--cluster-scale F] \
         --policies fifo,easy,static,berth [--interactive-share F] [--booking-share F] \
-        [--seed N] [--limit-jobs N] --out FILE.json
+        [--arrival-scale F] [--seed N] [--limit-jobs N] --out FILE.json
 
 ``SPEC`` is ``NxG[:TYPE]`` or an inventory CSV (scaled by ``--cluster-scale``, keeping the GPU
 type mix and node sizes).  Arrivals and runtimes come from the trace, never its start times;
@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from bench._util import DEFAULT_ENGINE, format_table, load_callable, write_json
+from scheduling.sim.arrivals import scale_arrivals
 from scheduling.sim.inventory import load_inventory
 from scheduling.sim.metrics import compute_metrics
 from scheduling.sim.overlays import OverlayConfig, build_overlay
@@ -40,6 +41,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--checkpointable-share", type=float, default=OverlayConfig().checkpointable_share)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--limit-jobs", type=int, default=None, help="replay only the first N jobs")
+    parser.add_argument(
+        "--arrival-scale",
+        type=float,
+        default=1.0,
+        help="divide every gap between submissions by F: the same jobs (sizes, runtimes, order) "
+        "arriving F times faster, for contention on a trace that samples its cluster's load; "
+        "1 (default) replays the logged arrivals",
+    )
     parser.add_argument(
         "--predictor",
         choices=("default", "simple"),
@@ -66,7 +75,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if unknown:
         raise SystemExit(f"unknown policies {unknown}; expected some of {', '.join(POLICIES)}")
     plan_fn = load_callable(args.engine)
-    trace = load_trace(args.trace, limit_jobs=args.limit_jobs)
+    trace = scale_arrivals(load_trace(args.trace, limit_jobs=args.limit_jobs), args.arrival_scale)
     inventory = load_inventory(args.cluster, scale=args.cluster_scale, seed=args.seed)
     overlay = build_overlay(
         trace,
@@ -107,6 +116,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for t in inventory.gpu_types
         },
         "seed": args.seed,
+        "arrival_scale": args.arrival_scale,
         "tick_s": args.tick_s,
         "skipped_jobs": {"no_runtime": trace.skipped_no_runtime, "no_gpus": trace.skipped_no_gpus},
         "trace_gpu_hours": trace.gpu_hours,

@@ -125,6 +125,14 @@ def explain_pending(
     return tuple(explanations)
 
 
+def _still_fragmented(sched: Scheduler, job: JobRequest) -> bool:
+    """Whether enough fitting GPUs are still free for the job after this round's starts: a job
+    blocked by fragmentation when it was considered may have lost that to later backfill, and
+    then the GPUs left idle are not idle because of fragmentation (DESIGN §3.5)."""
+    pool = sched.pool_for(job)
+    return sum(pool.free_count(name) for name in sched.types_for(job)) >= job.gpu_count
+
+
 def idle_reasons(
     sched: Scheduler, explanations: tuple[PendingExplanation, ...]
 ) -> tuple[tuple[int, IdleReason], ...]:
@@ -143,11 +151,12 @@ def idle_reasons(
         reason = reasons_by_job[job.id]
         if reason == PendingReason.QUOTA:
             quota.update(types)
-        elif reason == PendingReason.FRAGMENTATION:
+        elif reason == PendingReason.FRAGMENTATION and _still_fragmented(sched, job):
             fragmented.update(types)
     held: set[int] = set()
     fragment_held: set[int] = set()
-    top_id = sched.top.id if sched.top is not None and sched.top_fragmented else None
+    top = sched.top
+    top_id = top.id if top is not None and sched.top_fragmented and _still_fragmented(sched, top) else None
     for pool in {id(sched.batch_pool): sched.batch_pool, id(sched.inter_pool): sched.inter_pool}.values():
         for gpu in pool.held_gpus():
             hold = pool.hold_of(gpu)

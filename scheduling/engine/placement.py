@@ -15,8 +15,9 @@ job are of one type.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from scheduling.engine.types import GpuType, JobRequest
 
@@ -71,11 +72,27 @@ def type_satisfies(gpu_type: GpuType, key: ConstraintKey) -> bool:
     return precisions <= gpu_type.precisions
 
 
+class NodeChooser(Protocol):
+    """A policy's own node choice (see ``fragmentation.py``); `FreePool.find` defers to it."""
+
+    def choose(
+        self,
+        pool: FreePool,
+        gpu_types: Sequence[str],
+        gpu_count: int,
+        *,
+        until: float,
+        strict: float,
+        mode: int,
+    ) -> tuple[int, ...] | None: ...
+
+
 class FreePool:
     """Free GPUs of one round, indexed for best-fit queries (see the module docstring)."""
 
     __slots__ = (
         "_buckets",
+        "_chooser",
         "_free",
         "_gpu_node",
         "_groups",
@@ -96,9 +113,12 @@ class FreePool:
         gpu_node: dict[int, int],
         node_types: list[str],
         max_size: dict[str, int],
+        chooser: NodeChooser | None = None,
     ) -> None:
         """Index ``free_gpus``; ``gpu_node`` maps a GPU to its node index, ``node_types`` a node
-        index to its GPU type, ``max_size`` a type to its largest node (see `Topology`)."""
+        index to its GPU type, ``max_size`` a type to its largest node (see `Topology`);
+        ``chooser`` replaces the plain best fit of `find`."""
+        self._chooser = chooser
         self._node_type = node_types
         self._gpu_node = gpu_node
         self._max_size = max_size
@@ -138,6 +158,32 @@ class FreePool:
     def free_gpus(self) -> list[int]:
         """Every free GPU, sorted."""
         return sorted(gpu for gpus in self._free.values() for gpu in gpus)
+
+    def max_size(self, gpu_type: str) -> int:
+        return self._max_size.get(gpu_type, 0)
+
+    def candidates(
+        self, name: str, gpu_count: int, *, until: float, strict: float, mode: int
+    ) -> Iterator[tuple[int, list[int]]]:
+        """Nodes of a type with at least ``gpu_count`` usable GPUs, tightest plain fit first, then
+        nodes whose GPUs are partly held; yields (node, its usable GPUs)."""
+        seen: set[int] = set()
+        for bucket in self._buckets[name][gpu_count:]:
+            for node in bucket:
+                seen.add(node)
+                yield node, self.node_usable(node, until=until, strict_until=strict, is_lent=mode)
+        for node in self._held_nodes[name]:
+            if node not in seen:
+                usable = self.node_usable(node, until=until, strict_until=strict, is_lent=mode)
+                if len(usable) >= gpu_count:
+                    yield node, usable
+
+    def find_multi(
+        self, name: str, gpu_count: int, *, until: float, strict: float, mode: int
+    ) -> tuple[int, ...] | None:
+        """A gang bigger than any node of the type (the plain whole-nodes-first choice)."""
+        found = self._find_multi(name, gpu_count, until, strict, mode)
+        return None if found is None else found[1]
 
     # ---- writes ----
 
@@ -266,6 +312,8 @@ class FreePool:
         """
         strict = until if strict_until is None else strict_until
         mode = (2 if is_checkpointing else 1) if is_lent else (3 if is_interactive else 0)
+        if self._chooser is not None:
+            return self._chooser.choose(self, gpu_types, gpu_count, until=until, strict=strict, mode=mode)
         best: tuple[int, int, tuple[int, ...]] | None = None  # (leftover, rank, gpus)
         for rank, name in enumerate(gpu_types):
             if self._type_free.get(name, 0) < gpu_count:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from scheduling.engine.backfill import Shadow, Window, earliest_start
 from scheduling.engine.cluster import Estimate, RoundState
+from scheduling.engine.fragmentation import DrainAwareChooser, reclaim_for_wide
 from scheduling.engine.outcome import Outcome
 from scheduling.engine.placement import INF, FreePool, Hold
 from scheduling.engine.preemption import Reclaim, is_reclaimable, kill_time, plan_reclaim
@@ -52,6 +53,7 @@ class Knobs:
     shadow_on_p50: bool = False  # the top job's shadow time from running jobs' median ends
     shadow_on_requested: bool = False  # running jobs' ends from user estimates even when predicting
     preempts_by_consent: bool = False  # checkpointing preemptible jobs outside a guarantee run reclaimable
+    drain_aware: bool = False  # place where nodes' expected drain is delayed least (fragmentation.py)
 
 
 _FMT_CACHE: dict[tuple[int, int], str] = {}
@@ -123,6 +125,7 @@ class Scheduler:
         free = set(topology.up_gpus.difference(state.running_by_gpu))
         self._place_bookings(free)
         self._init_availability(free)
+        self.drain_chooser = DrainAwareChooser(state, self.active_booking_gpu) if knobs.drain_aware else None
         if knobs.has_partition:
             partition_gpus = {g for i in self.partition_nodes for g in state.nodes[i].gpu_ids}
             self.inter_pool = self._pool(free & partition_gpus)
@@ -136,7 +139,11 @@ class Scheduler:
     def _pool(self, free: set[int]) -> FreePool:
         topology = self.state.topology
         return FreePool(
-            free, gpu_node=topology.gpu_node, node_types=topology.node_types, max_size=topology.max_size
+            free,
+            gpu_node=topology.gpu_node,
+            node_types=topology.node_types,
+            max_size=topology.max_size,
+            chooser=self.drain_chooser,
         )
 
     def _init_availability(self, free: set[int]) -> None:
@@ -363,6 +370,8 @@ class Scheduler:
             self.avail_p50[gpu] = self.now + estimate.p50_s
             self.avail_hold[gpu] = self.now + estimate.hold_s
             self.avail_reclaim.pop(gpu, None)
+        if self.drain_chooser is not None:
+            self.drain_chooser.note_start(gpus, is_lent=is_lent, end_at=self.now + estimate.p50_s)
         self.out.starts.append(
             StartAction(
                 job_id=job.id,
@@ -377,6 +386,9 @@ class Scheduler:
             for gpu in gpus:
                 key = (job.project, state.gpu_type[gpu])
                 self.guaranteed_used[key] = self.guaranteed_used.get(key, 0) + 1
+
+    def preempt(self, running: RunningJob, *, for_id: str, why: str) -> None:
+        self._preempt(running, for_id=for_id, why=why)
 
     def _preempt(self, running: RunningJob, *, for_id: str, why: str) -> None:
         kill_at = kill_time(self.state, running)
@@ -438,6 +450,9 @@ class Scheduler:
                 # bookings and sessions can have its GPUs back within a grace at little loss
                 must_lend = True
         prefer = self.knobs.prefers_cheap_types
+        chooser = self.drain_chooser
+        if chooser is not None:
+            chooser.is_lendable = job.is_preemptible and job.kind == JobKind.BATCH
         gpus = pool.find(
             types,
             job.gpu_count,
@@ -447,6 +462,9 @@ class Scheduler:
             prefer_type_order=prefer,
         )
         if gpus is not None:
+            if chooser is not None:
+                must_lend = must_lend or (chooser.is_lendable and chooser.delays_drain(gpus, INF))
+                chooser.is_lendable = False
             self.start(job, gpus, estimate, is_lent=must_lend)
             return True
         if self.knobs.can_lend and job.is_preemptible and job.kind == JobKind.BATCH:
@@ -461,6 +479,8 @@ class Scheduler:
             if gpus is not None:
                 self.start(job, gpus, estimate, is_lent=True)
                 return True
+        if chooser is not None:
+            chooser.is_lendable = False
         return False
 
     def availability(self, *, for_job: str, with_reclaim: bool = True) -> dict[int, float]:
@@ -487,6 +507,8 @@ class Scheduler:
         pool = self.pool_for(job)
         single = self.is_single_node(types, job.gpu_count)
         if self.knobs.can_preempt and self._reclaim(job, types, estimate, single=single):
+            return
+        if self.knobs.can_preempt and reclaim_for_wide(self, job, types, estimate):
             return
         shadow = earliest_start(
             node_gpus=((i, state.nodes[i].gpu_ids) for i in self.nodes_for(job, types)),

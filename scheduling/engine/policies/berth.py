@@ -30,6 +30,7 @@ BERTH = Knobs(
     # shadow time from the users' limits (as Slurm sees it) and backfill when the median fits.
     fits_on_p50=True,
     shadow_on_requested=True,
+    drain_aware=True,
 )
 
 

@@ -1,0 +1,240 @@
+"""Berth's fragmentation-aware node choice: keep nodes able to drain for wide jobs.
+
+A wide job (a whole 8-GPU node, say) waits for fragmentation when free GPUs are spread over
+nodes that each still run something.  Best fit alone (fullest node first) does not prevent it
+when runtimes are long-tailed: short jobs leave, long ones stay, one or two per node, and no
+node ever empties.  So berth places a job where it delays the moment a node becomes whole
+again the least:
+
+* every node has an expected *drain time*: when its last running job is expected to end
+  (predicted, with berth's upward correction for jobs that outlived their prediction, so a
+  node pinned by a long-running job keeps a late drain time);
+* putting a job that is expected off its GPUs at ``until`` on a node delays its drain by
+  ``max(0, until - drain)``; that delay costs the node's *other* GPUs (``size - count``) as
+  wide-job capacity, so the cost is ``delay x (size - count)`` GPU-seconds.  An empty node has
+  drain time ``now``, so breaking it costs the job's whole runtime on all its other GPUs, while
+  a job that ends before its node drains anyway costs nothing.  A job that fills a node
+  exactly (a 1-GPU job on a 1-GPU node) costs nothing either;
+* work that cannot be lent (not preemptible) goes first to nodes that already run such work:
+  a node with only lent work can be reclaimed whole for a wide job (see `reclaim_for_wide`);
+* costs are compared in factor-of-two classes (runtime predictions are rarely better than
+  that), then by the policy's type preference (cheap types first), then best fit (fewest GPUs
+  left on the node), then smaller nodes, then the node index for determinism.
+
+So short work goes to nodes pinned by long work, an empty large node is not broken while a
+partly used node takes the job at no greater cost, and the node closest to draining is
+steered clear of work that would outlive it.
+
+Work that does delay a node's drain starts lent when its owner allows preemption, and a
+multi-GPU job blocked for a whole node may reclaim such lent work (after its minimum runtime,
+with the grace signal) when it gains more than the victims lose: see `reclaim_for_wide`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from scheduling.engine.cluster import Estimate, RoundState, running_ends
+from scheduling.engine.placement import FreePool
+from scheduling.engine.preemption import kill_time, plan_reclaim
+from scheduling.engine.types import Booking, JobRequest, PendingReason
+
+if TYPE_CHECKING:
+    from scheduling.engine.scheduler import Scheduler
+
+# Per query, at most this many nodes of a type are scored (tightest fits first, see
+# `FreePool.candidates`): it bounds a round's placement cost on large clusters, and the nodes
+# left out are the emptiest ones, which are also the costliest to break.
+MAX_CANDIDATES = 16
+
+_CostKey = tuple[int, int, int, int, int, int]
+
+
+def cost_class(cost_gpu_s: float) -> int:
+    """0 for no cost, else 1 + floor(log2(1 + GPU-hours)): factor-of-two classes."""
+    if cost_gpu_s <= 0.0:
+        return 0
+    return 1 + int(math.log2(1.0 + cost_gpu_s / 3_600.0))
+
+
+class DrainAwareChooser:
+    """The `placement.NodeChooser` of berth (see the module docstring)."""
+
+    __slots__ = ("_drain", "_gpu_node", "_node_gpus", "_now", "_pinned", "is_lendable")
+
+    def __init__(self, state: RoundState, active_bookings: Mapping[int, Booking]) -> None:
+        """Drain times from the snapshot; the scheduler reports its own starts (`note_start`)."""
+        self._now = now = state.now
+        self._gpu_node = state.gpu_node
+        self._node_gpus = [node.gpu_ids for node in state.nodes]
+        # the job being placed may run lent (set by the scheduler around each query)
+        self.is_lendable = False
+        # nodes running work that cannot be reclaimed: they drain only when it ends
+        self._pinned: set[int] = set()
+        drain: dict[int, float] = {}
+        policy = state.policy
+        for running in state.snapshot.running:
+            if running.grace_until is not None:
+                end = max(running.grace_until, now)
+            else:
+                end = running_ends(running, now, policy, is_predicted=True)[0]
+            for gpu in running.gpu_ids:
+                node = self._gpu_node.get(gpu)
+                if node is not None and drain.get(node, now) < end:
+                    drain[node] = end
+                if node is not None and not running.is_preemptible:
+                    self._pinned.add(node)
+        for gpu, booking in active_bookings.items():
+            node = self._gpu_node.get(gpu)
+            if node is not None and drain.get(node, now) < booking.end_at:
+                drain[node] = booking.end_at
+        self._drain = drain
+
+    def note_start(self, gpus: Sequence[int], *, is_lent: bool, end_at: float) -> None:
+        """Record a start of this round, expected to end at ``end_at`` (p50)."""
+        drain = self._drain
+        for gpu in gpus:
+            node = self._gpu_node[gpu]
+            if drain.get(node, self._now) < end_at:
+                drain[node] = end_at
+            if not is_lent:
+                self._pinned.add(node)
+
+    def drain_at(self, node: int) -> float:
+        """When the node is expected to have no work left (``now`` if it has none)."""
+        return self._drain.get(node, self._now)
+
+    def node_cost(self, node: int, gpu_count: int, until: float) -> float:
+        """GPU-seconds of whole-node capacity lost by running ``gpu_count`` GPUs there until ``until``."""
+        others = len(self._node_gpus[node]) - gpu_count
+        if others <= 0:
+            return 0.0
+        delay = until - self.drain_at(node)
+        return delay * others if delay > 0 else 0.0
+
+    def _pins(self, node: int, gpu_count: int) -> bool:
+        """Whether a non-lendable start here would pin a node that only lent work uses so far."""
+        return not self.is_lendable and node not in self._pinned and len(self._node_gpus[node]) > gpu_count
+
+    def choose(
+        self,
+        pool: FreePool,
+        gpu_types: Sequence[str],
+        gpu_count: int,
+        *,
+        until: float,
+        strict: float,
+        mode: int,
+    ) -> tuple[int, ...] | None:
+        """GPUs for a job (see the module docstring), or None; does not take them."""
+        best: tuple[_CostKey, tuple[int, ...]] | None = None
+        for rank, name in enumerate(gpu_types):
+            if pool.free_count(name) < gpu_count:
+                continue
+            if pool.usable_count(name, until=until, strict_until=strict, is_lent=mode) < gpu_count:
+                continue
+            if gpu_count > pool.max_size(name):
+                gpus = pool.find_multi(name, gpu_count, until=until, strict=strict, mode=mode)
+                if gpus is None:
+                    continue
+                per_node: dict[int, int] = {}
+                for gpu in gpus:
+                    node = self._gpu_node[gpu]
+                    per_node[node] = per_node.get(node, 0) + 1
+                cost = sum(self.node_cost(node, count, until) for node, count in per_node.items())
+                pins = sum(1 for node in per_node if self._pins(node, per_node[node]))
+                key = (pins, cost_class(cost), rank, 0, 0, min(per_node))
+                if best is None or key < best[0]:
+                    best = (key, gpus)
+                continue
+            seen = 0
+            for node, usable in pool.candidates(name, gpu_count, until=until, strict=strict, mode=mode):
+                if len(usable) < gpu_count:
+                    continue
+                size = len(self._node_gpus[node])
+                key = (
+                    int(self._pins(node, gpu_count)),
+                    cost_class(self.node_cost(node, gpu_count, until)),
+                    rank,
+                    len(usable) - gpu_count,
+                    size,
+                    node,
+                )
+                if best is None or key < best[0]:
+                    best = (key, tuple(sorted(usable[:gpu_count])))
+                    if key[:2] == (0, 0):
+                        # candidates come tightest first and earlier types rank better: the
+                        # first cost-free one is the best fit among the cost-free ones
+                        return best[1]
+                seen += 1
+                if seen >= MAX_CANDIDATES:
+                    break
+        return None if best is None else best[1]
+
+    def delays_drain(self, gpus: Sequence[int], until: float) -> bool:
+        """Whether running on ``gpus`` until ``until`` delays some node's expected drain: such
+        work takes capacity that wide jobs wait for, so berth starts it lent when it may be
+        preempted (see `reclaim_for_wide`)."""
+        per_node: dict[int, int] = {}
+        for gpu in gpus:
+            node = self._gpu_node[gpu]
+            per_node[node] = per_node.get(node, 0) + 1
+        return any(self.node_cost(node, count, until) > 0 for node, count in per_node.items())
+
+
+def reclaim_for_wide(sched: Scheduler, job: JobRequest, types: Sequence[str], estimate: Estimate) -> bool:
+    """Berth: get a whole node for a blocked multi-GPU job by reclaiming lent work on it.
+
+    Only work started lent (preemptible, on capacity that delayed a node's drain, see
+    `DrainAwareChooser.delays_drain`) is taken, only once it is past its minimum runtime (the
+    job waits only the grace), and only when the job gains more GPU-time than the victims lose:
+    the free GPUs of the node would otherwise idle until the node's expected drain.
+    """
+    from scheduling.engine.scheduler import fmt_s  # here: the scheduler imports this module
+
+    chooser = sched.drain_chooser
+    if chooser is None or job.gpu_count < 2 or not sched.is_single_node(types, job.gpu_count):
+        return False
+    state = sched.state
+    now = sched.now
+    pool = sched.pool_for(job)
+    until = now + estimate.hold_s
+    latest_kill = now + state.policy.grace_s
+    reclaim = plan_reclaim(
+        state,
+        node_indexes=sched.nodes_for(job, types),
+        gpu_count=job.gpu_count,
+        free_on_node=lambda i: pool.node_usable(i, until=until, strict_until=until, is_lent=0),
+        incoming={},
+        excluded_jobs=sched.out.preempted,
+        is_single_node=True,
+        may_take=lambda running: kill_time(state, running) <= latest_kill,
+    )
+    if reclaim is None or not reclaim.victims:
+        return False
+    node = state.gpu_node[reclaim.incoming_gpus[0]]
+    gained = len(reclaim.free_gpus) * (chooser.drain_at(node) - reclaim.ready_at)
+    lost = sum(victim.lost_gpu_s for victim in reclaim.victims)
+    if gained <= lost:
+        return False
+    for victim in reclaim.victims:
+        sched.preempt(victim.running, for_id=job.id, why=f"job {job.id}, which needs a whole node")
+    pool.take(reclaim.free_gpus)
+    for gpu in reclaim.free_gpus:
+        sched.out.claimed[gpu] = job.id
+    sched.round_promised.update(reclaim.incoming_gpus)
+    sched.out.promised.update(reclaim.incoming_gpus)
+    if sched.top is None:
+        sched.top = job
+    sched.out.wait(
+        job.id,
+        PendingReason.PREEMPTING,
+        f"{len(reclaim.free_gpus)} of its {job.gpu_count} GPUs are free on one node and the rest run "
+        f"lent work, which is being reclaimed ({len(reclaim.victims)} job(s) signalled now); "
+        f"it starts in about {fmt_s(reclaim.ready_at - now)}.",
+        reclaim.ready_at,
+    )
+    sched.out.wake_at(reclaim.ready_at, now)
+    return True
