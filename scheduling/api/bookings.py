@@ -228,7 +228,7 @@ class BookingListCreateApi(PaginatedApi):
             mine_only=filters.validated_data["mine"],
         )
         paginator = self.pagination_class()
-        page = paginator.paginate_queryset(
+        page: list[dict[str, Any]] | None = paginator.paginate_queryset(
             bookings.prefetch_related(None).values(*_LIST_VALUES), request, view=self
         )
         held = _held_by_booking([row["id"] for row in page or []])
