@@ -359,8 +359,9 @@ def availability_changed() -> None:
 def _has_pending_write() -> bool:
     """Whether this connection's open transaction changed availability (not committed yet):
     its reads must see its own writes, and what they see must not outlive a rollback."""
+    # Entries are (savepoint ids, callback, robust); django-stubs still lists two fields.
     return connection.in_atomic_block and any(
-        func is _bump_after_commit for _, func, _ in connection.run_on_commit
+        entry[1] is _bump_after_commit for entry in connection.run_on_commit
     )
 
 
@@ -482,7 +483,9 @@ def availability_compute(
     ):
         raise ValidationError({"cluster": [f"Unknown cluster {cluster_name!r}."]})
     # An unbounded upper end (a running job with no expected end) reaches the last step.
-    spans = [(gpu_id, first, steps - 1 if last is None else last) for gpu_id, first, last in rows[1:]]
+    spans = [
+        (int(gpu_id or 0), first, steps - 1 if last is None else last) for gpu_id, first, last in rows[1:]
+    ]
 
     # Merge each GPU's spans so a GPU held twice within one step is counted once.
     busy_delta = [0] * (steps + 1)

@@ -24,6 +24,10 @@ port="$($BIN/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1",
 mkdir -p "$(dirname "$out")" .run
 log=.run/bench-api-gunicorn.log
 
+# The per-user write throttle stays on (its Redis round trip is part of every create), with a
+# limit above what one bench client can send (4 clients at 200 creates/s are 3000/min each,
+# the production default); production keeps BERTH_API_WRITE_THROTTLE_RATE's own default.
+export BERTH_API_WRITE_THROTTLE_RATE="${BENCH_WRITE_THROTTLE_RATE:-60000/min}"
 export DJANGO_ENV=production DJANGO_DEBUG=0 DJANGO_SECURE_SSL_REDIRECT=0 \
   DJANGO_SECRET_KEY="${DJANGO_SECRET_KEY:-bench-only-$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')}" \
   DJANGO_ALLOWED_HOSTS="127.0.0.1,localhost" LOG_LEVEL="${LOG_LEVEL:-WARNING}"

@@ -410,3 +410,26 @@ def test_create_writes_every_audit_event_as_before(member_client, member, projec
     for event in events[1:]:
         assert event.after == allocation_state(allocations[event.entity_id])
     assert [e.after["gpu_id"] for e in events[1:]] == events[0].after["gpu_ids"]  # in pick order
+
+
+def test_list_pages_show_what_the_detail_shows(member_client, project, nodes, soon):
+    ids = []
+    for i in range(5):
+        body = {
+            "project": project.slug,
+            "gpu_type": "A100",
+            "gpu_count": 1 + i % 3,
+            "start_at": (soon + timedelta(hours=i)).isoformat(),
+            "end_at": (soon + timedelta(hours=i + 1)).isoformat(),
+        }
+        ids.append(member_client.post("/api/v1/bookings/", body, format="json").json()["id"])
+    assert member_client.post(f"/api/v1/bookings/{ids[1]}/cancel/").status_code == 200  # GPUs released
+    seen, url = [], "/api/v1/bookings/?page_size=2"
+    while url:
+        page = member_client.get(url).json()
+        seen += page["results"]
+        url = page["next"]
+    assert [b["id"] for b in seen] == sorted(ids, reverse=True)
+    for item in seen:
+        assert item == member_client.get(f"/api/v1/bookings/{item['id']}/").json()
+    assert next(b for b in seen if b["id"] == ids[1])["gpus"] == []
