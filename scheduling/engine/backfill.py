@@ -49,28 +49,34 @@ def earliest_start(
     ``available[gpu]`` is when the GPU comes free (missing: never).  A single-node gang takes
     the node whose k-th earliest GPU is earliest; a multi-node gang takes the k earliest GPUs.
     """
+    if not is_single_node:
+        # the k earliest GPUs anywhere: one flat pass (same pairs, so the same sort, as per node)
+        if windows:
+            everything = [
+                (first_gap(available[g], duration_s, windows.get(g)), g)
+                for _node, gpus in node_gpus
+                for g in gpus
+                if g in available
+            ]
+        else:
+            everything = [(available[g], g) for _node, gpus in node_gpus for g in gpus if g in available]
+        if len(everything) < gpu_count:
+            return None
+        everything.sort()
+        start = everything[gpu_count - 1][0]
+        return Shadow(start, _latest(everything, start, gpu_count))
     best: Shadow | None = None
-    everything: list[tuple[float, int]] = []
     for _node, gpus in node_gpus:
         if windows:
             times = [(first_gap(available[g], duration_s, windows.get(g)), g) for g in gpus if g in available]
         else:
             times = [(available[g], g) for g in gpus if g in available]
-        if not is_single_node:
-            everything.extend(times)
-            continue
         if len(times) < gpu_count:
             continue
         times.sort()
         start = times[gpu_count - 1][0]
         if best is None or start < best.start_at:
             best = Shadow(start, _latest(times, start, gpu_count))
-    if not is_single_node:
-        if len(everything) < gpu_count:
-            return None
-        everything.sort()
-        start = everything[gpu_count - 1][0]
-        return Shadow(start, _latest(everything, start, gpu_count))
     return best
 
 

@@ -82,6 +82,7 @@ class FreePool:
         "_held",
         "_held_nodes",
         "_max_size",
+        "_memo",
         "_node_type",
         "_nonempty",
         "_plain",
@@ -105,6 +106,9 @@ class FreePool:
         self._free: dict[int, list[int]] = {}
         for gpu in sorted(free_gpus):
             self._free.setdefault(gpu_node[gpu], []).append(gpu)
+        # results of `find` since the pool last changed: explanations ask the same question
+        # (e.g. "could it fit ignoring holds") for many jobs of a round
+        self._memo: dict[tuple[tuple[str, ...], int, float, float, int, bool], tuple[int, ...] | None] = {}
         self._held: dict[int, Hold] = {}
         # per type: hold -> its free GPUs, so "how many GPUs may this query use" is O(holds)
         self._groups: dict[str, dict[Hold, set[int]]] = {name: {} for name in self._max_size}
@@ -143,6 +147,7 @@ class FreePool:
 
     def take(self, gpus: Iterable[int]) -> None:
         """Remove GPUs from the pool (they were started on, claimed or set aside)."""
+        self._memo.clear()
         for gpu in gpus:
             node = self._gpu_node[gpu]
             free = self._free[node]
@@ -166,6 +171,7 @@ class FreePool:
 
     def hold(self, gpus: Iterable[int], hold: Hold) -> None:
         """Put a hold on free GPUs (non-free ones are ignored); holds on one GPU merge."""
+        self._memo.clear()
         for gpu in gpus:
             node = self._gpu_node.get(gpu)
             if node is None or gpu not in self._free.get(node, ()):
@@ -266,6 +272,22 @@ class FreePool:
         """
         strict = until if strict_until is None else strict_until
         mode = (2 if is_checkpointing else 1) if is_lent else (3 if is_interactive else 0)
+        key = (tuple(gpu_types), gpu_count, until, strict, mode, prefer_type_order)
+        if key in self._memo:
+            return self._memo[key]
+        found = self._find(gpu_types, gpu_count, until, strict, mode, prefer_type_order)
+        self._memo[key] = found
+        return found
+
+    def _find(
+        self,
+        gpu_types: Sequence[str],
+        gpu_count: int,
+        until: float,
+        strict: float,
+        mode: int,
+        prefer_type_order: bool,
+    ) -> tuple[int, ...] | None:
         best: tuple[int, int, tuple[int, ...]] | None = None  # (leftover, rank, gpus)
         for rank, name in enumerate(gpu_types):
             if self._type_free.get(name, 0) < gpu_count:
@@ -319,10 +341,24 @@ class FreePool:
     ) -> tuple[int, tuple[int, ...]] | None:
         # the caller checked usable_count >= gpu_count, so a multi-node gang always fits
         per_node: list[tuple[int, int, list[int]]] = []
+        held_nodes = self._held_nodes[name]
+        free = self._free
+        held_map = self._held
+        # held GPUs this query may use: decided once per hold, not once per GPU
+        allowed: set[int] = set()
+        for hold, held_gpus in self._groups.get(name, {}).items():
+            if self._hold_allows(hold, until, strict, is_lent):
+                allowed.update(held_gpus)
         for node in self._nonempty[name]:
-            usable = self.node_usable(node, until=until, strict_until=strict, is_lent=is_lent)
-            if usable:
-                per_node.append((-len(usable), node, usable))
+            gpus = free[node]
+            if node in held_nodes:
+                # as `node_usable`: plain GPUs first, then held ones released in time
+                usable = [g for g in gpus if g not in held_map]
+                usable += [g for g in gpus if g in allowed]
+                if usable:
+                    per_node.append((-len(usable), node, usable))
+            else:  # no hold on the node: all its free GPUs (read only below)
+                per_node.append((-len(gpus), node, gpus))
         per_node.sort()
         chosen: list[int] = []
         remaining = gpu_count
