@@ -6,9 +6,16 @@ higher-priority waiting work ahead of it, so a job deep in the queue does not ge
 Idle reasons follow one precedence:
 down > draining > allocated_but_idle > scheduler_latency > reserved_unused > quota_blocked >
 constraint_mismatch > fragmentation > no_demand.
+
+The sentences and ETAs of a long queue are most of a round's cost, and a caller that acts on
+the plan (a replay) never reads them, so `build_plan` computes them when ``Plan.pending`` is
+first read (see `_LazyPlan`); reason codes and idle reasons are computed at once.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from scheduling.engine.outcome import Verdict
 from scheduling.engine.scheduler import Scheduler, fmt_s
@@ -125,14 +132,29 @@ def explain_pending(
     return tuple(explanations)
 
 
+def pending_reasons(sched: Scheduler, queue: list[JobRequest]) -> dict[str, PendingReason]:
+    """The reason code of every job of ``queue`` not started this round (as `explain_pending`
+    gives it, without the sentences and ETAs)."""
+    started = {start.job_id for start in sched.out.starts}
+    verdicts = sched.out.verdicts
+    reasons: dict[str, PendingReason] = {}
+    for job in queue:
+        job_id = job.id
+        if job_id in started:
+            continue
+        verdict = verdicts.get(job_id)
+        reasons[job_id] = PendingReason.PRIORITY if verdict is None else verdict.reason
+    return reasons
+
+
 def idle_reasons(
-    sched: Scheduler, explanations: tuple[PendingExplanation, ...]
+    sched: Scheduler, reasons_by_job: Mapping[str, PendingReason]
 ) -> tuple[tuple[int, IdleReason], ...]:
-    """Exactly one reason for every GPU idle after this plan (and for allocated-but-idle ones)."""
+    """Exactly one reason for every GPU idle after this plan (and for allocated-but-idle ones);
+    ``reasons_by_job``: the waiting jobs' reason codes (`pending_reasons`)."""
     state = sched.state
     started: set[int] = set(sched.started_end)
     telemetry_idle = state.snapshot.gpus_in_use_idle
-    reasons_by_job = {e.job_id: e.reason for e in explanations}
     pending = [job for job in state.snapshot.pending if job.id in reasons_by_job]
     eligible: set[str] = set()
     quota: set[str] = set()
@@ -199,17 +221,56 @@ def idle_reasons(
     return tuple(result)
 
 
+_UNSET: Any = object()
+_PENDING = Plan.__dict__["pending"]  # the slot behind the dataclass field
+
+
+class _LazyPlan(Plan):
+    """A `Plan` whose ``pending`` explanations are computed on first read, then kept.
+
+    It is a `Plan` in every other respect: fields, equality (between plans of this class),
+    ``dataclasses.replace``, pickling and ``asdict`` all read ``pending`` and so compute it.
+    The explainer reads only the finished round's scheduler, which nothing changes any more.
+    """
+
+    __slots__ = ("_explain",)
+    _explain: Callable[[], tuple[PendingExplanation, ...]] | None
+
+    def __init__(
+        self, explain: Callable[[], tuple[PendingExplanation, ...]] | None = None, **fields: Any
+    ) -> None:
+        object.__setattr__(self, "_explain", explain)
+        if explain is not None:
+            fields["pending"] = _UNSET
+        super().__init__(**fields)
+
+    @property
+    def pending(self) -> tuple[PendingExplanation, ...]:
+        value = _PENDING.__get__(self, Plan)
+        if value is _UNSET:
+            explain = self._explain
+            assert explain is not None, "a lazy plan keeps its explainer until it has run"
+            value = explain()
+            _PENDING.__set__(self, value)
+            object.__setattr__(self, "_explain", None)
+        return value  # type: ignore[no-any-return]
+
+    @pending.setter
+    def pending(self, value: tuple[PendingExplanation, ...]) -> None:
+        # only the dataclass __init__ and unpickling get here (the plan is frozen)
+        _PENDING.__set__(self, value)
+
+
 def build_plan(sched: Scheduler, queue: list[JobRequest], *, is_strict_order: bool = False) -> Plan:
-    """Freeze a scheduler's decisions into a `Plan` with all explanations."""
-    explanations = explain_pending(sched, queue, is_strict_order=is_strict_order)
+    """Freeze a scheduler's decisions into a `Plan`; explanations are computed when read."""
     out = sched.out
-    return Plan(
+    return _LazyPlan(
+        lambda: explain_pending(sched, queue, is_strict_order=is_strict_order),
         starts=tuple(out.starts),
         preemptions=tuple(out.preemptions),
         reservations=tuple(out.reservations),
         releases=tuple(out.releases),
-        pending=explanations,
-        idle=idle_reasons(sched, explanations),
+        idle=idle_reasons(sched, pending_reasons(sched, queue)),
         notes=tuple(out.notes),
         next_round_at=out.next_round_at,
     )
