@@ -89,12 +89,13 @@ class _Workload:
 _WORKLOAD: _Workload | None = None  # set in the parent before the workers fork
 
 
-def _replay_policy(policy: str) -> tuple[str, dict[str, Any], int]:
-    """Replay one policy; returns (policy, its metrics with ``wall_s``, rounds)."""
+def _replay_policy(policy: str) -> tuple[str, dict[str, Any], int, float]:
+    """Replay one policy; returns (policy, its metrics with ``wall_s``, rounds, CPU seconds)."""
     work = _WORKLOAD
     assert work is not None, "the workload is set before replaying"
     predictor = default_predictor() if work.predictor == "default" else SimpleHistoryPredictor()
     started = time.perf_counter()
+    cpu_started = time.process_time()
     record = run_replay(
         work.trace,
         work.inventory,
@@ -108,7 +109,7 @@ def _replay_policy(policy: str) -> tuple[str, dict[str, Any], int]:
     record.wall_s = time.perf_counter() - started
     metrics = compute_metrics(record)
     metrics["predictor"] = type(predictor).__name__ if policy in work.options.predict_for else None
-    return policy, metrics, len(record.round_ms)
+    return policy, metrics, len(record.round_ms), time.process_time() - cpu_started
 
 
 def _ignore_sigint() -> None:
@@ -131,9 +132,10 @@ def _replay_all(policies: list[str], workers: int) -> dict[str, Any]:
     """
     done: dict[str, dict[str, Any]] = {}
 
-    def report(policy: str, metrics: dict[str, Any], rounds: int) -> None:
+    def report(policy: str, metrics: dict[str, Any], rounds: int, cpu_s: float) -> None:
         done[policy] = metrics
-        print(f"  {policy}: {metrics['wall_s']:.1f} s wall, {rounds} rounds", file=sys.stderr)
+        line = f"  {policy}: {metrics['wall_s']:.1f} s wall, {cpu_s:.1f} s CPU, {rounds} rounds"
+        print(line, file=sys.stderr)
 
     can_fork = "fork" in multiprocessing.get_all_start_methods()
     if workers <= 1 or len(policies) <= 1 or not can_fork:
