@@ -155,14 +155,19 @@ def idle_reasons(
     state = sched.state
     started: set[int] = set(sched.started_end)
     telemetry_idle = state.snapshot.gpus_in_use_idle
-    pending = [job for job in state.snapshot.pending if job.id in reasons_by_job]
+    # (eligible types, reason) of the waiting jobs: few distinct pairs however long the queue
+    kinds: set[tuple[tuple[str, ...], PendingReason]] = set()
+    eligible_types = state.eligible_types
+    for job in state.snapshot.pending:
+        reason = reasons_by_job.get(job.id)
+        if reason is not None:
+            kinds.add((eligible_types(job), reason))
+    pending = bool(kinds)
     eligible: set[str] = set()
     quota: set[str] = set()
     fragmented: set[str] = set()
-    for job in pending:
-        types = state.eligible_types(job)
+    for types, reason in kinds:
         eligible.update(types)
-        reason = reasons_by_job[job.id]
         if reason == PendingReason.QUOTA:
             quota.update(types)
         elif reason == PendingReason.FRAGMENTATION:

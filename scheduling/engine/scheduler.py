@@ -197,14 +197,21 @@ class Scheduler:
         key = (tuple(types), is_interactive)
         cached = self._nodes_cache.get(key)
         if cached is None:
-            wanted = set(types)
-            nodes = self.state.nodes
             partition = self.partition_nodes
-            cached = self._nodes_cache[key] = tuple(
-                (i, nodes[i].gpu_ids)
-                for i in self.schedulable
-                if nodes[i].gpu_type in wanted and not (partition and ((i in partition) != is_interactive))
-            )
+            # the same nodes every round of one inventory: kept on the (shared) topology
+            shared = self.state.topology.derived
+            shared_key = ("node_gpus_for", key, partition)
+            cached = shared.get(shared_key)
+            if cached is None:
+                wanted = set(types)
+                nodes = self.state.nodes
+                cached = shared[shared_key] = tuple(
+                    (i, nodes[i].gpu_ids)
+                    for i in self.schedulable
+                    if nodes[i].gpu_type in wanted
+                    and not (partition and ((i in partition) != is_interactive))
+                )
+            self._nodes_cache[key] = cached
         return cached
 
     def is_single_node(self, types: Sequence[str], gpu_count: int) -> bool:

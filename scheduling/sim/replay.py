@@ -23,6 +23,7 @@ from scheduling.backends.simulator import SimulatorBackend, TransitionKind
 from scheduling.engine.types import (
     Booking,
     ClusterSnapshot,
+    IdleReason,
     JobKind,
     JobRequest,
     Plan,
@@ -38,6 +39,8 @@ from scheduling.sim.trace import Trace
 PlanFn = Callable[..., Plan]  # plan_round(snapshot, policy=PolicyConfig, now=float) -> Plan
 
 POLICIES = ("fifo", "easy", "static", "berth")
+
+_REASON_VALUE = {reason: reason.value for reason in IdleReason}  # cheaper than the enum's .value
 
 # Event kinds, in processing order within one instant.
 _ARRIVE, _SESSION, _BK_CREATE, _BK_WAKE, _BK_OWNER_IN, _BK_OWNER_OUT, _BK_END, _WAKE, _TICK = range(9)
@@ -606,9 +609,10 @@ class Replay:
     def _count_idle(self, plan: Plan) -> None:
         counts: Counter[str] = Counter()
         explained = 0
+        is_free = self.backend.is_free
         for gpu_id, reason in plan.idle:
-            if self.backend.is_free(gpu_id):
-                counts[reason.value] += 1
+            if is_free(gpu_id):
+                counts[_REASON_VALUE[reason]] += 1
                 explained += 1
         missing = self.backend.free_gpu_count - explained
         if missing > 0:
