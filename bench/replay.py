@@ -247,7 +247,11 @@ def summary(document: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    document = run(args)
+    try:
+        document = run(args)
+    except KeyboardInterrupt:
+        print("interrupted: no results written", file=sys.stderr)
+        return 130
     write_json(args.out, document)
     print(summary(document))
     return 0
