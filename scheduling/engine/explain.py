@@ -14,7 +14,7 @@ first read (see `_LazyPlan`); reason codes and idle reasons are computed at once
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection
 from typing import Any
 
 from scheduling.engine.outcome import Verdict
@@ -132,36 +132,39 @@ def explain_pending(
     return tuple(explanations)
 
 
-def pending_reasons(sched: Scheduler, queue: list[JobRequest]) -> dict[str, PendingReason]:
-    """The reason code of every job of ``queue`` not started this round (as `explain_pending`
-    gives it, without the sentences and ETAs)."""
+Kind = tuple[tuple[str, ...], PendingReason]  # (eligible types, reason code) of a waiting job
+
+
+def waiting_kinds(sched: Scheduler, queue: list[JobRequest]) -> set[Kind]:
+    """The distinct (eligible types, reason code) of the jobs of ``queue`` not started this
+    round, reasons as `explain_pending` gives them: all idle reasons need to know of the queue
+    (a few pairs, however long the queue)."""
     started = {start.job_id for start in sched.out.starts}
     verdicts = sched.out.verdicts
-    reasons: dict[str, PendingReason] = {}
+    state = sched.state
+    eligible_types = state.eligible_types
+    type_order = state.type_order
+    priority = PendingReason.PRIORITY
+    kinds: set[Kind] = set()
     for job in queue:
         job_id = job.id
         if job_id in started:
             continue
         verdict = verdicts.get(job_id)
-        reasons[job_id] = PendingReason.PRIORITY if verdict is None else verdict.reason
-    return reasons
+        if job.gpu_type is None and not job.precisions and job.min_memory_gib <= 0:
+            types = type_order  # what `eligible_types` gives an unconstrained job, without the call
+        else:
+            types = eligible_types(job)
+        kinds.add((types, priority if verdict is None else verdict.reason))
+    return kinds
 
 
-def idle_reasons(
-    sched: Scheduler, reasons_by_job: Mapping[str, PendingReason]
-) -> tuple[tuple[int, IdleReason], ...]:
+def idle_reasons(sched: Scheduler, kinds: Collection[Kind]) -> tuple[tuple[int, IdleReason], ...]:
     """Exactly one reason for every GPU idle after this plan (and for allocated-but-idle ones);
-    ``reasons_by_job``: the waiting jobs' reason codes (`pending_reasons`)."""
+    ``kinds``: the waiting jobs' types and reasons (`waiting_kinds`)."""
     state = sched.state
     started: set[int] = set(sched.started_end)
     telemetry_idle = state.snapshot.gpus_in_use_idle
-    # (eligible types, reason) of the waiting jobs: few distinct pairs however long the queue
-    kinds: set[tuple[tuple[str, ...], PendingReason]] = set()
-    eligible_types = state.eligible_types
-    for job in state.snapshot.pending:
-        reason = reasons_by_job.get(job.id)
-        if reason is not None:
-            kinds.add((eligible_types(job), reason))
     pending = bool(kinds)
     eligible: set[str] = set()
     quota: set[str] = set()
@@ -275,7 +278,7 @@ def build_plan(sched: Scheduler, queue: list[JobRequest], *, is_strict_order: bo
         preemptions=tuple(out.preemptions),
         reservations=tuple(out.reservations),
         releases=tuple(out.releases),
-        idle=idle_reasons(sched, pending_reasons(sched, queue)),
+        idle=idle_reasons(sched, waiting_kinds(sched, queue)),
         notes=tuple(out.notes),
         next_round_at=out.next_round_at,
     )

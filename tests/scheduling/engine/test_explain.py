@@ -8,7 +8,7 @@ import pickle
 import pytest
 
 from scheduling.engine import plan_round
-from scheduling.engine.explain import explain_pending, pending_reasons
+from scheduling.engine.explain import explain_pending, waiting_kinds
 from scheduling.engine.priority import priority_order
 from scheduling.engine.scheduler import Knobs, Scheduler
 from scheduling.engine.types import ClusterSnapshot, Plan, PolicyConfig
@@ -55,6 +55,9 @@ def test_reason_codes_match_the_explanations() -> None:
     sched = Scheduler(snap, PolicyConfig(name="easy"), NOW, Knobs())
     queue = priority_order(sched.state)
     sched.easy_pass(queue, interactive_first=False)
-    reasons = pending_reasons(sched, queue)
-    assert reasons == {e.job_id: e.reason for e in explain_pending(sched, queue)}
-    assert reasons
+    by_id = {job.id: job for job in queue}
+    explained = {
+        (sched.state.eligible_types(by_id[e.job_id]), e.reason) for e in explain_pending(sched, queue)
+    }
+    assert waiting_kinds(sched, queue) == explained
+    assert explained
