@@ -230,14 +230,25 @@ class Scheduler:
             end = min(end, kill_time(self.state, running))
         return end
 
-    def _booking_available(self, types: Sequence[str], blocked: set[int], free: set[int]) -> dict[int, float]:
+    def _booking_available(
+        self, types: Sequence[str], blocked: set[int], free: set[int], ends: dict[int, float]
+    ) -> dict[int, float]:
+        """``ends``: this round's `_booking_availability` of GPUs not free (it depends only on
+        what runs there), filled as asked, shared by the bookings placed in one round."""
         available: dict[int, float] = {}
+        now = self.now
         for _i, gpu_ids in self.node_gpus_for(None, types):
             for gpu in gpu_ids:
-                if gpu not in blocked:
-                    at = self._booking_availability(gpu, free)
-                    if at < INF:
-                        available[gpu] = at
+                if gpu in blocked:
+                    continue
+                if gpu in free:
+                    available[gpu] = now
+                    continue
+                at = ends.get(gpu)
+                if at is None:
+                    at = ends[gpu] = self._booking_availability(gpu, free)
+                if at < INF:
+                    available[gpu] = at
         return available
 
     def _place_bookings(self, free: set[int]) -> None:
@@ -247,6 +258,7 @@ class Scheduler:
             key=lambda b: (b.start_at, b.id),
         )
         taken: list[tuple[Booking, tuple[int, ...]]] = [(b, b.gpu_ids) for b in bookings if b.gpu_ids]
+        ends: dict[int, float] = {}
         for booking in bookings:
             gpus = booking.gpu_ids
             if not gpus:
@@ -260,7 +272,7 @@ class Scheduler:
                 single = self.is_single_node(types, booking.gpu_count)
                 shadow = earliest_start(
                     node_gpus=self.node_gpus_for(None, types),
-                    available=self._booking_available(types, blocked, free),
+                    available=self._booking_available(types, blocked, free, ends),
                     gpu_count=booking.gpu_count,
                     is_single_node=single,
                     duration_s=0.0,
