@@ -2,29 +2,37 @@
 
     python -m bench.replay --trace CSV --cluster SPEC [--cluster-scale F] \
         --policies fifo,easy,static,berth [--interactive-share F] [--booking-share F] \
-        [--arrival-scale F] [--seed N] [--limit-jobs N] --out FILE.json
+        [--arrival-scale F] [--seed N] [--limit-jobs N] [--workers N] --out FILE.json
 
 ``SPEC`` is ``NxG[:TYPE]`` or an inventory CSV (scaled by ``--cluster-scale``, keeping the GPU
 type mix and node sizes).  Arrivals and runtimes come from the trace, never its start times;
 overlays and batch preemptibility flags are seeded and identical for every policy.  The
 semantics of each metric are in ``scheduling/sim/metrics.py`` and ``docs/benchmarks.md``.
+
+Policies replay independently, so they run in parallel worker processes (``--workers``, by
+default one per policy up to the CPUs this process may use); each policy's ``wall_s`` is
+measured inside its worker, and the JSON is the same whatever the number of workers.
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import os
+import signal
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from bench._util import DEFAULT_ENGINE, format_table, load_callable, write_json
 from scheduling.sim.arrivals import scale_arrivals
-from scheduling.sim.inventory import load_inventory
+from scheduling.sim.inventory import Inventory, load_inventory
 from scheduling.sim.metrics import compute_metrics
-from scheduling.sim.overlays import OverlayConfig, build_overlay
-from scheduling.sim.replay import POLICIES, ReplayOptions, run_replay
+from scheduling.sim.overlays import Overlay, OverlayConfig, build_overlay
+from scheduling.sim.replay import POLICIES, PlanFn, ReplayOptions, run_replay
 from scheduling.sim.runtime import SimpleHistoryPredictor, default_predictor
-from scheduling.sim.trace import load_trace
+from scheduling.sim.trace import Trace, load_trace
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -64,8 +72,91 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=ReplayOptions().tick_s,
         help="round tick while jobs wait and GPUs are free (doubles while idle); 0 disables",
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="parallel processes (default: one per policy, at most the CPUs; 1: all in this process)",
+    )
     parser.add_argument("--out", required=True, help="JSON output path")
     return parser.parse_args(argv)
+
+
+@dataclass(frozen=True, slots=True)
+class _Workload:
+    """What every policy's replay shares (built once, inherited by forked workers)."""
+
+    trace: Trace
+    inventory: Inventory
+    overlay: Overlay
+    plan_fn: PlanFn
+    options: ReplayOptions
+    predictor: str
+    seed: int
+
+
+_WORKLOAD: _Workload | None = None  # set in the parent before the workers fork
+
+
+def _replay_policy(policy: str) -> tuple[str, dict[str, Any], int, float]:
+    """Replay one policy; returns (policy, its metrics with ``wall_s``, rounds, CPU seconds)."""
+    work = _WORKLOAD
+    assert work is not None, "the workload is set before replaying"
+    predictor = default_predictor() if work.predictor == "default" else SimpleHistoryPredictor()
+    started = time.perf_counter()
+    cpu_started = time.process_time()
+    record = run_replay(
+        work.trace,
+        work.inventory,
+        work.overlay,
+        policy=policy,
+        plan_fn=work.plan_fn,
+        predictor=predictor,
+        options=work.options,
+        seed=work.seed,
+    )
+    record.wall_s = time.perf_counter() - started
+    metrics = compute_metrics(record)
+    metrics["predictor"] = type(predictor).__name__ if policy in work.options.predict_for else None
+    return policy, metrics, len(record.round_ms), time.process_time() - cpu_started
+
+
+def _ignore_sigint() -> None:
+    # ctrl-C reaches the whole process group: the parent handles it and terminates the workers
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _replay_all(policies: list[str], workers: int) -> dict[str, Any]:
+    """Every policy's metrics, in ``policies`` order; in parallel when ``workers`` > 1.
+
+    Workers are forked so they inherit the loaded workload; a worker's exception is re-raised
+    here, and an error or ctrl-C terminates the other workers before propagating.
+    """
+    done: dict[str, dict[str, Any]] = {}
+
+    def report(policy: str, metrics: dict[str, Any], rounds: int, cpu_s: float) -> None:
+        done[policy] = metrics
+        line = f"  {policy}: {metrics['wall_s']:.1f} s wall, {cpu_s:.1f} s CPU, {rounds} rounds"
+        print(line, file=sys.stderr)
+
+    can_fork = "fork" in multiprocessing.get_all_start_methods()
+    if workers <= 1 or len(policies) <= 1 or not can_fork:
+        for policy in policies:
+            report(*_replay_policy(policy))
+    else:
+        context = multiprocessing.get_context("fork")
+        with context.Pool(min(workers, len(policies)), initializer=_ignore_sigint) as pool:
+            # leaving the block (normally, on a worker's error or on ctrl-C) terminates the pool
+            for result in pool.imap_unordered(_replay_policy, policies):
+                report(*result)
+    return {policy: done[policy] for policy in policies}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -88,24 +179,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ),
     )
     options = ReplayOptions(tick_s=args.tick_s, max_tick_s=max(args.tick_s, ReplayOptions().max_tick_s))
-    results: dict[str, Any] = {}
-    for policy in policies:
-        predictor = default_predictor() if args.predictor == "default" else SimpleHistoryPredictor()
-        started = time.perf_counter()
-        record = run_replay(
-            trace,
-            inventory,
-            overlay,
-            policy=policy,
-            plan_fn=plan_fn,
-            predictor=predictor,
-            options=options,
-            seed=args.seed,
-        )
-        record.wall_s = time.perf_counter() - started
-        results[policy] = compute_metrics(record)
-        results[policy]["predictor"] = type(predictor).__name__ if policy in options.predict_for else None
-        print(f"  {policy}: {record.wall_s:.1f} s wall, {len(record.round_ms)} rounds", file=sys.stderr)
+    global _WORKLOAD
+    _WORKLOAD = _Workload(trace, inventory, overlay, plan_fn, options, args.predictor, args.seed)
+    workers = args.workers if args.workers is not None else _usable_cpus()
+    started = time.perf_counter()
+    try:
+        results = _replay_all(policies, workers)
+    finally:
+        _WORKLOAD = None
+    total_s = time.perf_counter() - started
+    print(f"  total: {total_s:.1f} s wall for {len(policies)} policies", file=sys.stderr)
     return {
         "trace": trace.name,
         "jobs": len(trace.jobs),
@@ -174,7 +257,11 @@ def summary(document: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    document = run(args)
+    try:
+        document = run(args)
+    except KeyboardInterrupt:
+        print("interrupted: no results written", file=sys.stderr)
+        return 130
     write_json(args.out, document)
     print(summary(document))
     return 0

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+INF = float("inf")
+
 # Availability of a GPU for a job of a given duration starting at or after a base time.
 Window = tuple[float, float]
 
@@ -49,29 +51,61 @@ def earliest_start(
     ``available[gpu]`` is when the GPU comes free (missing: never).  A single-node gang takes
     the node whose k-th earliest GPU is earliest; a multi-node gang takes the k earliest GPUs.
     """
+    if not is_single_node:
+        # the k earliest GPUs anywhere: one flat pass (same pairs, so the same sort, as per node)
+        if windows:
+            everything = [
+                (first_gap(available[g], duration_s, windows.get(g)), g)
+                for _node, gpus in node_gpus
+                for g in gpus
+                if g in available
+            ]
+        else:
+            everything = [(available[g], g) for _node, gpus in node_gpus for g in gpus if g in available]
+        if len(everything) < gpu_count:
+            return None
+        everything.sort()
+        start = everything[gpu_count - 1][0]
+        return Shadow(start, _latest(everything, start, gpu_count))
+    if gpu_count == 1:
+        return _earliest_one(node_gpus, available, duration_s, windows)
     best: Shadow | None = None
-    everything: list[tuple[float, int]] = []
     for _node, gpus in node_gpus:
         if windows:
             times = [(first_gap(available[g], duration_s, windows.get(g)), g) for g in gpus if g in available]
         else:
             times = [(available[g], g) for g in gpus if g in available]
-        if not is_single_node:
-            everything.extend(times)
-            continue
         if len(times) < gpu_count:
             continue
         times.sort()
         start = times[gpu_count - 1][0]
         if best is None or start < best.start_at:
             best = Shadow(start, _latest(times, start, gpu_count))
-    if not is_single_node:
-        if len(everything) < gpu_count:
-            return None
-        everything.sort()
-        start = everything[gpu_count - 1][0]
-        return Shadow(start, _latest(everything, start, gpu_count))
     return best
+
+
+def _earliest_one(
+    node_gpus: Iterable[tuple[int, tuple[int, ...]]],
+    available: dict[int, float],
+    duration_s: float,
+    windows: dict[int, list[Window]],
+) -> Shadow | None:
+    """`earliest_start` of one GPU, without a sort per node: the earliest GPU, ties to the
+    earlier node and then the lower GPU id (what the general single-node search picks)."""
+    best_at = INF
+    best_gpu: int | None = None
+    for _node, gpus in node_gpus:
+        node_at = INF
+        node_gpu: int | None = None
+        for g in gpus:
+            if g not in available:
+                continue
+            at = first_gap(available[g], duration_s, windows.get(g)) if windows else available[g]
+            if node_gpu is None or at < node_at or (at == node_at and g < node_gpu):
+                node_at, node_gpu = at, g
+        if node_gpu is not None and (best_gpu is None or node_at < best_at):
+            best_at, best_gpu = node_at, node_gpu
+    return None if best_gpu is None else Shadow(best_at, (best_gpu,))
 
 
 def _latest(times: list[tuple[float, int]], start: float, gpu_count: int) -> tuple[int, ...]:

@@ -7,6 +7,7 @@ job X to end" and "which types may this job use" in O(1) after an O(GPUs + jobs)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from scheduling.engine.placement import ConstraintKey, constraint_key, type_satisfies
 from scheduling.engine.types import (
@@ -79,6 +80,7 @@ class Topology:
     __slots__ = (
         "all_gpus",
         "by_type",
+        "derived",
         "eligible_cache",
         "gpu_node",
         "gpu_type",
@@ -121,6 +123,9 @@ class Topology:
         self.all_gpus: tuple[int, ...] = tuple(g for node in nodes for g in node.gpu_ids)
         self.node_types: list[str] = [node.gpu_type for node in nodes]
         self.eligible_cache: dict[ConstraintKey, tuple[str, ...]] = {}
+        # anything else derived from the nodes alone that callers want to keep across rounds
+        # (key: a tuple starting with the caller's name); bounded by what callers ask for
+        self.derived: dict[tuple[Any, ...], Any] = {}
 
 
 _TOPOLOGIES: list[Topology] = []

@@ -6,9 +6,16 @@ higher-priority waiting work ahead of it, so a job deep in the queue does not ge
 Idle reasons follow one precedence:
 down > draining > allocated_but_idle > scheduler_latency > reserved_unused > quota_blocked >
 constraint_mismatch > fragmentation > no_demand.
+
+The sentences and ETAs of a long queue are most of a round's cost, and a caller that acts on
+the plan (a replay) never reads them, so `build_plan` computes them when ``Plan.pending`` is
+first read (see `_LazyPlan`); reason codes and idle reasons are computed at once.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from typing import Any
 
 from scheduling.engine.outcome import Verdict
 from scheduling.engine.scheduler import Scheduler, fmt_s
@@ -133,26 +140,67 @@ def _still_fragmented(sched: Scheduler, job: JobRequest) -> bool:
     return sum(pool.free_count(name) for name in sched.types_for(job)) >= job.gpu_count
 
 
+Kind = tuple[tuple[str, ...], PendingReason]  # (eligible types, reason code) of a waiting job
+
+
+def waiting_kinds(sched: Scheduler, queue: list[JobRequest]) -> set[Kind]:
+    """The distinct (eligible types, reason code) of the jobs of ``queue`` not started this
+    round, reasons as `explain_pending` gives them: all idle reasons need to know of the queue
+    (a few pairs, however long the queue)."""
+    started = {start.job_id for start in sched.out.starts}
+    verdicts = sched.out.verdicts
+    state = sched.state
+    eligible_types = state.eligible_types
+    type_order = state.type_order
+    priority = PendingReason.PRIORITY
+    kinds: set[Kind] = set()
+    for job in queue:
+        job_id = job.id
+        if job_id in started:
+            continue
+        verdict = verdicts.get(job_id)
+        if job.gpu_type is None and not job.precisions and job.min_memory_gib <= 0:
+            types = type_order  # what `eligible_types` gives an unconstrained job, without the call
+        else:
+            types = eligible_types(job)
+        kinds.add((types, priority if verdict is None else verdict.reason))
+    return kinds
+
+
+def fragmented_types(sched: Scheduler, queue: list[JobRequest], kinds: Collection[Kind]) -> set[str]:
+    """GPU types of waiting jobs that fragmentation blocks and that still have enough fitting
+    GPUs free in total after this round's starts (`_still_fragmented`); one pass over the queue
+    only when some job waits for that reason."""
+    if not any(reason == PendingReason.FRAGMENTATION for _types, reason in kinds):
+        return set()
+    started = {start.job_id for start in sched.out.starts}
+    verdicts = sched.out.verdicts
+    types: set[str] = set()
+    for job in queue:
+        verdict = verdicts.get(job.id)
+        if verdict is None or verdict.reason != PendingReason.FRAGMENTATION or job.id in started:
+            continue
+        if _still_fragmented(sched, job):
+            types.update(sched.state.eligible_types(job))
+    return types
+
+
 def idle_reasons(
-    sched: Scheduler, explanations: tuple[PendingExplanation, ...]
+    sched: Scheduler, kinds: Collection[Kind], fragmented: Collection[str]
 ) -> tuple[tuple[int, IdleReason], ...]:
-    """Exactly one reason for every GPU idle after this plan (and for allocated-but-idle ones)."""
+    """Exactly one reason for every GPU idle after this plan (and for allocated-but-idle ones);
+    ``kinds``: the waiting jobs' types and reasons (`waiting_kinds`); ``fragmented``: the types
+    whose idle GPUs fragmentation explains (`fragmented_types`)."""
     state = sched.state
     started: set[int] = set(sched.started_end)
     telemetry_idle = state.snapshot.gpus_in_use_idle
-    reasons_by_job = {e.job_id: e.reason for e in explanations}
-    pending = [job for job in state.snapshot.pending if job.id in reasons_by_job]
+    pending = bool(kinds)
     eligible: set[str] = set()
     quota: set[str] = set()
-    fragmented: set[str] = set()
-    for job in pending:
-        types = state.eligible_types(job)
+    for types, reason in kinds:
         eligible.update(types)
-        reason = reasons_by_job[job.id]
         if reason == PendingReason.QUOTA:
             quota.update(types)
-        elif reason == PendingReason.FRAGMENTATION and _still_fragmented(sched, job):
-            fragmented.update(types)
     held: set[int] = set()
     fragment_held: set[int] = set()
     top = sched.top
@@ -208,17 +256,61 @@ def idle_reasons(
     return tuple(result)
 
 
+_UNSET: Any = object()
+_PENDING = Plan.__dict__["pending"]  # the slot behind the dataclass field
+
+
+class _LazyPlan(Plan):
+    """A `Plan` whose ``pending`` explanations are computed on first read, then kept.
+
+    It is a `Plan` in every other respect: fields, equality (between plans of this class),
+    ``dataclasses.replace``, pickling and ``asdict`` all read ``pending`` and so compute it.
+    The explainer reads only the finished round's scheduler, which nothing changes any more.
+    """
+
+    __slots__ = ("_explain",)
+    _explain: Callable[[], tuple[PendingExplanation, ...]] | None
+
+    def __init__(
+        self, explain: Callable[[], tuple[PendingExplanation, ...]] | None = None, **fields: Any
+    ) -> None:
+        object.__setattr__(self, "_explain", explain)
+        if explain is not None:
+            fields["pending"] = _UNSET
+        super().__init__(**fields)
+
+    @property
+    def pending(self) -> tuple[PendingExplanation, ...]:
+        value = _PENDING.__get__(self, Plan)
+        if value is _UNSET:
+            explain = self._explain
+            assert explain is not None, "a lazy plan keeps its explainer until it has run"
+            value = explain()
+            _PENDING.__set__(self, value)
+            object.__setattr__(self, "_explain", None)
+        return value  # type: ignore[no-any-return]
+
+    @pending.setter
+    def pending(self, value: tuple[PendingExplanation, ...]) -> None:
+        # only the dataclass __init__ and unpickling get here (the plan is frozen)
+        _PENDING.__set__(self, value)
+
+
+def _idle(sched: Scheduler, queue: list[JobRequest]) -> tuple[tuple[int, IdleReason], ...]:
+    kinds = waiting_kinds(sched, queue)
+    return idle_reasons(sched, kinds, fragmented_types(sched, queue, kinds))
+
+
 def build_plan(sched: Scheduler, queue: list[JobRequest], *, is_strict_order: bool = False) -> Plan:
-    """Freeze a scheduler's decisions into a `Plan` with all explanations."""
-    explanations = explain_pending(sched, queue, is_strict_order=is_strict_order)
+    """Freeze a scheduler's decisions into a `Plan`; explanations are computed when read."""
     out = sched.out
-    return Plan(
+    return _LazyPlan(
+        lambda: explain_pending(sched, queue, is_strict_order=is_strict_order),
         starts=tuple(out.starts),
         preemptions=tuple(out.preemptions),
         reservations=tuple(out.reservations),
         releases=tuple(out.releases),
-        pending=explanations,
-        idle=idle_reasons(sched, explanations),
+        idle=_idle(sched, queue),
         notes=tuple(out.notes),
         next_round_at=out.next_round_at,
     )

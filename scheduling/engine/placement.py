@@ -99,6 +99,7 @@ class FreePool:
         "_held",
         "_held_nodes",
         "_max_size",
+        "_memo",
         "_node_type",
         "_nonempty",
         "_plain",
@@ -123,25 +124,36 @@ class FreePool:
         self._gpu_node = gpu_node
         self._max_size = max_size
         self._free: dict[int, list[int]] = {}
+        free = self._free
         for gpu in sorted(free_gpus):
-            self._free.setdefault(gpu_node[gpu], []).append(gpu)
+            node_gpus = free.get(gpu_node[gpu])
+            if node_gpus is None:
+                free[gpu_node[gpu]] = [gpu]
+            else:
+                node_gpus.append(gpu)
+        # results of `find` since the pool last changed: explanations ask the same question
+        # (e.g. "could it fit ignoring holds") for many jobs of a round
+        self._memo: dict[tuple[tuple[str, ...], int, float, float, int, bool], tuple[int, ...] | None] = {}
         self._held: dict[int, Hold] = {}
         # per type: hold -> its free GPUs, so "how many GPUs may this query use" is O(holds)
         self._groups: dict[str, dict[Hold, set[int]]] = {name: {} for name in self._max_size}
-        self._plain: dict[int, int] = {i: len(gpus) for i, gpus in self._free.items()}
+        self._plain: dict[int, int] = {}
         self._buckets: dict[str, list[set[int]]] = {
             name: [set() for _ in range(size + 1)] for name, size in self._max_size.items()
         }
         self._held_nodes: dict[str, set[int]] = {name: set() for name in self._max_size}
         self._nonempty: dict[str, set[int]] = {name: set() for name in self._max_size}
-        self._type_free: dict[str, int] = dict.fromkeys(self._max_size, 0)
-        self._type_plain: dict[str, int] = dict.fromkeys(self._max_size, 0)
-        for node_index, gpus in self._free.items():
-            name = self._node_type[node_index]
-            self._buckets[name][len(gpus)].add(node_index)
-            self._nonempty[name].add(node_index)
-            self._type_free[name] += len(gpus)
-            self._type_plain[name] += len(gpus)
+        type_free: dict[str, int] = dict.fromkeys(self._max_size, 0)
+        plain, buckets, nonempty = self._plain, self._buckets, self._nonempty
+        for node_index, gpus in free.items():
+            name = node_types[node_index]
+            count = len(gpus)
+            plain[node_index] = count
+            buckets[name][count].add(node_index)
+            nonempty[name].add(node_index)
+            type_free[name] += count
+        self._type_free = type_free
+        self._type_plain: dict[str, int] = dict(type_free)
 
     # ---- reads ----
 
@@ -189,6 +201,7 @@ class FreePool:
 
     def take(self, gpus: Iterable[int]) -> None:
         """Remove GPUs from the pool (they were started on, claimed or set aside)."""
+        self._memo.clear()
         for gpu in gpus:
             node = self._gpu_node[gpu]
             free = self._free[node]
@@ -212,26 +225,38 @@ class FreePool:
 
     def hold(self, gpus: Iterable[int], hold: Hold) -> None:
         """Put a hold on free GPUs (non-free ones are ignored); holds on one GPU merge."""
+        self._memo.clear()
+        free, held, gpu_node, node_types = self._free, self._held, self._gpu_node, self._node_type
+        # the group of GPUs under ``hold`` itself, per type (looked up once: hashing a Hold is not free)
+        own_group: dict[str, set[int]] = {}
         for gpu in gpus:
-            node = self._gpu_node.get(gpu)
-            if node is None or gpu not in self._free.get(node, ()):
+            node = gpu_node.get(gpu)
+            if node is None:
                 continue
-            name = self._node_type[node]
-            groups = self._groups[name]
-            previous = self._held.get(gpu)
+            node_free = free.get(node)
+            if node_free is None or gpu not in node_free:
+                continue
+            name = node_types[node]
+            previous = held.get(gpu)
             if previous is None:
-                merged = hold
                 self._type_plain[name] -= 1
                 self._move(node, name, self._plain[node] - 1)
                 self._held_nodes[name].add(node)
+                group = own_group.get(name)
+                if group is None:
+                    group = own_group[name] = self._groups[name].setdefault(hold, set())
+                group.add(gpu)
+                held[gpu] = hold
             else:
+                own_group.pop(name, None)  # the merge below may drop or replace that group
+                groups = self._groups[name]
                 merged = previous.merge(hold)
                 group = groups[previous]
                 group.discard(gpu)
                 if not group:
                     del groups[previous]
-            self._held[gpu] = merged
-            groups.setdefault(merged, set()).add(gpu)
+                held[gpu] = merged
+                groups.setdefault(merged, set()).add(gpu)
 
     def _move(self, node: int, name: str, count: int) -> None:
         buckets = self._buckets[name]
@@ -312,8 +337,25 @@ class FreePool:
         """
         strict = until if strict_until is None else strict_until
         mode = (2 if is_checkpointing else 1) if is_lent else (3 if is_interactive else 0)
+        # the chooser's answer depends on more than the pool (drain times, pinning): not memoised
         if self._chooser is not None:
             return self._chooser.choose(self, gpu_types, gpu_count, until=until, strict=strict, mode=mode)
+        key = (tuple(gpu_types), gpu_count, until, strict, mode, prefer_type_order)
+        if key in self._memo:
+            return self._memo[key]
+        found = self._find(gpu_types, gpu_count, until, strict, mode, prefer_type_order)
+        self._memo[key] = found
+        return found
+
+    def _find(
+        self,
+        gpu_types: Sequence[str],
+        gpu_count: int,
+        until: float,
+        strict: float,
+        mode: int,
+        prefer_type_order: bool,
+    ) -> tuple[int, ...] | None:
         best: tuple[int, int, tuple[int, ...]] | None = None  # (leftover, rank, gpus)
         for rank, name in enumerate(gpu_types):
             if self._type_free.get(name, 0) < gpu_count:
@@ -367,10 +409,24 @@ class FreePool:
     ) -> tuple[int, tuple[int, ...]] | None:
         # the caller checked usable_count >= gpu_count, so a multi-node gang always fits
         per_node: list[tuple[int, int, list[int]]] = []
+        held_nodes = self._held_nodes[name]
+        free = self._free
+        held_map = self._held
+        # held GPUs this query may use: decided once per hold, not once per GPU
+        allowed: set[int] = set()
+        for hold, held_gpus in self._groups.get(name, {}).items():
+            if self._hold_allows(hold, until, strict, is_lent):
+                allowed.update(held_gpus)
         for node in self._nonempty[name]:
-            usable = self.node_usable(node, until=until, strict_until=strict, is_lent=is_lent)
-            if usable:
-                per_node.append((-len(usable), node, usable))
+            gpus = free[node]
+            if node in held_nodes:
+                # as `node_usable`: plain GPUs first, then held ones released in time
+                usable = [g for g in gpus if g not in held_map]
+                usable += [g for g in gpus if g in allowed]
+                if usable:
+                    per_node.append((-len(usable), node, usable))
+            else:  # no hold on the node: all its free GPUs (read only below)
+                per_node.append((-len(gpus), node, gpus))
         per_node.sort()
         chosen: list[int] = []
         remaining = gpu_count

@@ -120,6 +120,7 @@ class Scheduler:
         self.round_promised: set[int] = set()
         self._headroom_done = False
         self._types_cache: dict[tuple[str, ...], list[str]] = {}
+        self._nodes_cache: dict[tuple[tuple[str, ...], bool], tuple[tuple[int, tuple[int, ...]], ...]] = {}
         topology = state.topology
         self._max_size = topology.max_size
         free = set(topology.up_gpus.difference(state.running_by_gpu))
@@ -193,15 +194,32 @@ class Scheduler:
 
     def nodes_for(self, job: JobRequest | None, types: Sequence[str]) -> Iterator[int]:
         """Schedulable node indexes of the given types that the job may use (static partition)."""
-        wanted = set(types)
+        return (i for i, _gpus in self.node_gpus_for(job, types))
+
+    def node_gpus_for(
+        self, job: JobRequest | None, types: Sequence[str]
+    ) -> tuple[tuple[int, tuple[int, ...]], ...]:
+        """(node index, GPU ids) of `nodes_for`, in node order; built once per round and key."""
         is_interactive = job is None or job.kind == JobKind.INTERACTIVE
-        for i in self.schedulable:
-            node = self.state.nodes[i]
-            if node.gpu_type not in wanted:
-                continue
-            if self.partition_nodes and ((i in self.partition_nodes) != is_interactive):
-                continue
-            yield i
+        key = (tuple(types), is_interactive)
+        cached = self._nodes_cache.get(key)
+        if cached is None:
+            partition = self.partition_nodes
+            # the same nodes every round of one inventory: kept on the (shared) topology
+            shared = self.state.topology.derived
+            shared_key = ("node_gpus_for", key, partition)
+            cached = shared.get(shared_key)
+            if cached is None:
+                wanted = set(types)
+                nodes = self.state.nodes
+                cached = shared[shared_key] = tuple(
+                    (i, nodes[i].gpu_ids)
+                    for i in self.schedulable
+                    if nodes[i].gpu_type in wanted
+                    and not (partition and ((i in partition) != is_interactive))
+                )
+            self._nodes_cache[key] = cached
+        return cached
 
     def is_single_node(self, types: Sequence[str], gpu_count: int) -> bool:
         return gpu_count <= max((self._max_size.get(t, 0) for t in types), default=0)
@@ -219,14 +237,25 @@ class Scheduler:
             end = min(end, kill_time(self.state, running))
         return end
 
-    def _booking_available(self, types: Sequence[str], blocked: set[int], free: set[int]) -> dict[int, float]:
+    def _booking_available(
+        self, types: Sequence[str], blocked: set[int], free: set[int], ends: dict[int, float]
+    ) -> dict[int, float]:
+        """``ends``: this round's `_booking_availability` of GPUs not free (it depends only on
+        what runs there), filled as asked, shared by the bookings placed in one round."""
         available: dict[int, float] = {}
-        for i in self.nodes_for(None, types):
-            for gpu in self.state.nodes[i].gpu_ids:
-                if gpu not in blocked:
-                    at = self._booking_availability(gpu, free)
-                    if at < INF:
-                        available[gpu] = at
+        now = self.now
+        for _i, gpu_ids in self.node_gpus_for(None, types):
+            for gpu in gpu_ids:
+                if gpu in blocked:
+                    continue
+                if gpu in free:
+                    available[gpu] = now
+                    continue
+                at = ends.get(gpu)
+                if at is None:
+                    at = ends[gpu] = self._booking_availability(gpu, free)
+                if at < INF:
+                    available[gpu] = at
         return available
 
     def _place_bookings(self, free: set[int]) -> None:
@@ -236,6 +265,7 @@ class Scheduler:
             key=lambda b: (b.start_at, b.id),
         )
         taken: list[tuple[Booking, tuple[int, ...]]] = [(b, b.gpu_ids) for b in bookings if b.gpu_ids]
+        ends: dict[int, float] = {}
         for booking in bookings:
             gpus = booking.gpu_ids
             if not gpus:
@@ -248,8 +278,8 @@ class Scheduler:
                 types = state.booking_types(booking)
                 single = self.is_single_node(types, booking.gpu_count)
                 shadow = earliest_start(
-                    node_gpus=((i, state.nodes[i].gpu_ids) for i in self.nodes_for(None, types)),
-                    available=self._booking_available(types, blocked, free),
+                    node_gpus=self.node_gpus_for(None, types),
+                    available=self._booking_available(types, blocked, free, ends),
                     gpu_count=booking.gpu_count,
                     is_single_node=single,
                     duration_s=0.0,
@@ -503,7 +533,6 @@ class Scheduler:
 
     def reserve_top(self, job: JobRequest, types: Sequence[str], estimate: Estimate) -> None:
         """Make the blocked head job the top job: reclaim lent work for it, or reserve its shadow."""
-        state = self.state
         pool = self.pool_for(job)
         single = self.is_single_node(types, job.gpu_count)
         if self.knobs.can_preempt and self._reclaim(job, types, estimate, single=single):
@@ -511,7 +540,7 @@ class Scheduler:
         if self.knobs.can_preempt and reclaim_for_wide(self, job, types, estimate):
             return
         shadow = earliest_start(
-            node_gpus=((i, state.nodes[i].gpu_ids) for i in self.nodes_for(job, types)),
+            node_gpus=self.node_gpus_for(job, types),
             available=self.availability(for_job=job.id),
             gpu_count=job.gpu_count,
             is_single_node=single,
@@ -593,6 +622,12 @@ class Scheduler:
         # GPUs promised to a demand earlier in this round are not arriving for this one
         for gpu in self.round_promised:
             incoming.pop(gpu, None)
+        may_take = self._may_take_for(job, types, estimate, single, is_quota_claim=is_quota_claim)
+        if not incoming and not any(
+            is_reclaimable(running, excluded=self.out.preempted) and (may_take is None or may_take(running))
+            for running in state.snapshot.running
+        ):
+            return False  # no victim and nothing arriving: a plan could only use free GPUs
         reclaim = plan_reclaim(
             state,
             node_indexes=self.nodes_for(job, types),
@@ -601,7 +636,7 @@ class Scheduler:
             incoming=incoming,
             excluded_jobs=self.out.preempted,
             is_single_node=single,
-            may_take=self._may_take_for(job, types, estimate, single, is_quota_claim=is_quota_claim),
+            may_take=may_take,
         )
         if reclaim is None or (not reclaim.victims and not reclaim.incoming_gpus):
             return False
@@ -670,16 +705,21 @@ class Scheduler:
         victim therefore cannot start a cascade against work that was there before it.
         """
         latest_kill = self.now + self.policy.grace_s
-        shadow = self._regular_shadow(job, types, estimate, single)
-        in_way_after = -INF if shadow is None else shadow.start_at
         end_hold = self.state.end_hold
+        in_way: list[float] = []  # the shadow time, computed once and only if a cheap test passes
+
+        def in_way_after() -> float:
+            if not in_way:
+                shadow = self._regular_shadow(job, types, estimate, single)
+                in_way.append(-INF if shadow is None else shadow.start_at)
+            return in_way[0]
 
         def may_take(running: RunningJob) -> bool:
             return (
                 running.job.is_checkpointable
                 and running.started_at >= job.submit_at
-                and end_hold[running.job.id] >= in_way_after
                 and kill_time(self.state, running) <= latest_kill
+                and end_hold[running.job.id] >= in_way_after()
             )
 
         return may_take
@@ -688,9 +728,8 @@ class Scheduler:
         self, job: JobRequest, types: Sequence[str], estimate: Estimate, single: bool
     ) -> Shadow | None:
         """The top job's shadow time if nothing were reclaimed for it."""
-        state = self.state
         return earliest_start(
-            node_gpus=((i, state.nodes[i].gpu_ids) for i in self.nodes_for(job, types)),
+            node_gpus=self.node_gpus_for(job, types),
             available=self.availability(for_job=job.id, with_reclaim=False),
             gpu_count=job.gpu_count,
             is_single_node=single,

@@ -18,11 +18,13 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Required, TypedDict, Unpack
 
 from scheduling.backends.simulator import SimulatorBackend, TransitionKind
 from scheduling.engine.types import (
     Booking,
     ClusterSnapshot,
+    IdleReason,
     JobKind,
     JobRequest,
     Plan,
@@ -38,6 +40,8 @@ from scheduling.sim.trace import Trace
 PlanFn = Callable[..., Plan]  # plan_round(snapshot, policy=PolicyConfig, now=float) -> Plan
 
 POLICIES = ("fifo", "easy", "static", "berth")
+
+_REASON_VALUE = {reason: reason.value for reason in IdleReason}  # cheaper than the enum's .value
 
 # Event kinds, in processing order within one instant.
 _ARRIVE, _SESSION, _BK_CREATE, _BK_WAKE, _BK_OWNER_IN, _BK_OWNER_OUT, _BK_END, _WAKE, _TICK = range(9)
@@ -146,31 +150,45 @@ def policy_config(
     return PolicyConfig(name=policy, seed=seed, interactive_partition=tuple(sorted(partition)))
 
 
+class ReplaySetup(TypedDict, total=False):
+    """The keyword arguments of `Replay` and `run_replay` (one declaration for both).
+
+    ``policy`` and ``plan_fn`` are required; ``predictor`` gives runtime predictions to the
+    policies in ``options.predict_for``; ``seed`` (default 0) seeds the policy set-up;
+    ``config`` overrides the policy set-up of `policy_config`.
+    """
+
+    policy: Required[str]
+    plan_fn: Required[PlanFn]
+    predictor: RuntimePredictor | None
+    options: ReplayOptions | None
+    seed: int
+    config: PolicyConfig | None
+
+
+_SETUP_KEYS = ReplaySetup.__required_keys__ | ReplaySetup.__optional_keys__
+
+
 class Replay:
     """One policy over one workload.  Use `run_replay` unless you need the internals."""
 
     def __init__(
-        self,
-        trace: Trace,
-        inventory: Inventory,
-        overlay: Overlay,
-        *,
-        policy: str,
-        plan_fn: PlanFn,
-        predictor: RuntimePredictor | None = None,
-        options: ReplayOptions | None = None,
-        seed: int = 0,
-        config: PolicyConfig | None = None,
+        self, trace: Trace, inventory: Inventory, overlay: Overlay, **setup: Unpack[ReplaySetup]
     ) -> None:
+        unknown = set(setup) - _SETUP_KEYS
+        if unknown:
+            raise TypeError(f"unexpected replay arguments: {', '.join(sorted(unknown))}")
+        policy = setup["policy"]
         self.trace = trace
         self.inventory = inventory
         self.overlay = overlay
         self.policy = policy
-        self.plan_fn = plan_fn
-        self.options = options or ReplayOptions()
+        self.plan_fn = setup["plan_fn"]
+        self.options = setup.get("options") or ReplayOptions()
+        predictor = setup.get("predictor")
         self.predictor = predictor if policy in self.options.predict_for else None
-        self.config = config or policy_config(
-            policy, inventory=inventory, overlay=overlay, options=self.options, seed=seed
+        self.config = setup.get("config") or policy_config(
+            policy, inventory=inventory, overlay=overlay, options=self.options, seed=setup.get("seed", 0)
         )
         self.backend = SimulatorBackend(inventory.nodes, strict=self.options.strict)
         self.record = ReplayRecord(capacity_gpus=inventory.capacity_gpus)
@@ -606,9 +624,10 @@ class Replay:
     def _count_idle(self, plan: Plan) -> None:
         counts: Counter[str] = Counter()
         explained = 0
+        is_free = self.backend.is_free
         for gpu_id, reason in plan.idle:
-            if self.backend.is_free(gpu_id):
-                counts[reason.value] += 1
+            if is_free(gpu_id):
+                counts[_REASON_VALUE[reason]] += 1
                 explained += 1
         missing = self.backend.free_gpu_count - explained
         if missing > 0:
@@ -648,25 +667,8 @@ class Replay:
 
 
 def run_replay(
-    trace: Trace,
-    inventory: Inventory,
-    overlay: Overlay,
-    *,
-    policy: str,
-    plan_fn: PlanFn,
-    predictor: RuntimePredictor | None = None,
-    options: ReplayOptions | None = None,
-    seed: int = 0,
+    trace: Trace, inventory: Inventory, overlay: Overlay, **setup: Unpack[ReplaySetup]
 ) -> ReplayRecord:
-    """Replay ``trace`` + ``overlay`` on ``inventory`` under ``policy``; deterministic for a seed."""
-    replay = Replay(
-        trace,
-        inventory,
-        overlay,
-        policy=policy,
-        plan_fn=plan_fn,
-        predictor=predictor,
-        options=options,
-        seed=seed,
-    )
-    return replay.run()
+    """Replay ``trace`` + ``overlay`` on ``inventory`` under ``setup["policy"]``; deterministic
+    for a seed (see `ReplaySetup` for the arguments)."""
+    return Replay(trace, inventory, overlay, **setup).run()

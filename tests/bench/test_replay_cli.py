@@ -100,3 +100,29 @@ def test_engine_scale_snapshot_is_consistent() -> None:
     node_of = {g: node.id for node in snapshot.nodes for g in node.gpu_ids}
     assert all(len({node_of[g] for g in running.gpu_ids}) == 1 for running in snapshot.running)
     assert len(snapshot.pending) == 50
+
+
+def test_replay_cli_gives_the_same_document_in_parallel(tmp_path: Path) -> None:
+    def run(workers: int) -> dict[str, object]:
+        out = tmp_path / f"replay_{workers}.json"
+        replay.main(
+            [
+                "--trace", str(SAMPLES / "pwa_kth_sp2_1996_sample.csv.gz"),
+                "--cluster", "20x1",
+                "--policies", "fifo,easy,static",
+                "--interactive-share", "0.05",
+                "--limit-jobs", "60",
+                "--engine", STANDIN,
+                "--workers", str(workers),
+                "--out", str(out),
+            ]
+        )  # fmt: skip
+        document = json.loads(out.read_text())
+        for metrics in document["policies"].values():
+            for key in [k for k in metrics if k == "wall_s" or k.startswith("round_ms")]:
+                del metrics[key]
+        return document
+
+    parallel = run(3)
+    assert list(parallel["policies"]) == ["fifo", "easy", "static"]  # the order asked for
+    assert parallel == run(1)
