@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from scheduling.engine.cluster import RoundState
 from scheduling.engine.fairshare import fairshare_factors
@@ -72,3 +73,71 @@ def priority_orders(state: RoundState) -> tuple[list[JobRequest], list[JobReques
     scores, bonus = priority_scores(state)
     with_bonus = {job_id: score + bonus[job_id] for job_id, score in scores.items()}
     return _ordered(state.snapshot.pending, scores), _ordered(state.snapshot.pending, with_bonus)
+
+
+@dataclass(frozen=True, slots=True)
+class SlowdownOrder:
+    """Berth's queue order: expected slowdown x fair share, with a hard starvation bound.
+
+    A job's *expansion factor* ``(wait + p) / p`` (``p``: its predicted median runtime, at
+    least ``runtime_floor_s``) is the slowdown it would have if it started now.  Ordering by
+    it (largest first, "LXF") lets a short job jump a long one once it has waited a sizeable
+    share of its own runtime, which is what cuts mean wait and bounded slowdown, while every
+    waiting job's factor keeps growing, so a long job rises too.  Fair share multiplies the
+    factor by ``2 ** (fairshare_weight * (2 F - 1))`` (x1 at a fair share, x2 for an idle
+    project, x1/2 for a heavy one), so projects above their share yield to those below.
+
+    Starvation bound: a job that has waited ``starvation_s`` goes ahead of every job that has
+    not, oldest first, so it becomes the top job (and gets the EASY reservation) at the latest
+    then.  Its wait is therefore bounded by ``starvation_s`` plus one EASY wait behind older
+    starved jobs, whatever the mix of newer short jobs.
+    """
+
+    # Runtimes below this count as this long: a 5-second job waiting a minute is not "13x
+    # slowed down" in any way a user notices; the same floor role as bounded slowdown's 10 s,
+    # at the scale of a scheduling round and a minimum runtime.
+    runtime_floor_s: float = 300.0
+    starvation_s: float = 86_400.0
+
+
+def slowdown_orders(state: RoundState, order: SlowdownOrder) -> tuple[list[JobRequest], list[JobRequest]]:
+    """(priority order, backfill order) for berth; see `SlowdownOrder`.
+
+    Interactive sessions first, then explicit priority classes, then starved jobs by age,
+    then the rest by fair-share-weighted expansion factor.  Backfill candidates are taken
+    shortest predicted GPU-time first (the short-job bonus on top of that order), so the
+    holes before the top job's reservation go to the work that fits them best.
+    """
+    policy = state.policy
+    factors = fairshare_factors(state.snapshot, state.types, state.gpu_type)
+    now = state.now
+    estimate = state.estimate
+    floor = order.runtime_floor_s
+    starve = order.starvation_s
+    fs_weight = policy.fairshare_weight
+    keyed: list[tuple[float, float, float, float, str, JobRequest]] = []
+    for job in state.snapshot.pending:
+        submitted = submitted_at(job)
+        wait = max(0.0, now - submitted)
+        runtime = max(estimate(job).p50_s, floor)
+        expansion = (wait + runtime) / runtime
+        expansion *= math.pow(2.0, fs_weight * (2.0 * factors.get(job.project, 1.0) - 1.0))
+        tier = 0.0
+        if job.kind == JobKind.INTERACTIVE:
+            tier = policy.interactive_priority
+        tier += 10.0 * job.priority
+        is_starved = 1.0 if wait >= starve else 0.0
+        # starved jobs rank by age alone (earliest submit first), the others by expansion
+        keyed.append((-tier, -is_starved, submitted if is_starved else -expansion, submitted, job.id, job))
+    keyed.sort(key=lambda item: item[:5])
+    queue = [item[5] for item in keyed]
+    rank = {job.id: i for i, job in enumerate(queue)}
+    backfill = sorted(
+        queue,
+        key=lambda job: (
+            job.kind != JobKind.INTERACTIVE,
+            estimate(job).p50_s * job.gpu_count,
+            rank[job.id],
+        ),
+    )
+    return queue, backfill

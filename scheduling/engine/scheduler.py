@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from scheduling.engine.backfill import Shadow, Window, earliest_start
 from scheduling.engine.cluster import Estimate, RoundState
 from scheduling.engine.outcome import Outcome
+from scheduling.engine.overdue import correct_overdue
 from scheduling.engine.placement import INF, FreePool, Hold
 from scheduling.engine.preemption import Reclaim, is_reclaimable, kill_time, plan_reclaim
 from scheduling.engine.types import (
@@ -52,6 +53,8 @@ class Knobs:
     shadow_on_p50: bool = False  # the top job's shadow time from running jobs' median ends
     shadow_on_requested: bool = False  # running jobs' ends from user estimates even when predicting
     preempts_by_consent: bool = False  # checkpointing preemptible jobs outside a guarantee run reclaimable
+    corrects_overdue: bool = False  # jobs past their user limit are expected to run on (overdue.py)
+    lends_reservation: bool = False  # the top job's reservation is lent to restartable work too (lending.py)
 
 
 _FMT_CACHE: dict[tuple[int, int], str] = {}
@@ -89,6 +92,8 @@ class Scheduler:
             is_predicted=knobs.is_predicted,
             is_running_predicted=knobs.is_predicted and not knobs.shadow_on_requested,
         )
+        if knobs.corrects_overdue:
+            correct_overdue(state)
         self.out = Outcome()
         self.now = now
         self.policy = policy
@@ -410,7 +415,8 @@ class Scheduler:
     def try_start(self, job: JobRequest, types: Sequence[str], estimate: Estimate) -> bool:
         """Start the job now if it fits without hurting anything held; lent if it must."""
         pool = self.pool_for(job)
-        until = self.now + (estimate.p50_s if self.knobs.fits_on_p50 else estimate.hold_s)
+        fits_on_p50 = self.knobs.fits_on_p50 and not self.knobs.lends_reservation
+        until = self.now + (estimate.p50_s if fits_on_p50 else estimate.hold_s)
         # a booking is honoured on the user's own limit: predictions are not promises
         strict_until = self.now + max(estimate.hold_s, job.requested_s or 0.0)
         must_lend = False
@@ -520,7 +526,7 @@ class Scheduler:
             holder=job.id,
             normal_until=shadow.start_at,
             lent_until=shadow.start_at,
-            is_checkpoint_only=True,
+            is_checkpoint_only=not self.knobs.lends_reservation,
         )
         pool.hold(shadow.gpu_ids, hold)
         self.out.reservations.append(
@@ -652,9 +658,11 @@ class Scheduler:
         in_way_after = -INF if shadow is None else shadow.start_at
         end_hold = self.state.end_hold
 
+        is_checkpoint_only = not self.knobs.lends_reservation
+
         def may_take(running: RunningJob) -> bool:
             return (
-                running.job.is_checkpointable
+                (running.job.is_checkpointable or not is_checkpoint_only)
                 and running.started_at >= job.submit_at
                 and end_hold[running.job.id] >= in_way_after
                 and kill_time(self.state, running) <= latest_kill

@@ -16,7 +16,7 @@ Order of a round:
 from __future__ import annotations
 
 from scheduling.engine.explain import build_plan
-from scheduling.engine.priority import priority_orders
+from scheduling.engine.priority import SlowdownOrder, priority_orders, slowdown_orders
 from scheduling.engine.scheduler import Knobs, Scheduler
 from scheduling.engine.types import ClusterSnapshot, Plan, PolicyConfig
 
@@ -28,15 +28,21 @@ BERTH = Knobs(
     enforces_guarantees=True,
     # Replays of the KTH log (first 2,500 jobs) showed these two help wait and slowdown: the
     # shadow time from the users' limits (as Slurm sees it) and backfill when the median fits.
-    fits_on_p50=True,
+    fits_on_p50=False,
     shadow_on_requested=True,
+    corrects_overdue=True,
 )
+
+ORDER: SlowdownOrder | None = SlowdownOrder()
 
 
 def plan_berth(snapshot: ClusterSnapshot, policy: PolicyConfig, now: float) -> Plan:
     """One berth round (see the module docstring)."""
     sched = Scheduler(snapshot, policy, now, BERTH)
     sched.reclaim_for_bookings()
-    queue, backfill = priority_orders(sched.state)
+    if ORDER is None:
+        queue, backfill = priority_orders(sched.state)
+    else:
+        queue, backfill = slowdown_orders(sched.state, ORDER)
     sched.easy_pass(queue, interactive_first=True, backfill_order=backfill)
     return build_plan(sched, queue)
