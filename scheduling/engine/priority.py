@@ -1,4 +1,4 @@
-"""Multifactor priority (Slurm style): age + fair share (+ class), and berth's short-job bonus."""
+"""Queue orders: Slurm-style multifactor priority (easy, static) and berth's slowdown order."""
 
 from __future__ import annotations
 
@@ -20,18 +20,11 @@ def fifo_order(jobs: tuple[JobRequest, ...]) -> list[JobRequest]:
     return sorted(jobs, key=lambda job: (submitted_at(job), job.id))
 
 
-def short_job_factor(gpu_seconds: float) -> float:
-    """1 for tiny jobs, about 0.5 at one GPU-hour, towards 0 for huge ones."""
-    return 1.0 / (1.0 + math.sqrt(max(gpu_seconds, 0.0) / 3_600.0))
-
-
-def priority_scores(state: RoundState) -> tuple[dict[str, float], dict[str, float]]:
-    """(base score, short-job bonus) per pending job id; higher runs first.
+def priority_scores(state: RoundState) -> dict[str, float]:
+    """Multifactor score per pending job id (easy, static); higher runs first.
 
     Interactive sessions get ``interactive_priority``; ``JobRequest.priority`` adds its class
-    bonus; age saturates at ``max_age_s``; fair share is in (0, 1].  The bonus (berth's
-    backfill order) favours short predicted GPU-time: it cuts mean wait and slowdown, while
-    the top job itself stays chosen by the base score so long jobs do not starve.
+    bonus; age saturates at ``max_age_s``; fair share is in (0, 1].
     """
     policy = state.policy
     factors = fairshare_factors(state.snapshot, state.types, state.gpu_type)
@@ -41,8 +34,6 @@ def priority_scores(state: RoundState) -> tuple[dict[str, float], dict[str, floa
     fs_weight = policy.fairshare_weight
     now = state.now
     scores: dict[str, float] = {}
-    bonus: dict[str, float] = {}
-    estimate = state.estimate
     for job in state.snapshot.pending:
         submitted = job.first_submit_at if job.first_submit_at is not None else job.submit_at
         score = min(max(0.0, now - submitted) * age_weight, cap)
@@ -52,8 +43,7 @@ def priority_scores(state: RoundState) -> tuple[dict[str, float], dict[str, floa
         if job.kind == JobKind.INTERACTIVE:
             score += policy.interactive_priority
         scores[job.id] = score
-        bonus[job.id] = policy.short_job_weight * short_job_factor(estimate(job).p50_s * job.gpu_count)
-    return scores, bonus
+    return scores
 
 
 def _ordered(jobs: tuple[JobRequest, ...], score: dict[str, float]) -> list[JobRequest]:
@@ -64,15 +54,7 @@ def _ordered(jobs: tuple[JobRequest, ...], score: dict[str, float]) -> list[JobR
 
 def priority_order(state: RoundState) -> list[JobRequest]:
     """Pending jobs by multifactor priority, highest first; ties by original submit, then id."""
-    scores, _bonus = priority_scores(state)
-    return _ordered(state.snapshot.pending, scores)
-
-
-def priority_orders(state: RoundState) -> tuple[list[JobRequest], list[JobRequest]]:
-    """(priority order, backfill order with the short-job bonus added)."""
-    scores, bonus = priority_scores(state)
-    with_bonus = {job_id: score + bonus[job_id] for job_id, score in scores.items()}
-    return _ordered(state.snapshot.pending, scores), _ordered(state.snapshot.pending, with_bonus)
+    return _ordered(state.snapshot.pending, priority_scores(state))
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,10 +69,11 @@ class SlowdownOrder:
     factor by ``2 ** (fairshare_weight * (2 F - 1))`` (x1 at a fair share, x2 for an idle
     project, x1/2 for a heavy one), so projects above their share yield to those below.
 
-    Starvation bound: a job that has waited ``starvation_s`` goes ahead of every job that has
-    not, oldest first, so it becomes the top job (and gets the EASY reservation) at the latest
-    then.  Its wait is therefore bounded by ``starvation_s`` plus one EASY wait behind older
-    starved jobs, whatever the mix of newer short jobs.
+    Starvation bound: a job that has waited ``starvation_s`` goes ahead of every job of its
+    class that has not, oldest first, so it becomes the top job (and gets the EASY
+    reservation) once the older starved jobs have started, whatever the mix of newer short
+    jobs.  A day: longer than any interactive working session, so nobody sees a job that
+    was submitted yesterday still overtaken by today's.
     """
 
     # Runtimes below this count as this long: a 5-second job waiting a minute is not "13x
@@ -104,9 +87,10 @@ def slowdown_orders(state: RoundState, order: SlowdownOrder) -> tuple[list[JobRe
     """(priority order, backfill order) for berth; see `SlowdownOrder`.
 
     Interactive sessions first, then explicit priority classes, then starved jobs by age,
-    then the rest by fair-share-weighted expansion factor.  Backfill candidates are taken
-    shortest predicted GPU-time first (the short-job bonus on top of that order), so the
-    holes before the top job's reservation go to the work that fits them best.
+    then the rest by fair-share-weighted expansion factor.  With ``short_job_weight > 0``
+    backfill candidates are taken shortest predicted GPU-time first (ties in priority order),
+    so the holes before the top job's reservation go to the work that fits them best and
+    the most jobs get through them; with 0 they are taken in priority order.
     """
     policy = state.policy
     factors = fairshare_factors(state.snapshot, state.types, state.gpu_type)
@@ -131,11 +115,14 @@ def slowdown_orders(state: RoundState, order: SlowdownOrder) -> tuple[list[JobRe
         keyed.append((-tier, -is_starved, submitted if is_starved else -expansion, submitted, job.id, job))
     keyed.sort(key=lambda item: item[:5])
     queue = [item[5] for item in keyed]
+    if policy.short_job_weight <= 0:
+        return queue, list(queue)
     rank = {job.id: i for i, job in enumerate(queue)}
     backfill = sorted(
         queue,
         key=lambda job: (
             job.kind != JobKind.INTERACTIVE,
+            -job.priority,
             estimate(job).p50_s * job.gpu_count,
             rank[job.id],
         ),

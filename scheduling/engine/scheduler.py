@@ -54,7 +54,6 @@ class Knobs:
     shadow_on_requested: bool = False  # running jobs' ends from user estimates even when predicting
     preempts_by_consent: bool = False  # checkpointing preemptible jobs outside a guarantee run reclaimable
     corrects_overdue: bool = False  # jobs past their user limit are expected to run on (overdue.py)
-    lends_reservation: bool = False  # the top job's reservation is lent to restartable work too (lending.py)
 
 
 _FMT_CACHE: dict[tuple[int, int], str] = {}
@@ -415,8 +414,7 @@ class Scheduler:
     def try_start(self, job: JobRequest, types: Sequence[str], estimate: Estimate) -> bool:
         """Start the job now if it fits without hurting anything held; lent if it must."""
         pool = self.pool_for(job)
-        fits_on_p50 = self.knobs.fits_on_p50 and not self.knobs.lends_reservation
-        until = self.now + (estimate.p50_s if fits_on_p50 else estimate.hold_s)
+        until = self.now + (estimate.p50_s if self.knobs.fits_on_p50 else estimate.hold_s)
         # a booking is honoured on the user's own limit: predictions are not promises
         strict_until = self.now + max(estimate.hold_s, job.requested_s or 0.0)
         must_lend = False
@@ -526,7 +524,7 @@ class Scheduler:
             holder=job.id,
             normal_until=shadow.start_at,
             lent_until=shadow.start_at,
-            is_checkpoint_only=not self.knobs.lends_reservation,
+            is_checkpoint_only=True,
         )
         pool.hold(shadow.gpu_ids, hold)
         self.out.reservations.append(
@@ -658,11 +656,9 @@ class Scheduler:
         in_way_after = -INF if shadow is None else shadow.start_at
         end_hold = self.state.end_hold
 
-        is_checkpoint_only = not self.knobs.lends_reservation
-
         def may_take(running: RunningJob) -> bool:
             return (
-                (running.job.is_checkpointable or not is_checkpoint_only)
+                running.job.is_checkpointable
                 and running.started_at >= job.submit_at
                 and end_hold[running.job.id] >= in_way_after
                 and kill_time(self.state, running) <= latest_kill
