@@ -16,10 +16,11 @@ Order of a round:
    age (`overdue.correct_overdue`) rather than to end within a minute, so a wide top job
    blocked by an overrunning job does not freeze the GPUs in front of it;
 6. backfill candidates are taken shortest predicted GPU-time first.  On GPUs reserved for the
-   top job, a booking or the headroom, non-preemptible work starts only if its planning
-   estimate (the p90, capped by the user's limit) ends in time; checkpointing preemptible work
-   may borrow them as lent work (past its minimum runtime it is reclaimed within the grace,
-   losing at most the work since its last checkpoint);
+   top job or a booking, non-preemptible work starts only if its planning estimate (the p90,
+   capped by the user's limit; for a booking the user's limit itself) ends in time;
+   checkpointing preemptible work may borrow those GPUs and the headroom as lent work (past
+   its minimum runtime it is reclaimed within the grace, losing at most the work since its
+   last checkpoint);
 7. work above a project's guaranteed quota runs only as preemptible.
 """
 
