@@ -106,38 +106,6 @@ def test_berth_backfills_in_front_of_a_top_job_blocked_by_an_overdue_job() -> No
     assert started(easy) == []
 
 
-def test_berth_backfills_non_preemptible_work_on_its_p90_not_its_median() -> None:
-    nodes = make_nodes(4, 1)
-    busy = running(job("r", 1, requested_s=3_000), (0,), started_at=NOW - 1_000)  # ends in 2,000 s
-    pending = [
-        job("top", 4, submit_at=NOW - 5_000),  # first in the queue (expansion 2.4)
-        # the median fits before the top job's start, the p90 does not
-        job("risky", 2, submit_at=NOW - 50, requested_s=9_000, predicted_p50_s=1_000, predicted_p90_s=6_000),
-        job("safe", 1, submit_at=NOW - 40, requested_s=9_000, predicted_p50_s=500, predicted_p90_s=1_500),
-    ]
-    plan = plan_round(snapshot(nodes, running_jobs=[busy], pending=pending), PolicyConfig(name="berth"), NOW)
-    assert started(plan) == ["safe"]
-    preemptible = [
-        pending[0],
-        job(
-            "risky",
-            2,
-            submit_at=NOW - 50,
-            requested_s=9_000,
-            predicted_p50_s=1_000,
-            predicted_p90_s=6_000,
-            is_preemptible=True,
-            is_checkpointable=True,
-        ),
-    ]
-    lent = plan_round(
-        snapshot(nodes, running_jobs=[busy], pending=preemptible), PolicyConfig(name="berth"), NOW
-    )
-    (start,) = lent.starts
-    assert start.job_id == "risky"
-    assert start.is_preemptible  # checkpointing work may borrow the reservation
-
-
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
 def test_slowdown_order_keeps_classes_and_the_starvation_bound(case: Case) -> None:
