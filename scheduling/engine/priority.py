@@ -1,8 +1,9 @@
-"""Multifactor priority (Slurm style): age + fair share (+ class), and berth's short-job bonus."""
+"""Queue orders: Slurm-style multifactor priority (easy, static) and berth's slowdown order."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from scheduling.engine.cluster import RoundState
 from scheduling.engine.fairshare import fairshare_factors
@@ -19,18 +20,11 @@ def fifo_order(jobs: tuple[JobRequest, ...]) -> list[JobRequest]:
     return sorted(jobs, key=lambda job: (submitted_at(job), job.id))
 
 
-def short_job_factor(gpu_seconds: float) -> float:
-    """1 for tiny jobs, about 0.5 at one GPU-hour, towards 0 for huge ones."""
-    return 1.0 / (1.0 + math.sqrt(max(gpu_seconds, 0.0) / 3_600.0))
-
-
-def priority_scores(state: RoundState) -> tuple[dict[str, float], dict[str, float]]:
-    """(base score, short-job bonus) per pending job id; higher runs first.
+def priority_scores(state: RoundState) -> dict[str, float]:
+    """Multifactor score per pending job id (easy, static); higher runs first.
 
     Interactive sessions get ``interactive_priority``; ``JobRequest.priority`` adds its class
-    bonus; age saturates at ``max_age_s``; fair share is in (0, 1].  The bonus (berth's
-    backfill order) favours short predicted GPU-time: it cuts mean wait and slowdown, while
-    the top job itself stays chosen by the base score so long jobs do not starve.
+    bonus; age saturates at ``max_age_s``; fair share is in (0, 1].
     """
     policy = state.policy
     factors = fairshare_factors(state.snapshot, state.types, state.gpu_type)
@@ -40,8 +34,6 @@ def priority_scores(state: RoundState) -> tuple[dict[str, float], dict[str, floa
     fs_weight = policy.fairshare_weight
     now = state.now
     scores: dict[str, float] = {}
-    bonus: dict[str, float] = {}
-    estimate = state.estimate
     for job in state.snapshot.pending:
         submitted = job.first_submit_at if job.first_submit_at is not None else job.submit_at
         score = min(max(0.0, now - submitted) * age_weight, cap)
@@ -51,8 +43,7 @@ def priority_scores(state: RoundState) -> tuple[dict[str, float], dict[str, floa
         if job.kind == JobKind.INTERACTIVE:
             score += policy.interactive_priority
         scores[job.id] = score
-        bonus[job.id] = policy.short_job_weight * short_job_factor(estimate(job).p50_s * job.gpu_count)
-    return scores, bonus
+    return scores
 
 
 def _ordered(jobs: tuple[JobRequest, ...], score: dict[str, float]) -> list[JobRequest]:
@@ -63,12 +54,77 @@ def _ordered(jobs: tuple[JobRequest, ...], score: dict[str, float]) -> list[JobR
 
 def priority_order(state: RoundState) -> list[JobRequest]:
     """Pending jobs by multifactor priority, highest first; ties by original submit, then id."""
-    scores, _bonus = priority_scores(state)
-    return _ordered(state.snapshot.pending, scores)
+    return _ordered(state.snapshot.pending, priority_scores(state))
 
 
-def priority_orders(state: RoundState) -> tuple[list[JobRequest], list[JobRequest]]:
-    """(priority order, backfill order with the short-job bonus added)."""
-    scores, bonus = priority_scores(state)
-    with_bonus = {job_id: score + bonus[job_id] for job_id, score in scores.items()}
-    return _ordered(state.snapshot.pending, scores), _ordered(state.snapshot.pending, with_bonus)
+@dataclass(frozen=True, slots=True)
+class SlowdownOrder:
+    """Berth's queue order: expected slowdown x fair share, with a hard starvation bound.
+
+    A job's *expansion factor* ``(wait + p) / p`` (``p``: its predicted median runtime, at
+    least ``runtime_floor_s``) is the slowdown it would have if it started now.  Ordering by
+    it (largest first, "LXF") lets a short job jump a long one once it has waited a sizeable
+    share of its own runtime, which is what cuts mean wait and bounded slowdown, while every
+    waiting job's factor keeps growing, so a long job rises too.  Fair share multiplies the
+    factor by ``2 ** (fairshare_weight * (2 F - 1))`` (x1 at a fair share, x2 for an idle
+    project, x1/2 for a heavy one), so projects above their share yield to those below.
+
+    Starvation bound: a job that has waited ``starvation_s`` goes ahead of every job of its
+    class that has not, oldest first, so it becomes the top job (and gets the EASY
+    reservation) once the older starved jobs have started, whatever the mix of newer short
+    jobs.  A day: longer than any interactive working session, so nobody sees a job that
+    was submitted yesterday still overtaken by today's.
+    """
+
+    # Runtimes below this count as this long: a 5-second job waiting a minute is not "13x
+    # slowed down" in any way a user notices; the same floor role as bounded slowdown's 10 s,
+    # at the scale of a scheduling round and a minimum runtime.
+    runtime_floor_s: float = 300.0
+    starvation_s: float = 86_400.0
+
+
+def slowdown_orders(state: RoundState, order: SlowdownOrder) -> tuple[list[JobRequest], list[JobRequest]]:
+    """(priority order, backfill order) for berth; see `SlowdownOrder`.
+
+    Interactive sessions first, then explicit priority classes, then starved jobs by age,
+    then the rest by fair-share-weighted expansion factor.  With ``short_job_weight > 0``
+    backfill candidates are taken shortest predicted GPU-time first (ties in priority order),
+    so the holes before the top job's reservation go to the work that fits them best and
+    the most jobs get through them; with 0 they are taken in priority order.
+    """
+    policy = state.policy
+    factors = fairshare_factors(state.snapshot, state.types, state.gpu_type)
+    now = state.now
+    estimate = state.estimate
+    floor = order.runtime_floor_s
+    starve = order.starvation_s
+    fs_weight = policy.fairshare_weight
+    keyed: list[tuple[float, float, float, float, str, JobRequest]] = []
+    for job in state.snapshot.pending:
+        submitted = submitted_at(job)
+        wait = max(0.0, now - submitted)
+        runtime = max(estimate(job).p50_s, floor)
+        expansion = (wait + runtime) / runtime
+        expansion *= math.pow(2.0, fs_weight * (2.0 * factors.get(job.project, 1.0) - 1.0))
+        tier = 0.0
+        if job.kind == JobKind.INTERACTIVE:
+            tier = policy.interactive_priority
+        tier += 10.0 * job.priority
+        is_starved = 1.0 if wait >= starve else 0.0
+        # starved jobs rank by age alone (earliest submit first), the others by expansion
+        keyed.append((-tier, -is_starved, submitted if is_starved else -expansion, submitted, job.id, job))
+    keyed.sort(key=lambda item: item[:5])
+    queue = [item[5] for item in keyed]
+    if policy.short_job_weight <= 0:
+        return queue, list(queue)
+    rank = {job.id: i for i, job in enumerate(queue)}
+    backfill = sorted(
+        queue,
+        key=lambda job: (
+            job.kind != JobKind.INTERACTIVE,
+            -job.priority,
+            estimate(job).p50_s * job.gpu_count,
+            rank[job.id],
+        ),
+    )
+    return queue, backfill

@@ -21,6 +21,7 @@ from scheduling.engine.backfill import Shadow, Window, earliest_start
 from scheduling.engine.cluster import Estimate, RoundState
 from scheduling.engine.fragmentation import DrainAwareChooser, reclaim_for_wide
 from scheduling.engine.outcome import Outcome
+from scheduling.engine.overdue import correct_overdue
 from scheduling.engine.placement import INF, FreePool, Hold
 from scheduling.engine.preemption import Reclaim, is_reclaimable, kill_time, plan_reclaim
 from scheduling.engine.types import (
@@ -54,6 +55,7 @@ class Knobs:
     shadow_on_requested: bool = False  # running jobs' ends from user estimates even when predicting
     preempts_by_consent: bool = False  # checkpointing preemptible jobs outside a guarantee run reclaimable
     drain_aware: bool = False  # place where nodes' expected drain is delayed least (fragmentation.py)
+    corrects_overdue: bool = False  # jobs past their user limit are expected to run on (overdue.py)
 
 
 _FMT_CACHE: dict[tuple[int, int], str] = {}
@@ -91,6 +93,8 @@ class Scheduler:
             is_predicted=knobs.is_predicted,
             is_running_predicted=knobs.is_predicted and not knobs.shadow_on_requested,
         )
+        if knobs.corrects_overdue:
+            correct_overdue(state)
         self.out = Outcome()
         self.now = now
         self.policy = policy
