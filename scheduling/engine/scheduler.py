@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from scheduling.engine.backfill import Shadow, Window, earliest_start
 from scheduling.engine.cluster import Estimate, RoundState
+from scheduling.engine.headroom import headroom_need
 from scheduling.engine.outcome import Outcome
 from scheduling.engine.placement import INF, FreePool, Hold
 from scheduling.engine.preemption import Reclaim, is_reclaimable, kill_time, plan_reclaim
@@ -52,6 +53,7 @@ class Knobs:
     shadow_on_p50: bool = False  # the top job's shadow time from running jobs' median ends
     shadow_on_requested: bool = False  # running jobs' ends from user estimates even when predicting
     preempts_by_consent: bool = False  # checkpointing preemptible jobs outside a guarantee run reclaimable
+    lends_restartable: bool = False  # with preempts_by_consent: non-checkpointing ones too
 
 
 _FMT_CACHE: dict[tuple[int, int], str] = {}
@@ -431,7 +433,7 @@ class Scheduler:
             elif (
                 self.knobs.preempts_by_consent
                 and job.is_preemptible
-                and job.is_checkpointable
+                and (job.is_checkpointable or self.knobs.lends_restartable)
                 and not is_within_guarantee
             ):
                 # no guarantee covers it and it checkpoints on request: it runs reclaimable, so
@@ -826,25 +828,14 @@ class Scheduler:
     # ---- headroom ----
 
     def hold_headroom(self) -> None:
-        """Berth: keep ``interactive_headroom`` GPUs idle or running only reclaimable work."""
+        """Berth: keep ``interactive_headroom`` GPUs idle or running only reclaimable work
+        (minus what sessions already use or can reclaim within a grace: `headroom_need`)."""
         if not self.knobs.can_lend or not self.policy.interactive_headroom:
             return
         pool = self.inter_pool
-        state = self.state
         for type_name, count in self.policy.interactive_headroom:
             types = list(self.type_rank) if type_name == "*" else [type_name]
-            lent = sum(
-                len(r.gpu_ids)
-                for r in state.snapshot.running
-                if is_reclaimable(r, excluded=self.out.preempted)
-                and state.gpu_type.get(r.gpu_ids[0]) in types
-            )
-            lent += sum(
-                len(s.gpu_ids)
-                for s in self.out.starts
-                if s.is_preemptible and state.gpu_type[s.gpu_ids[0]] in types
-            )
-            need = count - lent
+            need = headroom_need(self, types, count)
             if need <= 0:
                 continue
             chosen = pool.pick_fragments(types, need)
