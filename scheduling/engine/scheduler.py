@@ -839,14 +839,15 @@ class Scheduler:
             if need <= 0:
                 continue
             chosen = pool.pick_fragments(types, need)
-            # lendable to checkpointing work only: a session may take it back at any moment
+            # lendable to preemptible work only: a session may take it back at any moment (after
+            # the minimum runtime), choosing the victims that lose least
             pool.hold(
                 chosen,
                 Hold(
                     holder=HEADROOM,
                     normal_until=-INF,
                     lent_until=INF,
-                    is_checkpoint_only=True,
+                    is_checkpoint_only=not self.knobs.lends_restartable,
                     is_for_interactive=True,
                 ),
             )
