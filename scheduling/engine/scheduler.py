@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from scheduling.engine.backfill import Shadow, Window, earliest_start
+from scheduling.engine.booking_fit import cheapest_booking_gpus
 from scheduling.engine.cluster import Estimate, RoundState
 from scheduling.engine.headroom import headroom_need
 from scheduling.engine.outcome import Outcome
@@ -242,13 +243,23 @@ class Scheduler:
                 }
                 types = state.booking_types(booking)
                 single = self.is_single_node(types, booking.gpu_count)
-                shadow = earliest_start(
-                    node_gpus=((i, state.nodes[i].gpu_ids) for i in self.nodes_for(None, types)),
-                    available=self._booking_available(types, blocked, free),
-                    gpu_count=booking.gpu_count,
-                    is_single_node=single,
-                    duration_s=0.0,
-                    windows={},
+                # berth: GPUs that waste least until the booking (see booking_fit)
+                cheapest = (
+                    cheapest_booking_gpus(self, booking, types, blocked, free)
+                    if self.knobs.can_preempt
+                    else None
+                )
+                shadow = (
+                    Shadow(booking.start_at, cheapest)
+                    if cheapest is not None
+                    else earliest_start(
+                        node_gpus=((i, state.nodes[i].gpu_ids) for i in self.nodes_for(None, types)),
+                        available=self._booking_available(types, blocked, free),
+                        gpu_count=booking.gpu_count,
+                        is_single_node=single,
+                        duration_s=0.0,
+                        windows={},
+                    )
                 )
                 if shadow is None:
                     self.out.notes.append(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from scheduling.engine import plan_round
-from scheduling.engine.types import JobKind, PendingReason, Plan, PolicyConfig
+from scheduling.engine.types import Booking, JobKind, PendingReason, Plan, PolicyConfig
 from tests.scheduling.engine.conftest import job, make_nodes, running, snapshot
 
 NOW = 10_000.0
@@ -130,3 +130,36 @@ def test_berth_headroom_counts_running_sessions_and_reclaimable_work_in_reach() 
     fresh = running(job("lent", 1, is_preemptible=True), (1,), started_at=NOW - 10, is_preemptible=True)
     plan = plan_round(snapshot(snap.nodes, running_jobs=[session, fresh], pending=snap.pending), policy, NOW)
     assert plan.starts == ()
+
+
+# ---- berth: future bookings waste least ----
+
+
+def test_berth_books_gpus_of_lent_work_ending_before_the_booking_not_free_ones() -> None:
+    """A booking in 10 h takes the GPU whose lent job ends shortly before it, not the free GPU,
+    which goes to non-preemptible work now; the baselines hold the free GPU."""
+    soon = running(
+        job("soon", 1, is_preemptible=True, requested_s=10 * 3_600),
+        (1,),
+        started_at=NOW - 1_800,
+        is_preemptible=True,
+    )
+    long = running(
+        job("long", 1, is_preemptible=True, requested_s=100 * 3_600),
+        (2,),
+        started_at=NOW - 5_000,
+        is_preemptible=True,
+    )
+    booking = Booking(id="b", user="v", project="q", gpu_count=1, start_at=NOW + 36_000, end_at=NOW + 40_000)
+    snap = snapshot(
+        make_nodes(3, 1),
+        running_jobs=[soon, long],
+        pending=[job("solid", 1, requested_s=20 * 3_600)],
+        bookings=(booking,),
+    )
+    plan = plan_round(snap, PolicyConfig(name="berth"), NOW)
+    (reserve,) = [r for r in plan.reservations if r.holder_id == "b"]
+    assert reserve.gpu_ids == (1,)
+    assert started(plan) == {"solid": (0,)}
+    plan = plan_round(snap, PolicyConfig(name="easy"), NOW)
+    assert started(plan) == {}
