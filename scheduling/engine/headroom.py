@@ -18,11 +18,11 @@ cluster wastes the GPUs twice over.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING
 
 from scheduling.engine.preemption import is_reclaimable, kill_time
-from scheduling.engine.types import JobKind, StartAction
+from scheduling.engine.types import JobKind, JobRequest, StartAction
 
 if TYPE_CHECKING:  # scheduler.py imports this module
     from scheduling.engine.scheduler import Scheduler
@@ -50,3 +50,20 @@ def headroom_need(sched: Scheduler, types: Collection[str], count: int) -> int:
         if job is not None and job.kind == JobKind.INTERACTIVE and gpu_type[start.gpu_ids[0]] in types:
             covered += len(start.gpu_ids)
     return count - covered
+
+
+def may_use_headroom(sched: Scheduler, job: JobRequest, types: Sequence[str]) -> bool:
+    """Whether a batch job at the head of the queue may start on headroom GPUs.
+
+    A gang wider than the cluster minus the headroom could otherwise never start: the headroom
+    is held again every round, long after sessions stop arriving.  Such a job, once it heads the
+    queue, may take headroom GPUs; sessions still reclaim lent work meanwhile.
+    """
+    if job.kind != JobKind.BATCH or not sched.knobs.can_lend or sched.top is not None:
+        return False
+    wanted = set(types)
+    level = sum(count for name, count in sched.policy.interactive_headroom if name == "*" or name in wanted)
+    if level <= 0:
+        return False
+    up = sum(len(gpus) for name, gpus in sched.state.topology.by_type.items() if name in wanted)
+    return job.gpu_count > up - level

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from scheduling.engine.backfill import Shadow, Window, earliest_start
 from scheduling.engine.booking_fit import cheapest_booking_gpus
 from scheduling.engine.cluster import Estimate, RoundState
-from scheduling.engine.headroom import headroom_need
+from scheduling.engine.headroom import headroom_need, may_use_headroom
 from scheduling.engine.outcome import Outcome
 from scheduling.engine.placement import INF, FreePool, Hold
 from scheduling.engine.preemption import Reclaim, is_reclaimable, kill_time, plan_reclaim
@@ -456,7 +456,7 @@ class Scheduler:
             job.gpu_count,
             until=until,
             strict_until=strict_until,
-            is_interactive=job.kind == JobKind.INTERACTIVE,
+            is_interactive=job.kind == JobKind.INTERACTIVE or may_use_headroom(self, job, types),
             prefer_type_order=prefer,
         )
         if gpus is not None:

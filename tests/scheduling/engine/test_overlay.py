@@ -163,3 +163,13 @@ def test_berth_books_gpus_of_lent_work_ending_before_the_booking_not_free_ones()
     assert started(plan) == {"solid": (0,)}
     plan = plan_round(snap, PolicyConfig(name="easy"), NOW)
     assert started(plan) == {}
+
+
+def test_berth_lets_a_head_job_wider_than_cluster_minus_headroom_use_the_headroom() -> None:
+    """Headroom is held again every round: a gang that only fits with it would never start."""
+    policy = PolicyConfig(name="berth", interactive_headroom=(("*", 2),))
+    snap = snapshot(make_nodes(4, 1), pending=[job("wide", 3)])
+    assert started(plan_round(snap, policy, NOW)) == {"wide": (0, 1, 2)}
+    # a job that fits beside the headroom leaves it alone
+    snap = snapshot(make_nodes(4, 1), pending=[job("a", 2), job("b", 2, submit_at=1)])
+    assert len(plan_round(snap, policy, NOW).starts) == 1
