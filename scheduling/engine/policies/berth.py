@@ -30,10 +30,11 @@ BERTH = Knobs(
     # shadow time from the users' limits (as Slurm sees it) and backfill when the median fits.
     fits_on_p50=True,
     shadow_on_requested=True,
-    # preemptible work outside any guarantee runs reclaimable, so sessions and bookings can
-    # take it back within a grace (victims chosen by least lost work)
+    # checkpointing preemptible work outside any guarantee runs reclaimable, so sessions and
+    # bookings can take it back within a grace losing at most a checkpoint interval; work that
+    # would restart from scratch is not lent (`lends_restartable`): reclaiming it for sessions
+    # lost far more work than it saved waiting
     preempts_by_consent=True,
-    lends_restartable=True,
 )
 
 

@@ -65,7 +65,7 @@ def test_static_wide_job_runs_only_at_the_head_of_the_batch_queue() -> None:
 # ---- berth: interactive sessions get GPUs within a grace ----
 
 
-def test_berth_runs_consenting_work_reclaimable_and_other_work_not() -> None:
+def test_berth_runs_consenting_checkpointing_work_reclaimable_and_other_work_not() -> None:
     snap = snapshot(
         make_nodes(3, 1),
         pending=[
@@ -78,7 +78,7 @@ def test_berth_runs_consenting_work_reclaimable_and_other_work_not() -> None:
     )
     plan = plan_round(snap, PolicyConfig(name="berth"), NOW)
     lent = {s.job_id: s.is_preemptible for s in plan.starts}
-    assert lent == {"solid": False, "restartable": True, "ckpt": True}
+    assert lent == {"solid": False, "restartable": False, "ckpt": True}
 
 
 def test_berth_session_on_a_full_cluster_starts_within_grace() -> None:
@@ -88,8 +88,10 @@ def test_berth_session_on_a_full_cluster_starts_within_grace() -> None:
     nodes = make_nodes(3, 1)
     pending = [
         job("solid", 1),
-        job("old", 1, submit_at=1, is_preemptible=True),
-        job("young", 1, submit_at=2, is_preemptible=True),
+        job("old", 1, submit_at=1, is_preemptible=True, is_checkpointable=True, checkpoint_interval_s=3_600),
+        job(
+            "young", 1, submit_at=2, is_preemptible=True, is_checkpointable=True, checkpoint_interval_s=3_600
+        ),
     ]
     plan = plan_round(snapshot(nodes, pending=pending), policy, NOW - 5_000)
     by_id = {j.id: j for j in pending}
@@ -104,7 +106,7 @@ def test_berth_session_on_a_full_cluster_starts_within_grace() -> None:
     session = job("s", 1, submit_at=NOW, kind=JobKind.INTERACTIVE)
     plan = plan_round(snapshot(nodes, running_jobs=runs, pending=[session]), policy, NOW)
     (preemption,) = plan.preemptions
-    assert preemption.job_id == "young"  # loses 900 s of work, "old" would lose 5,000 s
+    assert preemption.job_id == "young"  # loses 900 s of work, "old" 1,400 s since its checkpoint
     assert preemption.kill_at == NOW + 30
     assert explanation(plan, "s") == (PendingReason.PREEMPTING, NOW + 30)
     # once the victim is gone the session takes its GPU
