@@ -18,8 +18,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from scheduling.engine.backfill import Shadow, Window, earliest_start
+from scheduling.engine.booking_fit import cheapest_booking_gpus
 from scheduling.engine.cluster import Estimate, RoundState
 from scheduling.engine.fragmentation import DrainAwareChooser, reclaim_for_wide
+from scheduling.engine.headroom import headroom_need, may_use_headroom
 from scheduling.engine.outcome import Outcome
 from scheduling.engine.overdue import correct_overdue
 from scheduling.engine.placement import INF, FreePool, Hold
@@ -54,6 +56,7 @@ class Knobs:
     shadow_on_p50: bool = False  # the top job's shadow time from running jobs' median ends
     shadow_on_requested: bool = False  # running jobs' ends from user estimates even when predicting
     preempts_by_consent: bool = False  # checkpointing preemptible jobs outside a guarantee run reclaimable
+    lends_restartable: bool = False  # with preempts_by_consent: non-checkpointing ones too
     drain_aware: bool = False  # place where nodes' expected drain is delayed least (fragmentation.py)
     corrects_overdue: bool = False  # jobs past their user limit are expected to run on (overdue.py)
 
@@ -281,13 +284,23 @@ class Scheduler:
                 }
                 types = state.booking_types(booking)
                 single = self.is_single_node(types, booking.gpu_count)
-                shadow = earliest_start(
-                    node_gpus=self.node_gpus_for(None, types),
-                    available=self._booking_available(types, blocked, free, ends),
-                    gpu_count=booking.gpu_count,
-                    is_single_node=single,
-                    duration_s=0.0,
-                    windows={},
+                # berth: GPUs that waste least until the booking (see booking_fit)
+                cheapest = (
+                    cheapest_booking_gpus(self, booking, types, blocked, free)
+                    if self.knobs.can_preempt
+                    else None
+                )
+                shadow = (
+                    Shadow(booking.start_at, cheapest)
+                    if cheapest is not None
+                    else earliest_start(
+                        node_gpus=self.node_gpus_for(None, types),
+                        available=self._booking_available(types, blocked, free, ends),
+                        gpu_count=booking.gpu_count,
+                        is_single_node=single,
+                        duration_s=0.0,
+                        windows={},
+                    )
                 )
                 if shadow is None:
                     self.out.notes.append(
@@ -477,7 +490,7 @@ class Scheduler:
             elif (
                 self.knobs.preempts_by_consent
                 and job.is_preemptible
-                and job.is_checkpointable
+                and (job.is_checkpointable or self.knobs.lends_restartable)
                 and not is_within_guarantee
             ):
                 # no guarantee covers it and it checkpoints on request: it runs reclaimable, so
@@ -492,7 +505,7 @@ class Scheduler:
             job.gpu_count,
             until=until,
             strict_until=strict_until,
-            is_interactive=job.kind == JobKind.INTERACTIVE,
+            is_interactive=job.kind == JobKind.INTERACTIVE or may_use_headroom(self, job, types),
             prefer_type_order=prefer,
         )
         if gpus is not None:
@@ -891,36 +904,26 @@ class Scheduler:
     # ---- headroom ----
 
     def hold_headroom(self) -> None:
-        """Berth: keep ``interactive_headroom`` GPUs idle or running only reclaimable work."""
+        """Berth: keep ``interactive_headroom`` GPUs idle or running only reclaimable work
+        (minus what sessions already use or can reclaim within a grace: `headroom_need`)."""
         if not self.knobs.can_lend or not self.policy.interactive_headroom:
             return
         pool = self.inter_pool
-        state = self.state
         for type_name, count in self.policy.interactive_headroom:
             types = list(self.type_rank) if type_name == "*" else [type_name]
-            lent = sum(
-                len(r.gpu_ids)
-                for r in state.snapshot.running
-                if is_reclaimable(r, excluded=self.out.preempted)
-                and state.gpu_type.get(r.gpu_ids[0]) in types
-            )
-            lent += sum(
-                len(s.gpu_ids)
-                for s in self.out.starts
-                if s.is_preemptible and state.gpu_type[s.gpu_ids[0]] in types
-            )
-            need = count - lent
+            need = headroom_need(self, types, count)
             if need <= 0:
                 continue
             chosen = pool.pick_fragments(types, need)
-            # lendable to checkpointing work only: a session may take it back at any moment
+            # lendable to preemptible work only: a session may take it back at any moment (after
+            # the minimum runtime), choosing the victims that lose least
             pool.hold(
                 chosen,
                 Hold(
                     holder=HEADROOM,
                     normal_until=-INF,
                     lent_until=INF,
-                    is_checkpoint_only=True,
+                    is_checkpoint_only=not self.knobs.lends_restartable,
                     is_for_interactive=True,
                 ),
             )

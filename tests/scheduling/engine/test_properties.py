@@ -214,7 +214,21 @@ def check_invariants(case: Case, plan: Plan) -> None:
         if policy.name == "static" and policy.interactive_partition:
             on_partition = {n.id for n in nodes} <= set(policy.interactive_partition)
             off_partition = not ({n.id for n in nodes} & set(policy.interactive_partition))
-            assert on_partition if job.kind == JobKind.INTERACTIVE else off_partition
+            if job.kind == JobKind.INTERACTIVE:
+                assert on_partition
+            elif not off_partition:
+                # only a job that no set of up batch-side nodes could ever hold may span the partition
+                batch_sizes = [
+                    len(n.gpu_ids)
+                    for n in snap.nodes
+                    if n.status == NodeStatus.UP
+                    and n.id not in policy.interactive_partition
+                    and type_satisfies(types[n.gpu_type], constraint_key(job))
+                ]
+                if len(nodes) == 1:
+                    assert all(size < job.gpu_count for size in batch_sizes), "batch job on the partition"
+                else:
+                    assert sum(batch_sizes) < job.gpu_count, "batch job on the partition"
         # a booking's fixed GPUs are given only to work that leaves them in time
         for booking in snap.bookings:
             if booking.start_at <= NOW or not set(booking.gpu_ids) & set(start.gpu_ids):
