@@ -122,7 +122,26 @@ def test_triggered_round_that_finds_the_lock_taken_tries_once_more(engine_redis_
         assert sent == [{"args": [cluster.pk], "countdown": 2.0}]
     finally:
         other.close()  # the session ends: PostgreSQL releases its lock
+    _wait_advisory_lock_released(0x4265, cluster.pk)
     assert tasks.engine_round.run(cluster.pk)["status"] == "ok"
+
+
+def _wait_advisory_lock_released(key1: int, key2: int, *, timeout_s: float = 10.0) -> None:
+    """The server releases a closed session's locks when its backend exits, a moment after the
+    client hung up (CI once ran the next round while the lock was still held)."""
+    from django.db import connection
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s AND objid = %s",
+                [key1, key2],
+            )
+            if cursor.fetchone()[0] == 0:
+                return
+        assert time.monotonic() < deadline, "the closed session's advisory lock was never released"
+        time.sleep(0.05)
 
 
 def test_a_round_the_engine_wants_before_the_next_beat_is_scheduled(sent, settings) -> None:
