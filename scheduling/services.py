@@ -51,7 +51,6 @@ from scheduling.selectors import (
     availability_write_noted,
     booking_alternatives,
     peak_concurrent_gpus,
-    prepared_execute,
     prepared_fetchall,
 )
 
@@ -290,12 +289,14 @@ class _FreeNode:
     gpu_indexes: tuple[int, ...] = ()  # parallel to gpu_ids
 
 
-# GPUs of the type on up nodes with no blocking allocation overlapping the period.  Raw SQL:
-# it runs under the node lock of every booking, and the ORM's compilation of the NOT EXISTS
-# cost more CPU than PostgreSQL's answer.  ``NOT (state = 'released')`` is the exclusion
-# index's predicate, so the index serves the anti-join.
+# GPUs of the type on up nodes with no blocking allocation overlapping the period, one row per
+# node with its free GPUs' ids and indexes as arrays (in index order).  Raw SQL: it runs under
+# the node lock of every booking, and the ORM's compilation of the NOT EXISTS cost more CPU
+# than PostgreSQL's answer; one row per node rather than per GPU saves converting and
+# regrouping every GPU in Python.  ``NOT (state = 'released')`` is the exclusion index's
+# predicate, so the index serves the anti-join.
 _FREE_GPUS_SQL = f"""
-SELECT g.id, g.node_id, n.name, n.cluster_id, g.index
+SELECT n.id, n.name, n.cluster_id, array_agg(g.id ORDER BY g.index), array_agg(g.index ORDER BY g.index)
   FROM {Gpu._meta.db_table} g
   JOIN {Node._meta.db_table} n ON n.id = g.node_id
  WHERE n.gpu_type_id = %(gpu_type)s AND n.cluster_id = ANY(%(clusters)s) AND n.status = %(up)s
@@ -303,7 +304,8 @@ SELECT g.id, g.node_id, n.name, n.cluster_id, g.index
        SELECT 1 FROM {Allocation._meta.db_table} a
         WHERE a.gpu_id = g.id AND a.period && %(period)s AND NOT (a.state = %(released)s)
    )
- ORDER BY g.node_id, g.index
+ GROUP BY n.id
+ ORDER BY n.id
 """  # noqa: S608 - table names from the models, values bound
 
 
@@ -319,46 +321,57 @@ def _free_nodes(*, gpu_type: GpuType, cluster_ids: Sequence[int], period: DateTi
             "released": Allocation.State.RELEASED.value,
         },
     )
-    by_node: dict[int, list[int]] = defaultdict(list)
-    indexes: dict[int, list[int]] = defaultdict(list)
-    meta: dict[int, tuple[str, int]] = {}
-    for gpu_id, node_id, node_name, cluster_id, index in rows:
-        by_node[node_id].append(gpu_id)
-        indexes[node_id].append(index)
-        meta[node_id] = (node_name, cluster_id)
-    return [_FreeNode(n, meta[n][0], meta[n][1], tuple(g), tuple(indexes[n])) for n, g in by_node.items()]
+    return [
+        _FreeNode(node_id, name, cluster_id, tuple(gpu_ids), tuple(indexes))
+        for node_id, name, cluster_id, gpu_ids, indexes in rows
+    ]
 
 
-# A booking's allocations and its audit events (the booking's, then one per allocation in GPU
-# order) in one prepared statement: through the ORM these were two INSERTs whose compilation
-# cost more CPU than anything else in booking_create.  The allocation events' ``after`` is
-# ``allocation_state`` of each new allocation, built in Python as before.
-_ALLOCATIONS_INSERT_AUDITED_SQL = f"""
-WITH alloc AS (
+# A booking, its allocations and its audit events (the booking's, then one per allocation in
+# GPU order) in one prepared statement: through the ORM these were three INSERTs whose
+# compilation cost more CPU than anything else in booking_create.  The allocations reference
+# the booking inserted by the same statement (foreign keys are checked at its end).  The
+# allocation events' ``after`` is ``allocation_state`` of each new allocation, built in Python.
+_BOOKING_INSERT_AUDITED_SQL = f"""
+WITH booking AS (
+    INSERT INTO {Booking._meta.db_table}
+           (user_id, project_id, cluster_id, gpu_type_id, gpu_count, start_at, end_at, status, note,
+            created_at, updated_at, ended_at, is_in_use, status_message)
+    VALUES (%(user)s::bigint, %(project)s::bigint, %(cluster)s::bigint, %(gpu_type)s::bigint,
+            %(gpu_count)s::smallint, %(start_at)s::timestamptz, %(end_at)s::timestamptz,
+            %(status)s::varchar, %(note)s::varchar, %(created_at)s::timestamptz,
+            %(created_at)s::timestamptz, NULL, false, '')
+    RETURNING id
+),
+alloc AS (
     INSERT INTO {Allocation._meta.db_table}
            (gpu_id, booking_id, job_id, period, is_preemptible, state, created_at)
-    SELECT u.gpu, %(booking)s::bigint, NULL, %(period)s::tstzrange, false, %(state)s::varchar,
-           %(at)s::timestamptz
-      FROM unnest(%(gpus)s::bigint[]) WITH ORDINALITY AS u(gpu, ord)
+    SELECT u.gpu, booking.id, NULL, %(period)s::tstzrange, false, %(state)s::varchar, %(at)s::timestamptz
+      FROM booking, unnest(%(gpus)s::bigint[]) WITH ORDINALITY AS u(gpu, ord)
      ORDER BY u.ord
     RETURNING id, gpu_id
 ),
 events AS (
-    SELECT 0::bigint AS ord, %(booking)s::bigint AS entity_id, 'booking' AS entity_type,
+    SELECT 0::bigint AS ord, booking.id AS entity_id, 'booking' AS entity_type,
            'booking.create' AS verb, %(booking_after)s::jsonb AS after
+      FROM booking
     UNION ALL
     SELECT a.ord, alloc.id, 'allocation', 'allocation.create', a.after
       FROM alloc JOIN unnest(%(gpus)s::bigint[], %(afters)s::jsonb[]) WITH ORDINALITY AS a(gpu, after, ord)
         ON a.gpu = alloc.gpu_id
+),
+audited AS (
+    INSERT INTO {AuditEvent._meta.db_table}
+           (actor_id, actor_label, verb, entity_type, entity_id, before, after, at)
+    SELECT %(actor)s::bigint, %(label)s::varchar, verb, entity_type, entity_id, NULL, after,
+           %(at)s::timestamptz
+      FROM events ORDER BY ord
 )
-INSERT INTO {AuditEvent._meta.db_table}
-       (actor_id, actor_label, verb, entity_type, entity_id, before, after, at)
-SELECT %(actor)s::bigint, %(label)s::varchar, verb, entity_type, entity_id, NULL, after, %(at)s::timestamptz
-  FROM events ORDER BY ord
+SELECT id FROM booking
 """  # noqa: S608 - table names from the models, values bound
 
 
-def _allocations_insert_audited(
+def _booking_insert_audited(
     *,
     booking: Booking,
     gpu_ids: Sequence[int],
@@ -368,8 +381,9 @@ def _allocations_insert_audited(
     booking_after: dict[str, Any],
     at: datetime,
 ) -> None:
-    """Insert the booking's planned allocations and write ``booking.create`` and one
-    ``allocation.create`` event per allocation, as ``allocation_events_record`` would."""
+    """Insert the unsaved ``booking`` (setting its id and timestamps, as ``save()`` would) and
+    its planned allocations, and write ``booking.create`` and one ``allocation.create`` event per
+    allocation, as ``allocation_events_record`` would."""
     state = Allocation.State.PLANNED.value
     afters = [
         json.dumps(
@@ -383,20 +397,39 @@ def _allocations_insert_audited(
         )
         for g in gpu_ids
     ]
-    prepared_execute(
-        _ALLOCATIONS_INSERT_AUDITED_SQL,
-        {
-            "booking": booking.pk,
-            "period": period,
-            "state": state,
-            "at": at,
-            "gpus": list(gpu_ids),
-            "booking_after": json.dumps(booking_after),
-            "afters": afters,
-            "actor": _actor_id(actor),
-            "label": str(actor_label),
-        },
-    )
+    created_at = timezone.now()  # what auto_now_add / auto_now would set
+    # ``prepared_execute`` (server-side binding, planned once per connection), reading back the id.
+    connection.ensure_connection()
+    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+        cursor.execute(
+            _BOOKING_INSERT_AUDITED_SQL,
+            {
+                "user": booking.user_id,
+                "project": booking.project_id,
+                "cluster": booking.cluster_id,
+                "gpu_type": booking.gpu_type_id,
+                "gpu_count": booking.gpu_count,
+                "start_at": booking.start_at,
+                "end_at": booking.end_at,
+                "status": str(booking.status),
+                "note": booking.note,
+                "created_at": created_at,
+                "period": period,
+                "state": state,
+                "at": at,
+                "gpus": list(gpu_ids),
+                "booking_after": json.dumps(booking_after),
+                "afters": afters,
+                "actor": _actor_id(actor),
+                "label": str(actor_label),
+            },
+            prepare=True,
+        )
+        [(booking_id,)] = cursor.fetchall()
+    booking.pk = booking_id
+    booking.created_at = booking.updated_at = created_at
+    booking._state.adding = False
+    booking._state.db = connection.alias
     availability_write_noted()
 
 
@@ -549,7 +582,7 @@ def booking_create(
                 if pick is None:
                     break
                 gpu_ids, cluster_id = pick
-                booking = Booking.objects.create(
+                booking = Booking(
                     user=user,
                     project=project,
                     cluster_id=cluster_id,
@@ -560,7 +593,7 @@ def booking_create(
                     note=note,
                     status=Booking.Status.CONFIRMED,
                 )
-                _allocations_insert_audited(
+                _booking_insert_audited(
                     booking=booking,
                     gpu_ids=gpu_ids,
                     period=period,

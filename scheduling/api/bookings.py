@@ -152,36 +152,63 @@ _REFS: tuple[tuple[str, type[Model], str, str], ...] = (
 )
 
 
+_RefPlan = tuple[str, list[tuple[str, type[Model], str, list[str], int, list[tuple[int, Any, list[Any]]]]]]
+_ref_plans: dict[tuple[str, ...], _RefPlan] = {}
+
+
+def _ref_plan(fields: tuple[str, ...]) -> _RefPlan:
+    """The statement resolving ``fields`` and, per field, what turns its columns into a row:
+    built once per set of fields (the SQL, the attribute names and the ORM's converters)."""
+    plan = _ref_plans.get(fields)
+    if plan is None:
+        columns: list[str] = []
+        joins: list[str] = []
+        refs = []
+        for i, (field, model, slug, extra) in enumerate(ref for ref in _REFS if ref[0] in fields):
+            concrete = model._meta.concrete_fields
+            columns += [f"r{i}.{f.column}" for f in concrete]
+            joins.append(f"LEFT JOIN {model._meta.db_table} r{i} ON r{i}.{slug} = %s{extra.format(i=i)}")
+            # What the ORM applies to each column, e.g. JSON text -> dict.
+            converters = [
+                (j, f, f.get_db_converters(connection))
+                for j, f in enumerate(concrete)
+                if f.get_db_converters(connection)
+            ]
+            refs.append(
+                (
+                    field,
+                    model,
+                    slug,
+                    [f.attname for f in concrete],
+                    concrete.index(model._meta.pk),
+                    converters,
+                )
+            )
+        sql = f"SELECT {', '.join(columns)} FROM (SELECT 1) AS one {' '.join(joins)}"  # noqa: S608
+        plan = _ref_plans.setdefault(fields, (sql, refs))  # names come from the models
+    return plan
+
+
 def _resolve_refs(data: dict[str, Any]) -> dict[str, Any]:
     """Replace the project, GPU type and cluster names in ``data`` by their rows, in one query.
 
     Unknown names (and inactive clusters) are 400s with the messages DRF's slug fields give.
     """
-    wanted = [ref for ref in _REFS if ref[0] in data]
-    columns: list[str] = []
-    joins: list[str] = []
-    params: list[Any] = []
-    for i, (field, model, slug, extra) in enumerate(wanted):
-        columns += [f"r{i}.{f.column}" for f in model._meta.concrete_fields]
-        joins.append(f"LEFT JOIN {model._meta.db_table} r{i} ON r{i}.{slug} = %s{extra.format(i=i)}")
-        params.append(data[field])
-    [found] = selectors.prepared_fetchall(
-        f"SELECT {', '.join(columns)} FROM (SELECT 1) AS one {' '.join(joins)}",  # noqa: S608
-        params,  # names above come from the models; values are bound
-    )
+    sql, refs = _ref_plan(tuple(ref[0] for ref in _REFS if ref[0] in data))
+    [found] = selectors.prepared_fetchall(sql, [data[ref[0]] for ref in refs])  # values are bound
     row = list(found)
     errors: dict[str, list[str]] = {}
     out = dict(data)
-    for field, model, slug, _ in wanted:
-        fields = model._meta.concrete_fields
-        values, row = row[: len(fields)], row[len(fields) :]
-        if values[fields.index(model._meta.pk)] is None:
+    start = 0
+    for field, model, slug, attnames, pk_index, converters in refs:
+        values, start = row[start : start + len(attnames)], start + len(attnames)
+        if values[pk_index] is None:
             errors[field] = [f"Object with {slug}={data[field]} does not exist."]
             continue
-        for i, model_field in enumerate(fields):  # what the ORM applies, e.g. JSON text -> dict
-            for converter in model_field.get_db_converters(connection):
+        for i, model_field, field_converters in converters:
+            for converter in field_converters:
                 values[i] = converter(values[i], model_field, connection)
-        out[field] = model.from_db(connection.alias, [f.attname for f in fields], values)
+        out[field] = model.from_db(connection.alias, attnames, values)
     if errors:
         raise serializers.ValidationError(errors)
     return out

@@ -366,3 +366,43 @@ def test_booking_goes_to_the_cluster_where_it_fits_one_node(member, project, a10
     )
     assert booking.cluster_id == six.cluster_id
     assert _gpu_nodes(booking) == {six.pk}
+
+
+def test_booking_create_stores_the_row_and_audit_events_the_orm_would(member, project, a100, nodes, soon):
+    """The booking, its allocations and their events are one hand-written INSERT: pin what it stores."""
+    end = soon + timedelta(hours=2)
+    before = timezone.now()
+    booking = booking_create(
+        member, project=project, gpu_type=a100, gpu_count=2, start_at=soon, end_at=end, note="n"
+    )
+    stored = Booking.objects.get(pk=booking.pk)
+    assert before <= booking.created_at <= timezone.now()
+    assert (stored.created_at, stored.updated_at) == (booking.created_at, booking.updated_at)
+    assert stored.user_id == member.pk
+    assert stored.project_id == project.pk
+    assert stored.gpu_type_id == a100.pk
+    assert (stored.gpu_count, stored.start_at, stored.end_at, stored.note) == (2, soon, end, "n")
+    assert stored.status == Booking.Status.CONFIRMED
+    assert stored.ended_at is None
+    assert stored.is_in_use is False
+    assert stored.status_message == ""
+    assert not booking._state.adding
+    allocations = list(booking.allocations.order_by("id"))
+    gpu_ids = [a.gpu_id for a in allocations]
+    assert gpu_ids == sorted(gpu_ids)
+    assert {a.state for a in allocations} == {Allocation.State.PLANNED}
+    events = list(AuditEvent.objects.filter(at__gte=before).order_by("id"))
+    assert [(e.verb, e.entity_id) for e in events] == [("booking.create", booking.pk)] + [
+        ("allocation.create", a.pk) for a in allocations
+    ]
+    assert all(e.actor_id == member.pk and e.before is None for e in events)
+    assert events[0].after == {
+        "status": "confirmed",
+        "start_at": soon.isoformat(),
+        "end_at": end.isoformat(),
+        "ended_at": None,
+        "gpu_count": 2,
+        "gpu_ids": gpu_ids,
+        "cluster_id": stored.cluster_id,
+    }
+    assert [e.after for e in events[1:]] == [services.allocation_state(a) for a in allocations]
