@@ -428,26 +428,34 @@ class FreePool:
             else:  # no hold on the node: all its free GPUs (read only below)
                 per_node.append((-len(gpus), node, gpus))
         per_node.sort()
-        chosen: list[int] = []
-        remaining = gpu_count
-        rest: list[tuple[int, int, list[int]]] = []
-        # whole nodes first, largest first, so big gangs span as few nodes as possible
-        for negative, node, usable in per_node:
-            if -negative <= remaining:
-                chosen.extend(usable)
-                remaining += negative
-            else:
-                rest.append((-negative, node, usable))
-            if remaining == 0:
+        found = gang_from_nodes(per_node, gpu_count)
+        return None if found is None else (0, found)
+
+
+def gang_from_nodes(
+    per_node: Sequence[tuple[int, int, Sequence[int]]], gpu_count: int
+) -> tuple[int, ...] | None:
+    """A multi-node gang from ``(-usable count, node, usable GPUs)`` entries sorted ascending.
+
+    Whole nodes first, largest first, so big gangs span as few nodes as possible; then a top-up
+    on the node that fits the remainder most tightly.  None when the nodes do not add up.
+    """
+    chosen: list[int] = []
+    remaining = gpu_count
+    rest: list[tuple[int, int, Sequence[int]]] = []
+    for negative, node, usable in per_node:
+        if -negative <= remaining:
+            chosen.extend(usable)
+            remaining += negative
+        else:
+            rest.append((-negative, node, usable))
+        if remaining == 0:
+            break
+    if remaining > 0:
+        rest.sort()
+        for _size, _node, usable in rest:
+            if len(usable) >= remaining:
+                chosen.extend(usable[:remaining])
+                remaining = 0
                 break
-        if remaining > 0:
-            # top up on the node that fits the remainder most tightly
-            rest.sort()
-            for _size, _node, usable in rest:
-                if len(usable) >= remaining:
-                    chosen.extend(usable[:remaining])
-                    remaining = 0
-                    break
-        if remaining > 0:
-            return None
-        return 0, tuple(sorted(chosen))
+    return tuple(sorted(chosen)) if remaining == 0 else None

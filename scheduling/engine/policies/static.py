@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from scheduling.engine.cluster import Estimate
 from scheduling.engine.explain import build_plan
-from scheduling.engine.placement import FreePool, Hold
+from scheduling.engine.placement import FreePool, Hold, gang_from_nodes
 from scheduling.engine.priority import priority_order
 from scheduling.engine.scheduler import Knobs, Scheduler
 from scheduling.engine.types import ClusterSnapshot, JobKind, JobRequest, PendingReason, Plan, PolicyConfig
@@ -94,26 +94,9 @@ class _SpanPool:
             nodes = sorted(n for n in per_node if sched.state.nodes[n[1]].gpu_type == name)
             if -sum(n[0] for n in nodes) < gpu_count:
                 continue
-            chosen: list[int] = []
-            remaining = gpu_count
-            rest: list[tuple[int, int, list[int]]] = []
-            for negative, node, usable in nodes:
-                if -negative <= remaining:
-                    chosen.extend(usable)
-                    remaining += negative
-                else:
-                    rest.append((-negative, node, usable))
-                if remaining == 0:
-                    break
-            if remaining > 0:
-                rest.sort()
-                for _size, _node, usable in rest:
-                    if len(usable) >= remaining:
-                        chosen.extend(usable[:remaining])
-                        remaining = 0
-                        break
-            if remaining == 0:
-                return tuple(sorted(chosen))
+            found = gang_from_nodes(nodes, gpu_count)
+            if found is not None:
+                return found
         return None
 
     def _all_nodes(self, gpu_types: Sequence[str]) -> Iterator[int]:
