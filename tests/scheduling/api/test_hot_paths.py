@@ -34,6 +34,18 @@ def _empty_token_cache():
     authentication.token_cache_clear()
 
 
+def _booking_body(project, start: datetime, /, *, gpu_count: int, **extra) -> dict[str, object]:
+    """A one-hour A100 booking request from ``start``; ``extra`` adds or overrides fields."""
+    return {
+        "project": project.slug,
+        "gpu_type": "A100",
+        "gpu_count": gpu_count,
+        "start_at": start.isoformat(),
+        "end_at": (start + timedelta(hours=1)).isoformat(),
+        **extra,
+    }
+
+
 def _availability(client, start: datetime, end: datetime, step: int = 3600, **extra):
     params = {"gpu_type": "A100", "start": start.isoformat(), "end": end.isoformat(), "step": step, **extra}
     response = client.get("/api/v1/availability/", params)
@@ -124,13 +136,7 @@ def test_request_user_is_not_shared_between_requests(member):
 def test_availability_reflects_a_new_booking_at_once(member_client, project, nodes, soon):
     window = (soon, soon + timedelta(hours=2))
     assert [s["free_gpus"] for s in _availability(member_client, *window)["slots"]] == [8, 8]
-    body = {
-        "project": project.slug,
-        "gpu_type": "A100",
-        "gpu_count": 3,
-        "start_at": soon.isoformat(),
-        "end_at": (soon + timedelta(hours=1)).isoformat(),
-    }
+    body = _booking_body(project, soon, gpu_count=3)
     created = member_client.post("/api/v1/bookings/", body, format="json")
     assert created.status_code == 201
     assert [s["free_gpus"] for s in _availability(member_client, *window)["slots"]] == [5, 8]
@@ -169,14 +175,7 @@ def test_availability_step_edges_are_exact_to_the_microsecond(member_client, nod
 
 def test_create_answers_what_reading_it_back_shows(member_client, project, nodes, soon):
     for count in (1, 6):  # one node, then across both nodes
-        body = {
-            "project": project.slug,
-            "gpu_type": "A100",
-            "gpu_count": count,
-            "start_at": soon.isoformat(),
-            "end_at": (soon + timedelta(hours=1)).isoformat(),
-            "note": "n",
-        }
+        body = _booking_body(project, soon, gpu_count=count, note="n")
         created = member_client.post("/api/v1/bookings/", body, format="json")
         assert created.status_code == 201, created.content
         again = member_client.get(f"/api/v1/bookings/{created.json()['id']}/")
@@ -186,14 +185,7 @@ def test_create_answers_what_reading_it_back_shows(member_client, project, nodes
 
 
 def test_create_query_count(member_client, project, nodes, soon, django_assert_max_num_queries):
-    body = {
-        "project": project.slug,
-        "gpu_type": "A100",
-        "cluster": nodes[0].cluster.name,
-        "gpu_count": 2,
-        "start_at": soon.isoformat(),
-        "end_at": (soon + timedelta(hours=1)).isoformat(),
-    }
+    body = _booking_body(project, soon, gpu_count=2, cluster=nodes[0].cluster.name)
     member_client.get(ME)  # the token is cached from here on
     # 7 round trips: the names, membership + quota, the node lock and the free GPUs run as
     # prepared statements (selectors.prepared_fetchall, outside Django's query log); what the
@@ -231,13 +223,7 @@ def test_cached_availability_shows_a_booking_at_once(member_client, project, nod
     assert [s["free_gpus"] for s in _availability(member_client, *window)["slots"]] == [8, 8]
     assert [s["free_gpus"] for s in _availability(member_client, *window)["slots"]] == [8, 8]
     assert len(computed) == 1  # the second answer came from the cache
-    body = {
-        "project": project.slug,
-        "gpu_type": "A100",
-        "gpu_count": 3,
-        "start_at": soon.isoformat(),
-        "end_at": (soon + timedelta(hours=1)).isoformat(),
-    }
+    body = _booking_body(project, soon, gpu_count=3)
     assert member_client.post("/api/v1/bookings/", body, format="json").status_code == 201
     assert [s["free_gpus"] for s in _availability(member_client, *window)["slots"]] == [5, 8]
     assert len(computed) == 2
@@ -321,14 +307,7 @@ def test_create_resolves_names_to_full_rows(member, project, nodes, soon, monkey
     cluster = nodes[0].cluster
     cluster.settings = {"policy": "easy"}
     cluster.save()
-    body = {
-        "project": project.slug,
-        "gpu_type": "A100",
-        "cluster": cluster.name,
-        "gpu_count": 1,
-        "start_at": soon.isoformat(),
-        "end_at": (soon + timedelta(hours=1)).isoformat(),
-    }
+    body = _booking_body(project, soon, gpu_count=1, cluster=cluster.name)
     assert token_client(member).post("/api/v1/bookings/", body, format="json").status_code == 201
     for name, model in (
         ("project", type(project)),
@@ -350,14 +329,7 @@ def test_create_refuses_unknown_names(member_client, project, nodes, soon, field
     from tests.factories import ClusterFactory
 
     ClusterFactory(name="off", is_active=False)
-    body = {
-        "project": project.slug,
-        "gpu_type": "A100",
-        "gpu_count": 1,
-        "start_at": soon.isoformat(),
-        "end_at": (soon + timedelta(hours=1)).isoformat(),
-        field: value,
-    }
+    body = _booking_body(project, soon, gpu_count=1, **{field: value})
     response = member_client.post("/api/v1/bookings/", body, format="json")
     assert response.status_code == 400
     assert list(response.json()["fields"]) == [field]
@@ -391,13 +363,7 @@ def test_create_writes_every_audit_event_as_before(member_client, member, projec
     from scheduling.models import AuditEvent
     from scheduling.services import allocation_state
 
-    body = {
-        "project": project.slug,
-        "gpu_type": "A100",
-        "gpu_count": 6,
-        "start_at": soon.isoformat(),
-        "end_at": (soon + timedelta(hours=1)).isoformat(),
-    }
+    body = _booking_body(project, soon, gpu_count=6)
     created = member_client.post("/api/v1/bookings/", body, format="json").json()
     events = list(AuditEvent.objects.order_by("id"))
     assert [e.verb for e in events] == ["booking.create"] + ["allocation.create"] * 6
