@@ -56,7 +56,6 @@ class Knobs:
     shadow_on_p50: bool = False  # the top job's shadow time from running jobs' median ends
     shadow_on_requested: bool = False  # running jobs' ends from user estimates even when predicting
     preempts_by_consent: bool = False  # checkpointing preemptible jobs outside a guarantee run reclaimable
-    lends_restartable: bool = False  # with preempts_by_consent: non-checkpointing ones too
     drain_aware: bool = False  # place where nodes' expected drain is delayed least (fragmentation.py)
     corrects_overdue: bool = False  # jobs past their user limit are expected to run on (overdue.py)
 
@@ -490,7 +489,7 @@ class Scheduler:
             elif (
                 self.knobs.preempts_by_consent
                 and job.is_preemptible
-                and (job.is_checkpointable or self.knobs.lends_restartable)
+                and job.is_checkpointable
                 and not is_within_guarantee
             ):
                 # no guarantee covers it and it checkpoints on request: it runs reclaimable, so
@@ -923,7 +922,7 @@ class Scheduler:
                     holder=HEADROOM,
                     normal_until=-INF,
                     lent_until=INF,
-                    is_checkpoint_only=not self.knobs.lends_restartable,
+                    is_checkpoint_only=True,
                     is_for_interactive=True,
                 ),
             )

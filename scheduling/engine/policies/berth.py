@@ -50,8 +50,8 @@ BERTH = Knobs(
     corrects_overdue=True,
     # checkpointing preemptible work outside any guarantee runs reclaimable, so sessions and
     # bookings can take it back within a grace losing at most a checkpoint interval; work that
-    # would restart from scratch is not lent (`lends_restartable`): reclaiming it for sessions
-    # lost far more work than it saved waiting
+    # would restart from scratch is not lent: reclaiming it for sessions lost far more work
+    # than it saved waiting
     preempts_by_consent=True,
 )
 
