@@ -114,6 +114,7 @@ class _StaticScheduler(Scheduler):
         inter_gpus = frozenset(g for i in self.partition_nodes for g in nodes[i].gpu_ids)
         self.span_pool = _SpanPool(self.batch_pool, self.inter_pool, inter_gpus, self)
         self.wide: frozenset[str] = frozenset()
+        self._span_nodes: dict[tuple[str, ...], tuple[tuple[int, tuple[int, ...]], ...]] = {}
         if self.partition_nodes:
             self.wide = frozenset(
                 job.id
@@ -139,11 +140,17 @@ class _StaticScheduler(Scheduler):
         self, job: JobRequest | None, types: Sequence[str]
     ) -> tuple[tuple[int, tuple[int, ...]], ...]:
         # `nodes_for` reads this too: a wide job may use the nodes of both partitions
-        if job is not None and job.id in self.wide:
+        if job is None or job.id not in self.wide:
+            return super().node_gpus_for(job, types)
+        key = tuple(types)
+        found = self._span_nodes.get(key)
+        if found is None:
             wanted = set(types)
             nodes = self.state.nodes
-            return tuple((i, nodes[i].gpu_ids) for i in self.schedulable if nodes[i].gpu_type in wanted)
-        return super().node_gpus_for(job, types)
+            found = self._span_nodes[key] = tuple(
+                (i, nodes[i].gpu_ids) for i in self.schedulable if nodes[i].gpu_type in wanted
+            )
+        return found
 
     def pool_for(self, job: JobRequest) -> FreePool:
         if job.id in self.wide:
