@@ -148,13 +148,16 @@ class PolicyConfig:
     age_weight: float = 1.0
     fairshare_weight: float = 1.0
     backfill_depth: int = 1_000  # pending jobs considered for backfill each round
-    seed: int = 0
-    # Added with defaults (engine issue 3); the meaning of the fields above is unchanged.
     max_age_s: float = 7 * 86_400.0  # age factor saturates here (Slurm PriorityMaxAge)
     overdue_epsilon_s: float = 60.0  # a job past its estimate is assumed to end this soon (easy)
     overrun_fraction: float = 0.5  # berth: a job past its p90 is expected to run this x elapsed more
     short_job_weight: float = 1.0  # berth: priority bonus for short predicted GPU-time
     interactive_priority: float = 1_000.0  # priority bonus of on-demand interactive sessions
+    # The interactive pool over time: (hour start_at, gpu_type or "*", GPUs), the forecast p95 of
+    # on-demand session demand for each coming hour (ascending start_at, covering at least the
+    # next 24 h).  Empty: only ``interactive_headroom`` (the level for now) is known.
+    interactive_pool: tuple[tuple[float, str, int], ...] = ()
+    restore_s: float = 120.0  # GPU-time each GPU loses when work resumes from a checkpoint
 
 
 @dataclass(frozen=True, slots=True)

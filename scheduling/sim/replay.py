@@ -137,7 +137,7 @@ def policy_config(
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
     if policy != "static":
-        return PolicyConfig(name=policy, seed=seed)
+        return PolicyConfig(name=policy)
     demand = [float(level) for _, level in demand_series(overlay)]
     want = math.ceil(percentile(demand, options.static_quantile))
     partition: list[str] = []
@@ -147,7 +147,7 @@ def policy_config(
             break
         partition.append(node.id)
         covered += len(node.gpu_ids)
-    return PolicyConfig(name=policy, seed=seed, interactive_partition=tuple(sorted(partition)))
+    return PolicyConfig(name=policy, interactive_partition=tuple(sorted(partition)))
 
 
 class ReplaySetup(TypedDict, total=False):
