@@ -64,8 +64,9 @@ class BerthGroup(click.Group):
             elif exc.body.get("alternatives"):
                 from berth_cli.commands.bookings import print_alternatives
 
-                err_console().print(f"[bold red]{exc.message}[/]")
-                print_alternatives(exc.body, err_console())
+                suggest = str(ctx.meta.get("berth.suggest", ""))
+                body = exc.body
+                exc.after = lambda: print_alternatives(body, err_console(), extra_flags=suggest)
             raise
 
 

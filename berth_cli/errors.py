@@ -13,7 +13,8 @@ The codes are a contract for scripts (documented in docs/cli.md and ``berth --he
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import IO, Any
 
 import click
 
@@ -32,3 +33,10 @@ class BerthCliError(click.ClickException):
         super().__init__(message)
         self.exit_code = exit_code  # type: ignore[misc]  # click reads it from the instance
         self.body = body or {}
+        # Printed after the message (e.g. a 409's alternatives); set by whoever knows the context.
+        self.after: Callable[[], None] | None = None
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        super().show(file)
+        if self.after is not None:
+            self.after()

@@ -72,11 +72,12 @@ def avail(
         out.print(
             f"{row['gpu_type']}: {row['free_whole_window']} of {row['capacity']} free for the whole window"
         )
-        table = Table("from", "to", "free", "")
+        has_bar = row["capacity"] <= 64  # one block per free GPU while that fits a line
+        table = Table("from", "to", "free", *([""] if has_bar else []))
         for slot in row["slots"]:
-            bar = "█" * slot["free_gpus"] if row["capacity"] <= 64 else ""
+            bar = ["█" * slot["free_gpus"]] if has_bar else []
             table.add_row(
-                local_text(slot["start_at"]), local_text(slot["end_at"]), str(slot["free_gpus"]), bar
+                local_text(slot["start_at"]), local_text(slot["end_at"]), str(slot["free_gpus"]), *bar
             )
         out.print(table)
         return

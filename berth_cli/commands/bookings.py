@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -72,8 +73,12 @@ def book(
         raise usage_error("Give --hours or --until, not both.")
     start = (at or now_utc()).replace(microsecond=0)
     end = until or start + (length or timedelta(hours=1))
+    slug = default_project(project)
+    click.get_current_context().meta["berth.suggest"] = f"-p {slug} " + (
+        f"--note {shlex.quote(note)} " if note else ""
+    )
     body: dict[str, Any] = {
-        "project": default_project(project),
+        "project": slug,
         "gpu_type": gpu_type,
         "gpu_count": gpu_count,
         "start_at": api_time(start),
@@ -159,7 +164,7 @@ def end(booking_id: int, as_json: bool) -> None:
         show_booking(booking)
 
 
-def print_alternatives(body: dict[str, Any], out: Any) -> None:
+def print_alternatives(body: dict[str, Any], out: Any, *, extra_flags: str = "") -> None:
     """The server's nearest free windows after a 409, with a command line for each."""
     alternatives = body.get("alternatives") or []
     if not alternatives:
@@ -177,8 +182,8 @@ def print_alternatives(body: dict[str, Any], out: Any) -> None:
             local_text(alt["end_at"]),
         )
         commands.append(
-            f"  {number}: berth book -t {alt['gpu_type']} -n {alt['gpu_count']} -c {alt['cluster']} "
-            f"--at {alt['start_at']} --hours {hours}"
+            f"  {number}: berth book {extra_flags}-t {alt['gpu_type']} -n {alt['gpu_count']} "
+            f"-c {alt['cluster']} --at {alt['start_at']} --hours {hours}"
         )
     out.print(table)
     out.print("Book one with:")

@@ -173,7 +173,8 @@ def test_a_taken_window_exits_3_with_the_servers_alternatives(
 
     assert result.exit_code == 3
     assert "Nearest free windows" in result.output
-    assert "berth book -t A100 -n 2" in result.output  # a ready command per alternative
+    assert "berth book -p vision -t A100 -n 2" in result.output  # a ready command per alternative
+    assert result.output.count("are not free") == 1  # the server's message, once
     as_json = berth("book", "-t", "A100", "-n", "2", "--at", _iso(start), "--hours", "1", "--json")
     assert as_json.exit_code == 3
     error = json.loads(as_json.stdout)["error"]
