@@ -37,6 +37,8 @@ def _reason(job: dict[str, Any]) -> str:
     """What the server says about the job's state (its pending sentence while it waits)."""
     if job["status"] in ("pending", "preempted"):
         return str(job.get("pending_sentence") or job.get("status_message") or "Waiting for the next round.")
+    if job["status"] == "starting":
+        return "placed; waiting for the backend to start it"
     if job["status"] == "running":
         started = job.get("started_at")
         return f"running since {local_text(started)} ({relative_text(started)})" if started else "running"
@@ -244,7 +246,9 @@ def job_detail(job_id: int, as_json: bool) -> None:
 
 def _reached(job: dict[str, Any], until: str) -> bool:
     if until == "started":
-        return bool(job.get("started_at")) or job["status"] in ("running", *TERMINAL)
+        # "starting": placed, the backend has not confirmed it yet; a finished job did start if
+        # it has a start time (checked after the loop).
+        return job["status"] in ("running", *TERMINAL)
     return job["status"] in TERMINAL
 
 
