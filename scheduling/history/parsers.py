@@ -18,6 +18,10 @@ Formats:
 * ``swf``: the Standard Workload Format of the Parallel Workloads Archive (18 whitespace
   fields; ``;`` comments, ``; UnixStartTime: N`` gives the epoch).  One allocated processor
   counts as one GPU (as in the shared traces); users and groups become ``u<id>``/``g<id>``.
+* ``scontrol``: ``scontrol show job -o`` (one job per line, ``Key=Value``): what a Slurm
+  without slurmdbd still tells about finished jobs (for ``MinJobAge`` seconds).  GPUs come
+  from ``TresPerNode``/``TresPerJob`` (``gres:gpu:a100:2``, times ``NumNodes`` per node), else
+  ``AllocTRES``/``TRES``.
 * ``trace``: the shared trace CSV (``job_id,user,group,submit_time,start_time,end_time,
   num_gpus,gpu_type,status[,requested_time]``; seconds since the trace's epoch).
 """
@@ -121,6 +125,14 @@ def _slurm_time(text: str, zone: tzinfo) -> datetime | None:
     return (value if value.tzinfo else value.replace(tzinfo=zone)).astimezone(UTC)
 
 
+def _slurm_name(text: str) -> str:
+    """``berth(995)`` -> ``berth``; ``(null)`` -> ``""``."""
+    name = text.strip()
+    if name in ("(null)", "N/A"):
+        return ""
+    return name.split("(", 1)[0] if name.endswith(")") else name
+
+
 def _sacct_status(state: str) -> Status | None:
     word = state.split()[0].upper() if state.strip() else ""
     if word == "COMPLETED":
@@ -192,8 +204,8 @@ def parse_sacct(text: str, *, zone: tzinfo = UTC) -> Parsed:
             HistoryRecord(
                 source="sacct",
                 external_id=job_id,
-                user=row.get("User", "").strip(),
-                account=row.get("Account", "").strip(),
+                user=_slurm_name(row.get("User", "")),
+                account=_slurm_name(row.get("Account", "")),
                 name=row.get("JobName", "").strip() or f"slurm-{job_id}",
                 gpu_count=gpus[0],
                 gpu_type=gpus[1],
@@ -201,6 +213,80 @@ def parse_sacct(text: str, *, zone: tzinfo = UTC) -> Parsed:
                 started_at=started,
                 ended_at=ended,
                 requested_s=slurm_duration_s(row.get("Timelimit", "")),
+                status=status,
+                exit_code=int(exit_text) if exit_text.isdigit() else None,
+            )
+        )
+    return Parsed(tuple(records), tuple(skips))
+
+
+# ---- scontrol show job -o ----
+
+_KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=")
+
+
+def _key_values(line: str) -> dict[str, str]:
+    """``A=1 B=x y C=`` -> ``{"A": "1", "B": "x y", "C": ""}`` (values may hold spaces)."""
+    marks = list(_KEY.finditer(line))
+    out: dict[str, str] = {}
+    for i, mark in enumerate(marks):
+        end = marks[i + 1].start() if i + 1 < len(marks) else len(line)
+        out.setdefault(mark[1], line[mark.end() : end].strip())
+    return out
+
+
+def parse_scontrol(text: str, *, zone: tzinfo = UTC) -> Parsed:
+    """Parse ``scontrol show job -o`` output (``zone``: the Slurm host's)."""
+    records: list[HistoryRecord] = []
+    skips: list[Skip] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        row = _key_values(line)
+        job_id = row.get("JobId", "")
+        if not job_id:
+            skips.append(Skip(number, "", "not a scontrol job line (no JobId)"))
+            continue
+        status = _sacct_status(row.get("JobState", ""))
+        if status is None:
+            skips.append(Skip(number, job_id, f"not finished ({row.get('JobState') or 'no state'})"))
+            continue
+        gpus = None
+        nodes = int(row["NumNodes"]) if row.get("NumNodes", "").isdigit() else 1
+        for field, factor in (("TresPerJob", 1), ("TresPerNode", nodes), ("AllocTRES", 1), ("TRES", 1)):
+            value = row.get(field, "")
+            if value and value != "(null)":
+                found = gpus_from_tres(value.replace("gres:", ""))
+                if found is not None:
+                    gpus = (found[0] * factor, found[1])
+                    break
+        if gpus is None or gpus[0] <= 0:
+            skips.append(Skip(number, job_id, "no GPUs (CPU-only job)"))
+            continue
+        try:
+            submitted = _slurm_time(row.get("SubmitTime", ""), zone)
+            started = _slurm_time(row.get("StartTime", ""), zone)
+            ended = _slurm_time(row.get("EndTime", ""), zone)
+        except ValueError as exc:
+            skips.append(Skip(number, job_id, f"unreadable time: {exc}"))
+            continue
+        if started is None or ended is None:
+            skips.append(Skip(number, job_id, "never started"))
+            continue
+        exit_text = row.get("ExitCode", "").split(":")[0]
+        records.append(
+            HistoryRecord(
+                source="sacct",  # the same Slurm job ids as accounting: one import key space
+                external_id=job_id,
+                user=_slurm_name(row.get("UserId", "")),
+                account=_slurm_name(row.get("Account", "")),
+                name=row.get("JobName", "").strip() or f"slurm-{job_id}",
+                gpu_count=gpus[0],
+                gpu_type=gpus[1],
+                submitted_at=submitted or started,
+                started_at=started,
+                ended_at=ended,
+                requested_s=slurm_duration_s(row.get("TimeLimit", "")),
                 status=status,
                 exit_code=int(exit_text) if exit_text.isdigit() else None,
             )

@@ -25,7 +25,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.core.management.base import BaseCommand, CommandError
 
-from scheduling.history.parsers import Parsed, parse_sacct, parse_swf, parse_trace_csv
+from scheduling.history.parsers import Parsed, parse_sacct, parse_scontrol, parse_swf, parse_trace_csv
 from scheduling.history.services import history_import
 from scheduling.models import Cluster
 
@@ -69,10 +69,10 @@ class Command(BaseCommand):
     help = "Import finished jobs from sacct --parsable2, an SWF log or the shared trace CSV (idempotent)."
 
     def add_arguments(self, parser: ArgumentParser) -> None:
-        parser.add_argument("format", choices=["sacct", "swf", "trace"])
+        parser.add_argument("format", choices=["sacct", "scontrol", "swf", "trace"])
         parser.add_argument("path", type=Path, help="the dump ('-' reads stdin; .gz is unpacked)")
         parser.add_argument("--cluster", required=True, help="cluster name the jobs ran on")
-        parser.add_argument("--tz", default="UTC", help="sacct: the Slurm host's time zone (default UTC)")
+        parser.add_argument("--tz", default="UTC", help="sacct/scontrol: the Slurm host's zone (default UTC)")
         parser.add_argument("--epoch", help="swf/trace: time 0 as ISO 8601 with a zone")
         parser.add_argument("--map-user", action="append", default=[], metavar="SRC=USERNAME")
         parser.add_argument("--map-account", action="append", default=[], metavar="ACCOUNT=PROJECT_SLUG")
@@ -117,12 +117,12 @@ class Command(BaseCommand):
 
     def _parse(self, fmt: str, text: str, options: dict[str, Any]) -> Parsed:
         try:
-            if fmt == "sacct":
+            if fmt in ("sacct", "scontrol"):
                 try:
                     zone = ZoneInfo(options["tz"])
                 except (ZoneInfoNotFoundError, ValueError) as exc:
                     raise CommandError(f"--tz {options['tz']!r}: not a time zone") from exc
-                return parse_sacct(text, zone=zone)
+                return (parse_sacct if fmt == "sacct" else parse_scontrol)(text, zone=zone)
             if fmt == "swf":
                 return parse_swf(text, epoch=_epoch(options["epoch"]))
             epoch = _epoch(options["epoch"])

@@ -144,3 +144,24 @@ def test_trace_csv() -> None:
     assert [(s.external_id, s.reason) for s in parsed.skips] == [("j2", "never started"), ("j4", "no GPUs")]
     with pytest.raises(ValueError, match="missing column"):
         parse_trace_csv("a,b\n1,2\n", epoch=epoch)
+
+
+def test_scontrol_show_job_lines_captured_from_the_real_slurm() -> None:
+    """``scontrol show job -o`` of three jobs run on scripts/slurm.sh's Slurm (a100, h100, CPU-only)."""
+    from pathlib import Path
+
+    from scheduling.history.parsers import parse_scontrol
+
+    parsed = parse_scontrol((Path(__file__).parent / "scontrol_show_job.txt").read_text())
+    [a100, h100] = parsed.records
+    assert (a100.user, a100.account, a100.name, a100.gpu_count, a100.gpu_type) == (
+        "berth",
+        "",
+        "train-a100",
+        2,
+        "a100",
+    )
+    assert (a100.status, a100.exit_code, a100.requested_s) == ("completed", 0, 600)
+    assert (a100.ended_at - a100.started_at).total_seconds() == 3
+    assert (h100.gpu_count, h100.gpu_type, h100.status, h100.exit_code) == (4, "h100", "failed", 3)
+    assert [s.reason for s in parsed.skips] == ["no GPUs (CPU-only job)"]
