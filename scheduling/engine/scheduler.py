@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from scheduling.engine.backfill import Shadow, Window, earliest_start
 from scheduling.engine.booking_fit import cheapest_booking_gpus
-from scheduling.engine.cluster import Estimate, RoundState
+from scheduling.engine.cluster import Estimate, RoundState, running_ends
 from scheduling.engine.fragmentation import DrainAwareChooser, reclaim_for_wide
 from scheduling.engine.headroom import headroom_need, may_use_headroom
 from scheduling.engine.outcome import Outcome
@@ -40,6 +40,9 @@ from scheduling.engine.types import (
 )
 
 HEADROOM = "interactive-headroom"
+# The top job may suspend checkpointing work whose predicted remaining time exceeds this many
+# times its own predicted runtime (`Scheduler._suspendable_for`).
+SUSPEND_RATIO = 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +128,7 @@ class Scheduler:
         # running GPUs (in grace or signalled) promised to a demand earlier in this round
         self.round_promised: set[int] = set()
         self._headroom_done = False
+        self._predicted_end: dict[str, float] = {}
         self._types_cache: dict[tuple[str, ...], list[str]] = {}
         self._nodes_cache: dict[tuple[tuple[str, ...], bool], tuple[tuple[int, tuple[int, ...]], ...]] = {}
         topology = state.topology
@@ -159,7 +163,8 @@ class Scheduler:
         now = self.now
         self.avail_p50: dict[int, float] = {}
         self.avail_hold: dict[int, float] = {}
-        # berth: when a lent job's GPUs could be back if reclaimed now
+        # berth: when a checkpointing preemptible job's GPUs could be back if the top job
+        # suspended it now (what `_suspendable_for` may take, before its per-job tests)
         self.avail_reclaim: dict[int, float] = {}
         can_preempt = self.knobs.can_preempt
         no_one: set[str] = set()
@@ -172,7 +177,7 @@ class Scheduler:
             hold = state.end_hold[job_id]
             reclaim_at = (
                 kill_time(state, running)
-                if can_preempt and is_reclaimable(running, excluded=no_one)
+                if can_preempt and running.job.is_checkpointable and is_reclaimable(running, excluded=no_one)
                 else None
             )
             for gpu in running.gpu_ids:
@@ -240,7 +245,7 @@ class Scheduler:
             return INF
         end = self.state.end_hold[running.job.id]
         if self.knobs.can_preempt and is_reclaimable(running, excluded=set()):
-            end = min(end, kill_time(self.state, running))
+            end = min(end, kill_time(self.state, running, is_high_class=True))
         return end
 
     def _booking_available(
@@ -361,7 +366,9 @@ class Scheduler:
                     continue
                 self.out.promised.update(running.gpu_ids)
                 if is_reclaimable(running, excluded=self.out.preempted):
-                    self._preempt(running, for_id=booking.id, why=f"booking {booking.id} starts")
+                    self._preempt(
+                        running, for_id=booking.id, why=f"booking {booking.id} starts", is_high_class=True
+                    )
                 elif running.grace_until is None and running.job.id not in self.out.preempted:
                     self.out.notes.append(
                         f"Booking {booking.id}: GPU {gpu} is still running non-preemptible job "
@@ -433,18 +440,21 @@ class Scheduler:
                 key = (job.project, state.gpu_type[gpu])
                 self.guaranteed_used[key] = self.guaranteed_used.get(key, 0) + 1
 
-    def preempt(self, running: RunningJob, *, for_id: str, why: str) -> None:
-        self._preempt(running, for_id=for_id, why=why)
+    def preempt(self, running: RunningJob, *, for_id: str, why: str, is_high_class: bool = False) -> None:
+        self._preempt(running, for_id=for_id, why=why, is_high_class=is_high_class)
 
-    def _preempt(self, running: RunningJob, *, for_id: str, why: str) -> None:
-        kill_at = kill_time(self.state, running)
+    def _preempt(self, running: RunningJob, *, for_id: str, why: str, is_high_class: bool = False) -> None:
+        """Signal a consenting job now; it is killed (and requeued) after the grace and the
+        demand's minimum runtime (`preemption.kill_time`)."""
+        kill_at = kill_time(self.state, running, is_high_class=is_high_class)
+        how = "on lent GPUs" if running.is_preemptible else "as preemptible work"
         self.out.preemptions.append(
             PreemptAction(
                 job_id=running.job.id,
                 signal_at=self.now,
                 kill_at=kill_at,
                 reason=(
-                    f"Preempted for {why}: it ran {fmt_s(self.now - running.started_at)} on lent GPUs; "
+                    f"Preempted for {why}: it ran {fmt_s(self.now - running.started_at)} {how}; "
                     f"grace until +{fmt_s(kill_at - self.now)}."
                 ),
                 for_id=for_id,
@@ -625,7 +635,7 @@ class Scheduler:
         is_quota_claim: bool = False,
     ) -> bool:
         """Berth: get GPUs for a blocked session, a guaranteed-quota claim or the top job by
-        reclaiming lent work (see `_lent_from` for what the top job may take)."""
+        reclaiming consenting work (see `_suspendable_for` for what the top job may take)."""
         state = self.state
         pool = self.pool_for(job)
         until = self.now + estimate.hold_s
@@ -638,6 +648,7 @@ class Scheduler:
         # GPUs promised to a demand earlier in this round are not arriving for this one
         for gpu in self.round_promised:
             incoming.pop(gpu, None)
+        is_high_class = job.kind == JobKind.INTERACTIVE or is_quota_claim
         may_take = self._may_take_for(job, types, estimate, single, is_quota_claim=is_quota_claim)
         if not incoming and not any(
             is_reclaimable(running, excluded=self.out.preempted) and (may_take is None or may_take(running))
@@ -653,18 +664,23 @@ class Scheduler:
             excluded_jobs=self.out.preempted,
             is_single_node=single,
             may_take=may_take,
+            is_high_class=is_high_class,
         )
         if reclaim is None or (not reclaim.victims and not reclaim.incoming_gpus):
             return False
-        is_right = job.kind == JobKind.INTERACTIVE or is_quota_claim
-        if not is_right and not self._worth_reclaiming(job, types, estimate, reclaim, single):
+        if not is_high_class and not self._worth_reclaiming(job, types, estimate, reclaim, single):
             return False
         for victim in reclaim.victims:
             self._preempt(
                 victim.running,
                 for_id=job.id,
-                why=("interactive session " if job.kind == JobKind.INTERACTIVE else "reserved top job ")
+                why=(
+                    "interactive session "
+                    if job.kind == JobKind.INTERACTIVE
+                    else ("guaranteed quota of job " if is_quota_claim else "top job ")
+                )
                 + job.id,
+                is_high_class=is_high_class,
             )
         pool.take(reclaim.free_gpus)
         for gpu in reclaim.free_gpus:
@@ -677,7 +693,7 @@ class Scheduler:
             job.id,
             PendingReason.PREEMPTING,
             f"{len(reclaim.free_gpus)} of its {job.gpu_count} GPUs are free and the rest are being "
-            f"reclaimed from lent work ({len(reclaim.victims)} job(s) signalled now); "
+            f"reclaimed from preemptible work ({len(reclaim.victims)} job(s) signalled now); "
             f"it starts in about {fmt_s(reclaim.ready_at - self.now)}.",
             reclaim.ready_at,
         )
@@ -694,13 +710,13 @@ class Scheduler:
         is_quota_claim: bool,
     ) -> Callable[[RunningJob], bool] | None:
         """Which reclaimable jobs a demand may take: sessions any, a quota claim other projects'
-        borrowed work, the top job only what was lent while it waited."""
+        preemptible work, the top job what `_suspendable_for` allows."""
         if job.kind == JobKind.INTERACTIVE:
             return None
         if is_quota_claim:
             project = job.project
             return lambda running: running.job.project != project
-        return self._lent_from(job, types, estimate, single)
+        return self._suspendable_for(job, types, estimate, single)
 
     def is_within_guarantee(self, job: JobRequest, types: Sequence[str]) -> bool:
         """Whether the job's project has a guarantee of a fitting type that covers it."""
@@ -709,19 +725,26 @@ class Scheduler:
             for t in types
         )
 
-    def _lent_from(
+    def _suspendable_for(
         self, job: JobRequest, types: Sequence[str], estimate: Estimate, single: bool
     ) -> Callable[[RunningJob], bool]:
-        """Which running work a top job may take back: what was lent while it waited.
+        """Which running work the top job may suspend to start now (preemptive slowdown order).
 
-        Only checkpointing jobs (a restart from scratch costs more than a batch job gains),
-        only jobs started after it was (re)queued, only jobs expected to still run at its
-        shadow time (the ones really in its way), and only once they are past their minimum
-        runtime (waiting out a minimum runtime would leave the reclaimed GPUs idle).  A requeued
-        victim therefore cannot start a cascade against work that was there before it.
+        Only checkpointing work (a restart from scratch loses everything; a resume loses the
+        work since the last checkpoint plus ``restore_s``), only work past its batch minimum
+        runtime (it goes within the grace), only work expected to still run at the top job's
+        shadow time (the work really in its way), and only work whose predicted remaining time
+        is more than ``SUSPEND_RATIO`` times the top job's predicted runtime: suspending it
+        delays it by a small share of what it still has to run while the top job, short next to
+        it, starts now instead of at its shadow time (shortest-remaining-first, which is what
+        cuts mean slowdown).  Since each suspension needs a victim that many times longer than
+        the demand, a suspended job that later heads the queue can only suspend work longer
+        still, so chains stay short and never come back to the job that suspended it.
         """
         latest_kill = self.now + self.policy.grace_s
         end_hold = self.state.end_hold
+        state = self.state
+        longer_than = self.now + SUSPEND_RATIO * estimate.p50_s
         in_way: list[float] = []  # the shadow time, computed once and only if a cheap test passes
 
         def in_way_after() -> float:
@@ -733,12 +756,22 @@ class Scheduler:
         def may_take(running: RunningJob) -> bool:
             return (
                 running.job.is_checkpointable
-                and running.started_at >= job.submit_at
-                and kill_time(self.state, running) <= latest_kill
+                and kill_time(state, running) <= latest_kill
+                and self.predicted_end(running) > longer_than
                 and end_hold[running.job.id] >= in_way_after()
             )
 
         return may_take
+
+    def predicted_end(self, running: RunningJob) -> float:
+        """A running job's expected end from its runtime prediction (p50, with berth's upward
+        correction past it), whatever the policy plans reservations with."""
+        cached = self._predicted_end.get(running.job.id)
+        if cached is None:
+            cached = self._predicted_end[running.job.id] = running_ends(
+                running, self.now, self.policy, is_predicted=True
+            )[0]
+        return cached
 
     def _regular_shadow(
         self, job: JobRequest, types: Sequence[str], estimate: Estimate, single: bool
@@ -756,15 +789,18 @@ class Scheduler:
     def _worth_reclaiming(
         self, job: JobRequest, types: Sequence[str], estimate: Estimate, reclaim: Reclaim, single: bool
     ) -> bool:
-        """Reclaim for the top job only if it gains more GPU-time than the victims lose."""
+        """Suspend for the top job only if it gains more than the victims lose.
+
+        The gain is the top job's GPU-time of waiting saved (it starts at ``ready_at`` instead
+        of its shadow time; the free GPUs it holds meanwhile stop idling); the loss is the
+        victims' work since their last checkpoint plus the restore (`RoundState.lost_work_s`).
+        """
         if not reclaim.victims:
             return True
         shadow = self._regular_shadow(job, types, estimate, single)
         if shadow is None:
             return True
-        # What the cluster gains is the idle time of the free GPUs the top job would otherwise
-        # hold until its shadow time; the victims' GPUs stay busy either way, minus lost work.
-        gained = (shadow.start_at - reclaim.ready_at) * len(reclaim.free_gpus)
+        gained = (shadow.start_at - reclaim.ready_at) * job.gpu_count
         lost = sum(v.lost_gpu_s for v in reclaim.victims)
         return gained > lost
 
