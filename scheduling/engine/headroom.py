@@ -63,7 +63,7 @@ def may_use_headroom(sched: Scheduler, job: JobRequest, types: Sequence[str]) ->
     if job.kind != JobKind.BATCH or not sched.knobs.can_lend or sched.top is not None:
         return False
     wanted = set(types)
-    level = sum(count for name, count in sched.policy.interactive_headroom if name == "*" or name in wanted)
+    level = sum(count for name, count in sched.headroom_levels() if name == "*" or name in wanted)
     if level <= 0:
         return False
     up = sum(len(gpus) for name, gpus in sched.state.topology.by_type.items() if name in wanted)

@@ -25,7 +25,8 @@ from scheduling.engine.headroom import headroom_need, may_use_headroom
 from scheduling.engine.outcome import Outcome
 from scheduling.engine.overdue import correct_overdue
 from scheduling.engine.placement import INF, FreePool, Hold
-from scheduling.engine.preemption import Reclaim, is_reclaimable, kill_time, plan_reclaim
+from scheduling.engine.pool import PoolForecast
+from scheduling.engine.preemption import Reclaim, is_consenting, is_reclaimable, kill_time, plan_reclaim
 from scheduling.engine.types import (
     Booking,
     ClusterSnapshot,
@@ -129,6 +130,16 @@ class Scheduler:
         self.round_promised: set[int] = set()
         self._headroom_done = False
         self._predicted_end: dict[str, float] = {}
+        # berth: the interactive pool over time (None: only ``interactive_headroom`` for now)
+        self.pool_forecast = PoolForecast.of(policy) if knobs.can_lend else None
+        # GPUs per type held by work sessions cannot take back (batch work without consent)
+        self.pinned_by_type: dict[str, int] = {}
+        if self.pool_forecast is not None:
+            for running in state.snapshot.running:
+                if running.job.kind == JobKind.BATCH and not is_consenting(running):
+                    for gpu in running.gpu_ids:
+                        name = state.gpu_type.get(gpu, "")
+                        self.pinned_by_type[name] = self.pinned_by_type.get(name, 0) + 1
         self._types_cache: dict[tuple[str, ...], list[str]] = {}
         self._nodes_cache: dict[tuple[tuple[str, ...], bool], tuple[tuple[int, tuple[int, ...]], ...]] = {}
         topology = state.topology
@@ -435,6 +446,9 @@ class Scheduler:
             )
         )
         self.used[job.project] = self.used.get(job.project, 0) + len(gpus)
+        if self.pool_forecast is not None and job.kind == JobKind.BATCH and not (is_lent or job.is_preemptible):
+            name = state.gpu_type[gpus[0]]
+            self.pinned_by_type[name] = self.pinned_by_type.get(name, 0) + len(gpus)
         if not is_lent:
             for gpu in gpus:
                 key = (job.project, state.gpu_type[gpu])
@@ -517,6 +531,10 @@ class Scheduler:
             is_interactive=job.kind == JobKind.INTERACTIVE or may_use_headroom(self, job, types),
             prefer_type_order=prefer,
         )
+        if gpus is not None and not (must_lend or job.is_preemptible) and not self._pool_admits(job, gpus, estimate):
+            if chooser is not None:
+                chooser.is_lendable = False
+            return False
         if gpus is not None:
             if chooser is not None:
                 must_lend = must_lend or (chooser.is_lendable and chooser.delays_drain(gpus, INF))
@@ -537,6 +555,45 @@ class Scheduler:
                 return True
         if chooser is not None:
             chooser.is_lendable = False
+        return False
+
+    def _pool_admits(self, job: JobRequest, gpus: tuple[int, ...], estimate: Estimate) -> bool:
+        """Berth with a pool forecast: non-preemptible batch work starts only if the GPUs such
+        work holds stay within capacity minus the pool's forecast peak until its p90 end.
+
+        Sessions cannot take that work back, so a start at night that runs into the office
+        peak would make sessions wait.  A refused job waits with the earliest window of low
+        demand that would admit it as its ETA; a job that no window in the forecast admits (wider
+        than the cluster minus the lowest level) is not held back, or it could never run.
+        """
+        forecast = self.pool_forecast
+        if forecast is None or job.kind != JobKind.BATCH:
+            return True
+        state = self.state
+        name = state.gpu_type[gpus[0]]
+        by_type = state.topology.by_type
+        end = self.now + estimate.hold_s
+        everything = list(by_type)
+        capacity_all = sum(len(g) for g in by_type.values())
+        pinned_all = sum(self.pinned_by_type.values())
+        room_all = capacity_all - pinned_all - job.gpu_count
+        room_type = len(by_type.get(name, ())) - self.pinned_by_type.get(name, 0) - job.gpu_count
+        peak_all = forecast.peak(everything, self.now, end)
+        peak_type = forecast.peak([name], self.now, end, only_named=True)
+        if peak_all <= room_all and peak_type <= room_type:
+            return True
+        window = forecast.low_window(everything, self.now, estimate.hold_s, room_all)
+        if window is None:
+            return True
+        self.out.wait(
+            job.id,
+            PendingReason.HEADROOM,
+            f"It is not preemptible and would still run when on-demand sessions are forecast to "
+            f"need {peak_all} GPUs; {max(room_all, 0)} GPUs stay free of non-preemptible work until "
+            f"its estimated end. Marking it preemptible lets it start now; otherwise it waits for "
+            f"demand to fall (from about +{fmt_s(max(window - self.now, 0.0))}).",
+            max(window, self.now),
+        )
         return False
 
     def availability(self, *, for_job: str, with_reclaim: bool = True) -> dict[int, float]:
@@ -941,17 +998,20 @@ class Scheduler:
     def hold_headroom(self) -> None:
         """Berth: keep ``interactive_headroom`` GPUs idle or running only reclaimable work
         (minus what sessions already use or can reclaim within a grace: `headroom_need`)."""
-        if not self.knobs.can_lend or not self.policy.interactive_headroom:
+        levels = self.headroom_levels()
+        if not self.knobs.can_lend or not levels:
             return
         pool = self.inter_pool
-        for type_name, count in self.policy.interactive_headroom:
+        forecast = self.pool_forecast
+        for type_name, count in levels:
             types = list(self.type_rank) if type_name == "*" else [type_name]
             need = headroom_need(self, types, count)
             if need <= 0:
                 continue
             chosen = pool.pick_fragments(types, need)
-            # lendable to preemptible work only: a session may take it back at any moment (after
-            # the minimum runtime), choosing the victims that lose least
+            # lendable to checkpointing work (a session takes it back within a grace, losing
+            # at most a checkpoint interval); with a forecast over time also to restartable
+            # work predicted to be gone before the pool's next demand rise
             pool.hold(
                 chosen,
                 Hold(
@@ -960,5 +1020,13 @@ class Scheduler:
                     lent_until=INF,
                     is_checkpoint_only=True,
                     is_for_interactive=True,
+                    restart_until=-INF if forecast is None else forecast.next_rise(types, self.now),
                 ),
             )
+
+    def headroom_levels(self) -> tuple[tuple[str, int], ...]:
+        """The interactive level to hold now: the pool forecast's current hour when there is a
+        forecast over time, else ``interactive_headroom``."""
+        if self.pool_forecast is not None:
+            return self.pool_forecast.type_levels_at(self.now)
+        return self.policy.interactive_headroom
