@@ -648,12 +648,14 @@ class Scheduler:
             free_total >= job.gpu_count
             and pool.find(types, job.gpu_count, until=-INF, strict_until=-INF) is None
         )
-        # Lent work on a reservation is evicted as soon as the top job can start; only work that
-        # checkpoints (and so loses little) may borrow it beyond what plain backfill allows.
+        # The top job's drain is lent to checkpointing work for as long as it lasts: that work
+        # is suspended for the top job once its other GPUs are ready (`_suspendable_for`: it
+        # was lent while the top job waited), losing at most a checkpoint interval plus the
+        # restore; other work backfills only where it ends in time.
         hold = Hold(
             holder=job.id,
             normal_until=shadow.start_at,
-            lent_until=shadow.start_at,
+            lent_until=INF,
             is_checkpoint_only=True,
         )
         pool.hold(shadow.gpu_ids, hold)
@@ -787,16 +789,20 @@ class Scheduler:
     ) -> Callable[[RunningJob], bool]:
         """Which running work the top job may suspend to start now (preemptive slowdown order).
 
-        Only checkpointing work (a restart from scratch loses everything; a resume loses the
-        work since the last checkpoint plus ``restore_s``), only work past its batch minimum
-        runtime (it goes within the grace), only work expected to still run at the top job's
-        shadow time (the work really in its way), and only work whose predicted remaining time
-        is more than ``SUSPEND_RATIO`` times the top job's predicted runtime: suspending it
-        delays it by a small share of what it still has to run while the top job, short next to
-        it, starts now instead of at its shadow time (shortest-remaining-first, which is what
-        cuts mean slowdown).  Since each suspension needs a victim that many times longer than
-        the demand, a suspended job that later heads the queue can only suspend work longer
-        still, so chains stay short and never come back to the job that suspended it.
+        Only checkpointing work whose owner or quota consented (a restart from scratch loses
+        everything; a resume loses the work since the last checkpoint plus ``restore_s``), only
+        work past its batch minimum runtime (it goes within the grace), only work expected to
+        still run at the top job's shadow time (the work really in its way), and of that:
+
+        * work whose predicted remaining time is more than ``SUSPEND_RATIO`` times the top
+          job's predicted runtime, however it started: suspending it delays it by a small share
+          of what it still has to run while the top job, short next to it, starts now instead
+          of at its shadow time (shortest-remaining-first, which is what cuts mean slowdown).
+          Each such suspension needs a victim that many times longer than the demand, so a
+          suspended job that later heads the queue can only suspend work longer still: chains
+          stay short and never come back to the job that suspended it;
+        * work lent (started reclaimable) after the top job was queued: it borrowed the top
+          job's drain (`reserve_top`) and gives it back.
         """
         latest_kill = self.now + self.policy.grace_s
         end_hold = self.state.end_hold
@@ -814,7 +820,10 @@ class Scheduler:
             return (
                 running.job.is_checkpointable
                 and kill_time(state, running) <= latest_kill
-                and self.predicted_end(running) > longer_than
+                and (
+                    self.predicted_end(running) > longer_than
+                    or (running.is_preemptible and running.started_at >= job.submit_at)
+                )
                 and end_hold[running.job.id] >= in_way_after()
             )
 
@@ -848,16 +857,16 @@ class Scheduler:
     ) -> bool:
         """Suspend for the top job only if it gains more than the victims lose.
 
-        The gain is the top job's GPU-time of waiting saved (it starts at ``ready_at`` instead
-        of its shadow time; the free GPUs it holds meanwhile stop idling); the loss is the
-        victims' work since their last checkpoint plus the restore (`RoundState.lost_work_s`).
+        The gain is the idle time of the free GPUs the top job would otherwise hold until its
+        shadow time (the victims' GPUs stay busy either way); the loss is the victims' work
+        since their last checkpoint plus the restore (`RoundState.lost_work_s`).
         """
         if not reclaim.victims:
             return True
         shadow = self._regular_shadow(job, types, estimate, single)
         if shadow is None:
             return True
-        gained = (shadow.start_at - reclaim.ready_at) * job.gpu_count
+        gained = (shadow.start_at - reclaim.ready_at) * len(reclaim.free_gpus)
         lost = sum(v.lost_gpu_s for v in reclaim.victims)
         return gained > lost
 
