@@ -61,7 +61,8 @@ def cheapest_booking_gpus(
                 if (
                     running is None
                     or not is_reclaimable(running, excluded=no_one)
-                    or running.started_at + min_runtime_s(policy, is_high_class=True) > need_at - policy.grace_s
+                    or running.started_at + min_runtime_s(policy, is_high_class=True)
+                    > need_at - policy.grace_s
                 ):
                     continue
                 end = state.end_p50[running.job.id]

@@ -8,8 +8,10 @@ A `Scheduler` lives for one `plan_round` call.  The policies (``policies/``) onl
 * the EASY pass: start jobs in priority order while they fit; the first that does not becomes
   the *top job* and gets a shadow reservation; later jobs backfill only if they leave reserved
   GPUs in time (on their estimate) or, with lending, as preemptible work;
-* berth extras: interactive sessions reclaim lent work, interactive headroom lendable to
-  preemptible work, the top job reclaims lent work from its reservation, quota guarantees.
+* berth extras: sessions and bookings reclaim consenting work within a grace, the time-aware
+  interactive pool (`pool.py`) held idle but lendable and kept free of non-preemptible work
+  at its forecast peak, the top job suspends long checkpointing work in its way
+  (`_suspendable_for`), quota guarantees.
 """
 
 from __future__ import annotations
@@ -57,7 +59,6 @@ class Knobs:
     prefers_cheap_types: bool = False  # place on the least valuable fitting GPU type first
     enforces_guarantees: bool = False  # work above a project's guarantee runs preemptible only
     fits_on_p50: bool = False  # backfill if the median runtime fits (else the planning estimate)
-    shadow_on_p50: bool = False  # the top job's shadow time from running jobs' median ends
     shadow_on_requested: bool = False  # running jobs' ends from user estimates even when predicting
     preempts_by_consent: bool = False  # checkpointing preemptible jobs outside a guarantee run reclaimable
     drain_aware: bool = False  # place where nodes' expected drain is delayed least (fragmentation.py)
@@ -446,7 +447,11 @@ class Scheduler:
             )
         )
         self.used[job.project] = self.used.get(job.project, 0) + len(gpus)
-        if self.pool_forecast is not None and job.kind == JobKind.BATCH and not (is_lent or job.is_preemptible):
+        if (
+            self.pool_forecast is not None
+            and job.kind == JobKind.BATCH
+            and not (is_lent or job.is_preemptible)
+        ):
             name = state.gpu_type[gpus[0]]
             self.pinned_by_type[name] = self.pinned_by_type.get(name, 0) + len(gpus)
         if not is_lent:
@@ -531,7 +536,11 @@ class Scheduler:
             is_interactive=job.kind == JobKind.INTERACTIVE or may_use_headroom(self, job, types),
             prefer_type_order=prefer,
         )
-        if gpus is not None and not (must_lend or job.is_preemptible) and not self._pool_admits(job, gpus, estimate):
+        if (
+            gpus is not None
+            and not (must_lend or job.is_preemptible)
+            and not self._pool_admits(job, gpus, estimate)
+        ):
             if chooser is not None:
                 chooser.is_lendable = False
             return False
@@ -598,7 +607,7 @@ class Scheduler:
 
     def availability(self, *, for_job: str, with_reclaim: bool = True) -> dict[int, float]:
         """When each GPU comes free for the top job (missing: not for it)."""
-        avail = dict(self.avail_p50 if self.knobs.shadow_on_p50 else self.avail_hold)
+        avail = dict(self.avail_hold)
         if with_reclaim and self.avail_reclaim:
             for gpu, at in self.avail_reclaim.items():
                 if at < avail[gpu]:

@@ -16,7 +16,14 @@ def test_victims_cost_the_restore_too() -> None:
     without a restore cost it would take the checkpointing one."""
     nodes = make_nodes(2, 1)
     ckpt = running(
-        job("ckpt", 1, requested_s=50_000, is_preemptible=True, is_checkpointable=True, checkpoint_interval_s=1_000),
+        job(
+            "ckpt",
+            1,
+            requested_s=50_000,
+            is_preemptible=True,
+            is_checkpointable=True,
+            checkpoint_interval_s=1_000,
+        ),
         (0,),
         started_at=NOW - 5_100,
     )
@@ -37,7 +44,12 @@ def test_the_top_jobs_drain_is_lent_to_checkpointing_work_and_taken_back() -> No
     busy = running(job("r", 2, requested_s=300), (0, 1), started_at=NOW - 100)
     top = job("top", 4, submit_at=0, requested_s=3_600)
     lendable = job(
-        "lendable", 2, submit_at=5, requested_s=20_000, is_preemptible=True, is_checkpointable=True,
+        "lendable",
+        2,
+        submit_at=5,
+        requested_s=20_000,
+        is_preemptible=True,
+        is_checkpointable=True,
         checkpoint_interval_s=600,
     )
     plan = plan_round(snapshot(nodes, running_jobs=[busy], pending=[top, lendable]), policy, NOW)
@@ -59,8 +71,13 @@ def test_a_requeued_jobs_slowdown_counts_from_its_requeue() -> None:
     submit (it ran most of that time): a short job that has waited a while goes first."""
     nodes = make_nodes(1, 1)
     requeued = job(
-        "requeued", 1, submit_at=NOW - 10, first_submit_at=NOW - 20_000, attempt=1,
-        predicted_p50_s=20_000, requested_s=40_000,
+        "requeued",
+        1,
+        submit_at=NOW - 10,
+        first_submit_at=NOW - 20_000,
+        attempt=1,
+        predicted_p50_s=20_000,
+        requested_s=40_000,
     )
     fresh = job("fresh", 1, submit_at=NOW - 1_000, predicted_p50_s=3_000, requested_s=6_000)
     plan = plan_round(snapshot(nodes, pending=[requeued, fresh]), PolicyConfig(name="berth"), NOW)

@@ -20,7 +20,7 @@ def _reason(plan, job_id: str) -> PendingReason | None:  # type: ignore[no-untyp
 
 
 def test_forecast_levels_peak_next_rise_and_low_window() -> None:
-    policy = PolicyConfig(interactive_pool=_pool(1, 3, 2, 0) + ((NOW + H, "T4", 2),))
+    policy = PolicyConfig(interactive_pool=(*_pool(1, 3, 2, 0), (NOW + H, "T4", 2)))
     forecast = PoolForecast.of(policy)
     assert forecast is not None
     assert forecast.level_at(["A100"], NOW + 10) == 1
@@ -47,7 +47,9 @@ def test_non_preemptible_work_is_kept_out_of_the_forecast_peak() -> None:
     (explanation,) = plan.pending
     assert explanation.eta_p50_at == NOW + 3 * H
     consenting = job("wide", 2, requested_s=2 * H, is_preemptible=True)
-    assert [s.job_id for s in plan_round(snapshot(nodes, pending=[consenting]), policy, NOW).starts] == ["wide"]
+    assert [s.job_id for s in plan_round(snapshot(nodes, pending=[consenting]), policy, NOW).starts] == [
+        "wide"
+    ]
     narrow = job("narrow", 1, requested_s=2 * H)
     assert [s.job_id for s in plan_round(snapshot(nodes, pending=[narrow]), policy, NOW).starts] == ["narrow"]
     # running non-preemptible work counts: with one GPU pinned, the narrow job no longer fits
