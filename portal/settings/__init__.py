@@ -181,6 +181,12 @@ CACHES = {
                 "BERTH_CACHE_URL", default=env.str("REDIS_URL", default="redis://127.0.0.1:56379/0")
             ),
             "KEY_PREFIX": "berth",
+            # An unreachable or hung Redis must cost a request at most this, not a worker timeout:
+            # the counters then move to PostgreSQL (portal.security).
+            "OPTIONS": {
+                "socket_connect_timeout": env.float("BERTH_CACHE_TIMEOUT_S", default=0.5),
+                "socket_timeout": env.float("BERTH_CACHE_TIMEOUT_S", default=0.5),
+            },
         }
         if IS_PRODUCTION or env.str("BERTH_CACHE_URL", default="")
         else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
@@ -249,6 +255,13 @@ CELERY_TASK_ALWAYS_EAGER = False
 # Task modules outside installed apps (autodiscovery covers scheduling and forecasting).
 CELERY_IMPORTS = ["portal.ops.tasks"]
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A Redis outage pauses the worker and beat; they reconnect by themselves when it is back
+# (never give up: Celery's default stops after 100 attempts and exits).
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
+# A web request that enqueues a task while the broker is down gives up quickly (the tasks it
+# sends are covered by beat or the hourly refresh) instead of waiting out the default retries.
+CELERY_BROKER_CONNECTION_TIMEOUT = env.float("CELERY_BROKER_CONNECTION_TIMEOUT_S", default=1.0)
+CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.2}
 # acks_late tasks of a worker that died are redelivered after this (the default is an hour);
 # it must exceed the longest task time limit.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT_S", default=600)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from drf_spectacular.utils import extend_schema
-from rest_framework import permissions, serializers, throttling
+from rest_framework import permissions, serializers
 from rest_framework.authtoken.models import Token
 from rest_framework.authtoken.serializers import AuthTokenSerializer
 from rest_framework.request import Request
@@ -15,6 +15,7 @@ from rest_framework.views import APIView
 from portal.accounts import selectors as account_selectors
 from portal.accounts import services as account_services
 from portal.accounts.models import Membership
+from portal.security import ScopedRateThrottle
 from scheduling.api.common import PaginatedApi, errors, request_user
 
 
@@ -89,7 +90,7 @@ class TokenCreateApi(APIView):
 
     authentication_classes: list[Any] = []
     permission_classes = [permissions.AllowAny]
-    throttle_classes = [throttling.ScopedRateThrottle]
+    throttle_classes = [ScopedRateThrottle]
     throttle_scope = "auth-token"
 
     class InputSerializer(serializers.Serializer[Any]):
