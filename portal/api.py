@@ -119,6 +119,31 @@ def _conflict_response(exc: BookingConflictError) -> Response:
     )
 
 
+def _unexpected_error_response(exc: Exception, context: dict[str, Any]) -> Response:
+    """Not an API error: 503 + ``Retry-After`` while the database is down, else a logged 500 —
+    both in the documented shape (never Django's HTML page)."""
+    from rest_framework.views import set_rollback
+
+    from portal.outage import is_database_down
+
+    request = context.get("request")
+    where = f"{request.method} {request.path}" if request is not None else "API"
+    set_rollback()
+    if is_database_down(exc):
+        logger.warning("database unreachable: %s answered 503", where)
+        unavailable = Response(
+            {"message": "The service is briefly unavailable (its database is unreachable); retry shortly.", "fields": {}},
+            status=status.HTTP_503_SERVICE_UNAVAILABLE,
+        )
+        unavailable["Retry-After"] = str(settings.BERTH_OUTAGE_RETRY_AFTER_S)
+        return unavailable
+    logging.getLogger("django.request").error("Internal error: %s", where, exc_info=exc)
+    return Response(
+        {"message": "Internal error; it has been logged.", "fields": {}},
+        status=status.HTTP_500_INTERNAL_SERVER_ERROR,
+    )
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """Map service and DRF errors to ``{"message", "fields"}`` (409 adds ``alternatives``)."""
     # Imported here, not at the top: DRF imports this module (for the parser) while its own
@@ -141,7 +166,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
 
     response = drf_exception_handler(exc, context)
     if response is None:
-        return None
+        return _unexpected_error_response(exc, context)
     if isinstance(exc, exceptions.ValidationError):
         detail = exc.detail
         fields = _flatten(detail) if isinstance(detail, dict) else {"non_field_errors": _flatten(detail)}

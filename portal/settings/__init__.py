@@ -58,6 +58,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # Outermost: a database outage is a 503 (JSON under /api/, a maintenance page elsewhere) in
+    # every settings mode, and every API error is JSON (portal.outage).
+    "portal.outage.OutageMiddleware",
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -115,6 +118,11 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "login"
+
+# The debug page and error mails never show credentials carried in URLs (REDIS_URL, ...).
+DEFAULT_EXCEPTION_REPORTER_FILTER = "portal.outage.ExceptionReporterFilter"
+# Retry-After of the 503 answered while PostgreSQL is unreachable.
+BERTH_OUTAGE_RETRY_AFTER_S = env.int("BERTH_OUTAGE_RETRY_AFTER_S", default=10)
 
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", default=256 * 1024)
 
