@@ -132,7 +132,10 @@ def _unexpected_error_response(exc: Exception, context: dict[str, Any]) -> Respo
     if is_database_down(exc):
         logger.warning("database unreachable: %s answered 503", where)
         unavailable = Response(
-            {"message": "The service is briefly unavailable (its database is unreachable); retry shortly.", "fields": {}},
+            {
+                "message": "The service is briefly unavailable (its database is unreachable); retry shortly.",
+                "fields": {},
+            },
             status=status.HTTP_503_SERVICE_UNAVAILABLE,
         )
         unavailable["Retry-After"] = str(settings.BERTH_OUTAGE_RETRY_AFTER_S)

@@ -54,7 +54,10 @@ def database_down_response(request: HttpRequest) -> HttpResponse:
     response: HttpResponse
     if request.path_info.startswith(_API_PREFIX):
         response = JsonResponse(
-            {"message": "The service is briefly unavailable (its database is unreachable); retry shortly.", "fields": {}},
+            {
+                "message": "The service is briefly unavailable (its database is unreachable); retry shortly.",
+                "fields": {},
+            },
             status=503,
         )
     else:

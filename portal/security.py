@@ -160,7 +160,9 @@ def _cache_down(operation: str) -> None:
     now = time.monotonic()
     if now - _last_fallback_warning[0] >= 60:
         _last_fallback_warning[0] = now
-        logger.warning("cache unreachable: %s counted in PostgreSQL until it is back", operation, exc_info=True)
+        logger.warning(
+            "cache unreachable: %s counted in PostgreSQL until it is back", operation, exc_info=True
+        )
 
 
 def _db_hit(key: str, *, window_s: int) -> int:
@@ -188,7 +190,9 @@ def _db_hit(key: str, *, window_s: int) -> int:
 def _db_count(key: str) -> int:
     from portal.accounts.models import RateCounter
 
-    row = RateCounter.objects.filter(key=key[:200], expires_at__gt=timezone.now()).values_list("count", flat=True)
+    row = RateCounter.objects.filter(key=key[:200], expires_at__gt=timezone.now()).values_list(
+        "count", flat=True
+    )
     return int(row.first() or 0)
 
 

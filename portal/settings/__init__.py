@@ -134,6 +134,8 @@ BERTH_BOOKING_MAX_DURATION_S = env.int("BERTH_BOOKING_MAX_DURATION_S", default=7
 BERTH_JOB_MAX_REQUESTED_S = env.int("BERTH_JOB_MAX_REQUESTED_S", default=30 * 86_400)
 # How far ahead a refused booking looks for the nearest free alternative windows.
 BERTH_ALTERNATIVES_HORIZON_S = env.int("BERTH_ALTERNATIVES_HORIZON_S", default=14 * 86_400)
+# ... reading at most this many allocations (the earliest first): a refused booking costs bounded work.
+BERTH_ALTERNATIVES_MAX_ROWS = env.int("BERTH_ALTERNATIVES_MAX_ROWS", default=4_000)
 # Availability queries: smallest step and most steps in one answer.
 BERTH_AVAILABILITY_MIN_STEP_S = env.int("BERTH_AVAILABILITY_MIN_STEP_S", default=5 * 60)
 BERTH_AVAILABILITY_MAX_STEPS = env.int("BERTH_AVAILABILITY_MAX_STEPS", default=2_000)
@@ -269,7 +271,12 @@ CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 # A web request that enqueues a task while the broker is down gives up quickly (the tasks it
 # sends are covered by beat or the hourly refresh) instead of waiting out the default retries.
 CELERY_BROKER_CONNECTION_TIMEOUT = env.float("CELERY_BROKER_CONNECTION_TIMEOUT_S", default=1.0)
-CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.2}
+CELERY_TASK_PUBLISH_RETRY_POLICY = {
+    "max_retries": 1,
+    "interval_start": 0,
+    "interval_step": 0.2,
+    "interval_max": 0.2,
+}
 # acks_late tasks of a worker that died are redelivered after this (the default is an hour);
 # it must exceed the longest task time limit.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT_S", default=600)}

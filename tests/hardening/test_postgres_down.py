@@ -30,7 +30,9 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _request(url: str, *, method: str = "GET", body: bytes | None = None, headers: dict[str, str] | None = None):
+def _request(
+    url: str, *, method: str = "GET", body: bytes | None = None, headers: dict[str, str] | None = None
+):
     request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
     try:
         with urllib.request.urlopen(request, timeout=20) as response:
@@ -51,15 +53,32 @@ def server(request):
         "REDIS_URL": "redis://user:redis-secret-do-not-show@127.0.0.1:1/0",
     }
     if request.param == "production":
-        env.update(DJANGO_ENV="production", DJANGO_DEBUG="0", DJANGO_SECURE_SSL_REDIRECT="0",
-                   DJANGO_SECRET_KEY="test-only-" + "k" * 50)
+        env.update(
+            DJANGO_ENV="production",
+            DJANGO_DEBUG="0",
+            DJANGO_SECURE_SSL_REDIRECT="0",
+            DJANGO_SECRET_KEY="test-only-" + "k" * 50,
+        )
     else:
         env.update(DJANGO_ENV="development", DJANGO_DEBUG="1")
     env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
     proc = subprocess.Popen(
-        [str(GUNICORN), "portal.wsgi:application", "--bind", f"127.0.0.1:{port}", "--workers", "1",
-         "--timeout", "30", "--log-level", "warning"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        [
+            str(GUNICORN),
+            "portal.wsgi:application",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--workers",
+            "1",
+            "--timeout",
+            "30",
+            "--log-level",
+            "warning",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     base = f"http://127.0.0.1:{port}"
     for _ in range(200):
@@ -83,7 +102,12 @@ def test_api_is_503_json_with_retry_after(server):
     for method, path, body, headers in [
         ("GET", "/api/v1/me/", None, {"Authorization": "Token 0123456789abcdef0123456789abcdef01234567"}),
         ("GET", "/api/v1/bookings/", None, {"Cookie": "sessionid=abcdefghijklmnopqrstuvwxyz012345"}),
-        ("POST", "/api/v1/auth/token/", b'{"username": "a", "password": "b"}', {"Content-Type": "application/json"}),
+        (
+            "POST",
+            "/api/v1/auth/token/",
+            b'{"username": "a", "password": "b"}',
+            {"Content-Type": "application/json"},
+        ),
     ]:
         status, response_headers, text = _request(server + path, method=method, body=body, headers=headers)
         assert status == 503, (path, status, text[:300])
