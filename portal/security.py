@@ -170,20 +170,19 @@ def _db_hit(key: str, *, window_s: int) -> int:
     EXPIRE: a key that expired starts again at 1; every hit pushes the expiry out)."""
     from django.db import connection
 
-    from portal.accounts.models import RateCounter
-
-    table = connection.ops.quote_name(RateCounter._meta.db_table)
     with connection.cursor() as cursor:
         cursor.execute(
-            f"INSERT INTO {table} (key, count, expires_at) VALUES (%s, 1, now() + %s * interval '1 second') "
-            f"ON CONFLICT (key) DO UPDATE SET "
-            f"count = CASE WHEN {table}.expires_at <= now() THEN 1 ELSE {table}.count + 1 END, "
-            f"expires_at = EXCLUDED.expires_at RETURNING count",
+            "INSERT INTO accounts_ratecounter (key, count, expires_at) "
+            "VALUES (%s, 1, now() + %s * interval '1 second') "
+            "ON CONFLICT (key) DO UPDATE SET "
+            "count = CASE WHEN accounts_ratecounter.expires_at <= now() THEN 1 "
+            "ELSE accounts_ratecounter.count + 1 END, "
+            "expires_at = EXCLUDED.expires_at RETURNING count",
             [key[:200], window_s],
         )
         count = int(cursor.fetchone()[0])
         if count == 1:  # a new window: drop what has expired so the table stays small
-            cursor.execute(f"DELETE FROM {table} WHERE expires_at < now()")
+            cursor.execute("DELETE FROM accounts_ratecounter WHERE expires_at < now()")
     return count
 
 
@@ -368,6 +367,37 @@ class WriteRateThrottle(throttling.UserRateThrottle):
 
     def wait(self) -> float | None:
         return getattr(self, "_retry_after", None)
+
+
+# ---- refused bookings ----
+# A refused booking (409) costs an alternatives search, several times an accepted one: besides
+# the write throttle (which counts it like any write), a user gets BERTH_REFUSED_BOOKING_RATE
+# refusals per window; beyond it, booking requests are answered 429 before any search.
+
+
+def _refusal_key(user_id: int) -> tuple[str, int, float]:
+    _, window_s = _parse_rate(settings.BERTH_REFUSED_BOOKING_RATE)
+    now = time.time()
+    window = int(now // window_s)
+    return f"berth:refused-booking:{user_id}:{window}", window_s, (window + 1) * window_s - now
+
+
+def refused_bookings_retry_after(user_id: int) -> float | None:
+    """Seconds until ``user_id`` may try a booking again, or ``None`` while under the refusal limit."""
+    limit, _ = _parse_rate(settings.BERTH_REFUSED_BOOKING_RATE)
+    key, _, retry_after = _refusal_key(user_id)
+    try:
+        count = int(cache.get(key, 0))
+    except CACHE_DOWN_ERRORS:
+        _cache_down("read")
+        count = _db_count(key)
+    return retry_after if count >= limit else None
+
+
+def refused_booking_record(user_id: int) -> None:
+    """Count one refused booking of ``user_id`` (in PostgreSQL while the cache is down)."""
+    key, window_s, _ = _refusal_key(user_id)
+    _hit(key, window_s=window_s)
 
 
 class ScopedRateThrottle(throttling.ScopedRateThrottle):

@@ -26,7 +26,6 @@ from django.core.cache import cache, caches
 from django.core.cache.backends.redis import RedisCache
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import connection
-from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from django.db.models import Count, Prefetch, Q, QuerySet
 from django.http import Http404
 from django.utils import timezone

@@ -37,6 +37,7 @@ from rest_framework.authtoken.models import Token
 from forecasting.selectors import job_engine_request, runtime_predict
 from portal.accounts.selectors import project_list
 from portal.accounts.services import token_create, token_revoke
+from portal.security import refused_booking_record, refused_bookings_retry_after
 from scheduling.forms import (
     DATETIME_LOCAL_FORMAT,
     BookingForm,
@@ -237,6 +238,14 @@ def booking_new(request: HtmxHttpRequest) -> HttpResponse:
     form = _booking_form(request, request.POST)
     if not form.is_valid():
         return _render(request, BOOK_TEMPLATE, "booking-form", _book_context(form), status=UNPROCESSABLE)
+    wait_s = refused_bookings_retry_after(request.user.pk)
+    if wait_s is not None:
+        form.add_error(
+            None, f"Too many refused bookings; look at availability, then retry in {int(wait_s) + 1} s."
+        )
+        response = _render(request, BOOK_TEMPLATE, "booking-form", _book_context(form), status=429)
+        response["Retry-After"] = str(int(wait_s) + 1)
+        return response
     start_at, end_at = form.window()
     try:
         booking = booking_create(
@@ -249,6 +258,7 @@ def booking_new(request: HtmxHttpRequest) -> HttpResponse:
             note=form.cleaned_data["note"],
         )
     except BookingConflictError as exc:
+        refused_booking_record(request.user.pk)
         form.add_error(None, exc.message)
         context = _book_context(form, availability=_availability(form), alternatives=tuple(exc.alternatives))
         return _render(request, BOOK_TEMPLATE, "booking-form", context, status=CONFLICT)

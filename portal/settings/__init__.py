@@ -125,6 +125,14 @@ DEFAULT_EXCEPTION_REPORTER_FILTER = "portal.outage.ExceptionReporterFilter"
 BERTH_OUTAGE_RETRY_AFTER_S = env.int("BERTH_OUTAGE_RETRY_AFTER_S", default=10)
 
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", default=256 * 1024)
+# API JSON bodies nest at most this deep (400 beyond; 2 KB of "[" was a RecursionError).
+BERTH_JSON_MAX_DEPTH = env.int("BERTH_JSON_MAX_DEPTH", default=32)
+# Pending jobs one user, and one project, may have at once (400 beyond; 0: no limit).
+BERTH_MAX_PENDING_JOBS_PER_USER = env.int("BERTH_MAX_PENDING_JOBS_PER_USER", default=200)
+BERTH_MAX_PENDING_JOBS_PER_PROJECT = env.int("BERTH_MAX_PENDING_JOBS_PER_PROJECT", default=1_000)
+# Refused bookings (409, each costing an alternatives search) one user may make per window,
+# on top of the write throttle that counts them like any write (429 beyond).
+BERTH_REFUSED_BOOKING_RATE = env.str("BERTH_REFUSED_BOOKING_RATE", default="30/min")
 
 # ---- booking and job limits (scheduling.services) ----
 # A booking may start this far in the past (clock skew, slow forms) and no further.

@@ -7,12 +7,13 @@ from typing import Any
 from django.db import connection
 from django.db.models import Model
 from drf_spectacular.utils import extend_schema
-from rest_framework import serializers, status
+from rest_framework import exceptions, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from portal.accounts.models import Project
+from portal.security import refused_booking_record, refused_bookings_retry_after
 from scheduling import selectors, services
 from scheduling.api.common import (
     JsonNegotiation,
@@ -267,8 +268,18 @@ class BookingListCreateApi(PaginatedApi):
         responses={201: OutputSerializer, **errors(400, 401, 403, 409, 413)},
     )
     def post(self, request: Request) -> Response:
+        user = request_user(request)
+        wait_s = refused_bookings_retry_after(user.pk)
+        if wait_s is not None:
+            raise exceptions.Throttled(
+                wait=wait_s, detail="Too many refused bookings; look at availability, then retry later."
+            )
         data = _resolve_refs(validate(self.InputSerializer, request.data))
-        booking = services.booking_create(request_user(request), **data, actor_label=AuditEvent.Actor.API)
+        try:
+            booking = services.booking_create(user, **data, actor_label=AuditEvent.Actor.API)
+        except services.BookingConflictError:
+            refused_booking_record(user.pk)
+            raise
         # The service returns the booking with everything the response shows: no read back.
         return Response(booking_data(booking), status=status.HTTP_201_CREATED)
 

@@ -73,12 +73,6 @@ def test_alternatives_search_is_bounded_on_a_full_calendar(settings, cluster, a1
         NodeFactory(cluster=cluster, gpu_type=a100, name=f"n{i}", gpu_count=8)
     _fill_calendar(cluster=cluster, gpu_type=a100, user=member, project=project, bookings=20_000)
     assert Booking.objects.count() == 20_000
-    import sys
-
-    sys.path.insert(0, "/tmp")
-    import prof_alt
-
-    prof_alt.prof(a100)
     soon = timezone.now() + timedelta(hours=1)
     times = []
     answers = []
@@ -125,3 +119,79 @@ def test_alternatives_stop_where_the_rows_read_stop(settings, cluster, a100, mem
     assert bounded in ([], full[:1]) or bounded == full
     for alt in bounded:
         assert not Allocation.objects.filter(period__overlap=(alt.start_at, alt.end_at)).exists()
+
+
+def _cursor(position: str) -> str:
+    return base64.b64encode(urlencode({"p": position}).encode()).decode()
+
+
+@pytest.mark.parametrize("position", ["notadate", "1e5", "1.5", "nan", "2026-13-45"])
+@pytest.mark.parametrize("url", ["/api/v1/bookings/", "/api/v1/jobs/", "/api/v1/audit-events/", "/api/v1/projects/"])
+def test_crafted_cursors_are_400_on_every_list(member, staff, position, url):
+    client = token_client(staff if "audit" in url else member)
+    response = client.get(url, {"cursor": _cursor(position)})
+    assert response.status_code == 400, response.content
+    assert response.json()["fields"] == {"cursor": ["Invalid cursor."]}
+
+
+@pytest.mark.parametrize("body", ["[" * 1000 + "]" * 1000, '{"a":' * 40 + "1" + "}" * 40, "[" * 100_000])
+def test_deeply_nested_json_is_400_without_signing_in(body):
+    from rest_framework.test import APIClient
+
+    response = APIClient().post("/api/v1/auth/token/", body, content_type="application/json")
+    assert response.status_code == 400, response.content[:200]
+    assert set(response.json()) == {"message", "fields"}
+
+
+def test_shallow_json_still_parses(member_client, project, nodes):
+    body = {
+        "name": "j",
+        "project": project.slug,
+        "gpu_count": 1,
+        "gpu_type": "A100",
+        "requested_s": 60,
+        "payload": {"env": {"A": "1"}, "args": [["x"]]},
+    }
+    assert member_client.post("/api/v1/jobs/", body, format="json").status_code == 201
+
+
+def test_pending_job_limits_per_user_and_project(settings, member_client, member, project, nodes):
+    from tests.factories import MembershipFactory
+
+    settings.BERTH_MAX_PENDING_JOBS_PER_USER = 2
+    settings.BERTH_MAX_PENDING_JOBS_PER_PROJECT = 3
+    body = {"name": "j", "project": project.slug, "gpu_count": 1, "gpu_type": "A100", "requested_s": 60}
+    codes = [member_client.post("/api/v1/jobs/", body, format="json").status_code for _ in range(3)]
+    assert codes == [201, 201, 400]
+    refused = member_client.post("/api/v1/jobs/", body, format="json").json()
+    assert "pending jobs" in refused["fields"]["non_field_errors"][0]
+    other = token_client(MembershipFactory(project=project).user)
+    assert other.post("/api/v1/jobs/", body, format="json").status_code == 201
+    third = token_client(MembershipFactory(project=project).user).post("/api/v1/jobs/", body, format="json")
+    assert third.status_code == 400
+    assert "project" in third.json()["fields"]
+    # A cancelled job frees its place.
+    first = member_client.get("/api/v1/jobs/").json()["results"][0]["id"]
+    member_client.post(f"/api/v1/jobs/{first}/cancel/")
+    assert member_client.post("/api/v1/jobs/", body, format="json").status_code == 201
+
+
+def test_refused_bookings_are_limited_per_user(settings, member_client, project, nodes, soon):
+    from tests.hardening.conftest import clear_local_cache
+
+    clear_local_cache()
+    settings.BERTH_REFUSED_BOOKING_RATE = "3/min"
+    body = {
+        "project": project.slug,
+        "gpu_type": "A100",
+        "gpu_count": 8,
+        "start_at": soon.isoformat(),
+        "end_at": (soon + timedelta(hours=1)).isoformat(),
+    }
+    assert member_client.post("/api/v1/bookings/", body, format="json").status_code == 201
+    codes = [member_client.post("/api/v1/bookings/", body, format="json").status_code for _ in range(4)]
+    assert codes == [409, 409, 409, 429]
+    limited = member_client.post("/api/v1/bookings/", body, format="json")
+    assert limited.status_code == 429 and int(limited["Retry-After"]) > 0
+    assert Booking.objects.count() == 1
+    clear_local_cache()

@@ -40,7 +40,8 @@ def test_other_errors():
     assert (code, data["message"]) == (403, "You are not a member of this project.")
     assert _handle(RequestDataTooBig())[0] == 413
     # A real bug is still a 500 (and logged), in the documented shape, not Django's HTML page.
-    assert _handle(RuntimeError("boom")) == (500, {"message": "Internal error; it has been logged.", "fields": {}})
+    internal = {"message": "Internal error; it has been logged.", "fields": {}}
+    assert _handle(RuntimeError("boom")) == (500, internal)
 
 
 def test_database_errors_are_503_with_retry_after():
