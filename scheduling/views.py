@@ -73,6 +73,7 @@ JOBS_TEMPLATE = "scheduling/my_jobs.html"
 TIMELINE_TEMPLATE = "scheduling/availability.html"
 JOB_NEW_TEMPLATE = "scheduling/job_new.html"
 JOBS_PER_PAGE = 50
+BOOKINGS_PER_PAGE = 50
 EXTEND_STEP = timedelta(hours=1)  # the "+1 h" button on an open booking
 # Status codes whose htmx responses are swapped in (base.html sets htmx's responseHandling).
 UNPROCESSABLE = 422
@@ -495,13 +496,21 @@ def _my_booking(request: HtmxHttpRequest, booking_id: int) -> Booking:
 @vary_on_headers("HX-Request")
 @require_GET
 def my_bookings(request: HtmxHttpRequest) -> HttpResponse:
-    """The user's bookings: open ones first (soonest first), then the last 50 closed ones."""
+    """The user's bookings: open ones first (soonest first, a page at a time), then the last 50
+    closed ones.  Paged: a user with thousands of open bookings gets a bounded page, not megabytes."""
     bookings = booking_list(request.user, mine_only=True)
-    open_bookings = list(bookings.filter(status__in=Booking.OPEN_STATUSES).order_by("start_at", "id"))
+    page = Paginator(
+        bookings.filter(status__in=Booking.OPEN_STATUSES).order_by("start_at", "id"), BOOKINGS_PER_PAGE
+    ).get_page(request.GET.get("page"))
     closed_bookings = list(
         bookings.exclude(status__in=Booking.OPEN_STATUSES).order_by("-start_at", "-id")[:50]
     )
-    context = {"open_bookings": open_bookings, "closed_bookings": closed_bookings, "now": timezone.now()}
+    context = {
+        "open_bookings": page.object_list,
+        "page": page,
+        "closed_bookings": closed_bookings,
+        "now": timezone.now(),
+    }
     return _render(request, BOOKINGS_TEMPLATE, "booking-list", context)
 
 

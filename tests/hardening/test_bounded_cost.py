@@ -195,3 +195,19 @@ def test_refused_bookings_are_limited_per_user(settings, member_client, project,
     assert limited.status_code == 429 and int(limited["Retry-After"]) > 0
     assert Booking.objects.count() == 1
     clear_local_cache()
+
+
+def test_my_bookings_pages_open_bookings(member, project, cluster, a100, nodes):
+    from django.test import Client
+
+    _fill_calendar(cluster=cluster, gpu_type=a100, user=member, project=project, bookings=130)
+    browser = Client()
+    browser.force_login(member)
+    first = browser.get("/bookings/")
+    assert first.status_code == 200
+    text = first.content.decode()
+    assert text.count('id="booking-row-') == 50
+    assert "Page 1 of 3" in text
+    last = browser.get("/bookings/", {"page": 3}).content.decode()
+    assert last.count('id="booking-row-') == 30
+    assert browser.get("/bookings/", {"page": "x"}).status_code == 200  # a bad page is page 1
