@@ -249,6 +249,12 @@ class LoginRateLimitMiddleware:
         return self.get_response(request)
 
 
+LOCKED_OUT_MESSAGE = (
+    "Too many failed sign-ins for this account from this address; sign-in is locked for a while. "
+    "Try again later or ask an administrator."
+)
+
+
 def _lockout_key(username: str, ip: str) -> str:
     # Hashed: usernames are user input (any length, any characters) and cache keys are not.
     digest = hashlib.sha256(f"{username.casefold()}\x00{ip}".encode()).hexdigest()[:32]
@@ -322,7 +328,12 @@ class LockoutBackend(ModelBackend):
         self, request: Any, username: str | None = None, password: str | None = None, **kwargs: Any
     ) -> Any:
         if username is not None and request is not None and is_locked_out(username, _request_ip(request)):
-            raise PermissionDenied("Too many failed sign-ins; try again later.")
+            # Hash the password anyway: a refusal that answers in 8 ms against 350 ms for a real
+            # check would tell a prober which guesses were never checked.
+            from django.contrib.auth import get_user_model
+
+            get_user_model()().set_password(password)
+            raise PermissionDenied(LOCKED_OUT_MESSAGE)
         return super().authenticate(request, username=username, password=password, **kwargs)
 
 

@@ -236,8 +236,13 @@ def _validate_window(*, start_at: datetime, end_at: datetime, now: datetime) -> 
             errors[name].append("Give a timezone (for example 2026-01-31T09:00:00Z).")
     if errors:
         raise ValidationError(dict(errors))
+    min_duration = timedelta(seconds=settings.BERTH_BOOKING_MIN_DURATION_S)
     if end_at <= start_at:
         errors["end_at"].append("The end must be after the start.")
+    elif end_at - start_at < min_duration:
+        errors["end_at"].append(
+            f"A booking lasts at least {int(min_duration.total_seconds() // 60)} minutes."
+        )
     if start_at < now - timedelta(seconds=settings.BERTH_BOOKING_PAST_TOLERANCE_S):
         errors["start_at"].append("The start is in the past.")
     max_advance = timedelta(seconds=settings.BERTH_BOOKING_MAX_ADVANCE_S)

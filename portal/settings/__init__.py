@@ -23,6 +23,12 @@ IS_PRODUCTION = DJANGO_ENV == "production"
 if IS_PRODUCTION:
     SECRET_KEY = env.str("DJANGO_SECRET_KEY")
     DATABASES = {"default": env.db("DATABASE_URL")}
+    # A placeholder copied from an example file is no secret: refuse to start (check --deploy
+    # only warns, and nobody runs it on every start).
+    if len(SECRET_KEY) < 32 or SECRET_KEY.lower().startswith(("change-me", "changeme", "django-insecure")):
+        raise environ.ImproperlyConfigured(
+            "DJANGO_SECRET_KEY is a placeholder or shorter than 32 characters; set a long random value."
+        )
 else:
     SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="dev-only-insecure-key-not-for-production")
     DATABASES = {"default": env.db("DATABASE_URL", default="postgres://berth:berth@127.0.0.1:55433/berth")}
@@ -138,6 +144,7 @@ BERTH_REFUSED_BOOKING_RATE = env.str("BERTH_REFUSED_BOOKING_RATE", default="30/m
 # A booking may start this far in the past (clock skew, slow forms) and no further.
 BERTH_BOOKING_PAST_TOLERANCE_S = env.int("BERTH_BOOKING_PAST_TOLERANCE_S", default=5 * 60)
 BERTH_BOOKING_MAX_ADVANCE_S = env.int("BERTH_BOOKING_MAX_ADVANCE_S", default=90 * 86_400)
+BERTH_BOOKING_MIN_DURATION_S = env.int("BERTH_BOOKING_MIN_DURATION_S", default=5 * 60)
 BERTH_BOOKING_MAX_DURATION_S = env.int("BERTH_BOOKING_MAX_DURATION_S", default=7 * 86_400)
 BERTH_JOB_MAX_REQUESTED_S = env.int("BERTH_JOB_MAX_REQUESTED_S", default=30 * 86_400)
 # How far ahead a refused booking looks for the nearest free alternative windows.

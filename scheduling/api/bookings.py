@@ -16,12 +16,14 @@ from portal.accounts.models import Project
 from portal.security import refused_booking_record, refused_bookings_retry_after
 from scheduling import selectors, services
 from scheduling.api.common import (
+    AwareDateTimeField,
     JsonNegotiation,
     PaginatedApi,
     csv_values,
     drf_datetime,
     errors,
     request_user,
+    short,
     validate,
 )
 from scheduling.models import Allocation, AuditEvent, Booking, Cluster, GpuType
@@ -204,7 +206,7 @@ def _resolve_refs(data: dict[str, Any]) -> dict[str, Any]:
     for field, model, slug, attnames, pk_index, converters in refs:
         values, start = row[start : start + len(attnames)], start + len(attnames)
         if values[pk_index] is None:
-            errors[field] = [f"Object with {slug}={data[field]} does not exist."]
+            errors[field] = [f"Object with {slug}={short(data[field])} does not exist."]
             continue
         for i, model_field, field_converters in converters:
             for converter in field_converters:
@@ -233,8 +235,8 @@ class BookingListCreateApi(PaginatedApi):
             trim_whitespace=False, required=False, help_text="Active cluster name (default: any)."
         )
         gpu_count = serializers.IntegerField(min_value=1, max_value=_MAX_GPUS)
-        start_at = serializers.DateTimeField()
-        end_at = serializers.DateTimeField()
+        start_at = AwareDateTimeField()
+        end_at = AwareDateTimeField()
         note = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
 
     OutputSerializer = BookingOutputSerializer
@@ -316,7 +318,7 @@ class BookingCancelApi(APIView):
 
 class BookingExtendApi(APIView):
     class InputSerializer(serializers.Serializer[Any]):
-        end_at = serializers.DateTimeField()
+        end_at = AwareDateTimeField()
 
     @extend_schema(
         operation_id="bookings_extend",

@@ -126,7 +126,9 @@ def _cursor(position: str) -> str:
 
 
 @pytest.mark.parametrize("position", ["notadate", "1e5", "1.5", "nan", "2026-13-45"])
-@pytest.mark.parametrize("url", ["/api/v1/bookings/", "/api/v1/jobs/", "/api/v1/audit-events/", "/api/v1/projects/"])
+@pytest.mark.parametrize(
+    "url", ["/api/v1/bookings/", "/api/v1/jobs/", "/api/v1/audit-events/", "/api/v1/projects/"]
+)
 def test_crafted_cursors_are_400_on_every_list(member, staff, position, url):
     client = token_client(staff if "audit" in url else member)
     response = client.get(url, {"cursor": _cursor(position)})
@@ -192,7 +194,8 @@ def test_refused_bookings_are_limited_per_user(settings, member_client, project,
     codes = [member_client.post("/api/v1/bookings/", body, format="json").status_code for _ in range(4)]
     assert codes == [409, 409, 409, 429]
     limited = member_client.post("/api/v1/bookings/", body, format="json")
-    assert limited.status_code == 429 and int(limited["Retry-After"]) > 0
+    assert limited.status_code == 429
+    assert int(limited["Retry-After"]) > 0
     assert Booking.objects.count() == 1
     clear_local_cache()
 

@@ -80,13 +80,14 @@ def test_writes_work_and_count_in_postgres(redis_down, member, project, nodes, s
 
 
 def test_throttle_still_refuses_above_its_rate(redis_down, settings, member, project, nodes):
+    from portal.security import WriteRateThrottle
+
+    original_rates = WriteRateThrottle.THROTTLE_RATES
     settings.REST_FRAMEWORK = {
         **settings.REST_FRAMEWORK,
         "DEFAULT_THROTTLE_RATES": {**settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], "api-write": "2/min"},
     }
     from rest_framework.settings import api_settings
-
-    from portal.security import WriteRateThrottle
 
     WriteRateThrottle.THROTTLE_RATES = api_settings.DEFAULT_THROTTLE_RATES
     try:
@@ -94,7 +95,7 @@ def test_throttle_still_refuses_above_its_rate(redis_down, settings, member, pro
         body = {"name": "j", "project": project.slug, "gpu_count": 1, "gpu_type": "A100", "requested_s": 600}
         codes = [api.post("/api/v1/jobs/", body, format="json").status_code for _ in range(3)]
     finally:
-        WriteRateThrottle.THROTTLE_RATES = api_settings.DEFAULT_THROTTLE_RATES
+        WriteRateThrottle.THROTTLE_RATES = original_rates
     assert codes == [201, 201, 429]
 
 
@@ -123,7 +124,7 @@ def test_lockout_counts_in_postgres_and_clears_on_success(redis_down, settings):
     refused = APIClient().post(
         "/api/v1/auth/token/", {"username": "erin", "password": "pw-not-secret"}, format="json"
     )
-    assert refused.status_code in (400, 403)
+    assert refused.status_code == 403
     assert not is_locked_out("erin", "10.9.9.9")
 
 
