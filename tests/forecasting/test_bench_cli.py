@@ -10,8 +10,8 @@ import pytest
 from bench import forecast as bench_forecast
 from bench import runtime as bench_runtime
 
-CONTRACT_MODELS = ("prophet", "seasonal_naive_24", "seasonal_naive_168", "berth")
-METRIC_KEYS = ("mase", "smape", "coverage_80", "fit_s_mean")
+CONTRACT_MODELS = ("prophet", "seasonal_naive_24", "seasonal_naive_168", "mstl", "autoets", "berth")
+METRIC_KEYS = ("mase", "smape", "coverage_80", "coverage_upper_95", "fit_s_mean", "fit_cpu_s_mean")
 
 
 def _check_models(models: dict[str, dict[str, float]]) -> None:
@@ -20,6 +20,7 @@ def _check_models(models: dict[str, dict[str, float]]) -> None:
         for key in METRIC_KEYS:
             assert isinstance(models[name][key], float)
         assert 0.0 <= models[name]["coverage_80"] <= 1.0
+        assert 0.0 <= models[name]["coverage_upper_95"] <= 1.0
         assert models[name]["mase"] >= 0.0
 
 
@@ -36,7 +37,45 @@ def test_bench_forecast_total_writes_contract_json(samples_dir: Path, tmp_path: 
     doc = json.loads(out.read_text())
     _check_models(doc["models"])
     assert doc["models"]["berth"]["origins"] == 2.0
+    best = min(doc["models"][m]["mase"] for m in CONTRACT_MODELS if m != "berth")
+    assert doc["berth_vs_best"] == pytest.approx(doc["models"]["berth"]["mase"] / best)
     assert "berth" in capsys.readouterr().out
+
+
+def test_bench_forecast_reads_a_plain_timestamp_value_csv(samples_dir: Path, tmp_path: Path) -> None:
+    import pandas as pd
+
+    frame = pd.read_csv(samples_dir / "venus_submit_hourly_sample.csv.gz")
+    plain = tmp_path / "demand.csv"
+    frame.rename(columns={"ds": "timestamp", "submit_gpu_num": "value"})[["timestamp", "value"]].to_csv(
+        plain, index=False
+    )
+    out = tmp_path / "p.json"
+    args = ["--days", "1", "--models", "seasonal_naive_24,autoets", "--out", str(out)]
+    assert bench_forecast.main(["--series", str(plain), *args]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["target"] == "value"
+    ref = tmp_path / "r.json"
+    bench_forecast.main(
+        ["--series", str(samples_dir / "venus_submit_hourly_sample.csv.gz"), "--target", "submit_gpu_num",
+         *args[:-1], str(ref)]
+    )  # fmt: skip
+    # Same numbers as the same column read by name.
+    assert doc["models"]["autoets"]["mase"] == pytest.approx(
+        json.loads(ref.read_text())["models"]["autoets"]["mase"]
+    )
+
+
+def test_bench_forecast_plain_csv_needs_two_columns(samples_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="exactly two columns"):
+        bench_forecast.main(
+            [
+                "--series",
+                str(samples_dir / "earth_vc_gpus_hourly_sample.csv.gz"),
+                "--out",
+                str(tmp_path / "x"),
+            ]
+        )
 
 
 @pytest.mark.slow
