@@ -157,3 +157,34 @@ def test_bench_forecast_refresh_times_berth_refits(samples_dir: Path, tmp_path: 
     refresh = json.loads(out.read_text())["refresh"]
     assert refresh["series"] == 2
     assert refresh["wall_s"] >= refresh["fit_s_max"] >= refresh["fit_s_mean"] > 0.0
+
+
+def test_bench_runtime_scores_baselines_and_times_a_repeated_history(
+    samples_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "r.json"
+    trace = str(samples_dir / "kth_sp2_jobs_sample.csv.gz")
+    assert bench_runtime.main(["--trace", trace, "--repeat", "2", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    single = bench_runtime.run(trace)
+    assert doc["jobs"] == 2 * single["jobs"]
+    for name in ("predictor", "user_estimate", "last_two"):
+        for key in ("within_2x", "mae_s", "p90_coverage", "under_2x_share"):
+            assert 0.0 <= doc[name][key] <= (1.0 if key != "mae_s" else 1e9), (name, key)
+    # A user estimate is a limit: almost nobody runs past twice it, and it covers as p90.
+    assert doc["user_estimate"]["under_2x_share"] < 0.05
+    assert doc["user_estimate"]["p90_coverage"] > doc["last_two"]["p90_coverage"]
+    assert doc["predictor"]["history_jobs_at_end"] > single["predictor"]["history_jobs_at_end"]
+    assert doc["predictor"]["predict_us_last_copy"] > 0.0
+
+
+def test_last_two_is_the_mean_of_the_users_last_two_runtimes() -> None:
+    from scheduling.engine.types import JobRequest
+
+    lt = bench_runtime.LastTwo(default_s=100.0)
+    j = JobRequest(id="a", user="u", project="p", gpu_count=1, submit_at=0.0, requested_s=50.0)
+    assert lt.predict(j) == 50.0  # the limit before any history
+    for rt in (10.0, 20.0, 40.0):
+        lt.observe(j, rt)
+    assert lt.predict(j) == 30.0
+    assert lt.predict(JobRequest(id="b", user="v", project="p", gpu_count=1, submit_at=0.0)) == 100.0
