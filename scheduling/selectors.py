@@ -34,6 +34,7 @@ from django.utils import timezone
 from portal.accounts.models import Membership, Project
 from portal.security import cache_redis
 from scheduling.models import Allocation, AuditEvent, Booking, Cluster, Gpu, GpuType, Job, Node
+from scheduling.snapshots import job_startability
 
 AnyUser = User | AnonymousUser
 
@@ -651,3 +652,12 @@ def peak_concurrent_gpus(
         current += delta
         peak = max(peak, current)
     return peak
+
+
+def job_warnings(job: Job) -> list[str]:
+    """What a user should know right after submitting ``job``: that it can never start under
+    today's inventory and quotas, and what would unblock it (empty when it can start)."""
+    if job.status != Job.Status.PENDING:
+        return []
+    never = job_startability(job)
+    return [never.message] if never is not None else []

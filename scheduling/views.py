@@ -54,6 +54,7 @@ from scheduling.selectors import (
     cluster_list,
     gpu_type_list,
     job_list,
+    job_warnings,
 )
 from scheduling.selectors_ui import OutlookHour, TypeOutlook, availability_outlook, dashboard_get
 from scheduling.services import (
@@ -613,7 +614,11 @@ def job_new(request: HtmxHttpRequest) -> HttpResponse:
         form.add_error("project", str(exc) or "You may not submit jobs for this project.")
         return _render(request, JOB_NEW_TEMPLATE, "job-form", {"form": form}, status=UNPROCESSABLE)
 
-    messages.success(request, f"Submitted {job.name}: it waits for the next scheduling round.")
+    warnings = job_warnings(job)
+    if warnings:
+        messages.warning(request, f"Submitted {job.name}, but it cannot start as it is: {' '.join(warnings)}")
+    else:
+        messages.success(request, f"Submitted {job.name}: it waits for the next scheduling round.")
     url = f"{reverse('my-jobs')}#job-row-{job.pk}"
     if request.htmx:
         return HttpResponseClientRedirect(url)
