@@ -46,7 +46,6 @@ from scheduling.models import (
     Job,
     Node,
 )
-from scheduling.snapshots import job_startability
 from scheduling.selectors import (
     Alternative,
     availability_write_noted,
@@ -54,6 +53,7 @@ from scheduling.selectors import (
     peak_concurrent_gpus,
     prepared_fetchall,
 )
+from scheduling.snapshots import job_startability
 
 logger = logging.getLogger(__name__)
 

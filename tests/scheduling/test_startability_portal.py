@@ -40,7 +40,8 @@ def test_round_stores_the_reason_and_no_eta_and_submit_warns(
     solid.refresh_from_db()
     assert solid.pending_reason == Job.PendingReason.QUOTA
     assert "Mark it preemptible" in solid.pending_sentence
-    assert job_warnings(solid) and "Cannot start" in job_warnings(solid)[0]
+    assert job_warnings(solid)
+    assert "Cannot start" in job_warnings(solid)[0]
     assert job_warnings(lent) == []
 
     result = run_round(cluster, t0)
@@ -52,7 +53,8 @@ def test_round_stores_the_reason_and_no_eta_and_submit_warns(
     assert solid.pending_reason == Job.PendingReason.QUOTA
     assert solid.pending_sentence.startswith("Cannot start:")
     assert "Expected start" not in solid.pending_sentence
-    assert solid.eta_p50_at is None and solid.eta_p90_at is None
+    assert solid.eta_p50_at is None
+    assert solid.eta_p90_at is None
 
 
 def test_api_answers_201_with_warnings_and_requires_a_command(engine_redis_url, t0: datetime) -> None:
@@ -74,10 +76,13 @@ def test_api_answers_201_with_warnings_and_requires_a_command(engine_redis_url, 
     response = client.post("/api/v1/jobs/", body, format="json")
     assert response.status_code == 201, response.content
     data = response.json()
-    assert data["warnings"] and "Mark it preemptible" in data["warnings"][0]
-    assert data["eta_p50_at"] is None and data["pending_reason"] == "quota"
+    assert data["warnings"]
+    assert "Mark it preemptible" in data["warnings"][0]
+    assert data["eta_p50_at"] is None
+    assert data["pending_reason"] == "quota"
     ok = client.post("/api/v1/jobs/", {**body, "is_preemptible": True}, format="json")
-    assert ok.status_code == 201 and ok.json()["warnings"] == []
+    assert ok.status_code == 201
+    assert ok.json()["warnings"] == []
     # no command: refused like the form refuses it
     for payload in ({}, {"command": "  "}):
         missing = client.post("/api/v1/jobs/", {**body, "payload": payload}, format="json")
@@ -103,5 +108,6 @@ def test_form_warns_after_submitting_a_never_startable_job(engine_redis_url, cli
     response = client.post(reverse("job-new"), form, follow=True)
     assert response.status_code == 200
     text = response.content.decode()
-    assert "cannot start as it is" in text and "Mark it preemptible" in text
+    assert "cannot start as it is" in text
+    assert "Mark it preemptible" in text
     assert Job.objects.filter(name="era5", cluster=cluster).exists()

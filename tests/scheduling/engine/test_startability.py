@@ -44,7 +44,8 @@ def test_a_non_preemptible_job_without_a_guarantee_of_its_type_can_never_start()
     assert verdict.reason == PendingReason.QUOTA
     assert verdict.sentence.startswith("Cannot start:")
     assert "guaranteed 0 V100M32" in verdict.sentence
-    assert "Mark it preemptible" in verdict.unblock and "ask an admin" in verdict.unblock
+    assert "Mark it preemptible" in verdict.unblock
+    assert "ask an admin" in verdict.unblock
     # what unblocks it does unblock it: preemptible, or a guarantee that covers it
     assert _check(job("era5", 2, project="climate", gpu_type="V100M32", is_preemptible=True), share) is None
     raised = ProjectShare("climate", guaranteed=(("V100M32", 2),), borrow_limit=8)
@@ -64,18 +65,22 @@ def test_a_guarantee_in_use_is_not_never_startable() -> None:
 
 def test_inventory_and_limit_verdicts() -> None:
     big = _check(job("j", 17, gpu_type="A100"), None)
-    assert big is not None and big.reason == PendingReason.CONSTRAINT and "at most 16" in big.unblock
+    assert big is not None
+    assert big.reason == PendingReason.CONSTRAINT
+    assert "at most 16" in big.unblock
     # nodes that are down do not count
     nodes = tuple(
         n if n.gpu_type != "V100M32" else type(n)(n.id, n.gpu_type, n.gpu_ids, NodeStatus.DOWN)
         for n in _inventory()
     )
     down = _check(job("j", 1, gpu_type="V100M32"), None, nodes=nodes)
-    assert down is not None and down.reason == PendingReason.CONSTRAINT
+    assert down is not None
+    assert down.reason == PendingReason.CONSTRAINT
     assert _check(job("j", 1, gpu_type="V100M32"), None) is None
     limited = ProjectShare("p", guaranteed=(("A100", 1),), borrow_limit=2)
     over = _check(job("j", 4, gpu_type="A100", is_preemptible=True), limited)
-    assert over is not None and "at most 3 GPUs" in over.sentence
+    assert over is not None
+    assert "at most 3 GPUs" in over.sentence
 
 
 def test_unstartable_jobs_matches_the_engine_which_never_starts_them() -> None:
