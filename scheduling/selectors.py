@@ -661,3 +661,31 @@ def job_warnings(job: Job) -> list[str]:
         return []
     never = job_startability(job)
     return [never.message] if never is not None else []
+
+
+@dataclass(frozen=True, slots=True)
+class BookingQuota:
+    """What a project may still book of one GPU type over a whole window."""
+
+    project: str
+    max_gpus: int | None  # guaranteed + borrowable; None: no limit
+    booked_peak: int  # most GPUs of the type its open bookings hold at one instant in the window
+    bookable_gpus: int | None  # max_gpus - booked_peak (never negative); None: no limit
+
+
+def booking_quota_get(
+    *, project: Project, gpu_type: GpuType, start_at: datetime, end_at: datetime
+) -> BookingQuota:
+    """The project's booking room of ``gpu_type`` in ``[start_at, end_at)`` under its quota (the
+    same rule `booking_create` enforces), for the booking box and the availability API."""
+    from portal.accounts.models import Quota
+
+    quota = Quota.objects.filter(project=project, gpu_type=gpu_type).first()
+    max_gpus = quota.max_gpus if quota is not None else None
+    peak = (
+        peak_concurrent_gpus(project=project, gpu_type=gpu_type, start_at=start_at, end_at=end_at)
+        if max_gpus is not None
+        else 0
+    )
+    bookable = max(0, max_gpus - peak) if max_gpus is not None else None
+    return BookingQuota(project=project.slug, max_gpus=max_gpus, booked_peak=peak, bookable_gpus=bookable)

@@ -50,6 +50,7 @@ from scheduling.selectors import (
     availability_get,
     booking_alternatives,
     booking_list,
+    booking_quota_get,
     cluster_capacity,
     cluster_list,
     gpu_type_list,
@@ -114,10 +115,24 @@ class AvailabilityView:
     capacity: int
     free_gpus: int
     alternatives: tuple[Alternative, ...]
+    project: str = ""
+    quota_max_gpus: int | None = None  # the project's limit of the type (None: no limit)
+    quota_bookable_gpus: int | None = None  # what the quota leaves it in the window
+
+    @property
+    def bookable_gpus(self) -> int:
+        """What this project can book now: free GPUs, capped by what its quota leaves."""
+        if self.quota_bookable_gpus is None:
+            return self.free_gpus
+        return min(self.free_gpus, self.quota_bookable_gpus)
+
+    @property
+    def is_quota_short(self) -> bool:
+        return self.quota_bookable_gpus is not None and self.quota_bookable_gpus < self.gpu_count
 
     @property
     def is_enough(self) -> bool:
-        return self.free_gpus >= self.gpu_count
+        return self.bookable_gpus >= self.gpu_count
 
     @property
     def free_percent(self) -> int:
@@ -181,6 +196,12 @@ def _availability(form: BookingForm) -> AvailabilityView | None:
                 gpu_type=gpu_type, gpu_count=gpu_count, start_at=start_at, end_at=end_at, limit=1
             )
         )
+    project = cleaned.get("project") if "project" not in form.errors else None
+    quota = (
+        booking_quota_get(project=project, gpu_type=gpu_type, start_at=start_at, end_at=end_at)
+        if project is not None
+        else None
+    )
     return AvailabilityView(
         gpu_type=gpu_type.name,
         gpu_count=gpu_count,
@@ -189,6 +210,9 @@ def _availability(form: BookingForm) -> AvailabilityView | None:
         capacity=availability.capacity,
         free_gpus=free,
         alternatives=alternatives,
+        project=project.slug if project is not None else "",
+        quota_max_gpus=quota.max_gpus if quota else None,
+        quota_bookable_gpus=quota.bookable_gpus if quota else None,
     )
 
 
@@ -236,8 +260,15 @@ def booking_new(request: HtmxHttpRequest) -> HttpResponse:
         )
 
     form = _booking_form(request, request.POST)
+
+    def box() -> AvailabilityView | None:
+        # The box keeps answering for what the form says after a refused submit: from a fresh
+        # bound copy, since the service's errors on the form would hide its fields.
+        return _availability(_booking_form(request, request.POST))
+
     if not form.is_valid():
-        return _render(request, BOOK_TEMPLATE, "booking-form", _book_context(form), status=UNPROCESSABLE)
+        context = _book_context(form, availability=box())
+        return _render(request, BOOK_TEMPLATE, "booking-form", context, status=UNPROCESSABLE)
     start_at, end_at = form.window()
     try:
         booking = booking_create(
@@ -251,14 +282,16 @@ def booking_new(request: HtmxHttpRequest) -> HttpResponse:
         )
     except BookingConflictError as exc:
         form.add_error(None, exc.message)
-        context = _book_context(form, availability=_availability(form), alternatives=tuple(exc.alternatives))
+        context = _book_context(form, availability=box(), alternatives=tuple(exc.alternatives))
         return _render(request, BOOK_TEMPLATE, "booking-form", context, status=CONFLICT)
     except ValidationError as exc:
         _add_service_errors(form, exc)
-        return _render(request, BOOK_TEMPLATE, "booking-form", _book_context(form), status=UNPROCESSABLE)
+        context = _book_context(form, availability=box())
+        return _render(request, BOOK_TEMPLATE, "booking-form", context, status=UNPROCESSABLE)
     except PermissionDenied as exc:
         form.add_error("project", str(exc) or "You may not book for this project.")
-        return _render(request, BOOK_TEMPLATE, "booking-form", _book_context(form), status=UNPROCESSABLE)
+        context = _book_context(form, availability=box())
+        return _render(request, BOOK_TEMPLATE, "booking-form", context, status=UNPROCESSABLE)
 
     start, end = timezone.localtime(booking.start_at), timezone.localtime(booking.end_at)
     messages.success(

@@ -358,7 +358,11 @@ def fairness_get(*, cluster_id: int, rng: Range, now: datetime | None = None) ->
 # ---- idle GPU-hours by reason ----
 
 
-def _rounds(cluster_id: int, rng: Range, now: datetime) -> list[tuple[datetime, dict[str, int], int]]:
+def _rounds(
+    cluster_id: int, rng: Range, now: datetime
+) -> list[tuple[datetime, dict[str, int], int, timedelta]]:
+    """Rounds that can hold into the range: (instant, idle counts, id, how long the count holds
+    at most: `ROUND_HOLD_MAX`, or the replayed gap to the next round for history rounds)."""
     rows = list(
         EngineRound.objects.filter(
             cluster_id=cluster_id,
@@ -369,7 +373,15 @@ def _rounds(cluster_id: int, rng: Range, now: datetime) -> list[tuple[datetime, 
         .order_by("started_at", "id")
         .values_list("started_at", "decisions", "id")
     )
-    return [(at, dict((d or {}).get("idle", {})), pk) for at, d, pk in rows]
+    out = []
+    for at, d, pk in rows:
+        decisions = d or {}
+        hold = decisions.get("hold_s")
+        limit = (
+            timedelta(seconds=float(hold)) if isinstance(hold, int | float) and hold > 0 else ROUND_HOLD_MAX
+        )
+        out.append((at, dict(decisions.get("idle", {})), pk, max(limit, ROUND_HOLD_MAX)))
+    return out
 
 
 def idle_get(*, cluster_id: int, rng: Range, now: datetime | None = None) -> Table:
@@ -384,9 +396,9 @@ def idle_get(*, cluster_id: int, rng: Range, now: datetime | None = None) -> Tab
     n = len(rng.starts())
     hours: dict[str, list[float]] = {r: [0.0] * n for r in IDLE_REASONS}
     stop = min(rng.end_at, now)
-    for k, (at, idle, _) in enumerate(rounds):
+    for k, (at, idle, _, hold) in enumerate(rounds):
         nxt = rounds[k + 1][0] if k + 1 < len(rounds) else stop
-        upper = min(nxt, at + ROUND_HOLD_MAX, stop)
+        upper = min(nxt, at + hold, stop)
         t = max(at, rng.start_at)  # a round just before the range holds into it
         i = rng.index(t)
         while t < upper and i < n:
