@@ -689,3 +689,14 @@ def booking_quota_get(
     )
     bookable = max(0, max_gpus - peak) if max_gpus is not None else None
     return BookingQuota(project=project.slug, max_gpus=max_gpus, booked_peak=peak, bookable_gpus=bookable)
+
+
+def project_for_member(user: AnyUser, *, slug: str) -> Project:
+    """An active project the user belongs to (staff: any); another project is a 404."""
+    projects = Project.objects.filter(slug=slug, is_active=True)
+    if not getattr(user, "is_staff", False):
+        projects = projects.filter(memberships__user_id=user.pk)
+    project = projects.first()
+    if project is None:
+        raise Http404("No such project.")
+    return project

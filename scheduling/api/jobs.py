@@ -54,7 +54,10 @@ class JobOutputSerializer(serializers.Serializer[Any]):
     checkpoint_interval_s = serializers.IntegerField(allow_null=True)
     priority = serializers.SerializerMethodField()
     status = serializers.ChoiceField(choices=Job.Status.choices)
-    submitted_at = serializers.DateTimeField()
+    submitted_at = serializers.DateTimeField(help_text="When it was (re)queued last.")
+    first_submitted_at = serializers.DateTimeField(
+        allow_null=True, help_text="When the user submitted it (kept across requeues after a preemption)."
+    )
     started_at = serializers.DateTimeField(allow_null=True)
     ended_at = serializers.DateTimeField(allow_null=True)
     attempt = serializers.IntegerField()
