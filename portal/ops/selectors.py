@@ -516,6 +516,47 @@ def audit_event_list(
     return qs
 
 
+@dataclass(frozen=True, slots=True)
+class AuditChange:
+    field: str
+    before: str  # "" when the field is new
+    after: str  # "" when the field is gone
+
+
+def _audit_value(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, dict | list):
+        import json
+
+        return json.dumps(value, sort_keys=True, default=str)
+    return str(value)
+
+
+def audit_changes(before: Any, after: Any) -> list[AuditChange]:
+    """The fields an audit event changed, before -> after, in field order; a creation lists every
+    field it set (before ""), a deletion every field it had (after "").  Non-dict states (rare)
+    compare as one value."""
+    if not isinstance(before, dict) and not isinstance(after, dict):
+        if before == after:
+            return []
+        return [AuditChange("value", "" if before is None else _audit_value(before), _audit_value(after))]
+    old = before if isinstance(before, dict) else {}
+    new = after if isinstance(after, dict) else {}
+    changes = []
+    for key in [*old, *(k for k in new if k not in old)]:
+        if key in old and key in new and old[key] == new[key]:
+            continue
+        changes.append(
+            AuditChange(
+                str(key),
+                _audit_value(old[key]) if key in old else "",
+                _audit_value(new[key]) if key in new else "",
+            )
+        )
+    return changes
+
+
 def audit_entity_types() -> list[str]:
     return list(AuditEvent.objects.order_by().values_list("entity_type", flat=True).distinct())
 

@@ -558,5 +558,12 @@ def audit(request: HtmxHttpRequest) -> HttpResponse:
     params = request.GET.copy()
     params.pop("page", None)
     query = params.urlencode()
-    context = {"form": form, "page": page, "query": query, "entity_types": selectors.audit_entity_types()}
+    rows = [(event, selectors.audit_changes(event.before, event.after)) for event in page]
+    context = {
+        "form": form,
+        "page": page,
+        "rows": rows,
+        "query": query,
+        "entity_types": selectors.audit_entity_types(),
+    }
     return _render(request, "ops/audit.html", "audit-list", context)

@@ -33,10 +33,11 @@ def _login(page: Page, base: str, username: str, password: str, next_url: str) -
 
 
 def _column(page: Page, table_id: str, header: str) -> list[str]:
-    headers = [h.strip() for h in page.locator(f"#{table_id} thead th").all_inner_texts()]
+    # text_content: the tables are folded under their charts (a user opens them to read numbers)
+    headers = [h.strip() for h in page.locator(f"#{table_id} thead th").all_text_contents()]
     index = headers.index(header)
     return [
-        row.locator("th, td").nth(index).inner_text().strip()
+        (row.locator("th, td").nth(index).text_content() or "").strip()
         for row in page.locator(f"#{table_id} tbody tr").all()
     ]
 
@@ -71,7 +72,7 @@ def test_a_fresh_demo_lab_shows_its_history_forecasts_and_an_honest_unstartable_
     assert sum(1 for h in gpu_hours if h > 0) >= 3
 
     page.goto(f"{base}/ops/idle/?{query}")
-    idle_headers = [h.strip() for h in page.locator("#table-idle-by-reason thead th").all_inner_texts()]
+    idle_headers = [h.strip() for h in page.locator("#table-idle-by-reason thead th").all_text_contents()]
     reasons = [h for h in idle_headers if h not in ("Period", "Details")]
     assert reasons
     periods = _column(page, "table-idle-by-reason", "Period")
@@ -123,5 +124,5 @@ def test_a_fresh_demo_lab_shows_its_history_forecasts_and_an_honest_unstartable_
 
 
 def _column_name(page: Page) -> str:
-    headers = [h.strip() for h in page.locator("#table-fairness-summary thead th").all_inner_texts()]
+    headers = [h.strip() for h in page.locator("#table-fairness-summary thead th").all_text_contents()]
     return next(h for h in headers if "GPU-h" in h or "GPU h" in h or "hours" in h.lower())

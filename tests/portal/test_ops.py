@@ -691,3 +691,39 @@ def test_refresh_forecasts_now_queues_a_worker_task_and_shows_its_progress(
     assert "Refresh forecasts now" in page
     # another cluster id than the URL's: no fallback to the first cluster
     assert staff_web.post(reverse("ops:forecast-refresh") + "?cluster=999999", **with_htmx).status_code == 404
+
+
+def test_audit_log_shows_only_changed_fields_before_and_after(staff_web: Client, staff: User) -> None:
+    AuditEvent.objects.create(
+        actor=staff,
+        verb="quota.update",
+        entity_type="quota",
+        entity_id=1,
+        before={"guaranteed_gpus": 2, "borrow_limit_gpus": 4, "project": "vision"},
+        after={"guaranteed_gpus": 3, "borrow_limit_gpus": 4, "project": "vision"},
+        at=timezone.now(),
+    )
+    page = staff_web.get(reverse("ops:audit")).content.decode()
+    assert "guaranteed_gpus" in page
+    assert "<del>2</del> → <ins>3</ins>" in page
+    assert "borrow_limit_gpus" not in page  # unchanged: not shown
+    assert "{&#x27;" not in page  # no raw dict dumps
+    created = selectors.audit_changes(None, {"status": "pending"})
+    assert [(c.field, c.before, c.after) for c in created] == [("status", "", "pending")]
+
+
+def test_whatif_refuses_a_pointless_plus_zero_and_defaults_to_a_real_change() -> None:
+    from portal.ops.forms import WhatIfForm
+
+    assert WhatIfForm(gpu_types=["A100"]).fields["gpu_delta"].initial != 0
+    form = WhatIfForm(
+        {"gpu_type": "A100", "gpu_delta": "0", "policy": "berth", "history_days": "14"}, gpu_types=["A100"]
+    )
+    assert not form.is_valid()
+    assert "compare the cluster with itself" in str(form.errors["gpu_delta"])
+
+
+def test_dashboard_is_not_marked_active_on_the_operations_home(staff_web: Client, nodes: list[Node]) -> None:
+    page = staff_web.get(reverse("ops:home")).content.decode()
+    assert page.count('aria-current="page"') >= 1
+    assert 'aria-current="page">Dashboard' not in page
