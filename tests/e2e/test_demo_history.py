@@ -55,7 +55,7 @@ def test_a_fresh_demo_lab_shows_its_history_forecasts_and_an_honest_unstartable_
     base = str(live_server).rstrip("/")
     page.set_default_timeout(20_000)
     ARTIFACTS.mkdir(exist_ok=True)
-    query = f"cluster={cluster.pk}&days={HISTORY_DAYS}&bucket=day"
+    query = f"cluster={cluster.pk}&days=30&bucket=day"
 
     _login(page, base, "admin", ADMIN_PASSWORD, "/ops/")
     page.goto(f"{base}/ops/utilization/?{query}")
