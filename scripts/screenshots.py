@@ -21,7 +21,13 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "screenshots"
 BASE = os.environ.get("BASE_URL", "http://127.0.0.1:8000").rstrip("/")
 CHROMIUM = os.environ.get("BERTH_CHROMIUM", "/usr/bin/chromium")
-ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
+ARGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--no-first-run",
+]
 
 RESEARCHER_PAGES = (
     ("dashboard", "/"),

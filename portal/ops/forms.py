@@ -126,7 +126,9 @@ class WhatIfForm(forms.Form):
     def clean_gpu_delta(self) -> int:
         delta: int = self.cleaned_data["gpu_delta"]
         if delta == 0:
-            raise forms.ValidationError("Add or remove at least one GPU: +0 would compare the cluster with itself.")
+            raise forms.ValidationError(
+                "Add or remove at least one GPU: +0 would compare the cluster with itself."
+            )
         return delta
 
     def __init__(self, *args: Any, gpu_types: list[str], **kwargs: Any) -> None:
