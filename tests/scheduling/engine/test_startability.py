@@ -136,3 +136,24 @@ def test_never_startable_jobs_never_start_even_on_an_empty_cluster(
         assert "j" not in starts
     else:
         assert "j" in starts  # the verdict is not over-cautious on an empty cluster
+
+
+def test_the_engine_explains_a_never_startable_job_with_the_verdict_and_no_eta() -> None:
+    """The plan's own explanation (what the portal stores and the replay reads) is the
+    startability verdict, with no ETA, under every policy that can never start the job."""
+    shares = (ProjectShare("climate", guaranteed=(("V100M32", 0), ("A100", 2)), borrow_limit=8),)
+    pending = [
+        job("era5", 2, project="climate", gpu_type="V100M32"),  # berth: above the guarantee
+        job("wide", 12, project="climate", gpu_type="A100"),  # every policy: over the limit
+    ]
+    snap = snapshot(_inventory(), pending=pending, projects=shares, gpu_types=TYPES)
+    berth = {p.job_id: p for p in plan_round(snap, PolicyConfig(name="berth"), NOW).pending}
+    assert berth["era5"].reason == PendingReason.QUOTA
+    assert berth["era5"].sentence.startswith("Cannot start:")
+    assert "Mark it preemptible" in berth["era5"].sentence
+    assert berth["era5"].eta_p50_at is None
+    assert berth["era5"].eta_p90_at is None
+    for name in ("easy", "fifo", "berth"):
+        wide = {p.job_id: p for p in plan_round(snap, PolicyConfig(name=name), NOW).pending}["wide"]
+        assert wide.sentence.startswith("Cannot start:"), name
+        assert wide.eta_p50_at is None, name
