@@ -152,7 +152,7 @@ def test_shallow_json_still_parses(member_client, project, nodes):
         "gpu_count": 1,
         "gpu_type": "A100",
         "requested_s": 60,
-        "payload": {"env": {"A": "1"}, "args": [["x"]]},
+        "payload": {"command": "python train.py", "env": {"A": "1"}, "args": [["x"]]},
     }
     assert member_client.post("/api/v1/jobs/", body, format="json").status_code == 201
 
@@ -162,7 +162,14 @@ def test_pending_job_limits_per_user_and_project(settings, member_client, member
 
     settings.BERTH_MAX_PENDING_JOBS_PER_USER = 2
     settings.BERTH_MAX_PENDING_JOBS_PER_PROJECT = 3
-    body = {"name": "j", "project": project.slug, "gpu_count": 1, "gpu_type": "A100", "requested_s": 60}
+    body = {
+        "name": "j",
+        "project": project.slug,
+        "gpu_count": 1,
+        "gpu_type": "A100",
+        "requested_s": 60,
+        "payload": {"command": "python train.py"},
+    }
     codes = [member_client.post("/api/v1/jobs/", body, format="json").status_code for _ in range(3)]
     assert codes == [201, 201, 400]
     refused = member_client.post("/api/v1/jobs/", body, format="json").json()

@@ -174,7 +174,9 @@ EXPECTED: dict[str, tuple[str, dict[str, str]]] = {
     "ops:idle": _row("/ops/idle/", "302/302", "403/403", "403/403", "200/405"),
     "ops:idle-drill": _row("/ops/idle/drill/", "302/302", "403/403", "403/403", "404/405"),
     "ops:capacity": _row("/ops/capacity/", "302/302", "403/403", "403/403", "200/405"),
-    "ops:forecast-refresh": _row("/ops/capacity/forecasts/refresh/", "302/302", "403/403", "403/403", "303/303"),
+    "ops:forecast-refresh": _row(
+        "/ops/capacity/forecasts/refresh/", "302/302", "403/403", "403/403", "303/303"
+    ),
     "ops:capacity-exceed": _row("/ops/capacity/exceed/", "302/302", "403/403", "403/403", "200/405"),
     "ops:whatif-new": _row("/ops/capacity/whatif/", "302/302", "403/403", "403/403", "405/422"),
     "ops:whatif": _row("/ops/capacity/whatif/unknown/", "302/302", "403/403", "403/403", "404/405"),

@@ -65,7 +65,14 @@ def test_writes_work_and_count_in_postgres(redis_down, member, project, nodes, s
     assert booked.status_code == 201, booked.content
     job = api.post(
         "/api/v1/jobs/",
-        {"name": "j", "project": project.slug, "gpu_count": 1, "gpu_type": "A100", "requested_s": 600},
+        {
+            "name": "j",
+            "project": project.slug,
+            "gpu_count": 1,
+            "gpu_type": "A100",
+            "requested_s": 600,
+            "payload": {"command": "python train.py"},
+        },
         format="json",
     )
     assert job.status_code == 201, job.content
@@ -92,7 +99,14 @@ def test_throttle_still_refuses_above_its_rate(redis_down, settings, member, pro
     WriteRateThrottle.THROTTLE_RATES = api_settings.DEFAULT_THROTTLE_RATES
     try:
         api = token_client(member)
-        body = {"name": "j", "project": project.slug, "gpu_count": 1, "gpu_type": "A100", "requested_s": 600}
+        body = {
+            "name": "j",
+            "project": project.slug,
+            "gpu_count": 1,
+            "gpu_type": "A100",
+            "requested_s": 600,
+            "payload": {"command": "python train.py"},
+        }
         codes = [api.post("/api/v1/jobs/", body, format="json").status_code for _ in range(3)]
     finally:
         WriteRateThrottle.THROTTLE_RATES = original_rates
