@@ -8,7 +8,7 @@
   order).  Sessions give up after the overlay's patience like in the replay.
 * `busy_util_ceiling`: a packing bound on ``busy_utilization``.  A relaxed cluster where every
   idle gap is filled at once with the best-fitting waiting jobs: at every event, waiting jobs
-  start largest first wherever enough GPUs of their type are free (counted, not placed: no node
+  start largest first (or in submit order: the better of the two counts) wherever enough GPUs of their type are free (counted, not placed: no node
   boundaries, no reservations, no estimates, true runtimes, no preemption), after sessions and
   booking owners take theirs.  It leaves GPUs idle in a busy window only when every waiting
   job is wider than the idle GPUs of its type, which no placement rule can avoid, and nothing
@@ -88,7 +88,18 @@ def session_floor(overlay: Overlay, *, capacity_gpus: int) -> dict[str, float]:
 
 
 def busy_util_ceiling(trace: Trace, overlay: Overlay, *, capacity_by_type: dict[str, int]) -> float:
-    """The packing bound on ``busy_utilization`` (module docstring)."""
+    """The packing bound on ``busy_utilization`` (module docstring): the better of two fill orders."""
+    return max(
+        _packed_busy_util(trace, overlay, capacity_by_type=capacity_by_type, largest_first=True),
+        _packed_busy_util(trace, overlay, capacity_by_type=capacity_by_type, largest_first=False),
+    )
+
+
+def _packed_busy_util(
+    trace: Trace, overlay: Overlay, *, capacity_by_type: dict[str, int], largest_first: bool
+) -> float:
+    """busy_utilization of the relaxed cluster that fills every gap at once; waiting jobs are
+    tried largest first (``largest_first``) or in submit order, each started wherever it fits."""
     capacity = sum(capacity_by_type.values())
     if capacity <= 0 or not trace.jobs:
         return 0.0
@@ -167,7 +178,25 @@ def busy_util_ceiling(trace: Trace, overlay: Overlay, *, capacity_by_type: dict[
             push(t + session.duration_s, 0, (chosen, session.gpu_count))  # type: ignore[attr-defined]
         sessions = still_sessions
         largest_free = max(free.values())
-        if largest_free > 0 and waiting:
+        if largest_free > 0 and waiting and not largest_first:
+            queue = sorted(
+                ((job.submit_at, size, job) for size, jobs in waiting.items() for job in jobs),  # type: ignore[attr-defined]
+                key=lambda item: item[0],
+            )
+            waiting = {}
+            for _, size, job in queue:
+                chosen = take(size, job.gpu_type) if size <= largest_free else None  # type: ignore[attr-defined]
+                if chosen is None:
+                    waiting.setdefault(size, []).append(job)
+                    continue
+                free[chosen] -= size
+                largest_free = max(free.values())
+                if fits_empty(size, job.gpu_type):  # type: ignore[attr-defined]
+                    feasible_waiting -= 1
+                end = t + job.runtime_s  # type: ignore[attr-defined]
+                segments.append((t, end, size))
+                push(end, 0, (chosen, size))
+        elif largest_free > 0 and waiting:
             for size in sorted((k for k in waiting if k <= largest_free), reverse=True):
                 bucket = waiting[size]
                 kept: list[object] = []

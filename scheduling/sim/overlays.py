@@ -18,7 +18,8 @@
   when it is empty).  A project's guaranteed GPUs are ``guaranteed_share`` of the cluster's
   capacity split in proportion to the project's share of the trace's GPU-hours (rounded down,
   so small projects get none), per GPU type in proportion to the type's capacity; its booking
-  cap is ``max(8, booking_cap_share x capacity)`` GPUs of a type.  As on Kueue or Run:ai, work
+  cap is ``max(8, booking_cap_share x capacity)`` GPUs of a type.  ``guaranteed_share`` 0 sets
+  no quotas (no project has a guarantee, so nothing runs preemptible for exceeding one).  As on Kueue or Run:ai, work
   above a project's guarantee runs preemptible: the engine marks such starts, and the simulator
   lets them be preempted.
 * **Batch flags**: a seeded ``preemptible_share`` of batch jobs consents to preemption (restartable
@@ -212,9 +213,13 @@ def _projects(trace: Trace, config: OverlayConfig, inventory: Inventory | None) 
     out: list[ProjectQuota] = []
     for name in sorted(gpu_s):
         share = gpu_s[name] / total if total else 0.0
-        guaranteed = tuple(
-            (gpu_type, math.floor(config.guaranteed_share * share * count))
-            for gpu_type, count in sorted(capacity_by_type.items())
+        guaranteed = (
+            tuple(
+                (gpu_type, math.floor(config.guaranteed_share * share * count))
+                for gpu_type, count in sorted(capacity_by_type.items())
+            )
+            if config.guaranteed_share > 0
+            else ()  # no quotas at all: nothing is preemptible for being above a guarantee
         )
         out.append(ProjectQuota(name=name, guaranteed=guaranteed, booking_cap=cap))
     return tuple(out)

@@ -97,7 +97,7 @@ class ReplayOptions:
     # "engine": bookings reach the engine without GPUs and take those of the engine's
     # ReserveAction at their start (the portal's own assignment is the admission check and the
     # fallback); "portal": the portal's assignment is final.
-    booking_gpus: str = "engine"
+    booking_gpus: str = "portal"
     max_idle_rounds: int = 3  # stop when only ticks remain and this many rounds changed nothing
 
 
