@@ -60,7 +60,7 @@ class OverlayConfig:
     preemptible_share: float = 0.5  # of batch jobs: the user consents to preemption
     checkpointable_share: float = 0.5  # of the consenting ones: they also checkpoint
     checkpoint_interval_s: float = 1_800.0
-    checkpoint_overhead_s: float = 20.0  # extra run time per checkpoint written
+    checkpoint_overhead_s: float = 0.0  # extra run time per checkpoint written (counted as work)
     restore_s: float = 120.0  # GPU-time lost per GPU on each resume from a checkpoint
     session_patience_s: float = 1_800.0  # a session user gives up after waiting this long
     session_day_cv: float = 0.35  # day-to-day variation of the session arrival level

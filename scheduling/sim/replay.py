@@ -225,6 +225,7 @@ class Replay:
             for p in overlay.projects
         ]
         self._abandoned = 0
+        self._abandoned_gpu_s = 0.0  # session GPU-time never served because its user gave up
         self._sessions_total = len(overlay.sessions)
         self._released_no_show = 0
         self._wakes: set[float] = set()
@@ -422,6 +423,7 @@ class Replay:
             self._feasible_pending -= 1
         self._interactive_gpus -= request.gpu_count
         self._abandoned += 1
+        self._abandoned_gpu_s += meta.runtime_s * request.gpu_count
         self.record.interactive_waits_s.append(t - request.submit_at)
         del self._meta[session_id]
         self.backend.forget(session_id)
@@ -701,6 +703,7 @@ class Replay:
             "bookings_released_no_show": self._released_no_show,
             "sessions": self._sessions_total,
             "sessions_abandoned": self._abandoned,
+            "sessions_abandoned_gpu_hours": self._abandoned_gpu_s / 3600.0,
             "restore_gpu_hours": record.restore_gpu_s / 3600.0,
             "rounds_by_trigger": dict(sorted(self._triggers.items())),
             "backend_messages": counters.messages[:10],
