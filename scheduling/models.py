@@ -293,6 +293,14 @@ class Allocation(models.Model):
                 violation_error_message="This GPU is already allocated during that period.",
             ),
         ]
+        indexes = [
+            # The alternatives search reads blocking allocations in start order (bounded reads).
+            models.Index(
+                models.Func(models.F("period"), function="lower", output_field=models.DateTimeField()),
+                name="allocation_lower_blocking",
+                condition=~Q(state="released"),
+            ),
+        ]
 
     def __str__(self) -> str:
         holder = f"booking {self.booking_id}" if self.booking_id else f"job {self.job_id}"

@@ -236,8 +236,13 @@ def _validate_window(*, start_at: datetime, end_at: datetime, now: datetime) -> 
             errors[name].append("Give a timezone (for example 2026-01-31T09:00:00Z).")
     if errors:
         raise ValidationError(dict(errors))
+    min_duration = timedelta(seconds=settings.BERTH_BOOKING_MIN_DURATION_S)
     if end_at <= start_at:
         errors["end_at"].append("The end must be after the start.")
+    elif end_at - start_at < min_duration:
+        errors["end_at"].append(
+            f"A booking lasts at least {int(min_duration.total_seconds() // 60)} minutes."
+        )
     if start_at < now - timedelta(seconds=settings.BERTH_BOOKING_PAST_TOLERANCE_S):
         errors["start_at"].append("The start is in the past.")
     max_advance = timedelta(seconds=settings.BERTH_BOOKING_MAX_ADVANCE_S)
@@ -875,6 +880,31 @@ def _job_candidate_types(
     return [t for t in types if t.memory_gib >= min_memory_gib and wanted <= set(t.precisions)]
 
 
+def _check_pending_limits(*, user: User, project: Project) -> None:
+    """At most ``BERTH_MAX_PENDING_JOBS_PER_USER`` pending jobs per user and
+    ``BERTH_MAX_PENDING_JOBS_PER_PROJECT`` per project (0: no limit): every pending job costs
+    every engine round work, so a script cannot queue without bound.  Two indexed counts; two
+    racing submits may pass one over the limit (the bound, not the exact count, is the point)."""
+    per_user = settings.BERTH_MAX_PENDING_JOBS_PER_USER
+    per_project = settings.BERTH_MAX_PENDING_JOBS_PER_PROJECT
+    pending = Job.objects.filter(status=Job.Status.PENDING)
+    if per_user and pending.filter(user_id=user.pk).count() >= per_user:
+        raise ValidationError(
+            {
+                "non_field_errors": f"You have {per_user} pending jobs, the most one user may queue; "
+                "wait for some to start or cancel some."
+            }
+        )
+    if per_project and pending.filter(project_id=project.pk).count() >= per_project:
+        raise ValidationError(
+            {
+                "project": (
+                    f"Project {project.slug} has {per_project} pending jobs, the most one project may queue."
+                )
+            }
+        )
+
+
 def job_submit(
     user: User,
     *,
@@ -925,6 +955,7 @@ def job_submit(
     _require_member(user, project=project)
     if not project.is_active:
         raise ValidationError({"project": "This project is archived."})
+    _check_pending_limits(user=user, project=project)
 
     types = _job_candidate_types(gpu_type=gpu_type, min_memory_gib=min_memory_gib, precisions=precisions)
     if not types:

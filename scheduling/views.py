@@ -37,6 +37,7 @@ from rest_framework.authtoken.models import Token
 from forecasting.selectors import job_engine_request, runtime_predict
 from portal.accounts.selectors import project_list
 from portal.accounts.services import token_create, token_revoke
+from portal.security import refused_booking_record, refused_bookings_retry_after
 from scheduling.forms import (
     DATETIME_LOCAL_FORMAT,
     BookingForm,
@@ -72,6 +73,7 @@ JOBS_TEMPLATE = "scheduling/my_jobs.html"
 TIMELINE_TEMPLATE = "scheduling/availability.html"
 JOB_NEW_TEMPLATE = "scheduling/job_new.html"
 JOBS_PER_PAGE = 50
+BOOKINGS_PER_PAGE = 50
 EXTEND_STEP = timedelta(hours=1)  # the "+1 h" button on an open booking
 # Status codes whose htmx responses are swapped in (base.html sets htmx's responseHandling).
 UNPROCESSABLE = 422
@@ -237,6 +239,14 @@ def booking_new(request: HtmxHttpRequest) -> HttpResponse:
     form = _booking_form(request, request.POST)
     if not form.is_valid():
         return _render(request, BOOK_TEMPLATE, "booking-form", _book_context(form), status=UNPROCESSABLE)
+    wait_s = refused_bookings_retry_after(request.user.pk)
+    if wait_s is not None:
+        form.add_error(
+            None, f"Too many refused bookings; look at availability, then retry in {int(wait_s) + 1} s."
+        )
+        response = _render(request, BOOK_TEMPLATE, "booking-form", _book_context(form), status=429)
+        response["Retry-After"] = str(int(wait_s) + 1)
+        return response
     start_at, end_at = form.window()
     try:
         booking = booking_create(
@@ -249,6 +259,7 @@ def booking_new(request: HtmxHttpRequest) -> HttpResponse:
             note=form.cleaned_data["note"],
         )
     except BookingConflictError as exc:
+        refused_booking_record(request.user.pk)
         form.add_error(None, exc.message)
         context = _book_context(form, availability=_availability(form), alternatives=tuple(exc.alternatives))
         return _render(request, BOOK_TEMPLATE, "booking-form", context, status=CONFLICT)
@@ -485,13 +496,21 @@ def _my_booking(request: HtmxHttpRequest, booking_id: int) -> Booking:
 @vary_on_headers("HX-Request")
 @require_GET
 def my_bookings(request: HtmxHttpRequest) -> HttpResponse:
-    """The user's bookings: open ones first (soonest first), then the last 50 closed ones."""
+    """The user's bookings: open ones first (soonest first, a page at a time), then the last 50
+    closed ones.  Paged: a user with thousands of open bookings gets a bounded page, not megabytes."""
     bookings = booking_list(request.user, mine_only=True)
-    open_bookings = list(bookings.filter(status__in=Booking.OPEN_STATUSES).order_by("start_at", "id"))
+    page = Paginator(
+        bookings.filter(status__in=Booking.OPEN_STATUSES).order_by("start_at", "id"), BOOKINGS_PER_PAGE
+    ).get_page(request.GET.get("page"))
     closed_bookings = list(
         bookings.exclude(status__in=Booking.OPEN_STATUSES).order_by("-start_at", "-id")[:50]
     )
-    context = {"open_bookings": open_bookings, "closed_bookings": closed_bookings, "now": timezone.now()}
+    context = {
+        "open_bookings": page.object_list,
+        "page": page,
+        "closed_bookings": closed_bookings,
+        "now": timezone.now(),
+    }
     return _render(request, BOOKINGS_TEMPLATE, "booking-list", context)
 
 

@@ -355,6 +355,49 @@ def fairness_get(*, cluster_id: int, rng: Range, now: datetime | None = None) ->
     return [summary, shares_table, jain_table, wait_table]
 
 
+def runtime_accuracy_get(*, cluster_id: int, rng: Range) -> Table:
+    """How good the runtime predictor was, per project, for jobs that completed in the range.
+
+    A job counts when it completed (not failed, cancelled or preempted: a cut-short runtime
+    says nothing about the prediction) with a stored p50.  Per project: jobs, share whose p50
+    is within 2x of the actual runtime (started to ended), share with runtime <= p90, and
+    share that ran longer than twice the p50 (what delays backfill reservations).  The stored
+    p50/p90 are the last the engine computed for the job.
+    """
+    rows: dict[str, list[tuple[float, float, float | None]]] = defaultdict(list)
+    for slug, p50, p90, started, ended in Job.objects.filter(
+        cluster_id=cluster_id,
+        status=Job.Status.COMPLETED,
+        attempt=0,
+        ended_at__gte=rng.start_at,
+        ended_at__lt=rng.end_at,
+        started_at__isnull=False,
+        predicted_p50_s__isnull=False,
+    ).values_list("project__slug", "predicted_p50_s", "predicted_p90_s", "started_at", "ended_at"):
+        actual = max((ended - started).total_seconds(), 1.0)
+        rows[slug].append((actual, max(float(p50), 1.0), None if p90 is None else float(p90)))
+
+    def _shares(jobs: list[tuple[float, float, float | None]]) -> tuple[float, float | None, float]:
+        within = sum(1 for a, p, _ in jobs if 0.5 <= p / a <= 2.0) / len(jobs)
+        with_p90 = [(a, q) for a, _, q in jobs if q is not None]
+        cover = sum(1 for a, q in with_p90 if a <= q) / len(with_p90) if with_p90 else None
+        under = sum(1 for a, p, _ in jobs if a > 2.0 * p) / len(jobs)
+        return (
+            round(100.0 * within, 1),
+            None if cover is None else round(100.0 * cover, 1),
+            round(100.0 * under, 1),
+        )
+
+    return Table(
+        name="runtime-accuracy",
+        caption="Runtime predictions of completed jobs by project (%)",
+        headers=("Project", "Jobs", "Within 2x %", "Runtime <= p90 %", "Ran > 2x p50 %"),
+        rows=tuple((slug, len(jobs), *_shares(jobs)) for slug, jobs in sorted(rows.items())),
+        chart="bar",
+        extra={"only": [2, 3, 4]},
+    )
+
+
 # ---- idle GPU-hours by reason ----
 
 

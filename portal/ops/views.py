@@ -147,7 +147,13 @@ def _range_view(
 utilization = _range_view(
     "ops/utilization.html", lambda cid, rng: selectors.utilization_get(cluster_id=cid, rng=rng)
 )
-fairness = _range_view("ops/fairness.html", lambda cid, rng: selectors.fairness_get(cluster_id=cid, rng=rng))
+fairness = _range_view(
+    "ops/fairness.html",
+    lambda cid, rng: [
+        *selectors.fairness_get(cluster_id=cid, rng=rng),
+        selectors.runtime_accuracy_get(cluster_id=cid, rng=rng),
+    ],
+)
 idle = _range_view("ops/idle.html", lambda cid, rng: [selectors.idle_get(cluster_id=cid, rng=rng)])
 
 

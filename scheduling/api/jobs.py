@@ -12,7 +12,7 @@ from rest_framework.views import APIView
 
 from portal.accounts.models import Project
 from scheduling import selectors, services
-from scheduling.api.common import PaginatedApi, csv_values, errors, request_user
+from scheduling.api.common import PaginatedApi, SlugRelatedField, csv_values, errors, request_user
 from scheduling.models import AuditEvent, Cluster, GpuType, Job
 
 _PRIORITY_BY_NAME = {p.label.lower(): p.value for p in Job.Priority}
@@ -78,11 +78,11 @@ class JobListCreateApi(PaginatedApi):
 
     class InputSerializer(serializers.Serializer[Any]):
         name = serializers.CharField(max_length=200)
-        project = serializers.SlugRelatedField(slug_field="slug", queryset=Project.objects.all())
-        cluster = serializers.SlugRelatedField(
+        project = SlugRelatedField(slug_field="slug", queryset=Project.objects.all())
+        cluster = SlugRelatedField(
             slug_field="name", queryset=Cluster.objects.filter(is_active=True), required=False
         )
-        gpu_type = serializers.SlugRelatedField(
+        gpu_type = SlugRelatedField(
             slug_field="name", queryset=GpuType.objects.all(), required=False, allow_null=True
         )
         kind = serializers.ChoiceField(choices=Job.Kind.choices, default=Job.Kind.BATCH)

@@ -114,6 +114,8 @@ def explain_pending(
             # the scheduler knows better for the top job and reclaims: its own start time
             eta90 = own if eta90 is None else max(eta90, own)
             eta50 = own if eta50 is None else min(max(eta50, now), own)
+            if verdict.reason == PendingReason.HEADROOM:
+                eta50 = own  # held back until then (the pool's low-demand window), not before
         if not verdict.has_eta:
             eta50 = eta90 = None
         if eta50 is None or eta90 is None or (verdict.reason in no_eta and own is None and not types):

@@ -643,3 +643,31 @@ def test_idle_round_just_before_the_range_counts_inside_it(cluster: Cluster, nod
     table = selectors.idle_get(cluster_id=cluster.pk, rng=_day_range(), now=DAY + timedelta(days=1))
     first = dict(zip(table.headers, table.rows[0], strict=True))
     assert first["down"] == pytest.approx(round(3 * 1 / 60, 2))  # only the minute inside the range
+
+
+def test_runtime_accuracy_per_project_counts_completed_jobs_with_predictions(
+    cluster: Cluster, nodes: list[Node], a100: GpuType, staff_web: Client
+) -> None:
+    vision = ProjectFactory(slug="vision")
+    nlp = ProjectFactory(slug="nlp")
+    # vision: 2 h runs predicted 1.5 h (within 2x, p90 2.5 h covers) and 0.5 h (off by 4x).
+    for i, p50_h in enumerate((1.5, 0.5)):
+        job = _ran(vision, cluster, a100, nodes[0], DAY + timedelta(hours=2 + 3 * i), 2)
+        Job.objects.filter(pk=job.pk).update(predicted_p50_s=p50_h * 3600, predicted_p90_s=2.5 * 3600)
+    job = _ran(nlp, cluster, a100, nodes[0], DAY + timedelta(hours=8), 1, index=1)
+    Job.objects.filter(pk=job.pk).update(predicted_p50_s=3000.0, predicted_p90_s=3000.0)
+    # Not counted: failed, preempted-and-requeued, no prediction, ended outside the range.
+    for i, extra in enumerate(({"status": Job.Status.FAILED}, {"attempt": 1}, {"predicted_p50_s": None})):
+        job = _ran(nlp, cluster, a100, nodes[0], DAY + timedelta(hours=12 + 2 * i), 1, index=1)
+        Job.objects.filter(pk=job.pk).update(**{"predicted_p50_s": 60.0, **extra})
+    job = _ran(nlp, cluster, a100, nodes[0], DAY + timedelta(days=2), 1, index=1)
+    Job.objects.filter(pk=job.pk).update(predicted_p50_s=60.0)
+    table = selectors.runtime_accuracy_get(cluster_id=cluster.pk, rng=_day_range())
+    rows = {r[0]: r[1:] for r in table.rows}
+    assert rows["vision"] == (2, 50.0, 100.0, 50.0)
+    assert rows["nlp"] == (1, 100.0, 0.0, 0.0)  # 3,600 s > p90 3,000 s, within 2x of p50
+    page = staff_web.get(
+        reverse("ops:fairness"), {"start": DAY.date().isoformat(), "days": 1}, HTTP_HX_REQUEST="true"
+    )
+    assert page.status_code == 200
+    assert "Runtime predictions of completed jobs by project" in page.content.decode()
