@@ -58,6 +58,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--booking-share", type=float, default=0.0, help="advance bookings, share of GPU-h")
     parser.add_argument("--preemptible-share", type=float, default=OverlayConfig().preemptible_share)
     parser.add_argument("--checkpointable-share", type=float, default=OverlayConfig().checkpointable_share)
+    parser.add_argument(
+        "--guaranteed-share",
+        type=float,
+        default=OverlayConfig().guaranteed_share,
+        help="share of capacity split over projects as guaranteed GPUs (default 0: no quotas, because "
+        "the engine still makes a job above its project's guarantee wait instead of running it "
+        "preemptible)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--limit-jobs", type=int, default=None, help="replay only the first N jobs")
     parser.add_argument(
@@ -198,6 +206,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             booking_share=args.booking_share,
             preemptible_share=args.preemptible_share,
             checkpointable_share=args.checkpointable_share,
+            guaranteed_share=args.guaranteed_share,
             seed=args.seed,
         ),
         inventory=inventory,

@@ -68,7 +68,10 @@ class OverlayConfig:
     booking_late_share: float = 0.30  # owner comes 2-20 min late
     booking_early_end_share: float = 0.40  # owner ends after 40-95 % of the rest of the window
     booking_grace_s: float = 600.0  # a booking whose owner has not come by start + this is released
-    guaranteed_share: float = 0.6  # of capacity, split over projects as guaranteed GPUs
+    # Of capacity, split over projects as guaranteed GPUs.  0 (no quotas) by default for now: the
+    # engine makes a non-preemptible job above its project's guarantee wait instead of running it
+    # preemptible as Kueue does, so quotas starve berth until the engine does that.
+    guaranteed_share: float = 0.0
     booking_cap_share: float = 0.10  # per-project booking cap: this share of a type's capacity (>= 8)
     seed: int = 0
 
