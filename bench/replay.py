@@ -344,8 +344,10 @@ def summary(document: dict[str, Any]) -> str:
         oracle = b.get("easy_oracle", {})
         text += (
             f"\nbounds: session floor p95 {floor['interactive_wait_p95_s']:.0f} s, "
-            f">60 s {floor['interactive_over_60s_share']:.3f}; busy_util ceiling {b['busy_util_ceiling']:.3f}; "
-            f"easy_oracle busy {oracle.get('busy_utilization', 0):.3f}, wait {oracle.get('wait_mean_s', 0):.0f} s, "
+            f">60 s {floor['interactive_over_60s_share']:.3f}; "
+            f"busy_util ceiling {b['busy_util_ceiling']:.3f}; "
+            f"easy_oracle busy {oracle.get('busy_utilization', 0):.3f}, "
+            f"wait {oracle.get('wait_mean_s', 0):.0f} s, "
             f"bsld {oracle.get('bounded_slowdown_mean', 0):.1f}"
         )
     return text

@@ -8,13 +8,13 @@
   order).  Sessions give up after the overlay's patience like in the replay.
 * `busy_util_ceiling`: a packing bound on ``busy_utilization``.  A relaxed cluster where every
   idle gap is filled at once with the best-fitting waiting jobs: at every event, waiting jobs
-  start largest first (or in submit order: the better of the two counts) wherever enough GPUs of their type are free (counted, not placed: no node
-  boundaries, no reservations, no estimates, true runtimes, no preemption), after sessions and
-  booking owners take theirs.  It leaves GPUs idle in a busy window only when every waiting
-  job is wider than the idle GPUs of its type, which no placement rule can avoid, and nothing
-  it does wastes work; a real policy also loses GPUs to node boundaries, reservations and wrong
-  estimates.  It is a bound under these relaxations, measured, not proven optimal (a different
-  order could in principle pack a later instant better).
+  start largest first (or in submit order: the better of the two counts) wherever enough GPUs of
+  their type are free (counted, not placed: no node boundaries, no reservations, no estimates,
+  true runtimes, no preemption), after sessions and booking owners take theirs.  It leaves GPUs
+  idle in a busy window only when every waiting job is wider than the idle GPUs of its type, which
+  no placement rule can avoid, and nothing it does wastes work; a real policy also loses GPUs to
+  node boundaries, reservations and wrong estimates.  It is a bound under these relaxations,
+  measured, not proven optimal (a different order could in principle pack a later instant better).
 """
 
 from __future__ import annotations

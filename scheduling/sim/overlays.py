@@ -19,9 +19,9 @@
   capacity split in proportion to the project's share of the trace's GPU-hours (rounded down,
   so small projects get none), per GPU type in proportion to the type's capacity; its booking
   cap is ``max(8, booking_cap_share x capacity)`` GPUs of a type.  ``guaranteed_share`` 0 sets
-  no quotas (no project has a guarantee, so nothing runs preemptible for exceeding one).  As on Kueue or Run:ai, work
-  above a project's guarantee runs preemptible: the engine marks such starts, and the simulator
-  lets them be preempted.
+  no quotas (no project has a guarantee, so nothing runs preemptible for exceeding one).  As on
+  Kueue or Run:ai, work above a project's guarantee runs preemptible: the engine marks such
+  starts, and the simulator lets them be preempted.
 * **Batch flags**: a seeded ``preemptible_share`` of batch jobs consents to preemption (restartable
   work), and ``checkpointable_share`` of those checkpoint every ``checkpoint_interval_s``, at a
   cost of ``checkpoint_overhead_s`` of extra run time per checkpoint; a resume from a checkpoint

@@ -31,7 +31,8 @@ def test_admitted_bookings_never_share_a_gpu_or_pass_the_cap() -> None:
     trace = load_trace(SAMPLES / "pwa_kth_sp2_1996_sample.csv.gz", limit_jobs=300)
     inventory = parse_cluster_spec("8x1")
     overlay = build_overlay(trace, OverlayConfig(booking_share=0.5, seed=3), inventory=inventory)
-    assert overlay.bookings and overlay.bookings_refused > 0  # a small cluster must refuse some
+    assert overlay.bookings
+    assert overlay.bookings_refused > 0
     for i, a in enumerate(overlay.bookings):
         assert len(a.gpu_ids) == a.gpu_count
         for b in overlay.bookings[i + 1 :]:
@@ -49,8 +50,10 @@ def test_sessions_do_not_follow_batch_submissions() -> None:
     last = trace.jobs[-1].submit_at
     bunched = dataclasses.replace(
         trace,
-        jobs=tuple(dataclasses.replace(j, submit_at=min(j.submit_at, 3_600.0)) for j in trace.jobs[:-1])
-        + (trace.jobs[-1],),
+        jobs=(
+            *tuple(dataclasses.replace(j, submit_at=min(j.submit_at, 3600.0)) for j in trace.jobs[:-1]),
+            trace.jobs[-1],
+        ),
     )
     assert max(j.submit_at for j in bunched.jobs) == last
     config = OverlayConfig(interactive_share=0.2, seed=4)
@@ -65,12 +68,14 @@ def test_a_resume_from_a_checkpoint_pays_the_restore_time() -> None:
     backend.apply(Plan(starts=(StartAction("j", (0,), ("n0",), True, 4_000.0),)))
     backend.apply(Plan(preemptions=(PreemptAction("j", 2_500.0, 2_500.0, "test"),)))
     (killed,) = backend.advance_to(2_500.0)
-    assert killed.kind == TransitionKind.PREEMPTED and killed.saved_s == 2_500.0  # checkpoint on signal
+    assert killed.kind == TransitionKind.PREEMPTED
+    assert killed.saved_s == 2_500.0
     backend.apply(Plan(starts=(StartAction("j", (0,), ("n0",), True, 1_500.0),)))
     (done,) = backend.advance_to(10_000.0)
     assert done.kind == TransitionKind.COMPLETED
     assert done.at == pytest.approx(2_500.0 + 120.0 + 1_500.0)
-    assert done.lost_s == pytest.approx(120.0) and done.saved_s == pytest.approx(1_500.0)
+    assert done.lost_s == pytest.approx(120.0)
+    assert done.saved_s == pytest.approx(1_500.0)
 
 
 def test_the_ledger_the_replay_keeps_equals_the_portal_sum() -> None:
