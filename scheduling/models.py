@@ -253,6 +253,12 @@ class Job(models.Model):
     def __str__(self) -> str:
         return f"Job {self.pk} {self.name}"
 
+    @property
+    def is_never_startable(self) -> bool:
+        """Pending with a reason no waiting removes (`engine.startability`: its sentences start
+        with "Cannot start:"), so no start estimate is honest."""
+        return self.status == self.Status.PENDING and self.pending_sentence.startswith("Cannot start:")
+
 
 class Allocation(models.Model):
     """One GPU held by one booking or job over a half-open period ``[lower, upper)``."""

@@ -34,6 +34,7 @@ from portal.accounts.models import Membership, Project
 from portal.security import cache_redis
 from scheduling import admission
 from scheduling.models import Allocation, AuditEvent, Booking, Cluster, Gpu, GpuType, Job, Node
+from scheduling.snapshots import job_startability
 
 AnyUser = User | AnonymousUser
 
@@ -690,3 +691,51 @@ def peak_concurrent_gpus(
     return admission.peak_concurrent(
         bookings.values_list("start_at", "end_at", "gpu_count"), start_at=start_at, end_at=end_at
     )
+
+
+def job_warnings(job: Job) -> list[str]:
+    """What a user should know right after submitting ``job``: that it can never start under
+    today's inventory and quotas, and what would unblock it (empty when it can start)."""
+    if job.status != Job.Status.PENDING:
+        return []
+    never = job_startability(job)
+    return [never.message] if never is not None else []
+
+
+@dataclass(frozen=True, slots=True)
+class BookingQuota:
+    """What a project may still book of one GPU type over a whole window."""
+
+    project: str
+    max_gpus: int | None  # guaranteed + borrowable; None: no limit
+    booked_peak: int  # most GPUs of the type its open bookings hold at one instant in the window
+    bookable_gpus: int | None  # max_gpus - booked_peak (never negative); None: no limit
+
+
+def booking_quota_get(
+    *, project: Project, gpu_type: GpuType, start_at: datetime, end_at: datetime
+) -> BookingQuota:
+    """The project's booking room of ``gpu_type`` in ``[start_at, end_at)`` under its quota (the
+    same rule `booking_create` enforces), for the booking box and the availability API."""
+    from portal.accounts.models import Quota
+
+    quota = Quota.objects.filter(project=project, gpu_type=gpu_type).first()
+    max_gpus = quota.max_gpus if quota is not None else None
+    peak = (
+        peak_concurrent_gpus(project=project, gpu_type=gpu_type, start_at=start_at, end_at=end_at)
+        if max_gpus is not None
+        else 0
+    )
+    bookable = max(0, max_gpus - peak) if max_gpus is not None else None
+    return BookingQuota(project=project.slug, max_gpus=max_gpus, booked_peak=peak, bookable_gpus=bookable)
+
+
+def project_for_member(user: AnyUser, *, slug: str) -> Project:
+    """An active project the user belongs to (staff: any); another project is a 404."""
+    projects = Project.objects.filter(slug=slug, is_active=True)
+    if not getattr(user, "is_staff", False):
+        projects = projects.filter(memberships__user_id=user.pk)
+    project = projects.first()
+    if project is None:
+        raise Http404("No such project.")
+    return project

@@ -172,6 +172,18 @@ class OutlookHour:
     forecast: float | None  # demand forecast (GPUs, hourly mean)
     forecast_lower80: float | None
     forecast_upper80: float | None
+    booked_unused_gpus: int = 0  # of the booked ones, not in use (lent to preemptible work)
+    held_gpus: int = 0  # of the free ones, held idle as interactive headroom (lendable too)
+
+    def stack(self, capacity: int) -> tuple[int, int, int, int]:
+        """Disjoint parts of the type's GPUs in the hour, adding up to ``capacity``: running work
+        (held by jobs, neither booked nor free), booked and in use, lendable (booked but unused,
+        plus held headroom), and free to book."""
+        booked_in_use = max(0, self.booked_gpus - self.booked_unused_gpus)
+        lendable = self.booked_unused_gpus + self.held_gpus
+        free = max(0, self.free_gpus - self.held_gpus)
+        running = max(0, capacity - self.free_gpus - self.booked_gpus)
+        return running, booked_in_use, lendable, free
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +200,11 @@ class TypeOutlook:
             "hours": [timezone.localtime(h.start_at).strftime("%Y-%m-%dT%H:%M") for h in self.hours],
             "free": [h.free_gpus for h in self.hours],
             "booked": [h.booked_gpus for h in self.hours],
+            # the stacked bars: disjoint parts adding up to the capacity (`OutlookHour.stack`)
+            "stack": {
+                name: [h.stack(self.capacity)[k] for h in self.hours]
+                for k, name in enumerate(("running", "bookedInUse", "lendable", "freeToBook"))
+            },
             "lendable": [h.lendable_gpus for h in self.hours],
             "forecast": [h.forecast for h in self.hours],
             "lower80": [h.forecast_lower80 for h in self.hours],
@@ -306,6 +323,8 @@ def availability_outlook(*, start_at: datetime, hours: int) -> list[TypeOutlook]
                     free_gpus=slot.free_gpus,
                     booked_gpus=booked[i],
                     lendable_gpus=unused[i] + held,
+                    booked_unused_gpus=unused[i],
+                    held_gpus=held,
                     forecast=round(band_point[0], 2) if band_point else None,
                     forecast_lower80=round(band_point[1], 2) if band_point else None,
                     forecast_upper80=round(band_point[2], 2) if band_point else None,

@@ -53,6 +53,7 @@ from scheduling.selectors import (
     peak_concurrent_gpus,
     prepared_fetchall,
 )
+from scheduling.snapshots import job_startability
 
 logger = logging.getLogger(__name__)
 
@@ -928,7 +929,10 @@ def job_submit(
     """Queue a job; the engine places it in a later round and explains why it waits.
 
     Checks that some GPU type in the cluster satisfies the type, memory and precision
-    constraints with at least ``gpu_count`` GPUs (else the job could never run).
+    constraints with at least ``gpu_count`` GPUs (else the job could never run).  A job that
+    the project's quota never lets start (`engine.startability`) is accepted, since quotas
+    change, with that reason and what would unblock it as its pending sentence and no ETA;
+    `selectors.job_warnings` gives the warning to show.
     """
     now = _now(now)
     errors: dict[str, list[str]] = defaultdict(list)
@@ -994,6 +998,12 @@ def job_submit(
             first_submitted_at=now,
             pending_sentence="Waiting for the next scheduling round.",
         )
+        never = job_startability(job)
+        if never is not None:
+            # accepted (quotas and inventory change), but told at once why waiting will not help
+            job.pending_reason = never.reason.value
+            job.pending_sentence = never.message[:500]
+            job.save(update_fields=["pending_reason", "pending_sentence"])
         audit_event_record(
             actor=user,
             actor_label=actor_label,

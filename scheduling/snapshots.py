@@ -21,6 +21,7 @@ from django.db.models import Q
 from portal.accounts.models import Project, Quota
 from scheduling import inputs
 from scheduling.engine import types as et
+from scheduling.engine.startability import Unstartable, enforces_guarantees, never_startable
 from scheduling.models import Allocation, Booking, Cluster, GpuType, Job, Node, Preemption
 
 logger = logging.getLogger(__name__)
@@ -293,6 +294,41 @@ def project_shares(*, cluster: Cluster, now: datetime, half_life_s: float) -> tu
         for project in Project.objects.filter(is_active=True)
     ]
     return inputs.project_shares(specs, usage=usage)
+
+
+def project_quota_share(*, project: Project) -> et.ProjectShare:
+    """One project's quotas as the engine sees them (no usage: that is what a round adds)."""
+    guaranteed: list[tuple[str, int]] = []
+    borrow: int | None = 0
+    has_unlimited = False
+    quotas = Quota.objects.filter(project=project).select_related("gpu_type").order_by("gpu_type__name")
+    for quota in quotas:
+        guaranteed.append((quota.gpu_type.name, quota.guaranteed_gpus))
+        if quota.borrow_limit_gpus is None:
+            has_unlimited = True
+        else:
+            borrow = (borrow or 0) + quota.borrow_limit_gpus
+    if has_unlimited or not guaranteed:
+        borrow = None
+    return et.ProjectShare(
+        name=project.slug, weight=project.fair_share_weight, guaranteed=tuple(guaranteed), borrow_limit=borrow
+    )
+
+
+def job_startability(job: Job) -> Unstartable | None:
+    """`Unstartable` when ``job`` can never start on its cluster's inventory under its project's
+    quota and the cluster's policy (`engine.startability`), else None."""
+    policy = policy_config_for_cluster(cluster=job.cluster)
+    request = job_request(job, usernames={}, slugs={job.project_id: job.project.slug})
+    return never_startable(
+        request,
+        gpu_types=tuple(
+            _engine_gpu_type(t) for t in GpuType.objects.filter(nodes__cluster=job.cluster).distinct()
+        ),
+        nodes=engine_nodes_for_cluster(cluster=job.cluster),
+        share=project_quota_share(project=job.project),
+        is_guarantee_enforced=enforces_guarantees(policy.name),
+    )
 
 
 # ---- the snapshot ----

@@ -20,8 +20,9 @@ export DATABASE_URL=${DATABASE_URL:-postgres://berth:berth@127.0.0.1:$PG_PORT/be
 export REDIS_URL=${REDIS_URL:-redis://127.0.0.1:$REDIS_PORT/0}
 # Celery refuses nothing as root with JSON-only serialisation; the warning only adds noise to the log.
 export C_FORCE_ROOT=${C_FORCE_ROOT:-1}
-# The demo cluster is simulated: run its clock 30x so jobs start, finish and get preempted while you watch.
-export BERTH_SIM_SPEEDUP=${BERTH_SIM_SPEEDUP:-30}
+# The demo cluster is simulated at wall-clock speed, so ETAs, runtimes and lost work mean what they say
+# (README "One clock"); BERTH_SIM_SPEEDUP=30 speeds simulated work up and the pages then say so.
+export BERTH_SIM_SPEEDUP=${BERTH_SIM_SPEEDUP:-1}
 # Web and worker share one cache (what-if progress, login lockouts): Redis, as in production.
 export BERTH_CACHE_URL=${BERTH_CACHE_URL:-$REDIS_URL}
 SERVICES=(web worker beat)

@@ -401,7 +401,11 @@ def runtime_accuracy_get(*, cluster_id: int, rng: Range) -> Table:
 # ---- idle GPU-hours by reason ----
 
 
-def _rounds(cluster_id: int, rng: Range, now: datetime) -> list[tuple[datetime, dict[str, int], int]]:
+def _rounds(
+    cluster_id: int, rng: Range, now: datetime
+) -> list[tuple[datetime, dict[str, int], int, timedelta]]:
+    """Rounds that can hold into the range: (instant, idle counts, id, how long the count holds
+    at most: `ROUND_HOLD_MAX`, or the replayed gap to the next round for history rounds)."""
     rows = list(
         EngineRound.objects.filter(
             cluster_id=cluster_id,
@@ -412,7 +416,15 @@ def _rounds(cluster_id: int, rng: Range, now: datetime) -> list[tuple[datetime, 
         .order_by("started_at", "id")
         .values_list("started_at", "decisions", "id")
     )
-    return [(at, dict((d or {}).get("idle", {})), pk) for at, d, pk in rows]
+    out = []
+    for at, d, pk in rows:
+        decisions = d or {}
+        hold = decisions.get("hold_s")
+        limit = (
+            timedelta(seconds=float(hold)) if isinstance(hold, int | float) and hold > 0 else ROUND_HOLD_MAX
+        )
+        out.append((at, dict(decisions.get("idle", {})), pk, max(limit, ROUND_HOLD_MAX)))
+    return out
 
 
 def idle_get(*, cluster_id: int, rng: Range, now: datetime | None = None) -> Table:
@@ -427,9 +439,9 @@ def idle_get(*, cluster_id: int, rng: Range, now: datetime | None = None) -> Tab
     n = len(rng.starts())
     hours: dict[str, list[float]] = {r: [0.0] * n for r in IDLE_REASONS}
     stop = min(rng.end_at, now)
-    for k, (at, idle, _) in enumerate(rounds):
+    for k, (at, idle, _, hold) in enumerate(rounds):
         nxt = rounds[k + 1][0] if k + 1 < len(rounds) else stop
-        upper = min(nxt, at + ROUND_HOLD_MAX, stop)
+        upper = min(nxt, at + hold, stop)
         t = max(at, rng.start_at)  # a round just before the range holds into it
         i = rng.index(t)
         while t < upper and i < n:
@@ -545,6 +557,47 @@ def audit_event_list(
     if end_at:
         qs = qs.filter(at__lt=end_at)
     return qs
+
+
+@dataclass(frozen=True, slots=True)
+class AuditChange:
+    field: str
+    before: str  # "" when the field is new
+    after: str  # "" when the field is gone
+
+
+def _audit_value(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, dict | list):
+        import json
+
+        return json.dumps(value, sort_keys=True, default=str)
+    return str(value)
+
+
+def audit_changes(before: Any, after: Any) -> list[AuditChange]:
+    """The fields an audit event changed, before -> after, in field order; a creation lists every
+    field it set (before ""), a deletion every field it had (after "").  Non-dict states (rare)
+    compare as one value."""
+    if not isinstance(before, dict) and not isinstance(after, dict):
+        if before == after:
+            return []
+        return [AuditChange("value", "" if before is None else _audit_value(before), _audit_value(after))]
+    old = before if isinstance(before, dict) else {}
+    new = after if isinstance(after, dict) else {}
+    changes = []
+    for key in [*old, *(k for k in new if k not in old)]:
+        if key in old and key in new and old[key] == new[key]:
+            continue
+        changes.append(
+            AuditChange(
+                str(key),
+                _audit_value(old[key]) if key in old else "",
+                _audit_value(new[key]) if key in new else "",
+            )
+        )
+    return changes
 
 
 def audit_entity_types() -> list[str]:

@@ -22,6 +22,11 @@ _PRIORITY_NAME = {v: k for k, v in _PRIORITY_BY_NAME.items()}
 class PayloadSerializer(serializers.Serializer[Any]):
     """What the backend runs; give a command or a script (and optionally a container image)."""
 
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if not (attrs.get("command") or "").strip() and not (attrs.get("script") or "").strip():
+            raise serializers.ValidationError({"command": ["Give a command or a script to run."]})
+        return attrs
+
     command = serializers.CharField(max_length=4000, required=False, allow_blank=True)
     script = serializers.CharField(max_length=64_000, required=False, allow_blank=True)
     image = serializers.CharField(max_length=500, required=False, allow_blank=True)
@@ -49,7 +54,10 @@ class JobOutputSerializer(serializers.Serializer[Any]):
     checkpoint_interval_s = serializers.IntegerField(allow_null=True)
     priority = serializers.SerializerMethodField()
     status = serializers.ChoiceField(choices=Job.Status.choices)
-    submitted_at = serializers.DateTimeField()
+    submitted_at = serializers.DateTimeField(help_text="When it was (re)queued last.")
+    first_submitted_at = serializers.DateTimeField(
+        allow_null=True, help_text="When the user submitted it (kept across requeues after a preemption)."
+    )
     started_at = serializers.DateTimeField(allow_null=True)
     ended_at = serializers.DateTimeField(allow_null=True)
     attempt = serializers.IntegerField()
@@ -100,9 +108,18 @@ class JobListCreateApi(PaginatedApi):
             min_value=1, max_value=2**31 - 1, required=False, allow_null=True
         )
         priority = serializers.ChoiceField(choices=sorted(_PRIORITY_BY_NAME), default="normal")
-        payload = PayloadSerializer(required=False)
+        payload = PayloadSerializer(
+            help_text="What to run: a command or a script (required, as in the form)."
+        )
 
     OutputSerializer = JobOutputSerializer
+
+    class CreatedSerializer(JobOutputSerializer):
+        warnings = serializers.ListField(
+            child=serializers.CharField(),
+            help_text="Why the job, though accepted, cannot start under today's inventory and "
+            "quotas, and what would unblock it; empty when it can start.",
+        )
 
     @extend_schema(
         operation_id="jobs_list",
@@ -123,7 +140,7 @@ class JobListCreateApi(PaginatedApi):
     @extend_schema(
         operation_id="jobs_create",
         request=InputSerializer,
-        responses={201: OutputSerializer, **errors(400, 401, 403, 413)},
+        responses={201: CreatedSerializer, **errors(400, 401, 403, 413)},
     )
     def post(self, request: Request) -> Response:
         serializer = self.InputSerializer(data=request.data)
@@ -131,7 +148,9 @@ class JobListCreateApi(PaginatedApi):
         data = dict(serializer.validated_data)
         data["priority"] = _PRIORITY_BY_NAME[data["priority"]]
         job = services.job_submit(request_user(request), **data, actor_label=AuditEvent.Actor.API)
-        return _job_response(request.user, job.pk, status.HTTP_201_CREATED)
+        job = selectors.job_get(request.user, job_id=job.pk)
+        body = {**JobOutputSerializer(job).data, "warnings": selectors.job_warnings(job)}
+        return Response(body, status=status.HTTP_201_CREATED)
 
 
 class JobDetailApi(APIView):

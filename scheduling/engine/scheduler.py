@@ -26,9 +26,10 @@ from scheduling.engine.fragmentation import DrainAwareChooser, reclaim_for_wide
 from scheduling.engine.headroom import headroom_need, may_use_headroom
 from scheduling.engine.outcome import Outcome
 from scheduling.engine.overdue import correct_overdue
-from scheduling.engine.placement import INF, FreePool, Hold
+from scheduling.engine.placement import INF, FreePool, Hold, constraint_key
 from scheduling.engine.pool import PoolForecast
 from scheduling.engine.preemption import Reclaim, is_consenting, is_reclaimable, kill_time, plan_reclaim
+from scheduling.engine.startability import Unstartable, never_startable
 from scheduling.engine.types import (
     Booking,
     ClusterSnapshot,
@@ -142,6 +143,7 @@ class Scheduler:
                         name = state.gpu_type.get(gpu, "")
                         self.pinned_by_type[name] = self.pinned_by_type.get(name, 0) + 1
         self._types_cache: dict[tuple[str, ...], list[str]] = {}
+        self._never_cache: dict[tuple[object, ...], Unstartable | None] = {}
         self._nodes_cache: dict[tuple[tuple[str, ...], bool], tuple[tuple[int, tuple[int, ...]], ...]] = {}
         topology = state.topology
         self._max_size = topology.max_size
@@ -967,6 +969,8 @@ class Scheduler:
                 f"precisions {', '.join(sorted(job.precisions)) or 'any'}).",
             )
             return False
+        if self.is_never_startable(job):
+            return False
         if self.is_over_limit(job):
             self.out.wait(
                 job.id,
@@ -976,6 +980,31 @@ class Scheduler:
             )
             return False
         return True
+
+    def is_never_startable(self, job: JobRequest) -> bool:
+        """Whether no amount of waiting starts ``job`` (`startability`); if so, records its
+        reason and what would unblock it, with no ETA."""
+        never = self._never_startable(job)
+        if never is None:
+            return False
+        self.out.wait(job.id, never.reason, never.message)
+        self.out.verdicts[job.id].has_eta = False
+        return True
+
+    def _never_startable(self, job: JobRequest) -> Unstartable | None:
+        """`startability.never_startable` on this round's inventory, memoised per job shape."""
+        key = (constraint_key(job), job.gpu_count, job.project, job.kind, job.is_preemptible)
+        cache = self._never_cache
+        if key not in cache:
+            snapshot = self.state.snapshot
+            cache[key] = never_startable(
+                job,
+                gpu_types=snapshot.gpu_types,
+                nodes=snapshot.nodes,
+                share=self.shares.get(job.project),
+                is_guarantee_enforced=self.knobs.enforces_guarantees,
+            )
+        return cache[key]
 
     def _explain_blocked(self, job: JobRequest, types: Sequence[str], estimate: Estimate) -> None:
         pool = self.pool_for(job)
