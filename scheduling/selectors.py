@@ -32,6 +32,7 @@ from django.utils import timezone
 
 from portal.accounts.models import Membership, Project
 from portal.security import cache_redis
+from scheduling import admission
 from scheduling.models import Allocation, AuditEvent, Booking, Cluster, Gpu, GpuType, Job, Node
 from scheduling.snapshots import job_startability
 
@@ -687,17 +688,9 @@ def peak_concurrent_gpus(
     )
     if exclude_booking_id is not None:
         bookings = bookings.exclude(pk=exclude_booking_id)
-    events: list[tuple[datetime, int]] = []
-    for b_start, b_end, count in bookings.values_list("start_at", "end_at", "gpu_count"):
-        events.append((max(b_start, start_at), count))
-        events.append((min(b_end, end_at), -count))
-    # Ends sort before starts at the same instant: [a, b) and [b, c) do not overlap.
-    events.sort(key=lambda e: (e[0], e[1]))
-    peak = current = 0
-    for _, delta in events:
-        current += delta
-        peak = max(peak, current)
-    return peak
+    return admission.peak_concurrent(
+        bookings.values_list("start_at", "end_at", "gpu_count"), start_at=start_at, end_at=end_at
+    )
 
 
 def job_warnings(job: Job) -> list[str]:

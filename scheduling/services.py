@@ -23,7 +23,6 @@ import json
 import logging
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -36,6 +35,7 @@ from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from django.utils import timezone
 
 from portal.accounts.models import Membership, Project, Quota
+from scheduling import admission
 from scheduling.models import (
     Allocation,
     AuditEvent,
@@ -286,13 +286,7 @@ def _lock_nodes(*, gpu_type: GpuType, cluster_ids: Sequence[int]) -> None:
 # ---- booking placement ----
 
 
-@dataclass(frozen=True, slots=True)
-class _FreeNode:
-    node_id: int
-    name: str
-    cluster_id: int
-    gpu_ids: tuple[int, ...]
-    gpu_indexes: tuple[int, ...] = ()  # parallel to gpu_ids
+_FreeNode = admission.FreeNode  # the rule set is pure: scheduling.admission
 
 
 # GPUs of the type on up nodes with no blocking allocation overlapping the period, one row per
@@ -439,46 +433,7 @@ def _booking_insert_audited(
     availability_write_noted()
 
 
-def _pick_gpus(nodes: Sequence[_FreeNode], *, gpu_count: int) -> tuple[tuple[int, ...], int] | None:
-    """Choose GPUs in one cluster: one node when it fits there, else as few nodes as possible.
-
-    Returns ``(gpu_ids, cluster_id)`` or ``None``.  One-node picks take the node with the
-    fewest free GPUs that still fits (best fit keeps large holes for large requests).
-    """
-    by_cluster: dict[int, list[_FreeNode]] = defaultdict(list)
-    for node in nodes:
-        by_cluster[node.cluster_id].append(node)
-    best: tuple[tuple[int, int, str], tuple[int, ...], int] | None = None
-    for cluster_id, members in by_cluster.items():
-        fitting = [n for n in members if len(n.gpu_ids) >= gpu_count]
-        if fitting:
-            node = min(fitting, key=lambda n: (len(n.gpu_ids), n.name))
-            key = (1, len(node.gpu_ids) - gpu_count, node.name)
-            pick = node.gpu_ids[:gpu_count]
-        else:
-            if sum(len(n.gpu_ids) for n in members) < gpu_count:
-                continue
-            # Fill the largest holes first, then finish on the best-fitting node.
-            remaining = gpu_count
-            chosen: list[int] = []
-            pool = sorted(members, key=lambda n: (-len(n.gpu_ids), n.name))
-            while remaining > 0:
-                fits = [n for n in pool if len(n.gpu_ids) >= remaining]
-                if fits:
-                    node = min(fits, key=lambda n: (len(n.gpu_ids), n.name))
-                    chosen.extend(node.gpu_ids[:remaining])
-                    remaining = 0
-                else:
-                    node = pool.pop(0)
-                    chosen.extend(node.gpu_ids)
-                    remaining -= len(node.gpu_ids)
-            key = (2, len(chosen), "")
-            pick = tuple(chosen)
-        if best is None or key < best[0]:
-            best = (key, tuple(pick), cluster_id)
-    if best is None:
-        return None
-    return best[1], best[2]
+_pick_gpus = admission.pick_gpus
 
 
 def _capacity_by_cluster(*, gpu_type: GpuType, cluster_ids: Sequence[int]) -> dict[int, int]:
@@ -522,15 +477,11 @@ def _check_booking_quota(
         end_at=end_at,
         exclude_booking_id=exclude_booking_id,
     )
-    if peak + gpu_count > quota.max_gpus:
-        raise ValidationError(
-            {
-                "gpu_count": (
-                    f"Project {project.slug} may hold at most {quota.max_gpus} {gpu_type.name} GPUs at once "
-                    f"and already has {peak} booked in that window."
-                )
-            }
-        )
+    message = admission.booking_cap_error(
+        project=project.slug, gpu_type=gpu_type.name, max_gpus=quota.max_gpus, peak=peak, gpu_count=gpu_count
+    )
+    if message is not None:
+        raise ValidationError({"gpu_count": message})
 
 
 def booking_create(
