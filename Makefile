@@ -57,7 +57,7 @@ clean: stop
 
 .PHONY: fuzz bench-api
 fuzz: venv services  ## longer schemathesis pass over the whole API (BERTH_FUZZ_EXAMPLES per operation)
-	BERTH_FUZZ_EXAMPLES=$${BERTH_FUZZ_EXAMPLES:-200} $(BIN)/pytest -q -p no:randomly tests/hardening/test_schemathesis.py
+	BERTH_FUZZ_EXAMPLES=$${BERTH_FUZZ_EXAMPLES:-200} $(BIN)/pytest -q tests/hardening/test_schemathesis.py
 
 bench-api: venv services  ## gunicorn (production settings) on a free loopback port + bench.api
 	scripts/bench-api.sh
