@@ -76,7 +76,11 @@ def _jobs_from_csv(path: str | Path) -> tuple[list[JobRequest], list[float], lis
     return jobs, runtimes, ends
 
 
-def _score(pred: np.ndarray, actual: np.ndarray, p90: np.ndarray | None = None) -> dict[str, float]:
+def _score(pred: np.ndarray, actual: np.ndarray, p90: np.ndarray | None = None) -> dict[str, float | None]:
+    if not len(actual):
+        # No job to score (a trace without requested times has no user estimates).
+        keys = ("within_2x", "mae_s", "median_ae_s", "p90_coverage", "under_2x_share")
+        return {**dict.fromkeys(keys), "n": 0}
     p = np.maximum(pred, _FLOOR_S)
     a = np.maximum(actual, _FLOOR_S)
     q90 = p if p90 is None else np.maximum(p90, _FLOOR_S)
@@ -179,6 +183,9 @@ def _print_table(doc: dict[str, Any]) -> None:
     print(f"{'model':<16}{'within_2x':>10}{'mae_s':>10}{'median_ae_s':>13}{'p90_cov':>9}{'under_2x':>10}")
     for name in ("predictor", "user_estimate", "last_two"):
         r = doc[name]
+        if not r["n"]:
+            print(f"{name:<16}  (no job to score)")
+            continue
         print(
             f"{name:<16}{r['within_2x']:>10.3f}{r['mae_s']:>10.0f}{r['median_ae_s']:>13.0f}"
             f"{r['p90_coverage']:>9.3f}{r['under_2x_share']:>10.3f}"

@@ -5,7 +5,10 @@
   demand on that type, or ``key=""`` for the whole cluster), a project, or the interactive
   demand (bookings + interactive jobs) on a GPU type.  At most one run per series, model and
   hour (a unique constraint): refreshing twice in one hour does not duplicate.
-* `ForecastPoint`: the run's hourly point forecast and 80% interval, bulk-written.
+* `ForecastPoint`: the run's hourly point forecast, 80% interval and 95% upper bound,
+  bulk-written, with the 24 h seasonal-naive forecast issued at the same time; once the
+  hour is over, the hourly task records the actual demand on it (the track record the
+  capacity page scores: rolling MASE against seasonal naive and band coverage).
 * `CapacityStudy`: a what-if search for the GPU count that keeps the p95 batch wait under a
   target, run by a Celery task that stores its progress so a page can poll it.
 
@@ -68,13 +71,20 @@ class ForecastRun(models.Model):
 
 
 class ForecastPoint(models.Model):
-    """One forecast hour: GPUs of demand (hourly mean) and the 80% interval around it."""
+    """One forecast hour: GPUs of demand (hourly mean), the 80% interval around it, and later
+    what happened."""
 
     run = models.ForeignKey(ForecastRun, on_delete=models.CASCADE, related_name="points")
     ts = models.DateTimeField()  # start of the hour
     yhat = models.FloatField()
     lower80 = models.FloatField()
     upper80 = models.FloatField()
+    upper95 = models.FloatField(null=True, blank=True)  # one-sided 95% bound; None: older runs
+    # The 24 h seasonal naive's forecast of this hour, from the history the run was fitted
+    # on (the same hour one or more days before the issue time); None when that hour is
+    # before the series starts.
+    naive24 = models.FloatField(null=True, blank=True)
+    actual = models.FloatField(null=True, blank=True)  # GPUs, recorded after the hour ended
 
     class Meta:
         ordering = ["run_id", "ts"]
@@ -83,6 +93,14 @@ class ForecastPoint(models.Model):
             models.CheckConstraint(
                 condition=Q(lower80__lte=F("yhat")) & Q(yhat__lte=F("upper80")), name="forecastpoint_ordered"
             ),
+            models.CheckConstraint(
+                condition=Q(upper95__isnull=True) | Q(upper95__gte=F("upper80")),
+                name="forecastpoint_upper95_above_upper80",
+            ),
+        ]
+        indexes = [
+            # The hourly task looks for past hours that still wait for their actual.
+            models.Index(fields=["ts"], condition=Q(actual__isnull=True), name="forecastpoint_awaiting"),
         ]
 
     def __str__(self) -> str:

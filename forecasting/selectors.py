@@ -297,6 +297,111 @@ def forecast_band_get(
     return ForecastBand(run=run, history=history, points=points, capacity_gpus=total)
 
 
+@dataclass(frozen=True, slots=True)
+class ForecastTrackRecord:
+    """How one series' stored forecasts did against what happened, over a rolling window.
+
+    ``mase``: the model's mean absolute error over the 24 h seasonal naive's on the same
+    hours (the naive forecast issued with each run): below 1 the forecast beats repeating
+    the last day, and 1 is the naive itself.  ``coverage_80``: share of hours inside the
+    80% band (0.8 when calibrated); ``coverage_upper_95``: share at or below the 95% upper
+    bound (0.95 when calibrated; None when no point stored one).  Every stored point
+    counts: an hour is scored once for each run (lead time) that forecast it.
+    """
+
+    kind: str
+    key: str
+    points: int  # scored (forecast hour, run) pairs
+    hours: int  # distinct hours scored
+    mae_gpus: float
+    mase: float | None  # None: the naive's error is 0 or unknown over the window
+    coverage_80: float
+    coverage_upper_95: float | None
+
+    @property
+    def verdict(self) -> str:
+        """One word for the page: ``too_new``, ``worse_than_naive``, ``band_off`` or ``trusted``."""
+        if self.hours < TRACK_RECORD_MIN_HOURS:
+            return "too_new"
+        if self.mase is not None and self.mase >= 1.0:
+            return "worse_than_naive"
+        if not 0.65 <= self.coverage_80 <= 0.95:
+            return "band_off"
+        return "trusted"
+
+
+TRACK_RECORD_MIN_HOURS = 24  # a day of scored hours before the page passes judgement
+
+
+def forecast_track_record_list(
+    *, cluster_id: int, now: datetime, days: int = 7, model_name: str = "berth"
+) -> list[ForecastTrackRecord]:
+    """The rolling track record of every series of the cluster over the ``days`` before
+    ``now``: only hours whose actual is recorded count.  One aggregate query.
+
+    For admin pages (capacity planning): callers check that the user is staff.
+    """
+    from django.db.models import Avg, Case, Count, F, FloatField, Value, When
+    from django.db.models.functions import Abs
+
+    end = hour_floor(now)
+    scored = ForecastPoint.objects.filter(
+        run__cluster_id=cluster_id,
+        run__model_name=model_name,
+        actual__isnull=False,
+        ts__lt=end,
+        ts__gte=end - timedelta(days=days),
+    )
+    has_naive = Q(naive24__isnull=False)
+    rows = (
+        scored.values("run__kind", "run__key")
+        .annotate(
+            points=Count("id"),
+            hours=Count("ts", distinct=True),
+            mae=Avg(Abs(F("yhat") - F("actual"))),
+            mae_on_naive_hours=Avg(Abs(F("yhat") - F("actual")), filter=has_naive),
+            naive_mae=Avg(Abs(F("naive24") - F("actual")), filter=has_naive),
+            cov80=Avg(
+                Case(
+                    When(lower80__lte=F("actual"), upper80__gte=F("actual"), then=Value(1.0)),
+                    default=Value(0.0),
+                    output_field=FloatField(),
+                )
+            ),
+            cov95=Avg(
+                Case(
+                    When(upper95__gte=F("actual"), then=Value(1.0)),
+                    default=Value(0.0),
+                    output_field=FloatField(),
+                ),
+                filter=Q(upper95__isnull=False),
+            ),
+        )
+        .order_by("run__kind", "run__key")
+    )
+    out: list[ForecastTrackRecord] = []
+    for row in rows:
+        naive_mae = row["naive_mae"]
+        mase = (
+            float(row["mae_on_naive_hours"]) / float(naive_mae)
+            if naive_mae is not None and naive_mae > 0 and row["mae_on_naive_hours"] is not None
+            else None
+        )
+        out.append(
+            ForecastTrackRecord(
+                kind=row["run__kind"],
+                key=row["run__key"],
+                points=int(row["points"]),
+                hours=int(row["hours"]),
+                mae_gpus=float(row["mae"]),
+                mase=mase,
+                coverage_80=float(row["cov80"]),
+                coverage_upper_95=None if row["cov95"] is None else float(row["cov95"]),
+            )
+        )
+    return out
+
+
 def capacity_study_get(*, study_id: int) -> CapacityStudy:
     """One capacity study (raises ``CapacityStudy.DoesNotExist``); for staff pages that poll it."""
     return CapacityStudy.objects.select_related("cluster", "gpu_type").get(pk=study_id)

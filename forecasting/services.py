@@ -13,7 +13,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import Any
 
@@ -151,6 +151,8 @@ def forecast_refresh(
         point = np.maximum(np.nan_to_num(fc.point, nan=0.0), 0.0)
         lower = np.minimum(np.nan_to_num(fc.lower, nan=0.0), point)
         upper = np.maximum(np.nan_to_num(fc.upper, nan=0.0), point)
+        upper95 = np.maximum(np.nan_to_num(fc.upper_95_or_upper, nan=0.0), upper)
+        naive = seasonal_naive_24(y, horizon_h=len(point))
         run_fields = {
             "cluster_id": cluster_id,
             "kind": kind,
@@ -176,9 +178,17 @@ def forecast_refresh(
                 )
                 ForecastPoint.objects.bulk_create(
                     ForecastPoint(
-                        run=run, ts=from_naive_utc(ts), yhat=float(p), lower80=float(lo), upper80=float(hi)
+                        run=run,
+                        ts=from_naive_utc(ts),
+                        yhat=float(p),
+                        lower80=float(lo),
+                        upper80=float(hi),
+                        upper95=float(hi95),
+                        naive24=nv,
                     )
-                    for ts, p, lo, hi in zip(fc.index, point, lower, upper, strict=True)
+                    for ts, p, lo, hi, hi95, nv in zip(
+                        fc.index, point, lower, upper, upper95, naive, strict=True
+                    )
                 )
         except IntegrityError:
             # A concurrent refresh stored this series for this hour first: that is the same answer.
@@ -188,6 +198,63 @@ def forecast_refresh(
     if progress is not None:
         progress(total, total, "")
     return RefreshResult(created=len(created), skipped=skipped, failed=failed, run_ids=tuple(created))
+
+
+def seasonal_naive_24(y: pd.Series, *, horizon_h: int) -> list[float | None]:
+    """The 24 h seasonal naive's forecast of the ``horizon_h`` hours after ``y`` ends.
+
+    Hour ``h`` (1-based) repeats the value ``24 * ceil(h / 24)`` hours earlier: the same
+    hour of the last day the history covers.  None where that hour is before ``y`` starts or
+    unknown (NaN).  This is the yardstick of the track record: MASE scales by its error.
+    """
+    values = y.to_numpy(dtype=float)
+    n = len(values)
+    out: list[float | None] = []
+    for h in range(1, horizon_h + 1):
+        i = n + h - 1 - 24 * math.ceil(h / 24)
+        out.append(float(values[i]) if 0 <= i < n and math.isfinite(values[i]) else None)
+    return out
+
+
+def forecast_actuals_record(*, cluster_id: int, now: datetime | None = None) -> int:
+    """Record the actual demand on every stored forecast hour of the cluster that is over.
+
+    Looks at hours that ended before the current hour began and still have no actual, back
+    to the retention cutoff (older runs are pruned anyway).  The actual is the same hourly
+    demand the forecasts were fitted on (``demand_series_get``: running + queued + booked
+    GPUs, hourly mean); an hour without any recorded work is 0.  Idempotent: an hour gets
+    its actual once, and a second call finds nothing to do.  Returns the points updated.
+    """
+    end = hour_floor(now or timezone.now())
+    cutoff = forecast_retention_cutoff(now=end)
+    waiting = list(
+        ForecastPoint.objects.filter(
+            run__cluster_id=cluster_id, actual__isnull=True, ts__lt=end, ts__gte=cutoff
+        ).values_list("id", "ts", "run__kind", "run__key")
+    )
+    if not waiting:
+        return 0
+    first = min(ts for _, ts, _, _ in waiting)
+    days = max(1, math.ceil((end - first).total_seconds() / 86400))
+    series = demand_series_get(cluster_id=cluster_id, end_at=end, history_days=days)
+    updates: list[ForecastPoint] = []
+    for point_id, ts, kind, key in waiting:
+        y = series.get((kind, key))
+        value = 0.0
+        if y is not None:
+            got = y.get(pd.Timestamp(ts.astimezone(UTC).replace(tzinfo=None)))
+            value = float(got) if got is not None and math.isfinite(float(got)) else 0.0
+        updates.append(ForecastPoint(id=point_id, actual=value))
+    with transaction.atomic():
+        # Only points still waiting: a concurrent call that got there first keeps its value.
+        ids = set(
+            ForecastPoint.objects.select_for_update()
+            .filter(id__in=[p.id for p in updates], actual__isnull=True)
+            .values_list("id", flat=True)
+        )
+        todo = [p for p in updates if p.id in ids]
+        ForecastPoint.objects.bulk_update(todo, ["actual"], batch_size=2000)
+    return len(todo)
 
 
 def forecast_runs_prune(*, before: datetime) -> int:

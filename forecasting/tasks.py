@@ -2,8 +2,9 @@
 
 * `forecast_refresh_dispatch()` (beat, hourly): a `forecast_refresh` per active cluster and
   the pending jobs' runtime predictions.
-* `forecast_refresh(cluster_id)`: fit and store the hour's forecasts; idempotent (a second
-  run in the same hour skips what is stored).
+* `forecast_refresh(cluster_id)`: record the actuals of forecast hours that are over (the
+  track record), then fit and store the hour's forecasts; idempotent (a second run in the
+  same hour skips what is stored and finds no actual left to record).
 * `forecast_refit_dispatch()` (beat, nightly): `forecast_refit` per active cluster (refit with
   backtest metrics, replacing the hour's runs) and pruning of old runs.
 * `forecast_refresh_now(cluster_id)`: the admin's "Refresh forecasts now" (and the demo's
@@ -40,12 +41,14 @@ def _active_cluster_ids() -> list[int]:
     time_limit=settings.BERTH_FORECAST_SOFT_TIME_LIMIT_S + 60,
 )
 def forecast_refresh(cluster_id: int) -> dict[str, Any]:
-    """Store this hour's demand forecasts of one cluster (skips series already stored)."""
+    """Record the actual demand of the hours stored forecasts covered that are now over, then
+    store this hour's demand forecasts of one cluster (skips series already stored)."""
     if not Cluster.objects.filter(pk=cluster_id).exists():
         return {"cluster_id": cluster_id, "status": "missing"}
+    actuals = services.forecast_actuals_record(cluster_id=cluster_id)
     result = services.forecast_refresh(cluster_id=cluster_id)
-    logger.info("forecast refresh cluster=%s %s", cluster_id, result.as_dict())
-    return {"cluster_id": cluster_id, **result.as_dict()}
+    logger.info("forecast refresh cluster=%s actuals=%s %s", cluster_id, actuals, result.as_dict())
+    return {"cluster_id": cluster_id, "actuals_recorded": actuals, **result.as_dict()}
 
 
 @shared_task(  # type: ignore[untyped-decorator]  # celery ships no types

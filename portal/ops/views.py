@@ -230,6 +230,57 @@ def _capacity_context(cluster_id: int | None) -> dict[str, Any]:
     return {"bands": bands, "gpu_types": sorted(capacity)}
 
 
+_VERDICTS = {
+    "too_new": "too new to judge (under a day of scored hours)",
+    "worse_than_naive": "do not trust: worse than repeating the last day",
+    "band_off": "point fine, band miscalibrated",
+    "trusted": "trusted: beats seasonal naive, band calibrated",
+}
+TRACK_RECORD_DAYS = 7
+
+
+def _track_record_table(cluster_id: int | None) -> Table:
+    """Each series' rolling track record: MASE against seasonal naive and band coverage."""
+    from forecasting.selectors import forecast_track_record_list
+
+    records = (
+        forecast_track_record_list(cluster_id=cluster_id, now=timezone.now(), days=TRACK_RECORD_DAYS)
+        if cluster_id is not None
+        else []
+    )
+
+    def series_name(kind: str, key: str) -> str:
+        if kind == "gpu_type":
+            return f"GPU type {key}" if key else "Cluster total"
+        return f"{kind.capitalize()} {key}"
+
+    return Table(
+        name="forecast-track-record",
+        caption=f"Forecast track record over the last {TRACK_RECORD_DAYS} days, per series",
+        headers=(
+            "Series",
+            "Hours scored",
+            "MAE (GPUs)",
+            "MASE vs seasonal naive",
+            "Inside 80% band",
+            "At or below upper 95%",
+            "Verdict",
+        ),
+        rows=tuple(
+            (
+                series_name(r.kind, r.key),
+                r.hours,
+                round(r.mae_gpus, 2),
+                None if r.mase is None else round(r.mase, 2),
+                f"{r.coverage_80:.0%}",
+                None if r.coverage_upper_95 is None else f"{r.coverage_upper_95:.0%}",
+                _VERDICTS[r.verdict],
+            )
+            for r in records
+        ),
+    )
+
+
 @staff_required
 @vary_on_headers("HX-Request")
 @require_GET
@@ -238,7 +289,9 @@ def capacity(request: HtmxHttpRequest) -> HttpResponse:
     from forecasting.services import forecast_refresh_state_get
 
     context = {"form": form, "cluster_id": cluster_id, "query": _query(form), **_capacity_context(cluster_id)}
-    if (response := _csv_or_none(request, context["bands"])) is not None:
+    context["track_record"] = _track_record_table(cluster_id)
+    context["track_record_days"] = TRACK_RECORD_DAYS
+    if (response := _csv_or_none(request, [*context["bands"], context["track_record"]])) is not None:
         return response
     context["refresh"] = forecast_refresh_state_get(cluster_id=cluster_id) if cluster_id else None
     context["whatif_form"] = WhatIfForm(gpu_types=context["gpu_types"])

@@ -188,3 +188,26 @@ def test_last_two_is_the_mean_of_the_users_last_two_runtimes() -> None:
         lt.observe(j, rt)
     assert lt.predict(j) == 30.0
     assert lt.predict(JobRequest(id="b", user="v", project="p", gpu_count=1, submit_at=0.0)) == 100.0
+
+
+def test_bench_runtime_without_requested_times_scores_no_user_estimate(tmp_path: Path) -> None:
+    """A trace without requested times (the Alibaba pod list) has no user estimates to score:
+    the JSON says so with nulls and n = 0 (no NaN, which is not JSON)."""
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        "job_id,user,group,submit_time,start_time,end_time,num_gpus,gpu_type,status\n"
+        "1,,LS,0,0,100,1,,completed\n"
+        "2,,LS,200,200,300,1,,completed\n"
+        "3,,BE,400,400,4000,1,,completed\n"
+    )
+    out = tmp_path / "r.json"
+    assert bench_runtime.main(["--trace", str(trace), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "NaN" not in text
+    doc = json.loads(text)
+    assert doc["user_estimate"]["n"] == 0
+    assert doc["user_estimate"]["within_2x"] is None
+    assert doc["predictor"]["n"] == 3
+    # Job 1 has no history (1 h default), job 2 learns job 1's 100 s (a hit), job 3 of
+    # another class only has the global 100 s for its 3600 s.
+    assert doc["predictor"]["within_2x"] == pytest.approx(1 / 3)
