@@ -110,7 +110,9 @@ class OidcIdentity(models.Model):
     ``groups`` is the groups claim of the latest sign-in, as the memberships were mapped from it.
     """
 
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="oidc_identities")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="oidc_identities"
+    )
     issuer = models.CharField(max_length=255)
     subject = models.CharField(max_length=255)
     groups = models.JSONField(default=list, blank=True)

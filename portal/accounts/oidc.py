@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 _REQUIRED_ENDPOINTS = ("authorization_endpoint", "token_endpoint", "jwks_uri")
 _metadata_cache: dict[str, tuple[float, dict[str, str]]] = {}
 _metadata_lock = threading.Lock()
-SESSION_ID_TOKEN = "oidc_id_token"
+SESSION_ID_TOKEN = "oidc_id_token"  # noqa: S105 (a session key, not a secret)
 
 
 def oidc_setting(attr: str, *default: Any) -> Any:
@@ -86,7 +86,9 @@ def provider_metadata(config: OidcConfig | None = None) -> dict[str, str]:
         needed = _REQUIRED_ENDPOINTS if config.sign_algo.startswith(("RS", "ES")) else _REQUIRED_ENDPOINTS[:2]
         missing = [name for name in needed if name not in explicit]
         if missing:
-            raise OidcError(f"Single sign-on is misconfigured: no BERTH_OIDC_ISSUER and no {', '.join(missing)}.")
+            raise OidcError(
+                f"Single sign-on is misconfigured: no BERTH_OIDC_ISSUER and no {', '.join(missing)}."
+            )
         return {"issuer": config.issuer, **explicit}
     url = f"{config.issuer}/.well-known/openid-configuration"
     with _metadata_lock:
@@ -128,7 +130,7 @@ def _unavailable(config: OidcConfig, exc: Exception) -> OidcProviderUnavailableE
     )
 
 
-class OidcBackend(OIDCAuthenticationBackend):
+class OidcBackend(OIDCAuthenticationBackend):  # type: ignore[misc]
     """mozilla-django-oidc's backend on Berth's configuration and user rules.
 
     Answers only the callback view (which passes ``nonce``); a password sign-in passes through
@@ -174,14 +176,18 @@ class OidcBackend(OIDCAuthenticationBackend):
             raise _unavailable(config, exc) from exc
         except SuspiciousOperation as exc:
             logger.warning("OIDC token verification failed: %s", exc)
-            raise OidcError("The sign-in answer from the provider could not be verified. Start again.") from exc
+            raise OidcError(
+                "The sign-in answer from the provider could not be verified. Start again."
+            ) from exc
         except IntegrityError as exc:  # two first sign-ins of one person at once
             raise OidcError("Your account was being set up by another sign-in. Start again.") from exc
 
     def verify_token(self, token: str, **kwargs: Any) -> dict[str, Any]:
         """The parent checks the signature, expiry and nonce; this adds issuer and audience."""
         if not isinstance(token, str) or not token:
-            raise OidcError(f"{self.config.provider_name} sent no ID token. Is 'openid' in BERTH_OIDC_SCOPES?")
+            raise OidcError(
+                f"{self.config.provider_name} sent no ID token. Is 'openid' in BERTH_OIDC_SCOPES?"
+            )
         payload: dict[str, Any] = super().verify_token(token, **kwargs)
         audience = payload.get("aud")
         audiences = audience if isinstance(audience, list) else [audience]

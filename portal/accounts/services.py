@@ -124,7 +124,9 @@ def token_create(*, user: User, actor_label: str = "user") -> str:
 
 
 @transaction.atomic
-def memberships_sync_from_groups(*, user: User, groups: list[str], config: OidcConfig) -> list[dict[str, str]]:
+def memberships_sync_from_groups(
+    *, user: User, groups: list[str], config: OidcConfig
+) -> list[dict[str, str]]:
     """Make the user's memberships of the projects single sign-on manages follow their groups.
 
     Adds granted memberships, removes those of managed projects no group grants any more (a
@@ -234,10 +236,14 @@ def oidc_user_sign_in(*, issuer: str, claims: Mapping[str, Any], config: OidcCon
     user = identity.user
     if not user.is_active:
         raise OidcSignInRefusedError("Your Berth account is disabled. Ask an administrator.")
-    for field, claim in (("email", "email"), ("first_name", "given_name"), ("last_name", "family_name")):
+    for field, claim, max_length in (
+        ("email", "email", 254),
+        ("first_name", "given_name", 150),
+        ("last_name", "family_name", 150),
+    ):
         value = claims.get(claim)
         if isinstance(value, str):
-            setattr(user, field, value[: User._meta.get_field(field).max_length])
+            setattr(user, field, value[:max_length])
     user.save()
     now = timezone.now()
     identity.groups = groups

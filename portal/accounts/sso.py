@@ -114,7 +114,7 @@ def oidc_config() -> OidcConfig:
     return OidcConfig(
         client_id=settings.BERTH_OIDC_CLIENT_ID,
         client_secret=settings.BERTH_OIDC_CLIENT_SECRET,
-        provider_name=settings.BERTH_OIDC_PROVIDER_NAME,
+        provider_name=settings.BERTH_OIDC_PROVIDER_NAME or "single sign-on",
         issuer=settings.BERTH_OIDC_ISSUER.rstrip("/"),
         endpoints={
             "authorization_endpoint": settings.BERTH_OIDC_AUTHORIZATION_ENDPOINT,

@@ -18,9 +18,14 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from mozilla_django_oidc import views as oidc_views
 
-from portal.accounts.oidc import OidcError, OidcSignInRefusedError, end_session_url, oidc_setting, provider_metadata
+from portal.accounts.oidc import (
+    OidcError,
+    OidcSignInRefusedError,
+    end_session_url,
+    oidc_setting,
+    provider_metadata,
+)
 from portal.accounts.sso import oidc_config
-
 from portal.security import LOCKED_OUT_MESSAGE, client_ip, is_locked_out
 
 
@@ -92,7 +97,7 @@ def sso_error(request: HttpRequest, error: OidcError) -> HttpResponse:
     return response
 
 
-class OidcLoginView(oidc_views.OIDCAuthenticationRequestView):
+class OidcLoginView(oidc_views.OIDCAuthenticationRequestView):  # type: ignore[misc]
     """``/oidc/login/``: send the browser to the provider's login page (state, nonce, PKCE)."""
 
     get_settings = staticmethod(oidc_setting)
@@ -110,10 +115,11 @@ class OidcLoginView(oidc_views.OIDCAuthenticationRequestView):
         except OidcError as error:
             return sso_error(request, error)
         self.OIDC_RP_CLIENT_ID = config.client_id
-        return super().get(request)
+        response: HttpResponse = super().get(request)
+        return response
 
 
-class OidcCallbackView(oidc_views.OIDCAuthenticationCallbackView):
+class OidcCallbackView(oidc_views.OIDCAuthenticationCallbackView):  # type: ignore[misc]
     """``/oidc/callback/``: the provider sends the browser back here with a code (or an error)."""
 
     get_settings = staticmethod(oidc_setting)
@@ -135,16 +141,18 @@ class OidcCallbackView(oidc_views.OIDCAuthenticationCallbackView):
                 )
             description = request.GET.get("error_description", "")[:200]
             return sso_error(
-                request, OidcError(f"{config.provider_name} answered with an error: {error} {description}".strip())
+                request,
+                OidcError(f"{config.provider_name} answered with an error: {error} {description}".strip()),
             )
         if "code" not in request.GET or "state" not in request.GET or "oidc_states" not in request.session:
             return sso_error(request, _expired())
         try:
-            return super().get(request)
+            response: HttpResponse = super().get(request)
         except SuspiciousOperation:
             return sso_error(request, _expired())
         except OidcError as failure:
             return sso_error(request, failure)
+        return response
 
     def login_failure(self) -> HttpResponse:
         return sso_error(self.request, OidcSignInRefusedError("Your account may not sign in to Berth."))

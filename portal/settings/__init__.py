@@ -259,7 +259,7 @@ if IS_PRODUCTION and BERTH_OIDC_CLIENT_ID:
             "BERTH_OIDC_CLIENT_ID is set: set BERTH_OIDC_ISSUER (discovery) or the provider's endpoints."
         )
     if any(url and not url.startswith("https://") for url in _oidc_urls) or not BERTH_OIDC_VERIFY_TLS:
-        raise environ.ImproperlyConfigured("Single sign-on in production talks to its provider over verified https.")
+        raise environ.ImproperlyConfigured("Single sign-on in production talks to its provider over https.")
 # The OpenID Connect backend answers only the sign-in callback (portal.accounts.oidc), after
 # the lockout backend that checks passwords.
 AUTHENTICATION_BACKENDS = [*AUTHENTICATION_BACKENDS, "portal.accounts.oidc.OidcBackend"]

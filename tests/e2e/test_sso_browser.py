@@ -19,7 +19,7 @@ from playwright.sync_api import Page, expect
 from portal.accounts.models import Membership
 from portal.accounts.oidc import metadata_forget
 from tests.factories import ProjectFactory
-from tests.oidc_provider.fixtures import PASSWORD, Provider, oidc_provider  # noqa: F401 (the fixture)
+from tests.oidc_provider.fixtures import PASSWORD, Provider
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 
@@ -41,6 +41,7 @@ def test_sign_in_through_the_provider_lands_on_the_dashboard_and_logout_ends_bot
 
     page.goto(f"{base}/login/")
     expect(page.get_by_label("Username")).to_be_visible()  # the local form stays
+    page.screenshot(path=str(ARTIFACTS / "e2e-sso-login.png"), full_page=True)
     page.get_by_role("link", name="Sign in with Example University").click()
 
     # The provider's own login page, then its consent page.
@@ -60,7 +61,9 @@ def test_sign_in_through_the_provider_lands_on_the_dashboard_and_logout_ends_bot
     expect(page.locator("#my-projects")).to_have_text("Your projects: Vision")
     page.screenshot(path=str(ARTIFACTS / "e2e-sso-dashboard.png"), full_page=True)
     alice = User.objects.get(username="alice")
-    assert list(Membership.objects.filter(user=alice).values_list("project__slug", "role")) == [("vision", "member")]
+    assert list(Membership.objects.filter(user=alice).values_list("project__slug", "role")) == [
+        ("vision", "member")
+    ]
 
     # Log out: Berth's session ends, the provider's end-session endpoint ends its own and
     # returns to Berth's login page.

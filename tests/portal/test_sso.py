@@ -25,13 +25,7 @@ from portal.accounts.oidc import metadata_forget
 from portal.accounts.sso import MANAGER, MEMBER, OidcConfig, desired_memberships, project_map_parse
 from scheduling.models import AuditEvent
 from tests.factories import MembershipFactory, ProjectFactory, UserFactory
-from tests.oidc_provider.fixtures import (  # noqa: F401 (the fixture)
-    Provider,
-    ProviderBrowser,
-    free_port,
-    local_path,
-    oidc_provider,
-)
+from tests.oidc_provider.fixtures import Provider, ProviderBrowser, free_port, local_path
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,9 +41,7 @@ def sso(settings, oidc_provider: Provider) -> Provider:
 
 @pytest.fixture
 def projects() -> dict[str, Project]:
-    return {
-        slug: ProjectFactory(name=slug.title(), slug=slug) for slug in ("vision", "nlp", "astro")
-    }
+    return {slug: ProjectFactory(name=slug.title(), slug=slug) for slug in ("vision", "nlp", "astro")}
 
 
 def sign_in(client: Client, username: str, *, browser: ProviderBrowser | None = None, next_url: str = "/"):
@@ -129,7 +121,7 @@ def test_sso_is_off_unless_configured(client):
     [
         ("change-me", "BERTH_OIDC_CLIENT_SECRET is a placeholder"),
         ("short", "BERTH_OIDC_CLIENT_SECRET is a placeholder"),
-        ("a-real-secret-of-enough-length", "verified https"),
+        ("a-real-secret-of-enough-length", "over https"),
     ],
 )
 def test_production_refuses_placeholder_client_secret_and_plain_http(secret, needle):
@@ -143,8 +135,12 @@ def test_production_refuses_placeholder_client_secret_and_plain_http(secret, nee
         "BERTH_OIDC_ISSUER": "http://idp.example/realms/lab",
     }
     result = subprocess.run(
-        [sys.executable, "-c", "import django, os; os.environ.setdefault('DJANGO_SETTINGS_MODULE', "
-         "'portal.settings'); django.setup()"],
+        [
+            sys.executable,
+            "-c",
+            "import django, os; os.environ.setdefault('DJANGO_SETTINGS_MODULE', "
+            "'portal.settings'); django.setup()",
+        ],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -182,7 +178,11 @@ def test_first_sign_in_creates_the_user_maps_groups_and_lands_where_asked(client
     alice = User.objects.get(username="alice")
     assert int(client.session["_auth_user_id"]) == alice.pk
     assert client.session["_auth_user_backend"] == "portal.accounts.oidc.OidcBackend"
-    assert (alice.email, alice.first_name, alice.has_usable_password()) == ("alice@uni.example", "Alice", False)
+    assert (alice.email, alice.first_name, alice.has_usable_password()) == (
+        "alice@uni.example",
+        "Alice",
+        False,
+    )
     assert roles(alice) == {"vision": MEMBER}
     identity = OidcIdentity.objects.get(user=alice)
     assert identity.issuer == sso.issuer
@@ -218,10 +218,17 @@ def test_memberships_follow_the_groups_at_every_sign_in(client, sso, settings, p
         assert roles(bob) == {"vision": MEMBER, "astro": MEMBER}
     finally:
         sso.set_groups("bob", ["lab-vision", "lab-nlp"])
-    verbs = list(AuditEvent.objects.filter(actor=bob, verb__startswith="membership.sso").values_list("verb", flat=True))
+    verbs = list(
+        AuditEvent.objects.filter(actor=bob, verb__startswith="membership.sso").values_list("verb", flat=True)
+    )
     assert sorted(verbs) == sorted(
-        ["membership.sso_added", "membership.sso_added", "membership.sso_role", "membership.sso_role",
-         "membership.sso_removed"]
+        [
+            "membership.sso_added",
+            "membership.sso_added",
+            "membership.sso_role",
+            "membership.sso_role",
+            "membership.sso_removed",
+        ]
     )
     assert User.objects.filter(username="bob").count() == 1  # found again by subject, not re-created
 
@@ -422,3 +429,19 @@ def test_password_logout_stays_local(client, sso):
     page = client.post("/logout/")
     assert page.status_code == 302
     assert page["Location"] == "/login/"
+
+
+@pytest.mark.django_db
+def test_id_token_from_another_issuer_is_refused(client, settings, sso):
+    # Endpoints given one by one (no discovery), and an issuer the provider's tokens do not name.
+    settings.BERTH_OIDC_ISSUER = "http://127.0.0.1:9/another-realm"
+    settings.BERTH_OIDC_AUTHORIZATION_ENDPOINT = f"{sso.issuer}/authorize/"
+    settings.BERTH_OIDC_TOKEN_ENDPOINT = f"{sso.issuer}/token/"
+    settings.BERTH_OIDC_USERINFO_ENDPOINT = f"{sso.issuer}/userinfo/"
+    settings.BERTH_OIDC_JWKS_URI = f"{sso.issuer}/.well-known/jwks.json"
+    page = sign_in(client, "alice")
+    assert page.status_code == 400
+    assert "could not be verified" in page.content.decode()
+    assert "_auth_user_id" not in client.session
+    settings.BERTH_OIDC_ISSUER = sso.issuer  # the same endpoints with the right issuer sign in
+    assert sign_in(client, "alice").status_code == 302
