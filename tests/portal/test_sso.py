@@ -196,6 +196,11 @@ def test_first_sign_in_creates_the_user_maps_groups_and_lands_where_asked(client
 
 
 @pytest.mark.django_db
+def test_next_pointing_elsewhere_is_ignored(client, sso, projects):
+    assert sign_in(client, "alice", next_url="https://evil.example/")["Location"] == "/"
+
+
+@pytest.mark.django_db
 def test_memberships_follow_the_groups_at_every_sign_in(client, sso, settings, projects):
     settings.BERTH_OIDC_PROJECT_MAP = "lab-vision=vision;lab-nlp=nlp;lab-vision-leads=vision:manager"
     sign_in(client, "bob")
