@@ -9,6 +9,7 @@ urlpatterns = [
     # The split view serves its init script from a URL (no inline script: CSP script-src 'self').
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),
     path("", include("django_prometheus.urls")),
+    path("", include("portal.accounts.urls")),
     path("ops/", include(("portal.ops.urls", "ops"), namespace="ops")),
     path("", include("scheduling.urls")),
 ]

@@ -35,7 +35,7 @@ from django_htmx.middleware import HtmxDetails
 from rest_framework.authtoken.models import Token
 
 from forecasting.selectors import job_engine_request, runtime_predict
-from portal.accounts.selectors import project_list
+from portal.accounts.selectors import membership_list, project_list
 from portal.accounts.services import token_create, token_revoke
 from portal.security import refused_booking_record, refused_bookings_retry_after
 from scheduling.forms import (
@@ -732,7 +732,12 @@ DASHBOARD_TEMPLATE = "scheduling/dashboard.html"
 @require_GET
 def dashboard(request: HtmxHttpRequest) -> HttpResponse:
     """The user's bookings and jobs with live status; htmx polls the ``dashboard-live`` part."""
-    context = {"dash": dashboard_get(request.user), "now": timezone.now()}
+    # The memberships are a lazy queryset: read by the full page only, not by the polled part.
+    context = {
+        "dash": dashboard_get(request.user),
+        "now": timezone.now(),
+        "memberships": membership_list(request.user),
+    }
     return _render(request, DASHBOARD_TEMPLATE, "dashboard-live", context)
 
 

@@ -21,6 +21,9 @@ from tests.factories import (
     UserFactory,
 )
 
+# The OpenID Connect provider of the single sign-on tests (session scope, started on first use).
+from tests.oidc_provider.fixtures import oidc_provider  # noqa: F401
+
 
 @pytest.fixture
 def a100() -> GpuType:

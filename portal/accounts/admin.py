@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from portal.accounts.models import Membership, Project, Quota
+from portal.accounts.models import Membership, OidcIdentity, Project, Quota
 
 
 class MembershipInline(admin.TabularInline):
@@ -40,3 +40,14 @@ class QuotaAdmin(admin.ModelAdmin):
     list_filter = ["gpu_type"]
     search_fields = ["project__name", "project__slug", "gpu_type__name"]
     list_select_related = ["project", "gpu_type"]
+
+
+@admin.register(OidcIdentity)
+class OidcIdentityAdmin(admin.ModelAdmin):
+    """Staff link an existing account to its single sign-on subject here (or remove a link)."""
+
+    list_display = ["user", "issuer", "subject", "last_login_at"]
+    search_fields = ["user__username", "user__email", "subject"]
+    list_select_related = ["user"]
+    autocomplete_fields = ["user"]
+    readonly_fields = ["groups", "created_at", "last_login_at"]

@@ -100,3 +100,30 @@ class RateCounter(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key}: {self.count} until {self.expires_at:%Y-%m-%d %H:%M:%S}"
+
+
+class OidcIdentity(models.Model):
+    """The link between a Berth user and one subject at one OpenID Connect provider.
+
+    Users signing in through single sign-on are found by ``(issuer, subject)``, never by a
+    username or e-mail the provider could reuse or let people change (portal.accounts.oidc).
+    ``groups`` is the groups claim of the latest sign-in, as the memberships were mapped from it.
+    """
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="oidc_identities"
+    )
+    issuer = models.CharField(max_length=255)
+    subject = models.CharField(max_length=255)
+    groups = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_login_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["issuer", "subject"]
+        constraints = [
+            models.UniqueConstraint(fields=["issuer", "subject"], name="oidcidentity_unique_issuer_subject"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} as {self.subject} at {self.issuer}"

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils.text import slugify
 
-from portal.accounts.models import Membership, Project, Quota
+from portal.accounts.models import Membership, OidcIdentity, Project, Quota
+from portal.accounts.sso import (
+    OidcConfig,
+    OidcError,
+    OidcSignInRefusedError,
+    desired_memberships,
+    groups_from_claims,
+    username_from_claims,
+)
 from scheduling.models import GpuType
 
 
@@ -110,3 +121,143 @@ def token_create(*, user: User, actor_label: str = "user") -> str:
         at=timezone.now(),
     )
     return str(token.key)
+
+
+@transaction.atomic
+def memberships_sync_from_groups(
+    *, user: User, groups: list[str], config: OidcConfig
+) -> list[dict[str, str]]:
+    """Make the user's memberships of the projects single sign-on manages follow their groups.
+
+    Adds granted memberships, removes those of managed projects no group grants any more (a
+    manager's too), and in role-managed projects sets the role the groups give.  Projects
+    single sign-on does not manage are left alone.  Returns the changes, each also an audit event.
+    """
+    from django.utils import timezone
+
+    from scheduling.services import audit_event_record
+
+    existing_slugs = set(Project.objects.values_list("slug", flat=True))
+    granted, managed, role_managed = desired_memberships(groups, config=config, existing_slugs=existing_slugs)
+    current = {
+        m.project.slug: m
+        for m in Membership.objects.select_for_update().select_related("project").filter(user_id=user.pk)
+    }
+    projects = {p.slug: p for p in Project.objects.filter(slug__in=set(granted) - set(current))}
+    changes: list[dict[str, str]] = []
+    for slug, role in sorted(granted.items()):
+        membership = current.get(slug)
+        if membership is None:
+            membership = Membership.objects.create(user=user, project=projects[slug], role=role)
+            changes.append({"project": slug, "change": "added", "role": role})
+        elif slug in role_managed and membership.role != role:
+            changes.append({"project": slug, "change": "role", "role": role, "was": membership.role})
+            membership.role = role
+            membership.save(update_fields=["role"])
+    for slug, membership in sorted(current.items()):
+        if slug in managed and slug not in granted:
+            changes.append({"project": slug, "change": "removed", "role": membership.role})
+            membership.delete()
+    now = timezone.now()
+    for change in changes:
+        audit_event_record(
+            actor=user,
+            actor_label="user",
+            verb=f"membership.sso_{change['change']}",
+            entity_type="user",
+            entity_id=user.pk,
+            before=None,
+            after={**change, "source": "sso"},
+            at=now,
+        )
+    return changes
+
+
+def _oidc_link_existing(*, claims: Mapping[str, Any], config: OidcConfig, username: str) -> User | None:
+    """An existing account a first sign-in may take over (``BERTH_OIDC_LINK_EXISTING``).
+
+    Staff and superuser accounts are never linked automatically: an administrator links them
+    in the admin (OidcIdentity), so a provider account cannot become a Berth admin by name.
+    """
+    candidates = User.objects.filter(is_staff=False, is_superuser=False, oidc_identities__isnull=True)
+    if config.link_existing == "username":
+        return candidates.filter(username=username).first()
+    if config.link_existing == "email":
+        email = claims.get("email")
+        if not isinstance(email, str) or not email or claims.get("email_verified") is not True:
+            return None
+        matches = list(candidates.filter(email__iexact=email)[:2])
+        return matches[0] if len(matches) == 1 else None
+    return None
+
+
+@transaction.atomic
+def oidc_user_sign_in(*, issuer: str, claims: Mapping[str, Any], config: OidcConfig) -> User:
+    """The Berth user a verified set of claims signs in, with memberships mapped from its groups.
+
+    Found by ``(issuer, sub)``; at a first sign-in linked to an existing account (if allowed) or
+    created (if allowed) under the username claim.  Name and e-mail follow the claims at every
+    sign-in; the username does not change once made.  Raises ``OidcError`` with a sentence for
+    the person when the claims are incomplete or the account may not sign in.
+    """
+    from django.utils import timezone
+
+    from scheduling.services import audit_event_record
+
+    subject = claims.get("sub")
+    if not isinstance(subject, str) or not subject:
+        raise OidcError("The provider did not say who you are (no 'sub' claim).")
+    groups = groups_from_claims(claims, claim=config.groups_claim)
+    identity = (
+        OidcIdentity.objects.select_for_update()
+        .select_related("user")
+        .filter(issuer=issuer, subject=subject)
+        .first()
+    )
+    created = False
+    if identity is None:
+        username = username_from_claims(claims, claim=config.username_claim)
+        user = _oidc_link_existing(claims=claims, config=config, username=username)
+        if user is None:
+            if User.objects.filter(username=username).exists():
+                raise OidcSignInRefusedError(
+                    f"A Berth account named {username!r} already exists and is not linked to this "
+                    "sign-in. Sign in with its password, or ask an administrator to link it."
+                )
+            if not config.create_users:
+                raise OidcSignInRefusedError(
+                    "You have no Berth account yet, and this Berth does not create accounts at sign-in. "
+                    "Ask an administrator for one."
+                )
+            user = User.objects.create_user(username)
+            user.set_unusable_password()
+            created = True
+        identity = OidcIdentity.objects.create(user=user, issuer=issuer, subject=subject)
+    user = identity.user
+    if not user.is_active:
+        raise OidcSignInRefusedError("Your Berth account is disabled. Ask an administrator.")
+    for field, claim, max_length in (
+        ("email", "email", 254),
+        ("first_name", "given_name", 150),
+        ("last_name", "family_name", 150),
+    ):
+        value = claims.get(claim)
+        if isinstance(value, str):
+            setattr(user, field, value[:max_length])
+    user.save()
+    now = timezone.now()
+    identity.groups = groups
+    identity.last_login_at = now
+    identity.save(update_fields=["groups", "last_login_at"])
+    changes = memberships_sync_from_groups(user=user, groups=groups, config=config)
+    audit_event_record(
+        actor=user,
+        actor_label="user",
+        verb="auth.sso_login",
+        entity_type="user",
+        entity_id=user.pk,
+        before=None,
+        after={"issuer": issuer, "created": created, "groups": groups[:50], "memberships": changes},
+        at=now,
+    )
+    return user

@@ -219,6 +219,52 @@ CACHES = {
     )
 }
 
+# ---- single sign-on: OpenID Connect (portal.accounts.oidc; docs/sso.md) ----
+# Off unless BERTH_OIDC_CLIENT_ID is set; local accounts keep working beside it.  The provider's
+# endpoints come from BERTH_OIDC_ISSUER's discovery document unless each is set below.
+BERTH_OIDC_CLIENT_ID = env.str("BERTH_OIDC_CLIENT_ID", default="")
+BERTH_OIDC_CLIENT_SECRET = env.str("BERTH_OIDC_CLIENT_SECRET", default="")
+BERTH_OIDC_PROVIDER_NAME = env.str("BERTH_OIDC_PROVIDER_NAME", default="single sign-on")
+BERTH_OIDC_ISSUER = env.str("BERTH_OIDC_ISSUER", default="")
+BERTH_OIDC_AUTHORIZATION_ENDPOINT = env.str("BERTH_OIDC_AUTHORIZATION_ENDPOINT", default="")
+BERTH_OIDC_TOKEN_ENDPOINT = env.str("BERTH_OIDC_TOKEN_ENDPOINT", default="")
+BERTH_OIDC_USERINFO_ENDPOINT = env.str("BERTH_OIDC_USERINFO_ENDPOINT", default="")
+BERTH_OIDC_JWKS_URI = env.str("BERTH_OIDC_JWKS_URI", default="")
+BERTH_OIDC_END_SESSION_ENDPOINT = env.str("BERTH_OIDC_END_SESSION_ENDPOINT", default="")
+BERTH_OIDC_SCOPES = env.str("BERTH_OIDC_SCOPES", default="openid email profile")
+BERTH_OIDC_SIGN_ALGO = env.str("BERTH_OIDC_SIGN_ALGO", default="RS256")
+# Claims: the Berth username, and the list of groups mapped to project memberships.
+BERTH_OIDC_USERNAME_CLAIM = env.str("BERTH_OIDC_USERNAME_CLAIM", default="preferred_username")
+BERTH_OIDC_GROUPS_CLAIM = env.str("BERTH_OIDC_GROUPS_CLAIM", default="groups")
+# "GROUP=SLUG[:manager]" entries separated by ";", and/or groups named like project slugs.
+BERTH_OIDC_PROJECT_MAP = env.str("BERTH_OIDC_PROJECT_MAP", default="")
+BERTH_OIDC_GROUPS_ARE_PROJECT_SLUGS = env.bool("BERTH_OIDC_GROUPS_ARE_PROJECT_SLUGS", default=False)
+# Create a Berth user at a first sign-in; link a first sign-in to an existing (non-staff)
+# account with the same "username" or verified "email", or to "none".
+BERTH_OIDC_CREATE_USERS = env.bool("BERTH_OIDC_CREATE_USERS", default=True)
+BERTH_OIDC_LINK_EXISTING = env.str("BERTH_OIDC_LINK_EXISTING", default="none")
+BERTH_OIDC_TIMEOUT_S = env.float("BERTH_OIDC_TIMEOUT_S", default=5.0)
+BERTH_OIDC_DISCOVERY_CACHE_S = env.int("BERTH_OIDC_DISCOVERY_CACHE_S", default=3600)
+BERTH_OIDC_VERIFY_TLS = env.bool("BERTH_OIDC_VERIFY_TLS", default=True)
+if IS_PRODUCTION and BERTH_OIDC_CLIENT_ID:
+    _oidc_secret = BERTH_OIDC_CLIENT_SECRET
+    if len(_oidc_secret) < 16 or _oidc_secret.lower().startswith(("change-me", "changeme", "secret", "xxx")):
+        raise environ.ImproperlyConfigured(
+            "BERTH_OIDC_CLIENT_SECRET is a placeholder or shorter than 16 characters; "
+            "set the secret the identity provider issued for this client."
+        )
+    _oidc_urls = [BERTH_OIDC_ISSUER, BERTH_OIDC_AUTHORIZATION_ENDPOINT, BERTH_OIDC_TOKEN_ENDPOINT]
+    if not BERTH_OIDC_ISSUER and not all(_oidc_urls[1:]):
+        raise environ.ImproperlyConfigured(
+            "BERTH_OIDC_CLIENT_ID is set: set BERTH_OIDC_ISSUER (discovery) or the provider's endpoints."
+        )
+    if any(url and not url.startswith("https://") for url in _oidc_urls) or not BERTH_OIDC_VERIFY_TLS:
+        raise environ.ImproperlyConfigured("Single sign-on in production talks to its provider over https.")
+# The OpenID Connect backend answers only the sign-in callback (portal.accounts.oidc), after
+# the lockout backend that checks passwords.
+AUTHENTICATION_BACKENDS = [*AUTHENTICATION_BACKENDS, "portal.accounts.oidc.OidcBackend"]
+# ---- end of single sign-on ----
+
 # ---- REST framework ----
 # API tokens: each web process caches token -> user this long (0: off).  A revoked token or a
 # deactivated user is refused at once by the process that made the change and within this

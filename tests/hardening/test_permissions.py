@@ -167,6 +167,9 @@ EXPECTED: dict[str, tuple[str, dict[str, str]]] = {
     "job-cancel": _row("/jobs/{job}/cancel/", "302/302", "405/303", "405/404", "405/404"),
     "login": _row("/login/", "200/200", "302/302", "302/302", "302/302"),
     "logout": _row("/logout/", "405/302", "405/302", "405/302", "405/302"),
+    # Single sign-on: not configured here, so not there (GET only; tests/portal/test_sso.py).
+    "oidc_login": _row("/oidc/login/", "404/405", "404/405", "404/405", "404/405"),
+    "oidc_authentication_callback": _row("/oidc/callback/", "404/405", "404/405", "404/405", "404/405"),
     # Ops pages: staff only (403 for signed-in non-staff).
     "ops:home": _row("/ops/", "302/302", "403/403", "403/403", "200/405"),
     "ops:utilization": _row("/ops/utilization/", "302/302", "403/403", "403/403", "200/405"),

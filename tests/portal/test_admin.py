@@ -49,7 +49,7 @@ def test_every_changelist_renders_with_search_in_bounded_queries(
     superuser_client, filled, django_assert_max_num_queries
 ):
     urls = _changelist_urls()
-    assert len(urls) == 13  # 10 scheduling models + project, membership, quota
+    assert len(urls) == 14  # 10 scheduling models + project, membership, quota, OIDC identity
     for url in urls:
         with django_assert_max_num_queries(25):
             response = superuser_client.get(url, {"q": "vision"})
