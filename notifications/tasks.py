@@ -42,7 +42,7 @@ def delivery_attempt(delivery_id: int, *, now: datetime | None = None) -> Delive
     """
     with transaction.atomic():
         delivery = (
-            Delivery.objects.select_for_update(skip_locked=True)
+            Delivery.objects.select_for_update(skip_locked=True, of=("self",))
             .select_related("webhook")
             .filter(pk=delivery_id, status__in=(Delivery.Status.PENDING, Delivery.Status.RETRYING))
             .first()

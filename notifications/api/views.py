@@ -36,7 +36,9 @@ def _preference_data(pref: Any) -> dict[str, Any]:
 
 
 class PreferenceApi(APIView):
-    @extend_schema(operation_id="notification_preferences_retrieve", responses={200: PreferenceSerializer})
+    @extend_schema(
+        operation_id="notification_preferences_retrieve", responses={200: PreferenceSerializer, **errors(401)}
+    )
     def get(self, request: Request) -> Response:
         return Response(_preference_data(services.preference_get(user=request_user(request))))
 
@@ -50,8 +52,6 @@ class PreferenceApi(APIView):
         serializer.is_valid(raise_exception=True)
         pref = services.preference_update(user=request_user(request), **serializer.validated_data)
         return Response(_preference_data(pref))
-
-    patch = put
 
 
 class WebhookOutputSerializer(serializers.Serializer[Any]):
@@ -86,7 +86,9 @@ class WebhookUpdateSerializer(serializers.Serializer[Any]):
 
 
 class WebhookListCreateApi(PaginatedApi):
-    @extend_schema(operation_id="webhooks_list", responses={200: WebhookOutputSerializer(many=True)})
+    @extend_schema(
+        operation_id="webhooks_list", responses={200: WebhookOutputSerializer(many=True), **errors(400, 401)}
+    )
     def get(self, request: Request) -> Response:
         return self.paginate(
             request, selectors.webhook_list(user=request_user(request)), WebhookOutputSerializer

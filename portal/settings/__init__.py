@@ -229,6 +229,7 @@ SPECTACULAR_SETTINGS = {
         "MembershipRoleEnum": "portal.accounts.models.Membership.Role",
         "BookingStatusEnum": "scheduling.models.Booking.Status",
         "JobStatusEnum": "scheduling.models.Job.Status",
+        "NotificationEventEnum": "notifications.models.EventKind",
     },
 }
 
