@@ -18,7 +18,7 @@ RUN pip install -r requirements.lock
 
 COPY . .
 RUN pip install --no-deps -e . \
- && DJANGO_SECRET_KEY=collectstatic-only python manage.py collectstatic --noinput -v 0 \
+ && DJANGO_SECRET_KEY=collectstatic-only-build-step-not-a-runtime-secret python manage.py collectstatic --noinput -v 0 \
  && useradd --system --uid 10001 --home-dir /app --shell /usr/sbin/nologin berth \
  && chown -R berth /app/staticfiles
 

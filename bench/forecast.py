@@ -1,19 +1,23 @@
 """Demand-forecast benchmark: rolling-origin backtests of Prophet, seasonal naives and berth.
 
-    python -m bench.forecast --series CSV --target COL[+COL...] [--agg sum|mean]
+    python -m bench.forecast --series CSV [--target COL[+COL...]] [--agg sum|mean]
         [--by COLUMN] [--horizon-h 24] [--days 28] [--models a,b,...] [--ablation]
         [--events FILE.json] [--jobs N] --out FILE.json
     python -m bench.forecast --series CSV --target COL --refresh 200 --jobs 2 --out FILE.json
 
-The CSV has a ``ds`` timestamp column (or ``--ds-col``).  Targets joined by ``+`` are
+The CSV has a ``ds`` timestamp column (or ``--ds-col``).  Without ``--target`` it must be a
+plain two-column ``timestamp,value`` table (any header: the first column is the time, the
+second the value), as ``bench.replay --dump-demand`` writes.  Targets joined by ``+`` are
 added, then resampled to hourly with ``--agg`` (``sum`` for counts, ``mean`` for levels).
 Without ``--by`` the rows of each timestamp are summed first (a cluster total); with
 ``--by`` every group is its own series and the output also has ``"groups": {G: {"models":
 ...}}``; the top-level ``models`` are then the *mean over groups* of each metric.
 
 Output: ``{"series", "target", "agg", "by", "horizon_h", "days", "models": {NAME: {"mase",
-"smape", "coverage_80", "fit_s_mean", "origins"}}}`` (see forecasting/core/backtest.py for
-the definitions; docs/forecasting.md for the results).
+"smape", "coverage_80", "coverage_upper_95", "fit_s_mean", "origins"}}, "berth_vs_best"}``
+(see forecasting/core/backtest.py for the definitions; docs/forecasting.md for the
+results).  ``berth_vs_best`` is berth's MASE over the best MASE of the baselines run
+(seasonal naives, MSTL, AutoETS, Prophet), when berth and a baseline were run.
 
 ``--refresh N`` instead times what the portal's hourly refresh does: fit ``berth`` once and
 forecast ``--horizon-h`` hours for N series (the groups, cycled, each cut a different
@@ -40,7 +44,24 @@ from forecasting.core.events import Event, events_from_json
 from forecasting.core.models import ABLATION_NAMES, MODEL_NAMES, ForecastModel, make_model
 from forecasting.core.series import to_hourly
 
-_METRICS = ("mase", "smape", "coverage_80", "fit_s_mean")
+_METRICS = ("mase", "smape", "coverage_80", "coverage_upper_95", "fit_s_mean", "fit_cpu_s_mean")
+_BASELINES = ("seasonal_naive_24", "seasonal_naive_168", "mstl", "autoets", "prophet")
+
+
+def _berth_vs_best(models: dict[str, dict[str, float]]) -> float | None:
+    """berth's MASE over the best baseline MASE in the same run (None if either is missing)."""
+    base = [models[b]["mase"] for b in _BASELINES if b in models]
+    if "berth" not in models or not base or min(base) <= 0:
+        return None
+    return models["berth"]["mase"] / min(base)
+
+
+def plain_columns(series_csv: str | Path) -> tuple[str, str]:
+    """(time column, value column) of a plain two-column ``timestamp,value`` CSV."""
+    header = pd.read_csv(series_csv, nrows=0).columns.tolist()
+    if len(header) != 2:
+        raise SystemExit(f"{series_csv}: without --target the CSV needs exactly two columns, has {header}")
+    return str(header[0]), str(header[1])
 
 
 def _factories(names: Sequence[str], events: Sequence[Event]) -> list[Callable[[], ForecastModel]]:
@@ -87,6 +108,7 @@ def run(
     }
     if by is None:
         doc["models"] = per_group["all"]
+        doc["berth_vs_best"] = _berth_vs_best(doc["models"])
         return doc
     doc["groups"] = {g: {"models": m} for g, m in per_group.items()}
     doc["models"] = {
@@ -96,6 +118,7 @@ def run(
         }
         for name in models
     }
+    doc["berth_vs_best"] = _berth_vs_best(doc["models"])
     return doc
 
 
@@ -143,16 +166,23 @@ def _print_table(doc: dict[str, Any]) -> None:
     title = f"{doc['series']} {doc['target']} ({doc['agg']}"
     title += f", mean over {len(doc['groups'])} groups by {doc['by']})" if doc.get("by") else ")"
     print(title)
-    print(f"{'model':<22}{'mase':>8}{'smape':>8}{'cov80':>8}{'fit_s':>8}")
+    print(f"{'model':<22}{'mase':>8}{'smape':>8}{'cov80':>8}{'cov_u95':>8}{'fit_s':>8}{'cpu_s':>8}")
     for name, m in doc["models"].items():
-        print(f"{name:<22}{m['mase']:>8.3f}{m['smape']:>8.1f}{m['coverage_80']:>8.3f}{m['fit_s_mean']:>8.3f}")
+        print(
+            f"{name:<22}{m['mase']:>8.3f}{m['smape']:>8.1f}{m['coverage_80']:>8.3f}"
+            f"{m['coverage_upper_95']:>8.3f}{m['fit_s_mean']:>8.3f}{m['fit_cpu_s_mean']:>8.3f}"
+        )
+    if doc.get("berth_vs_best") is not None:
+        print(f"berth MASE / best baseline: {doc['berth_vs_best']:.3f}")
 
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; returns the process exit code."""
     parser = argparse.ArgumentParser(prog="python -m bench.forecast", description=__doc__.split("\n")[0])
     parser.add_argument("--series", required=True, help="CSV with a timestamp column")
-    parser.add_argument("--target", required=True, help="column, or columns joined by '+'")
+    parser.add_argument(
+        "--target", default=None, help="column, or columns joined by '+' (default: a timestamp,value CSV)"
+    )
     parser.add_argument("--agg", choices=("sum", "mean"), default="sum")
     parser.add_argument("--by", default=None, help="one series per value of this column")
     parser.add_argument("--horizon-h", type=int, default=24)
@@ -165,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--refresh", type=int, default=0, help="only time N berth refits")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
+    if args.target is None:
+        args.ds_col, args.target = plain_columns(args.series)
     if args.refresh:
         doc = refresh(
             series_csv=args.series, targets=args.target.split("+"), agg=args.agg, by=args.by,

@@ -2,12 +2,19 @@
 
     python -m bench.replay --trace CSV --cluster SPEC [--cluster-scale F] \
         --policies fifo,easy,static,berth [--interactive-share F] [--booking-share F] \
-        [--arrival-scale F] [--seed N] [--limit-jobs N] [--workers N] --out FILE.json
+        [--arrival-scale F] [--seed N] [--limit-jobs N] [--workers N] [--no-bounds] \
+        [--dump-demand CSV] --out FILE.json
 
 ``SPEC`` is ``NxG[:TYPE]`` or an inventory CSV (scaled by ``--cluster-scale``, keeping the GPU
 type mix and node sizes).  Arrivals and runtimes come from the trace, never its start times;
 overlays and batch preemptibility flags are seeded and identical for every policy.  The
 semantics of each metric are in ``scheduling/sim/metrics.py`` and ``docs/benchmarks.md``.
+
+Bounds (``bounds`` in the JSON, same workload): ``session_floor`` and ``busy_util_ceiling``
+(`scheduling.sim.bounds`) and ``easy_oracle`` (``easy`` with true runtimes as the estimates,
+replayed like a policy).  berth's interactive headroom and pool come from the portal's
+forecaster fitted on the overlay's own past session demand (`scheduling.sim.forecast`), once
+in the parent before the workers fork (``forecast`` in the JSON gives the fits and their cost).
 
 Policies replay independently, so they run in parallel worker processes (``--workers``, by
 default one per policy up to the CPUs this process may use); each policy's ``wall_s`` is
@@ -17,8 +24,10 @@ measured inside its worker, and the JSON is the same whatever the number of work
 from __future__ import annotations
 
 import argparse
+import math
 import multiprocessing
 import os
+import resource
 import signal
 import sys
 import time
@@ -26,7 +35,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench._util import DEFAULT_ENGINE, format_table, load_callable, write_json
+from scheduling.sim import bounds
 from scheduling.sim.arrivals import scale_arrivals
+from scheduling.sim.forecast import SessionForecast, fit_session_forecast, hourly_demand
 from scheduling.sim.inventory import Inventory, load_inventory
 from scheduling.sim.metrics import compute_metrics
 from scheduling.sim.overlays import Overlay, OverlayConfig, build_overlay
@@ -47,6 +58,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--booking-share", type=float, default=0.0, help="advance bookings, share of GPU-h")
     parser.add_argument("--preemptible-share", type=float, default=OverlayConfig().preemptible_share)
     parser.add_argument("--checkpointable-share", type=float, default=OverlayConfig().checkpointable_share)
+    parser.add_argument(
+        "--guaranteed-share",
+        type=float,
+        default=OverlayConfig().guaranteed_share,
+        help="share of capacity split over projects as guaranteed GPUs (default 0: no quotas, because "
+        "the engine still makes a job above its project's guarantee wait instead of running it "
+        "preemptible)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--limit-jobs", type=int, default=None, help="replay only the first N jobs")
     parser.add_argument(
@@ -78,6 +97,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="parallel processes (default: one per policy, at most the CPUs; 1: all in this process)",
     )
+    parser.add_argument("--no-bounds", action="store_true", help="skip the bounds (faster)")
+    parser.add_argument(
+        "--dump-demand",
+        default=None,
+        help="write the overlay's hourly session demand as CSV (ds,demand_gpus)",
+    )
     parser.add_argument("--out", required=True, help="JSON output path")
     return parser.parse_args(argv)
 
@@ -93,9 +118,11 @@ class _Workload:
     options: ReplayOptions
     predictor: str
     seed: int
+    forecast: SessionForecast | None
 
 
 _WORKLOAD: _Workload | None = None  # set in the parent before the workers fork
+ORACLE = "easy_oracle"  # easy with true runtimes: a bound, replayed like a policy
 
 
 def _replay_policy(policy: str) -> tuple[str, dict[str, Any], int, float]:
@@ -105,19 +132,23 @@ def _replay_policy(policy: str) -> tuple[str, dict[str, Any], int, float]:
     predictor = default_predictor() if work.predictor == "default" else SimpleHistoryPredictor()
     started = time.perf_counter()
     cpu_started = time.process_time()
+    is_oracle = policy == ORACLE
     record = run_replay(
         work.trace,
         work.inventory,
         work.overlay,
-        policy=policy,
+        policy="easy" if is_oracle else policy,
         plan_fn=work.plan_fn,
         predictor=predictor,
         options=work.options,
         seed=work.seed,
+        forecast=work.forecast,
+        oracle=is_oracle,
     )
     record.wall_s = time.perf_counter() - started
     metrics = compute_metrics(record)
     metrics["predictor"] = type(predictor).__name__ if policy in work.options.predict_for else None
+    metrics["cpu_s"] = time.process_time() - cpu_started
     return policy, metrics, len(record.round_ms), time.process_time() - cpu_started
 
 
@@ -175,20 +206,57 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             booking_share=args.booking_share,
             preemptible_share=args.preemptible_share,
             checkpointable_share=args.checkpointable_share,
+            guaranteed_share=args.guaranteed_share,
             seed=args.seed,
         ),
+        inventory=inventory,
     )
     options = ReplayOptions(tick_s=args.tick_s, max_tick_s=max(args.tick_s, ReplayOptions().max_tick_s))
-    global _WORKLOAD
-    _WORKLOAD = _Workload(trace, inventory, overlay, plan_fn, options, args.predictor, args.seed)
     workers = args.workers if args.workers is not None else _usable_cpus()
     started = time.perf_counter()
+    cpu_started = time.process_time()
+    span_end = max((job.submit_at for job in trace.jobs), default=0.0)
+    if args.dump_demand:
+        _dump_demand(args.dump_demand, overlay, hours=math.ceil(span_end / 3600.0) + 1)
+    forecast = None
+    if "berth" in policies and overlay.sessions:
+        forecast = fit_session_forecast(
+            overlay, inventory, end_at=span_end, week_phase_s=trace.week_phase_s, workers=workers
+        )
+        print(f"  forecast: {forecast.fits} fits, {forecast.fit_s:.1f} s wall", file=sys.stderr)
+    global _WORKLOAD
+    _WORKLOAD = _Workload(trace, inventory, overlay, plan_fn, options, args.predictor, args.seed, forecast)
+    bound_values: dict[str, Any] = {}
+    replayed = list(policies)
+    if not args.no_bounds:
+        capacity_by_type: dict[str, int] = {}
+        for node in inventory.nodes:
+            capacity_by_type[node.gpu_type] = capacity_by_type.get(node.gpu_type, 0) + len(node.gpu_ids)
+        bounds_started = time.perf_counter()
+        bound_values["session_floor"] = bounds.session_floor(overlay, capacity_gpus=inventory.capacity_gpus)
+        bound_values["busy_util_ceiling"] = bounds.busy_util_ceiling(
+            trace, overlay, capacity_by_type=capacity_by_type
+        )
+        bound_values["packing_wall_s"] = time.perf_counter() - bounds_started
+        replayed.append(ORACLE)
     try:
-        results = _replay_all(policies, workers)
+        results = _replay_all(replayed, workers)
     finally:
         _WORKLOAD = None
+    if ORACLE in results:
+        oracle = results.pop(ORACLE)
+        bound_values["easy_oracle"] = {
+            key: oracle[key] for key in ("busy_utilization", "wait_mean_s", "bounded_slowdown_mean")
+        } | {"wall_s": oracle["wall_s"], "interactive_over_60s_share": oracle["interactive_over_60s_share"]}
     total_s = time.perf_counter() - started
-    print(f"  total: {total_s:.1f} s wall for {len(policies)} policies", file=sys.stderr)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = time.process_time() - cpu_started + children.ru_utime + children.ru_stime
+    load = os.getloadavg()
+    print(
+        f"  total: {total_s:.1f} s wall, {cpu_s:.1f} s CPU for {len(replayed)} replays "
+        f"(load average {load[0]:.2f})",
+        file=sys.stderr,
+    )
     return {
         "trace": trace.name,
         "jobs": len(trace.jobs),
@@ -208,10 +276,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "booking_share": args.booking_share,
             "preemptible_share": args.preemptible_share,
             "checkpointable_share": args.checkpointable_share,
+            "parameters": overlay.parameters(),
             **overlay.stats(),
         },
         "policies": results,
+        "bounds": bound_values,
+        "forecast": forecast.report() if forecast is not None else None,
+        "run": {"wall_s": total_s, "cpu_s": cpu_s, "load_average_1m": load[0], "workers": workers},
     }
+
+
+def _dump_demand(path: str, overlay: Overlay, *, hours: int) -> None:
+    """The overlay's hourly session demand (GPUs, hourly mean) as ``ds,demand_gpus`` for bench.forecast."""
+    import pandas as pd
+
+    values = hourly_demand(overlay, hours=hours)
+    index = pd.date_range("2000-01-03", periods=len(values), freq="h")
+    pd.DataFrame({"ds": index, "demand_gpus": values}).to_csv(path, index=False)
 
 
 def summary(document: dict[str, Any]) -> str:
@@ -224,6 +305,8 @@ def summary(document: dict[str, Any]) -> str:
         "wait_p95_s",
         "bsld",
         "int_wait_p95",
+        "int_>60s",
+        "abandoned",
         "honored",
         "preempt",
         "lost_gpu_h",
@@ -241,6 +324,8 @@ def summary(document: dict[str, Any]) -> str:
                 m["wait_p95_s"],
                 m["bounded_slowdown_mean"],
                 m["interactive_wait_p95_s"],
+                m["interactive_over_60s_share"],
+                m["sessions_abandoned"],
                 m["bookings_honored"],
                 m["preemptions"],
                 m["lost_gpu_hours"],
@@ -252,7 +337,20 @@ def summary(document: dict[str, Any]) -> str:
         f"{document['trace']}: {document['jobs']} jobs on {document['capacity_gpus']} GPUs"
         f" ({document['cluster']})"
     )
-    return title + "\n" + format_table(header, rows)
+    text = title + "\n" + format_table(header, rows)
+    b = document.get("bounds") or {}
+    if b:
+        floor = b["session_floor"]
+        oracle = b.get("easy_oracle", {})
+        text += (
+            f"\nbounds: session floor p95 {floor['interactive_wait_p95_s']:.0f} s, "
+            f">60 s {floor['interactive_over_60s_share']:.3f}; "
+            f"busy_util ceiling {b['busy_util_ceiling']:.3f}; "
+            f"easy_oracle busy {oracle.get('busy_utilization', 0):.3f}, "
+            f"wait {oracle.get('wait_mean_s', 0):.0f} s, "
+            f"bsld {oracle.get('bounded_slowdown_mean', 0):.1f}"
+        )
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:

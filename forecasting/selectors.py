@@ -23,6 +23,7 @@ from django.conf import settings
 from django.db.models import Q, Sum
 
 from forecasting.models import CapacityStudy, ForecastPoint, ForecastRun
+from scheduling.inputs import headroom_gpus, interactive_pool
 from scheduling.models import Allocation, Booking, Job, Node
 
 HOUR = timedelta(hours=1)
@@ -360,11 +361,50 @@ def interactive_headroom_get(*, cluster_id: int, at: datetime) -> dict[str, int]
     out: dict[str, int] = {}
     for type_name, total in sorted(capacity.items()):
         run = runs.get(type_name)
-        want = math.ceil(upper[run.pk] - 1e-6) if run is not None and run.pk in upper else 0
-        free = max(0, total - booked[type_name])
-        cap = math.floor(free * fraction)
-        out[type_name] = max(0, min(want - booked[type_name], cap))
+        out[type_name] = headroom_gpus(
+            upper=upper[run.pk] if run is not None and run.pk in upper else None,
+            booked=booked[type_name],
+            capacity=total,
+            max_fraction=fraction,
+        )
     return out
+
+
+def interactive_pool_get(
+    *, cluster_id: int, at: datetime, hours: int = 24
+) -> tuple[tuple[float, str, int], ...]:
+    """``PolicyConfig.interactive_pool`` for the ``hours`` hours from the one containing ``at``.
+
+    Per hour and GPU type, the upper end of the 80% interval of the newest stored interactive
+    forecast issued at or before ``at`` (within ``BERTH_HEADROOM_MAX_FORECAST_AGE_H``), capped
+    like the headroom (`scheduling.inputs.interactive_pool`); hour starts are epoch seconds.
+    """
+    capacity = cluster_capacity_by_type(cluster_id=cluster_id)
+    if not capacity:
+        return ()
+    max_age = timedelta(hours=settings.BERTH_HEADROOM_MAX_FORECAST_AGE_H)
+    runs = {
+        run.pk: run.key
+        for run in ForecastRun.objects.filter(
+            cluster_id=cluster_id,
+            kind=ForecastRun.Kind.INTERACTIVE,
+            key__in=list(capacity),
+            model_name=settings.BERTH_FORECAST_MODEL,
+            issued_at__lte=at,
+            issued_at__gt=at - max_age,
+        )
+        .order_by("key", "-issued_at")
+        .distinct("key")
+    }
+    first = hour_floor(at)
+    by_hour: dict[float, dict[str, float]] = {}
+    for run_id, ts, value in ForecastPoint.objects.filter(
+        run_id__in=list(runs), ts__gte=first, ts__lt=first + HOUR * hours
+    ).values_list("run_id", "ts", "upper80"):
+        by_hour.setdefault(ts.timestamp(), {})[runs[run_id]] = value
+    return interactive_pool(
+        sorted(by_hour.items()), capacity=capacity, max_fraction=settings.BERTH_HEADROOM_MAX_FRACTION
+    )
 
 
 def interactive_headroom_policy(*, cluster_id: int, at: datetime) -> tuple[tuple[str, int], ...]:

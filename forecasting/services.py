@@ -11,7 +11,7 @@ import hashlib
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import lru_cache
@@ -102,6 +102,7 @@ def forecast_refresh(
     backtest: bool = False,
     replace: bool = False,
     model_name: str | None = None,
+    progress: Callable[[int, int, str], None] | None = None,
 ) -> RefreshResult:
     """Fit the shipped model on every demand series of the cluster and store runs and points.
 
@@ -128,7 +129,10 @@ def forecast_refresh(
     project_ids = dict(Project.objects.values_list("slug", "id"))
     created: list[int] = []
     skipped = failed = 0
-    for (kind, key), y in series.items():
+    total = len(series)
+    for done, ((kind, key), y) in enumerate(series.items()):
+        if progress is not None:
+            progress(done, total, f"{kind}:{key}")
         if ((kind, key) in stored and not replace) or not bool(np.any(y.to_numpy() > 0)):
             skipped += 1
             continue
@@ -181,6 +185,8 @@ def forecast_refresh(
             skipped += 1
             continue
         created.append(run.pk)
+    if progress is not None:
+        progress(total, total, "")
     return RefreshResult(created=len(created), skipped=skipped, failed=failed, run_ids=tuple(created))
 
 
@@ -336,3 +342,70 @@ def capacity_study_execute(*, study_id: int, now: datetime | None = None) -> Cap
 
 def forecast_retention_cutoff(*, now: datetime | None = None) -> datetime:
     return (now or timezone.now()) - timedelta(days=settings.BERTH_FORECAST_RETENTION_DAYS)
+
+
+# ---- "Refresh forecasts now" (the admin's button and the demo's start-up) ----
+
+REFRESH_STATE_TTL_S = 6 * 3600
+
+
+def _refresh_key(cluster_id: int) -> str:
+    return f"forecasting:refresh-now:{cluster_id}"
+
+
+def forecast_refresh_state_get(*, cluster_id: int) -> dict[str, Any] | None:
+    """The latest refresh-now of a cluster: status (queued, running, done, failed), series
+    done and total, and a message; None when none ran within `REFRESH_STATE_TTL_S`."""
+    from django.core.cache import cache
+
+    state: dict[str, Any] | None = cache.get(_refresh_key(cluster_id))
+    return state
+
+
+def _refresh_state_set(cluster_id: int, **state: Any) -> None:
+    from django.core.cache import cache
+
+    cache.set(_refresh_key(cluster_id), {"cluster_id": cluster_id, **state}, REFRESH_STATE_TTL_S)
+
+
+def forecast_refresh_request(*, cluster_id: int) -> dict[str, Any]:
+    """Queue a refit of this hour's forecasts of a cluster (replacing what is stored), unless one
+    is queued or running; returns its state.  The worker reports progress per series."""
+    from forecasting.tasks import forecast_refresh_now
+
+    state = forecast_refresh_state_get(cluster_id=cluster_id)
+    if state is not None and state.get("status") in ("queued", "running"):
+        return state
+    _refresh_state_set(cluster_id, status="queued", done=0, total=0, message="Waiting for a worker.")
+    transaction.on_commit(lambda: forecast_refresh_now.apply_async(args=[cluster_id], expires=3600))
+    state = forecast_refresh_state_get(cluster_id=cluster_id)
+    return state or {"cluster_id": cluster_id, "status": "queued", "done": 0, "total": 0, "message": ""}
+
+
+def forecast_refresh_run_now(*, cluster_id: int, replace: bool = True) -> RefreshResult:
+    """Fit and store the cluster's forecasts now, recording progress for the admin's page."""
+
+    def progress(done: int, total: int, series: str) -> None:
+        _refresh_state_set(
+            cluster_id,
+            status="running" if done < total else "done",
+            done=done,
+            total=total,
+            message=f"Fitting {series}" if series else "",
+        )
+
+    try:
+        result = forecast_refresh(cluster_id=cluster_id, replace=replace, progress=progress)
+    except Exception as exc:
+        _refresh_state_set(
+            cluster_id, status="failed", done=0, total=0, message=f"{type(exc).__name__}: {exc}"
+        )
+        raise
+    _refresh_state_set(
+        cluster_id,
+        status="done",
+        done=result.created + result.skipped + result.failed,
+        total=result.created + result.skipped + result.failed,
+        message=f"{result.created} forecast(s) stored, {result.skipped} skipped, {result.failed} failed.",
+    )
+    return result

@@ -6,6 +6,8 @@
   run in the same hour skips what is stored).
 * `forecast_refit_dispatch()` (beat, nightly): `forecast_refit` per active cluster (refit with
   backtest metrics, replacing the hour's runs) and pruning of old runs.
+* `forecast_refresh_now(cluster_id)`: the admin's "Refresh forecasts now" (and the demo's
+  start-up): refit this hour's forecasts with progress stored for the capacity page.
 * `job_runtime_predict(job_id)`: store a job's predicted runtime quantiles.
 * `jobs_runtime_predict(cluster_id)`: refresh every pending job's prediction.
 * `capacity_study_run(study_id)`: a what-if capacity study, progress stored on the row.
@@ -43,6 +45,22 @@ def forecast_refresh(cluster_id: int) -> dict[str, Any]:
         return {"cluster_id": cluster_id, "status": "missing"}
     result = services.forecast_refresh(cluster_id=cluster_id)
     logger.info("forecast refresh cluster=%s %s", cluster_id, result.as_dict())
+    return {"cluster_id": cluster_id, **result.as_dict()}
+
+
+@shared_task(  # type: ignore[untyped-decorator]  # celery ships no types
+    name="forecasting.tasks.forecast_refresh_now",
+    acks_late=True,
+    reject_on_worker_lost=True,
+    soft_time_limit=settings.BERTH_FORECAST_SOFT_TIME_LIMIT_S,
+    time_limit=settings.BERTH_FORECAST_SOFT_TIME_LIMIT_S + 60,
+)
+def forecast_refresh_now(cluster_id: int) -> dict[str, Any]:
+    """The admin's "Refresh forecasts now" and the demo's start-up: refit this hour's forecasts
+    of one cluster (replacing them), with progress for the capacity page."""
+    if not Cluster.objects.filter(pk=cluster_id).exists():
+        return {"cluster_id": cluster_id, "status": "missing"}
+    result = services.forecast_refresh_run_now(cluster_id=cluster_id)
     return {"cluster_id": cluster_id, **result.as_dict()}
 
 

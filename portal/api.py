@@ -55,20 +55,29 @@ class JSONParser(parsers.JSONParser):
         body = stream.read(limit + 1) if limit is not None else stream.read()
         if limit is not None and len(body) > limit:
             raise RequestTooLargeError()
-        data = super().parse(io.BytesIO(body), media_type, parser_context)
+        try:
+            data = super().parse(io.BytesIO(body), media_type, parser_context)
+        except RecursionError:  # nesting deep enough to exhaust the decoder's stack
+            raise exceptions.ParseError(
+                f"The JSON body nests deeper than {settings.BERTH_JSON_MAX_DEPTH} levels."
+            ) from None
         _reject_unstorable_text(data)
         return data
 
 
 def _reject_unstorable_text(value: Any) -> None:
-    """Refuse strings PostgreSQL cannot store: NUL characters and lone UTF-16 surrogates.
+    """Refuse strings PostgreSQL cannot store (NUL characters, lone UTF-16 surrogates) and nesting
+    deeper than ``BERTH_JSON_MAX_DEPTH`` (serializers and renderers recurse on it).
 
     Valid JSON may contain ``\\u0000`` or an unpaired ``\\ud800``; PostgreSQL rejects both
     (in text and in jsonb), which would otherwise surface as a 500 deep inside a lookup.
     """
-    stack = [value]
+    max_depth = settings.BERTH_JSON_MAX_DEPTH
+    stack = [(value, 0)]
     while stack:
-        item = stack.pop()
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)) and depth >= max_depth:
+            raise exceptions.ParseError(f"The JSON body nests deeper than {max_depth} levels.")
         if isinstance(item, str):
             if "\x00" in item:
                 raise exceptions.ParseError("The JSON body contains a NUL character.")
@@ -79,10 +88,10 @@ def _reject_unstorable_text(value: Any) -> None:
                     "The JSON body contains invalid Unicode (a lone surrogate)."
                 ) from None
         elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
+            stack.extend((k, depth + 1) for k in item)
+            stack.extend((v, depth + 1) for v in item.values())
         elif isinstance(item, list):
-            stack.extend(item)
+            stack.extend((v, depth + 1) for v in item)
 
 
 def _flatten(detail: Any) -> Any:
@@ -119,6 +128,34 @@ def _conflict_response(exc: BookingConflictError) -> Response:
     )
 
 
+def _unexpected_error_response(exc: Exception, context: dict[str, Any]) -> Response:
+    """Not an API error: 503 + ``Retry-After`` while the database is down, else a logged 500 —
+    both in the documented shape (never Django's HTML page)."""
+    from rest_framework.views import set_rollback
+
+    from portal.outage import is_database_down
+
+    request = context.get("request")
+    where = f"{request.method} {request.path}" if request is not None else "API"
+    set_rollback()
+    if is_database_down(exc):
+        logger.warning("database unreachable: %s answered 503", where)
+        unavailable = Response(
+            {
+                "message": "The service is briefly unavailable (its database is unreachable); retry shortly.",
+                "fields": {},
+            },
+            status=status.HTTP_503_SERVICE_UNAVAILABLE,
+        )
+        unavailable["Retry-After"] = str(settings.BERTH_OUTAGE_RETRY_AFTER_S)
+        return unavailable
+    logging.getLogger("django.request").error("Internal error: %s", where, exc_info=exc)
+    return Response(
+        {"message": "Internal error; it has been logged.", "fields": {}},
+        status=status.HTTP_500_INTERNAL_SERVER_ERROR,
+    )
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """Map service and DRF errors to ``{"message", "fields"}`` (409 adds ``alternatives``)."""
     # Imported here, not at the top: DRF imports this module (for the parser) while its own
@@ -141,7 +178,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
 
     response = drf_exception_handler(exc, context)
     if response is None:
-        return None
+        return _unexpected_error_response(exc, context)
     if isinstance(exc, exceptions.ValidationError):
         detail = exc.detail
         fields = _flatten(detail) if isinstance(detail, dict) else {"non_field_errors": _flatten(detail)}

@@ -8,7 +8,9 @@
   failures are counted from Django's ``user_login_failed`` signal, so the login form and
   ``POST /api/v1/auth/token/`` (both call ``authenticate()``) share one counter.  Starting a
   lockout writes an ``auth.lockout`` audit event.  State lives in the default cache (Redis in
-  production, so every web process sees it).
+  production, so every web process sees it); while the cache is unreachable the counters move
+  to PostgreSQL (``RateCounter``), with a logged warning and ``berth_cache_fallback_total``
+  (docs/security.md says why this and not failing open).
 - ``LoginRateLimitMiddleware`` caps login-form POSTs per client address (the API token
   exchange has its own DRF throttle).
 - ``WriteRateThrottle`` caps unsafe API methods per user (``BERTH_API_WRITE_THROTTLE_RATE``).
@@ -33,6 +35,9 @@ from django.core.exceptions import PermissionDenied
 from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
+from prometheus_client import Counter
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from rest_framework import throttling
 
 if TYPE_CHECKING:
@@ -138,12 +143,73 @@ _HIT_LUA = "local n = redis.call('INCR', KEYS[1]) redis.call('EXPIRE', KEYS[1], 
 _hit_scripts: dict[int, Any] = {}
 
 
+# What an unreachable Redis raises (refused, reset, timed out); anything else is a bug and stays loud.
+CACHE_DOWN_ERRORS: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeoutError, OSError)
+
+CACHE_FALLBACKS = Counter(
+    "berth_cache_fallback_total",
+    "Rate-limit and lockout operations answered from PostgreSQL because the cache was unreachable.",
+    ["operation"],
+)
+_last_fallback_warning = [0.0]
+
+
+def _cache_down(operation: str) -> None:
+    """Count a fallback; warn at most once a minute per process (an outage is not a log flood)."""
+    CACHE_FALLBACKS.labels(operation=operation).inc()
+    now = time.monotonic()
+    if now - _last_fallback_warning[0] >= 60:
+        _last_fallback_warning[0] = now
+        logger.warning(
+            "cache unreachable: %s counted in PostgreSQL until it is back", operation, exc_info=True
+        )
+
+
+def _db_hit(key: str, *, window_s: int) -> int:
+    """``_hit`` in PostgreSQL: one upsert, the same semantics as the Redis script (INCR, then
+    EXPIRE: a key that expired starts again at 1; every hit pushes the expiry out)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO accounts_ratecounter (key, count, expires_at) "
+            "VALUES (%s, 1, now() + %s * interval '1 second') "
+            "ON CONFLICT (key) DO UPDATE SET "
+            "count = CASE WHEN accounts_ratecounter.expires_at <= now() THEN 1 "
+            "ELSE accounts_ratecounter.count + 1 END, "
+            "expires_at = EXCLUDED.expires_at RETURNING count",
+            [key[:200], window_s],
+        )
+        count = int(cursor.fetchone()[0])
+        if count == 1:  # a new window: drop what has expired so the table stays small
+            cursor.execute("DELETE FROM accounts_ratecounter WHERE expires_at < now()")
+    return count
+
+
+def _db_count(key: str) -> int:
+    from portal.accounts.models import RateCounter
+
+    row = RateCounter.objects.filter(key=key[:200], expires_at__gt=timezone.now()).values_list(
+        "count", flat=True
+    )
+    return int(row.first() or 0)
+
+
 def _hit(key: str, *, window_s: int) -> int:
     """Count one event under ``key`` in a fixed window; returns the count so far.
 
     On Redis: one command (INCR and EXPIRE in a script; Django's own ``incr`` costs two round
     trips, plus the ``add`` before it).  Other caches (local memory in development): add, then incr.
+    Redis unreachable: the same count in PostgreSQL (``_db_hit``).
     """
+    try:
+        return _cache_hit(key, window_s=window_s)
+    except CACHE_DOWN_ERRORS:
+        _cache_down("hit")
+        return _db_hit(key, window_s=window_s)
+
+
+def _cache_hit(key: str, *, window_s: int) -> int:
     backend = caches["default"]
     if isinstance(backend, RedisCache):
         full_key = backend.make_and_validate_key(key)
@@ -183,6 +249,12 @@ class LoginRateLimitMiddleware:
         return self.get_response(request)
 
 
+LOCKED_OUT_MESSAGE = (
+    "Too many failed sign-ins for this account from this address; sign-in is locked for a while. "
+    "Try again later or ask an administrator."
+)
+
+
 def _lockout_key(username: str, ip: str) -> str:
     # Hashed: usernames are user input (any length, any characters) and cache keys are not.
     digest = hashlib.sha256(f"{username.casefold()}\x00{ip}".encode()).hexdigest()[:32]
@@ -191,8 +263,13 @@ def _lockout_key(username: str, ip: str) -> str:
 
 def is_locked_out(username: str, ip: str) -> bool:
     """Whether sign-ins for ``username`` from ``ip`` are refused right now."""
-    failures = cache.get(_lockout_key(username, ip) + ":n", 0)
-    return int(failures) >= settings.BERTH_LOGIN_LOCKOUT_ATTEMPTS
+    key = _lockout_key(username, ip) + ":n"
+    try:
+        failures = int(cache.get(key, 0))
+    except CACHE_DOWN_ERRORS:
+        _cache_down("read")
+        failures = _db_count(key)
+    return failures >= settings.BERTH_LOGIN_LOCKOUT_ATTEMPTS
 
 
 def login_failure_record(*, username: str, ip: str) -> int:
@@ -204,7 +281,14 @@ def login_failure_record(*, username: str, ip: str) -> int:
 
 
 def login_failures_clear(*, username: str, ip: str) -> None:
-    cache.delete(_lockout_key(username, ip) + ":n")
+    key = _lockout_key(username, ip) + ":n"
+    try:
+        cache.delete(key)
+    except CACHE_DOWN_ERRORS:
+        _cache_down("clear")
+        from portal.accounts.models import RateCounter
+
+        RateCounter.objects.filter(key=key).delete()
 
 
 def _lockout_audit(*, username: str, ip: str) -> None:
@@ -244,7 +328,12 @@ class LockoutBackend(ModelBackend):
         self, request: Any, username: str | None = None, password: str | None = None, **kwargs: Any
     ) -> Any:
         if username is not None and request is not None and is_locked_out(username, _request_ip(request)):
-            raise PermissionDenied("Too many failed sign-ins; try again later.")
+            # Hash the password anyway: a refusal that answers in 8 ms against 350 ms for a real
+            # check would tell a prober which guesses were never checked.
+            from django.contrib.auth import get_user_model
+
+            get_user_model()().set_password(password)
+            raise PermissionDenied(LOCKED_OUT_MESSAGE)
         return super().authenticate(request, username=username, password=password, **kwargs)
 
 
@@ -289,6 +378,58 @@ class WriteRateThrottle(throttling.UserRateThrottle):
 
     def wait(self) -> float | None:
         return getattr(self, "_retry_after", None)
+
+
+# ---- refused bookings ----
+# A refused booking (409) costs an alternatives search, several times an accepted one: besides
+# the write throttle (which counts it like any write), a user gets BERTH_REFUSED_BOOKING_RATE
+# refusals per window; beyond it, booking requests are answered 429 before any search.
+
+
+def _refusal_key(user_id: int) -> tuple[str, int, float]:
+    _, window_s = _parse_rate(settings.BERTH_REFUSED_BOOKING_RATE)
+    now = time.time()
+    window = int(now // window_s)
+    return f"berth:refused-booking:{user_id}:{window}", window_s, (window + 1) * window_s - now
+
+
+def refused_bookings_retry_after(user_id: int) -> float | None:
+    """Seconds until ``user_id`` may try a booking again, or ``None`` while under the refusal limit."""
+    limit, _ = _parse_rate(settings.BERTH_REFUSED_BOOKING_RATE)
+    key, _, retry_after = _refusal_key(user_id)
+    try:
+        count = int(cache.get(key, 0))
+    except CACHE_DOWN_ERRORS:
+        _cache_down("read")
+        count = _db_count(key)
+    return retry_after if count >= limit else None
+
+
+def refused_booking_record(user_id: int) -> None:
+    """Count one refused booking of ``user_id`` (in PostgreSQL while the cache is down)."""
+    key, window_s, _ = _refusal_key(user_id)
+    _hit(key, window_s=window_s)
+
+
+class ScopedRateThrottle(throttling.ScopedRateThrottle):
+    """DRF's scoped throttle (its sliding log in the cache) that keeps counting while the cache
+    is unreachable: a fixed window in PostgreSQL then, the same limit (``_db_hit``)."""
+
+    def allow_request(self, request: Request, view: APIView) -> bool:
+        try:
+            return bool(super().allow_request(request, view))
+        except CACHE_DOWN_ERRORS:
+            _cache_down("hit")
+        if self.key is None or self.num_requests is None or self.duration is None:
+            return True
+        now = time.time()
+        window = int(now // self.duration)
+        self._fallback_wait = (window + 1) * self.duration - now
+        return _db_hit(f"{self.key}:{window}", window_s=self.duration) <= self.num_requests
+
+    def wait(self) -> float | None:
+        fallback = getattr(self, "_fallback_wait", None)
+        return fallback if fallback is not None else super().wait()
 
 
 # ---- every admin action in the audit log ----

@@ -253,6 +253,12 @@ class Job(models.Model):
     def __str__(self) -> str:
         return f"Job {self.pk} {self.name}"
 
+    @property
+    def is_never_startable(self) -> bool:
+        """Pending with a reason no waiting removes (`engine.startability`: its sentences start
+        with "Cannot start:"), so no start estimate is honest."""
+        return self.status == self.Status.PENDING and self.pending_sentence.startswith("Cannot start:")
+
 
 class Allocation(models.Model):
     """One GPU held by one booking or job over a half-open period ``[lower, upper)``."""
@@ -291,6 +297,14 @@ class Allocation(models.Model):
                 expressions=[("gpu", RangeOperators.EQUAL), ("period", RangeOperators.OVERLAPS)],
                 condition=~Q(state="released"),
                 violation_error_message="This GPU is already allocated during that period.",
+            ),
+        ]
+        indexes = [
+            # The alternatives search reads blocking allocations in start order (bounded reads).
+            models.Index(
+                models.Func(models.F("period"), function="lower", output_field=models.DateTimeField()),
+                name="allocation_lower_blocking",
+                condition=~Q(state="released"),
             ),
         ]
 

@@ -59,6 +59,7 @@ from scheduling.backends.base import ActionResult, BackendError, ClusterBackend,
 from scheduling.backends.base import ObservedState as OS
 from scheduling.backends.registry import backend_for_cluster
 from scheduling.engine import plan_round
+from scheduling.engine.startability import Unstartable, enforces_guarantees, unstartable_jobs
 from scheduling.engine.types import NodeStatus, Plan, PreemptAction, ReleaseAction, StartAction
 from scheduling.models import (
     Allocation,
@@ -630,7 +631,13 @@ def _job_payload(job: Job) -> dict[str, Any]:
 
 
 def _persist_plan(
-    cluster: Cluster, plan: Plan, *, round_row: EngineRound, now: datetime, result: RoundResult
+    cluster: Cluster,
+    plan: Plan,
+    *,
+    round_row: EngineRound,
+    now: datetime,
+    result: RoundResult,
+    unstartable: dict[str, Unstartable] | None = None,
 ) -> _Persisted:
     out = _Persisted()
     start_ids = [int(s.job_id) for s in plan.starts if s.job_id.isdigit()]
@@ -758,7 +765,7 @@ def _persist_plan(
         out.preemptions.append(preempt)
         result.preempted += 1
 
-    _write_explanations(cluster, plan, now=now, result=result)
+    _write_explanations(cluster, plan, now=now, result=result, unstartable=unstartable or {})
     _write_booking_notes(cluster, plan, now=now)
     return out
 
@@ -771,23 +778,40 @@ class _Conflict(Exception):
     """The planned GPUs are not free for any period starting now."""
 
 
-def _write_explanations(cluster: Cluster, plan: Plan, *, now: datetime, result: RoundResult) -> None:
-    """Reason, sentence and ETAs on every pending job the plan explains (not a state change: no audit)."""
+def _write_explanations(
+    cluster: Cluster,
+    plan: Plan,
+    *,
+    now: datetime,
+    result: RoundResult,
+    unstartable: dict[str, Unstartable],
+) -> None:
+    """Reason, sentence and ETAs on every pending job the plan explains (not a state change: no audit).
+
+    A job in ``unstartable`` (it can never start under today's inventory and quotas) keeps
+    that reason and what would unblock it, and no ETA: no amount of waiting starts it.
+    """
     explanations = {int(p.job_id): p for p in plan.pending if p.job_id.isdigit()}
     jobs = list(Job.objects.filter(cluster=cluster, status=Job.Status.PENDING, pk__in=list(explanations)))
     valid = set(Job.PendingReason.values)
     cannot_start = []
     for job in jobs:
         p = explanations[job.pk]
-        reason = p.reason.value if p.reason.value in valid else Job.PendingReason.RESOURCES
-        if reason == Job.PendingReason.CONSTRAINT and job.pending_reason != reason:
-            cannot_start.append(job)
-        job.pending_reason = reason
+        never = unstartable.get(p.job_id)
+        if never is not None:
+            message = never.message[:500]
+            if job.pending_sentence != message:  # a new verdict (or a changed one) is told once
+                cannot_start.append(job)
+            job.pending_reason = never.reason.value
+            job.pending_sentence = message
+            job.eta_p50_at = job.eta_p90_at = None
+            continue
+        job.pending_reason = p.reason.value if p.reason.value in valid else Job.PendingReason.RESOURCES
         job.pending_sentence = p.sentence[:500]
         job.eta_p50_at = from_epoch(p.eta_p50_at) if p.eta_p50_at is not None else None
         job.eta_p90_at = from_epoch(p.eta_p90_at) if p.eta_p90_at is not None else None
     Job.objects.bulk_update(jobs, ["pending_reason", "pending_sentence", "eta_p50_at", "eta_p90_at"])
-    for job in cannot_start:  # no GPU of the cluster can ever run it as submitted
+    for job in cannot_start:  # it can never start as submitted: waiting alone does not help
         job_event_emit(job, kind=EventKind.JOB_CANNOT_START, at=now)
     result.pending = len(jobs)
 
@@ -1073,7 +1097,15 @@ def engine_round_run(*, cluster_id: int, now: datetime | None = None) -> RoundRe
             )
             result.round_id = round_row.pk
             result.next_round_at = plan.next_round_at
-            persisted = _persist_plan(cluster, plan, round_row=round_row, now=now, result=result)
+            started_ids = {s.job_id for s in plan.starts}
+            unstartable = unstartable_jobs(
+                snapshot,
+                (job for job in snapshot.pending if job.id not in started_ids),
+                is_guarantee_enforced=enforces_guarantees(policy.name),
+            )
+            persisted = _persist_plan(
+                cluster, plan, round_row=round_row, now=now, result=result, unstartable=unstartable
+            )
             round_row.decisions = {
                 **round_row.decisions,
                 "reconcile": {"finished": result.finished, "requeued": result.requeued, "lost": result.lost},

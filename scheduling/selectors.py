@@ -26,14 +26,15 @@ from django.core.cache import cache, caches
 from django.core.cache.backends.redis import RedisCache
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import connection
-from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from django.db.models import Count, Prefetch, Q, QuerySet
 from django.http import Http404
 from django.utils import timezone
 
 from portal.accounts.models import Membership, Project
 from portal.security import cache_redis
+from scheduling import admission
 from scheduling.models import Allocation, AuditEvent, Booking, Cluster, Gpu, GpuType, Job, Node
+from scheduling.snapshots import job_startability
 
 AnyUser = User | AnonymousUser
 
@@ -563,31 +564,46 @@ class Alternative:
 def _earliest_start(
     *,
     gpu_ids: Sequence[int],
-    busy: dict[int, list[tuple[datetime, datetime | None]]],
+    busy: dict[int, list[tuple[float, float | None]]],
     gpu_count: int,
-    duration: timedelta,
-    start_at: datetime,
-    latest_start: datetime,
-) -> datetime | None:
-    """Earliest ``t`` in ``[start_at, latest_start]`` with ``gpu_count`` GPUs free over ``[t, t+duration)``.
+    duration_s: float,
+    start_s: float,
+    latest_s: float,
+) -> float | None:
+    """Earliest ``t`` in ``[start_s, latest_s]`` with ``gpu_count`` GPUs free over ``[t, t+duration_s)``.
 
-    Only ``start_at`` and the instants where an allocation ends can be the earliest such ``t``.
+    Times are epoch seconds.  One sweep: each free gap ``[a, b)`` of a GPU admits the starts
+    ``[a, b - duration_s]``; the earliest instant covered by ``gpu_count`` such ranges is the
+    answer.  O(A log A) for A busy intervals (trying every end instant against every interval,
+    as before, was quadratic).
     """
-    candidates = {start_at}
+    events: list[tuple[float, int]] = []
     for gpu_id in gpu_ids:
-        for _, upper in busy.get(gpu_id, ()):
-            if upper is not None and start_at < upper <= latest_start:
-                candidates.add(upper)
-    for t in sorted(candidates)[: settings.BERTH_AVAILABILITY_MAX_STEPS]:
-        end = t + duration
-        free = 0
-        for gpu_id in gpu_ids:
-            if all(
-                (upper is not None and upper <= t) or lower >= end for lower, upper in busy.get(gpu_id, ())
-            ):
-                free += 1
-                if free >= gpu_count:
-                    return t
+        cursor = start_s
+        for lower, upper in sorted(busy.get(gpu_id, ())):
+            if lower - duration_s >= cursor:
+                hi = min(lower - duration_s, latest_s)
+                if cursor <= hi:
+                    events.append((cursor, 0))  # 0 sorts first: an opening before a closing
+                    events.append((hi, 1))
+            if upper is None:
+                cursor = math.inf
+                break
+            cursor = max(cursor, upper)
+            if cursor > latest_s:
+                break
+        if cursor <= latest_s:
+            events.append((cursor, 0))
+            events.append((latest_s, 1))
+    events.sort()
+    free = 0
+    for at, kind in events:
+        if kind == 0:
+            free += 1
+            if free >= gpu_count:
+                return at
+        else:
+            free -= 1
     return None
 
 
@@ -603,7 +619,11 @@ def booking_alternatives(
     """The nearest free windows of the same length: the earliest for the requested type first,
     then the earliest for other types with enough memory, each at or after ``start_at``.
 
-    Three queries (types, GPUs, overlapping allocations) whatever the horizon.
+    Bounded work (a refused booking is something anyone can send in a loop): three queries
+    (types, GPUs, overlapping allocations) whatever the horizon, and at most
+    ``BERTH_ALTERNATIVES_MAX_ROWS`` allocations read, the earliest first.  When the calendar
+    holds more, the search stops where the rows read stop (every window offered is still
+    really free: all allocations starting before that instant were read).
     """
     duration = end_at - start_at
     # Never offer what booking_create would refuse as too far ahead.
@@ -626,30 +646,58 @@ def booking_alternatives(
         "id", "node__gpu_type_id", "node__cluster_id", "node__cluster__name"
     ):
         groups[(type_id, cluster_id, cluster_name)].append(gpu_id)
-    busy: dict[int, list[tuple[datetime, datetime | None]]] = defaultdict(list)
-    window = DateTimeTZRange(start_at, latest_start + duration, "[)")
-    all_gpu_ids = [g for ids in groups.values() for g in ids]
-    for gpu_id, period in (
-        Allocation.objects.filter(gpu_id__in=all_gpu_ids, period__overlap=window)
-        .exclude(state=Allocation.State.RELEASED)
-        .values_list("gpu_id", "period")
-    ):
-        busy[gpu_id].append((period.lower or start_at, period.upper))
+    if not any(len(ids) >= gpu_count for ids in groups.values()):
+        return []
+    max_rows = settings.BERTH_ALTERNATIVES_MAX_ROWS
+    all_gpu_ids = [g for ids in groups.values() if len(ids) >= gpu_count for g in ids]
+    # Bounds as epoch seconds: parsing timestamps (or ranges of them) was most of the cost.  Two
+    # parts: what overlaps the requested start (the GiST index), then what starts after it in
+    # start order (the ``allocation_lower_blocking`` index), so PostgreSQL reads at most the
+    # rows returned instead of sorting the whole horizon.
+    select = (
+        "SELECT gpu_id, extract(epoch FROM lower(period))::float8, extract(epoch FROM upper(period))::float8 "
+        "FROM scheduling_allocation WHERE gpu_id = ANY(%s) AND state <> 'released' "
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            select + "AND period && tstzrange(%s, %s, '[]') AND lower(period) < %s",
+            [all_gpu_ids, start_at, start_at, start_at],
+        )
+        rows = cursor.fetchall()
+        cursor.execute(
+            select + "AND lower(period) >= %s AND lower(period) < %s ORDER BY lower(period) LIMIT %s",
+            [all_gpu_ids, start_at, latest_start + duration, max_rows + 1],
+        )
+        later = cursor.fetchall()
+    if len(later) > max_rows:
+        # Only windows ending before the first unread allocation can start are known to be free.
+        latest_start = min(latest_start, datetime.fromtimestamp(later[max_rows][1], tz=UTC) - duration)
+        later = later[:max_rows]
+        if latest_start < start_at:
+            return []
+    rows += later
+    start_s, duration_s = start_at.timestamp(), duration.total_seconds()
+    latest_s = latest_start.timestamp()
+    busy: dict[int, list[tuple[float, float | None]]] = defaultdict(list)
+    for gpu_id, lower, upper in rows:
+        busy[gpu_id].append((-math.inf if lower is None else lower, upper))
 
     best_by_type: dict[int, Alternative] = {}
     for (type_id, _cluster_id, cluster_name), gpu_ids in sorted(groups.items(), key=lambda kv: kv[0][2]):
         if len(gpu_ids) < gpu_count:
             continue
-        t = _earliest_start(
+        t_s = _earliest_start(
             gpu_ids=gpu_ids,
             busy=busy,
             gpu_count=gpu_count,
-            duration=duration,
-            start_at=start_at,
-            latest_start=latest_start,
+            duration_s=duration_s,
+            start_s=start_s,
+            latest_s=latest_s,
         )
-        if t is None:
+        if t_s is None:
             continue
+        # The exact requested start when it is free (no float round trip), else an end instant.
+        t = start_at if t_s == start_s else datetime.fromtimestamp(t_s, tz=UTC)
         known = best_by_type.get(type_id)
         if known is None or t < known.start_at:
             best_by_type[type_id] = Alternative(cluster_name, types[type_id].name, gpu_count, t, t + duration)
@@ -676,14 +724,54 @@ def peak_concurrent_gpus(
     )
     if exclude_booking_id is not None:
         bookings = bookings.exclude(pk=exclude_booking_id)
-    events: list[tuple[datetime, int]] = []
-    for b_start, b_end, count in bookings.values_list("start_at", "end_at", "gpu_count"):
-        events.append((max(b_start, start_at), count))
-        events.append((min(b_end, end_at), -count))
-    # Ends sort before starts at the same instant: [a, b) and [b, c) do not overlap.
-    events.sort(key=lambda e: (e[0], e[1]))
-    peak = current = 0
-    for _, delta in events:
-        current += delta
-        peak = max(peak, current)
-    return peak
+    return admission.peak_concurrent(
+        bookings.values_list("start_at", "end_at", "gpu_count"), start_at=start_at, end_at=end_at
+    )
+
+
+def job_warnings(job: Job) -> list[str]:
+    """What a user should know right after submitting ``job``: that it can never start under
+    today's inventory and quotas, and what would unblock it (empty when it can start)."""
+    if job.status != Job.Status.PENDING:
+        return []
+    never = job_startability(job)
+    return [never.message] if never is not None else []
+
+
+@dataclass(frozen=True, slots=True)
+class BookingQuota:
+    """What a project may still book of one GPU type over a whole window."""
+
+    project: str
+    max_gpus: int | None  # guaranteed + borrowable; None: no limit
+    booked_peak: int  # most GPUs of the type its open bookings hold at one instant in the window
+    bookable_gpus: int | None  # max_gpus - booked_peak (never negative); None: no limit
+
+
+def booking_quota_get(
+    *, project: Project, gpu_type: GpuType, start_at: datetime, end_at: datetime
+) -> BookingQuota:
+    """The project's booking room of ``gpu_type`` in ``[start_at, end_at)`` under its quota (the
+    same rule `booking_create` enforces), for the booking box and the availability API."""
+    from portal.accounts.models import Quota
+
+    quota = Quota.objects.filter(project=project, gpu_type=gpu_type).first()
+    max_gpus = quota.max_gpus if quota is not None else None
+    peak = (
+        peak_concurrent_gpus(project=project, gpu_type=gpu_type, start_at=start_at, end_at=end_at)
+        if max_gpus is not None
+        else 0
+    )
+    bookable = max(0, max_gpus - peak) if max_gpus is not None else None
+    return BookingQuota(project=project.slug, max_gpus=max_gpus, booked_peak=peak, bookable_gpus=bookable)
+
+
+def project_for_member(user: AnyUser, *, slug: str) -> Project:
+    """An active project the user belongs to (staff: any); another project is a 404."""
+    projects = Project.objects.filter(slug=slug, is_active=True)
+    if not getattr(user, "is_staff", False):
+        projects = projects.filter(memberships__user_id=user.pk)
+    project = projects.first()
+    if project is None:
+        raise Http404("No such project.")
+    return project

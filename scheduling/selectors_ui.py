@@ -48,11 +48,70 @@ class PreemptionNotice:
 
 
 @dataclass(frozen=True, slots=True)
+class EngineStatus:
+    """Whether engine rounds are running; ``sentence`` says why not, for the dashboard."""
+
+    is_paused: bool
+    sentence: str = ""
+
+
+_ENGINE_STATUS_TTL_S = 5.0
+_engine_status_cache: list[tuple[float, EngineStatus]] = []
+
+
+def engine_status_get(*, now: datetime | None = None) -> EngineStatus:
+    """Paused when the broker (Redis) does not answer, or when no active cluster has had a round
+    for ``max(60 s, 4 x BERTH_ENGINE_ROUND_INTERVAL_S)``.
+
+    Rounds pause by themselves while Redis is down (the worker and beat cannot reach their
+    broker) and resume when it is back; this only says so.  Kept per process for 5 s, so a
+    dashboard polled by many users costs one PING and one query every 5 s.
+    """
+    import time
+
+    clock = time.monotonic()
+    if _engine_status_cache and clock - _engine_status_cache[0][0] < _ENGINE_STATUS_TTL_S and now is None:
+        return _engine_status_cache[0][1]
+    status = _engine_status_compute(now=now or timezone.now())
+    _engine_status_cache[:] = [(clock, status)]
+    return status
+
+
+def engine_status_cache_clear() -> None:
+    _engine_status_cache.clear()
+
+
+def _engine_status_compute(*, now: datetime) -> EngineStatus:
+    import redis
+
+    try:
+        redis.Redis.from_url(
+            settings.BERTH_ENGINE_REDIS_URL, socket_timeout=0.5, socket_connect_timeout=0.5
+        ).ping()
+    except (redis.RedisError, OSError):
+        return EngineStatus(
+            is_paused=True,
+            sentence="The scheduling engine is paused: its message broker is unreachable. "
+            "Bookings and submissions are kept and the engine resumes by itself when the broker is back.",
+        )
+    stale_s = max(60, 4 * settings.BERTH_ENGINE_ROUND_INTERVAL_S)
+    latest = Cluster.objects.filter(is_active=True).aggregate(at=Max("engine_rounds__started_at"))["at"]
+    if latest is not None and (now - latest).total_seconds() > stale_s:
+        return EngineStatus(
+            is_paused=True,
+            sentence=f"The scheduling engine is paused: no round since {latest:%H:%M} UTC. "
+            "Bookings and submissions are kept and are scheduled when it resumes.",
+        )
+    return EngineStatus(is_paused=False)
+
+
+@dataclass(frozen=True, slots=True)
 class Dashboard:
     bookings: tuple[Booking, ...]  # open (confirmed or active), soonest first
     jobs: tuple[Job, ...]  # open (pending, starting, running), newest first
     finished_jobs: tuple[Job, ...]  # ended in the last day, newest first
     preemptions: tuple[PreemptionNotice, ...]  # last week, newest first
+    engine: EngineStatus = EngineStatus(is_paused=False)
 
     @property
     def pending_count(self) -> int:
@@ -97,6 +156,7 @@ def dashboard_get(user: User, *, now: datetime | None = None, limit: int = 50) -
         jobs=tuple(jobs[:limit]),
         finished_jobs=tuple(finished[:10]),
         preemptions=notices,
+        engine=engine_status_get(),
     )
 
 
@@ -112,6 +172,18 @@ class OutlookHour:
     forecast: float | None  # demand forecast (GPUs, hourly mean)
     forecast_lower80: float | None
     forecast_upper80: float | None
+    booked_unused_gpus: int = 0  # of the booked ones, not in use (lent to preemptible work)
+    held_gpus: int = 0  # of the free ones, held idle as interactive headroom (lendable too)
+
+    def stack(self, capacity: int) -> tuple[int, int, int, int]:
+        """Disjoint parts of the type's GPUs in the hour, adding up to ``capacity``: running work
+        (held by jobs, neither booked nor free), booked and in use, lendable (booked but unused,
+        plus held headroom), and free to book."""
+        booked_in_use = max(0, self.booked_gpus - self.booked_unused_gpus)
+        lendable = self.booked_unused_gpus + self.held_gpus
+        free = max(0, self.free_gpus - self.held_gpus)
+        running = max(0, capacity - self.free_gpus - self.booked_gpus)
+        return running, booked_in_use, lendable, free
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +200,11 @@ class TypeOutlook:
             "hours": [timezone.localtime(h.start_at).strftime("%Y-%m-%dT%H:%M") for h in self.hours],
             "free": [h.free_gpus for h in self.hours],
             "booked": [h.booked_gpus for h in self.hours],
+            # the stacked bars: disjoint parts adding up to the capacity (`OutlookHour.stack`)
+            "stack": {
+                name: [h.stack(self.capacity)[k] for h in self.hours]
+                for k, name in enumerate(("running", "bookedInUse", "lendable", "freeToBook"))
+            },
             "lendable": [h.lendable_gpus for h in self.hours],
             "forecast": [h.forecast for h in self.hours],
             "lower80": [h.forecast_lower80 for h in self.hours],
@@ -246,6 +323,8 @@ def availability_outlook(*, start_at: datetime, hours: int) -> list[TypeOutlook]
                     free_gpus=slot.free_gpus,
                     booked_gpus=booked[i],
                     lendable_gpus=unused[i] + held,
+                    booked_unused_gpus=unused[i],
+                    held_gpus=held,
                     forecast=round(band_point[0], 2) if band_point else None,
                     forecast_lower80=round(band_point[1], 2) if band_point else None,
                     forecast_upper80=round(band_point[2], 2) if band_point else None,

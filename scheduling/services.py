@@ -23,7 +23,6 @@ import json
 import logging
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -36,6 +35,7 @@ from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from django.utils import timezone
 
 from portal.accounts.models import Membership, Project, Quota
+from scheduling import admission
 from scheduling.models import (
     Allocation,
     AuditEvent,
@@ -53,6 +53,7 @@ from scheduling.selectors import (
     peak_concurrent_gpus,
     prepared_fetchall,
 )
+from scheduling.snapshots import job_startability
 
 logger = logging.getLogger(__name__)
 
@@ -236,8 +237,13 @@ def _validate_window(*, start_at: datetime, end_at: datetime, now: datetime) -> 
             errors[name].append("Give a timezone (for example 2026-01-31T09:00:00Z).")
     if errors:
         raise ValidationError(dict(errors))
+    min_duration = timedelta(seconds=settings.BERTH_BOOKING_MIN_DURATION_S)
     if end_at <= start_at:
         errors["end_at"].append("The end must be after the start.")
+    elif end_at - start_at < min_duration:
+        errors["end_at"].append(
+            f"A booking lasts at least {int(min_duration.total_seconds() // 60)} minutes."
+        )
     if start_at < now - timedelta(seconds=settings.BERTH_BOOKING_PAST_TOLERANCE_S):
         errors["start_at"].append("The start is in the past.")
     max_advance = timedelta(seconds=settings.BERTH_BOOKING_MAX_ADVANCE_S)
@@ -280,13 +286,7 @@ def _lock_nodes(*, gpu_type: GpuType, cluster_ids: Sequence[int]) -> None:
 # ---- booking placement ----
 
 
-@dataclass(frozen=True, slots=True)
-class _FreeNode:
-    node_id: int
-    name: str
-    cluster_id: int
-    gpu_ids: tuple[int, ...]
-    gpu_indexes: tuple[int, ...] = ()  # parallel to gpu_ids
+_FreeNode = admission.FreeNode  # the rule set is pure: scheduling.admission
 
 
 # GPUs of the type on up nodes with no blocking allocation overlapping the period, one row per
@@ -433,46 +433,7 @@ def _booking_insert_audited(
     availability_write_noted()
 
 
-def _pick_gpus(nodes: Sequence[_FreeNode], *, gpu_count: int) -> tuple[tuple[int, ...], int] | None:
-    """Choose GPUs in one cluster: one node when it fits there, else as few nodes as possible.
-
-    Returns ``(gpu_ids, cluster_id)`` or ``None``.  One-node picks take the node with the
-    fewest free GPUs that still fits (best fit keeps large holes for large requests).
-    """
-    by_cluster: dict[int, list[_FreeNode]] = defaultdict(list)
-    for node in nodes:
-        by_cluster[node.cluster_id].append(node)
-    best: tuple[tuple[int, int, str], tuple[int, ...], int] | None = None
-    for cluster_id, members in by_cluster.items():
-        fitting = [n for n in members if len(n.gpu_ids) >= gpu_count]
-        if fitting:
-            node = min(fitting, key=lambda n: (len(n.gpu_ids), n.name))
-            key = (1, len(node.gpu_ids) - gpu_count, node.name)
-            pick = node.gpu_ids[:gpu_count]
-        else:
-            if sum(len(n.gpu_ids) for n in members) < gpu_count:
-                continue
-            # Fill the largest holes first, then finish on the best-fitting node.
-            remaining = gpu_count
-            chosen: list[int] = []
-            pool = sorted(members, key=lambda n: (-len(n.gpu_ids), n.name))
-            while remaining > 0:
-                fits = [n for n in pool if len(n.gpu_ids) >= remaining]
-                if fits:
-                    node = min(fits, key=lambda n: (len(n.gpu_ids), n.name))
-                    chosen.extend(node.gpu_ids[:remaining])
-                    remaining = 0
-                else:
-                    node = pool.pop(0)
-                    chosen.extend(node.gpu_ids)
-                    remaining -= len(node.gpu_ids)
-            key = (2, len(chosen), "")
-            pick = tuple(chosen)
-        if best is None or key < best[0]:
-            best = (key, tuple(pick), cluster_id)
-    if best is None:
-        return None
-    return best[1], best[2]
+_pick_gpus = admission.pick_gpus
 
 
 def _capacity_by_cluster(*, gpu_type: GpuType, cluster_ids: Sequence[int]) -> dict[int, int]:
@@ -516,15 +477,11 @@ def _check_booking_quota(
         end_at=end_at,
         exclude_booking_id=exclude_booking_id,
     )
-    if peak + gpu_count > quota.max_gpus:
-        raise ValidationError(
-            {
-                "gpu_count": (
-                    f"Project {project.slug} may hold at most {quota.max_gpus} {gpu_type.name} GPUs at once "
-                    f"and already has {peak} booked in that window."
-                )
-            }
-        )
+    message = admission.booking_cap_error(
+        project=project.slug, gpu_type=gpu_type.name, max_gpus=quota.max_gpus, peak=peak, gpu_count=gpu_count
+    )
+    if message is not None:
+        raise ValidationError({"gpu_count": message})
 
 
 def booking_create(
@@ -924,6 +881,31 @@ def _job_candidate_types(
     return [t for t in types if t.memory_gib >= min_memory_gib and wanted <= set(t.precisions)]
 
 
+def _check_pending_limits(*, user: User, project: Project) -> None:
+    """At most ``BERTH_MAX_PENDING_JOBS_PER_USER`` pending jobs per user and
+    ``BERTH_MAX_PENDING_JOBS_PER_PROJECT`` per project (0: no limit): every pending job costs
+    every engine round work, so a script cannot queue without bound.  Two indexed counts; two
+    racing submits may pass one over the limit (the bound, not the exact count, is the point)."""
+    per_user = settings.BERTH_MAX_PENDING_JOBS_PER_USER
+    per_project = settings.BERTH_MAX_PENDING_JOBS_PER_PROJECT
+    pending = Job.objects.filter(status=Job.Status.PENDING)
+    if per_user and pending.filter(user_id=user.pk).count() >= per_user:
+        raise ValidationError(
+            {
+                "non_field_errors": f"You have {per_user} pending jobs, the most one user may queue; "
+                "wait for some to start or cancel some."
+            }
+        )
+    if per_project and pending.filter(project_id=project.pk).count() >= per_project:
+        raise ValidationError(
+            {
+                "project": (
+                    f"Project {project.slug} has {per_project} pending jobs, the most one project may queue."
+                )
+            }
+        )
+
+
 def job_submit(
     user: User,
     *,
@@ -947,7 +929,10 @@ def job_submit(
     """Queue a job; the engine places it in a later round and explains why it waits.
 
     Checks that some GPU type in the cluster satisfies the type, memory and precision
-    constraints with at least ``gpu_count`` GPUs (else the job could never run).
+    constraints with at least ``gpu_count`` GPUs (else the job could never run).  A job that
+    the project's quota never lets start (`engine.startability`) is accepted, since quotas
+    change, with that reason and what would unblock it as its pending sentence and no ETA;
+    `selectors.job_warnings` gives the warning to show.
     """
     now = _now(now)
     errors: dict[str, list[str]] = defaultdict(list)
@@ -974,6 +959,7 @@ def job_submit(
     _require_member(user, project=project)
     if not project.is_active:
         raise ValidationError({"project": "This project is archived."})
+    _check_pending_limits(user=user, project=project)
 
     types = _job_candidate_types(gpu_type=gpu_type, min_memory_gib=min_memory_gib, precisions=precisions)
     if not types:
@@ -1012,6 +998,12 @@ def job_submit(
             first_submitted_at=now,
             pending_sentence="Waiting for the next scheduling round.",
         )
+        never = job_startability(job)
+        if never is not None:
+            # accepted (quotas and inventory change), but told at once why waiting will not help
+            job.pending_reason = never.reason.value
+            job.pending_sentence = never.message[:500]
+            job.save(update_fields=["pending_reason", "pending_sentence"])
         audit_event_record(
             actor=user,
             actor_label=actor_label,

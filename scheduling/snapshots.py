@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -20,7 +19,9 @@ from django.conf import settings
 from django.db.models import Q
 
 from portal.accounts.models import Project, Quota
+from scheduling import inputs
 from scheduling.engine import types as et
+from scheduling.engine.startability import Unstartable, enforces_guarantees, never_startable
 from scheduling.models import Allocation, Booking, Cluster, GpuType, Job, Node, Preemption
 
 logger = logging.getLogger(__name__)
@@ -124,6 +125,8 @@ def policy_config_for_cluster(*, cluster: Cluster, at: datetime | None = None) -
     policy = et.PolicyConfig(**values)
     if at is not None and policy.name == "berth" and "interactive_headroom" not in values:
         policy = dataclasses.replace(policy, interactive_headroom=forecast_headroom(cluster=cluster, at=at))
+    if at is not None and policy.name == "berth" and "interactive_pool" not in values:
+        policy = dataclasses.replace(policy, interactive_pool=forecast_pool(cluster=cluster, at=at))
     return policy
 
 
@@ -237,39 +240,42 @@ def forecast_headroom(*, cluster: Cluster, at: datetime) -> tuple[tuple[str, int
         return ()
 
 
+def forecast_pool(*, cluster: Cluster, at: datetime) -> tuple[tuple[float, str, int], ...]:
+    """The interactive pool for the coming hours from the stored forecast (empty on failure)."""
+    try:
+        from forecasting.selectors import interactive_pool_get
+
+        return interactive_pool_get(cluster_id=cluster.pk, at=at)
+    except Exception:
+        logger.warning("forecast pool failed for cluster %s", cluster.name, exc_info=True)
+        return ()
+
+
 # ---- fair share ----
 
 
-def _decayed_gpu_hours(*, start: datetime, end: datetime, now: datetime, half_life_s: float) -> float:
-    """Integral of 2^-(now - t)/half_life over [start, end], in hours."""
-    if end <= start:
-        return 0.0
-    rate = math.log(2) / half_life_s
-    a = (now - start).total_seconds()
-    b = (now - end).total_seconds()
-    return (math.exp(-rate * b) - math.exp(-rate * a)) / rate / 3600.0
-
-
 def project_shares(*, cluster: Cluster, now: datetime, half_life_s: float) -> tuple[et.ProjectShare, ...]:
-    """Every active project with its weight, decayed value-weighted GPU-hours on this cluster and quotas."""
+    """Every active project with its weight, decayed value-weighted GPU-hours on this cluster and quotas.
+
+    Usage comes from `scheduling.inputs.project_usage` (the replay's code too).  Runs that
+    ended more than five half-lives ago are not read: together they weigh less than 2**-5 of
+    their GPU-hours.
+    """
     window_start = now - timedelta(seconds=half_life_s * 5)
-    usage: dict[int, float] = defaultdict(float)
-    default_value = 1.0
     jobs = (
         Job.objects.filter(cluster=cluster, started_at__isnull=False, started_at__lt=now)
         .filter(Q(ended_at__isnull=True) | Q(ended_at__gt=window_start))
-        .values_list("project_id", "gpu_count", "gpu_type__value", "started_at", "ended_at")
+        .values_list("project__slug", "gpu_count", "gpu_type__value", "started_at", "ended_at")
     )
-    for project_id, gpu_count, value, started_at, ended_at in jobs:
-        if started_at is None:
-            continue
-        hours = _decayed_gpu_hours(
-            start=max(started_at, window_start),
-            end=min(ended_at or now, now),
-            now=now,
-            half_life_s=half_life_s,
-        )
-        usage[project_id] += hours * gpu_count * (value or default_value)
+    usage = inputs.project_usage(
+        (
+            (slug, gpu_count * (value or 1.0), epoch(started_at), epoch(ended_at) if ended_at else None)
+            for slug, gpu_count, value, started_at, ended_at in jobs
+            if started_at is not None
+        ),
+        now=epoch(now),
+        half_life_s=half_life_s,
+    )
     guaranteed: dict[int, list[tuple[str, int]]] = defaultdict(list)
     borrow: dict[int, int | None] = {}
     for quota in Quota.objects.select_related("gpu_type").order_by("gpu_type__name"):
@@ -278,15 +284,50 @@ def project_shares(*, cluster: Cluster, now: datetime, half_life_s: float) -> tu
             borrow[quota.project_id] = None
         elif quota.project_id not in borrow or borrow[quota.project_id] is not None:
             borrow[quota.project_id] = (borrow.get(quota.project_id) or 0) + quota.borrow_limit_gpus
-    return tuple(
-        et.ProjectShare(
+    specs = [
+        inputs.ProjectSpec(
             name=project.slug,
             weight=project.fair_share_weight,
-            decayed_usage=usage.get(project.pk, 0.0),
             guaranteed=tuple(guaranteed.get(project.pk, ())),
             borrow_limit=borrow.get(project.pk),
         )
-        for project in Project.objects.filter(is_active=True).order_by("slug")
+        for project in Project.objects.filter(is_active=True)
+    ]
+    return inputs.project_shares(specs, usage=usage)
+
+
+def project_quota_share(*, project: Project) -> et.ProjectShare:
+    """One project's quotas as the engine sees them (no usage: that is what a round adds)."""
+    guaranteed: list[tuple[str, int]] = []
+    borrow: int | None = 0
+    has_unlimited = False
+    quotas = Quota.objects.filter(project=project).select_related("gpu_type").order_by("gpu_type__name")
+    for quota in quotas:
+        guaranteed.append((quota.gpu_type.name, quota.guaranteed_gpus))
+        if quota.borrow_limit_gpus is None:
+            has_unlimited = True
+        else:
+            borrow = (borrow or 0) + quota.borrow_limit_gpus
+    if has_unlimited or not guaranteed:
+        borrow = None
+    return et.ProjectShare(
+        name=project.slug, weight=project.fair_share_weight, guaranteed=tuple(guaranteed), borrow_limit=borrow
+    )
+
+
+def job_startability(job: Job) -> Unstartable | None:
+    """`Unstartable` when ``job`` can never start on its cluster's inventory under its project's
+    quota and the cluster's policy (`engine.startability`), else None."""
+    policy = policy_config_for_cluster(cluster=job.cluster)
+    request = job_request(job, usernames={}, slugs={job.project_id: job.project.slug})
+    return never_startable(
+        request,
+        gpu_types=tuple(
+            _engine_gpu_type(t) for t in GpuType.objects.filter(nodes__cluster=job.cluster).distinct()
+        ),
+        nodes=engine_nodes_for_cluster(cluster=job.cluster),
+        share=project_quota_share(project=job.project),
+        is_guarantee_enforced=enforces_guarantees(policy.name),
     )
 
 

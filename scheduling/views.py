@@ -37,6 +37,7 @@ from rest_framework.authtoken.models import Token
 from forecasting.selectors import job_engine_request, runtime_predict
 from portal.accounts.selectors import project_list
 from portal.accounts.services import token_create, token_revoke
+from portal.security import refused_booking_record, refused_bookings_retry_after
 from scheduling.forms import (
     DATETIME_LOCAL_FORMAT,
     BookingForm,
@@ -50,10 +51,12 @@ from scheduling.selectors import (
     availability_get,
     booking_alternatives,
     booking_list,
+    booking_quota_get,
     cluster_capacity,
     cluster_list,
     gpu_type_list,
     job_list,
+    job_warnings,
 )
 from scheduling.selectors_ui import OutlookHour, TypeOutlook, availability_outlook, dashboard_get
 from scheduling.services import (
@@ -72,6 +75,7 @@ JOBS_TEMPLATE = "scheduling/my_jobs.html"
 TIMELINE_TEMPLATE = "scheduling/availability.html"
 JOB_NEW_TEMPLATE = "scheduling/job_new.html"
 JOBS_PER_PAGE = 50
+BOOKINGS_PER_PAGE = 50
 EXTEND_STEP = timedelta(hours=1)  # the "+1 h" button on an open booking
 # Status codes whose htmx responses are swapped in (base.html sets htmx's responseHandling).
 UNPROCESSABLE = 422
@@ -113,10 +117,24 @@ class AvailabilityView:
     capacity: int
     free_gpus: int
     alternatives: tuple[Alternative, ...]
+    project: str = ""
+    quota_max_gpus: int | None = None  # the project's limit of the type (None: no limit)
+    quota_bookable_gpus: int | None = None  # what the quota leaves it in the window
+
+    @property
+    def bookable_gpus(self) -> int:
+        """What this project can book now: free GPUs, capped by what its quota leaves."""
+        if self.quota_bookable_gpus is None:
+            return self.free_gpus
+        return min(self.free_gpus, self.quota_bookable_gpus)
+
+    @property
+    def is_quota_short(self) -> bool:
+        return self.quota_bookable_gpus is not None and self.quota_bookable_gpus < self.gpu_count
 
     @property
     def is_enough(self) -> bool:
-        return self.free_gpus >= self.gpu_count
+        return self.bookable_gpus >= self.gpu_count
 
     @property
     def free_percent(self) -> int:
@@ -180,6 +198,12 @@ def _availability(form: BookingForm) -> AvailabilityView | None:
                 gpu_type=gpu_type, gpu_count=gpu_count, start_at=start_at, end_at=end_at, limit=1
             )
         )
+    project = cleaned.get("project") if "project" not in form.errors else None
+    quota = (
+        booking_quota_get(project=project, gpu_type=gpu_type, start_at=start_at, end_at=end_at)
+        if project is not None
+        else None
+    )
     return AvailabilityView(
         gpu_type=gpu_type.name,
         gpu_count=gpu_count,
@@ -188,6 +212,9 @@ def _availability(form: BookingForm) -> AvailabilityView | None:
         capacity=availability.capacity,
         free_gpus=free,
         alternatives=alternatives,
+        project=project.slug if project is not None else "",
+        quota_max_gpus=quota.max_gpus if quota else None,
+        quota_bookable_gpus=quota.bookable_gpus if quota else None,
     )
 
 
@@ -235,8 +262,25 @@ def booking_new(request: HtmxHttpRequest) -> HttpResponse:
         )
 
     form = _booking_form(request, request.POST)
+
+    def box() -> AvailabilityView | None:
+        # The box keeps answering for what the form says after a refused submit: from a fresh
+        # bound copy, since the service's errors on the form would hide its fields.
+        return _availability(_booking_form(request, request.POST))
+
     if not form.is_valid():
-        return _render(request, BOOK_TEMPLATE, "booking-form", _book_context(form), status=UNPROCESSABLE)
+        context = _book_context(form, availability=box())
+        return _render(request, BOOK_TEMPLATE, "booking-form", context, status=UNPROCESSABLE)
+    wait_s = refused_bookings_retry_after(request.user.pk)
+    if wait_s is not None:
+        form.add_error(
+            None, f"Too many refused bookings; look at availability, then retry in {int(wait_s) + 1} s."
+        )
+        response = _render(
+            request, BOOK_TEMPLATE, "booking-form", _book_context(form, availability=box()), status=429
+        )
+        response["Retry-After"] = str(int(wait_s) + 1)
+        return response
     start_at, end_at = form.window()
     try:
         booking = booking_create(
@@ -249,15 +293,18 @@ def booking_new(request: HtmxHttpRequest) -> HttpResponse:
             note=form.cleaned_data["note"],
         )
     except BookingConflictError as exc:
+        refused_booking_record(request.user.pk)
         form.add_error(None, exc.message)
-        context = _book_context(form, availability=_availability(form), alternatives=tuple(exc.alternatives))
+        context = _book_context(form, availability=box(), alternatives=tuple(exc.alternatives))
         return _render(request, BOOK_TEMPLATE, "booking-form", context, status=CONFLICT)
     except ValidationError as exc:
         _add_service_errors(form, exc)
-        return _render(request, BOOK_TEMPLATE, "booking-form", _book_context(form), status=UNPROCESSABLE)
+        context = _book_context(form, availability=box())
+        return _render(request, BOOK_TEMPLATE, "booking-form", context, status=UNPROCESSABLE)
     except PermissionDenied as exc:
         form.add_error("project", str(exc) or "You may not book for this project.")
-        return _render(request, BOOK_TEMPLATE, "booking-form", _book_context(form), status=UNPROCESSABLE)
+        context = _book_context(form, availability=box())
+        return _render(request, BOOK_TEMPLATE, "booking-form", context, status=UNPROCESSABLE)
 
     start, end = timezone.localtime(booking.start_at), timezone.localtime(booking.end_at)
     messages.success(
@@ -485,13 +532,21 @@ def _my_booking(request: HtmxHttpRequest, booking_id: int) -> Booking:
 @vary_on_headers("HX-Request")
 @require_GET
 def my_bookings(request: HtmxHttpRequest) -> HttpResponse:
-    """The user's bookings: open ones first (soonest first), then the last 50 closed ones."""
+    """The user's bookings: open ones first (soonest first, a page at a time), then the last 50
+    closed ones.  Paged: a user with thousands of open bookings gets a bounded page, not megabytes."""
     bookings = booking_list(request.user, mine_only=True)
-    open_bookings = list(bookings.filter(status__in=Booking.OPEN_STATUSES).order_by("start_at", "id"))
+    page = Paginator(
+        bookings.filter(status__in=Booking.OPEN_STATUSES).order_by("start_at", "id"), BOOKINGS_PER_PAGE
+    ).get_page(request.GET.get("page"))
     closed_bookings = list(
         bookings.exclude(status__in=Booking.OPEN_STATUSES).order_by("-start_at", "-id")[:50]
     )
-    context = {"open_bookings": open_bookings, "closed_bookings": closed_bookings, "now": timezone.now()}
+    context = {
+        "open_bookings": page.object_list,
+        "page": page,
+        "closed_bookings": closed_bookings,
+        "now": timezone.now(),
+    }
     return _render(request, BOOKINGS_TEMPLATE, "booking-list", context)
 
 
@@ -613,7 +668,11 @@ def job_new(request: HtmxHttpRequest) -> HttpResponse:
         form.add_error("project", str(exc) or "You may not submit jobs for this project.")
         return _render(request, JOB_NEW_TEMPLATE, "job-form", {"form": form}, status=UNPROCESSABLE)
 
-    messages.success(request, f"Submitted {job.name}: it waits for the next scheduling round.")
+    warnings = job_warnings(job)
+    if warnings:
+        messages.warning(request, f"Submitted {job.name}, but it cannot start as it is: {' '.join(warnings)}")
+    else:
+        messages.success(request, f"Submitted {job.name}: it waits for the next scheduling round.")
     url = f"{reverse('my-jobs')}#job-row-{job.pk}"
     if request.htmx:
         return HttpResponseClientRedirect(url)

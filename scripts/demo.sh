@@ -20,8 +20,9 @@ export DATABASE_URL=${DATABASE_URL:-postgres://berth:berth@127.0.0.1:$PG_PORT/be
 export REDIS_URL=${REDIS_URL:-redis://127.0.0.1:$REDIS_PORT/0}
 # Celery refuses nothing as root with JSON-only serialisation; the warning only adds noise to the log.
 export C_FORCE_ROOT=${C_FORCE_ROOT:-1}
-# The demo cluster is simulated: run its clock 30x so jobs start, finish and get preempted while you watch.
-export BERTH_SIM_SPEEDUP=${BERTH_SIM_SPEEDUP:-30}
+# The demo cluster is simulated at wall-clock speed, so ETAs, runtimes and lost work mean what they say
+# (README "One clock"); BERTH_SIM_SPEEDUP=30 speeds simulated work up and the pages then say so.
+export BERTH_SIM_SPEEDUP=${BERTH_SIM_SPEEDUP:-1}
 # Web and worker share one cache (what-if progress, login lockouts): Redis, as in production.
 export BERTH_CACHE_URL=${BERTH_CACHE_URL:-$REDIS_URL}
 SERVICES=(web worker beat)
@@ -53,11 +54,46 @@ stop_all() {
   for name in beat worker web; do stop_one "$name"; done
 }
 
+LOG_MAX_BYTES=${DEMO_LOG_MAX_BYTES:-10485760}  # rotate a log above 10 MiB, keep 3 old ones
+LOG_KEEP=3
+
+rotate_log() {  # rotate_log NAME: name.log -> name.log.1 -> ... (never truncated in place)
+  local log="$RUN/$1.log" i
+  [ -f "$log" ] && [ "$(stat -c %s "$log")" -gt "$LOG_MAX_BYTES" ] || return 0
+  for i in $(seq $((LOG_KEEP - 1)) -1 1); do [ -f "$log.$i" ] && mv -f "$log.$i" "$log.$((i + 1))"; done
+  mv -f "$log" "$log.1"
+}
+
 launch() {  # launch NAME CMD...: background, own session (Ctrl-C reaches only this script), log + pid
   local name=$1; shift
-  : >"$RUN/$name.log"
+  rotate_log "$name"
+  # The command is kept so that supervise() can start it again after a crash.
+  printf '%q ' "$@" >"$RUN/$name.cmd"
+  echo "=== $(date -u +%FT%TZ) starting $name" >>"$RUN/$name.log"
   setsid "$@" >>"$RUN/$name.log" 2>&1 </dev/null &
   echo $! >"$RUN/$name.pid"
+  date +%s >"$RUN/$name.started"
+}
+
+declare -A RESTARTS=() NEXT_TRY=()
+supervise() {  # supervise NAME: a process that exited is started again, with backoff 2, 4, ... 60 s
+  local name=$1 now ran delay
+  now=$(date +%s)
+  if [ -z "${NEXT_TRY[$name]:-}" ]; then
+    ran=$(( now - $(cat "$RUN/$name.started" 2>/dev/null || echo "$now") ))
+    # A process that ran a while before it died starts a fresh backoff.
+    [ "$ran" -gt 60 ] && RESTARTS[$name]=0
+    RESTARTS[$name]=$(( ${RESTARTS[$name]:-0} + 1 ))
+    delay=$(( 2 ** RESTARTS[$name] )); [ "$delay" -gt 60 ] && delay=60
+    NEXT_TRY[$name]=$(( now + delay ))
+    echo "$(date -u +%T) $name exited (restart ${RESTARTS[$name]} in ${delay} s); last lines of .run/demo/$name.log:" >&2
+    tail -n 20 "$RUN/$name.log" >&2 || true
+    echo "=== $(date -u +%FT%TZ) $name exited; restarting in ${delay} s" >>"$RUN/$name.log"
+  fi
+  if [ "$now" -ge "${NEXT_TRY[$name]}" ]; then
+    unset "NEXT_TRY[$name]"
+    eval "launch $name $(cat "$RUN/$name.cmd")"
+  fi
 }
 
 wait_for_web() {
@@ -126,7 +162,7 @@ EOF
   echo
   echo "Press Ctrl-C to stop (or run 'make stop' from another terminal)."
 
-  # Stay in the foreground; if one of the three dies, say so and stop the others.
+  # Stay in the foreground; one that dies is restarted with backoff, the others stay up.
   while true; do
     for name in "${SERVICES[@]}"; do
       if [ -e "$RUN/stopping" ] || [ ! -e "$RUN/$name.pid" ]; then
@@ -134,12 +170,8 @@ EOF
         for _ in $(seq 300); do [ -e "$RUN/stopping" ] || break; sleep 0.1; done
         echo "stopped from elsewhere (make stop)"; stop_all; exit 0
       fi
-      if ! is_running "$name"; then
-        echo "$name exited; last lines of .run/demo/$name.log:" >&2
-        tail -n 20 "$RUN/$name.log" >&2 || true
-        stop_all
-        exit 1
-      fi
+      # Logs rotate when a process (re)starts; a running one's log is never cut under it.
+      if ! is_running "$name"; then supervise "$name"; fi
     done
     sleep 2
   done

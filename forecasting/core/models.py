@@ -2,7 +2,7 @@
 
 ``model.fit(history)`` takes an hourly ``pd.Series`` (regular ``DatetimeIndex``; NaN means
 unknown) and returns the model; ``model.forecast(horizon_h)`` returns a :class:`Forecast`:
-point forecast plus an 80% interval for the next ``horizon_h`` hours.  A model only ever
+point forecast, an 80% interval and a 95% upper bound for the next ``horizon_h`` hours.  A model only ever
 sees the history it was fitted on, so rolling-origin backtests cannot peek.
 
 Models:
@@ -12,6 +12,8 @@ Models:
 * ``prophet``: Prophet with daily and weekly seasonality (weekly only from two weeks of
   history on) and an optional event calendar; intervals from in-sample residual
   quantiles (Prophet's own sampling costs about 1 s per fit; ``uncertainty_samples=0``).
+* ``autoets`` / ``mstl``: the standard statistical baselines
+  (:mod:`forecasting.core.statsbaselines`, statsmodels).
 * ``berth``: the model the portal ships, see :class:`BerthModel`.
 """
 
@@ -46,20 +48,40 @@ __all__ = [
 FloatArray = npt.NDArray[np.float64]
 HOUR = pd.Timedelta(hours=1)
 _LOWER_Q, _UPPER_Q = 0.1, 0.9  # an 80% central interval
+_UPPER_95_Q = 0.95  # a one-sided 95% upper bound (what sizes headroom)
 
 
 @dataclass(frozen=True, slots=True)
 class Forecast:
-    """Point forecast and 80% interval, one value per future hour."""
+    """Point forecast, 80% interval and 95% upper bound, one value per future hour.
+
+    ``upper_95`` is the level the actual should stay at or below 95% of the time (one-sided);
+    a model that has none leaves it ``None`` and :attr:`upper_95_or_upper` falls back to
+    the 80% upper bound.
+    """
 
     index: pd.DatetimeIndex
     point: FloatArray
     lower: FloatArray
     upper: FloatArray
+    upper_95: FloatArray | None = None
+
+    @property
+    def upper_95_or_upper(self) -> FloatArray:
+        """``upper_95`` when the model gives one, else ``upper``."""
+        return self.upper if self.upper_95 is None else self.upper_95
 
     def to_frame(self) -> pd.DataFrame:
-        """The forecast as a frame with columns ``point, lower, upper``."""
-        return pd.DataFrame({"point": self.point, "lower": self.lower, "upper": self.upper}, index=self.index)
+        """The forecast as a frame with columns ``point, lower, upper, upper_95``."""
+        return pd.DataFrame(
+            {
+                "point": self.point,
+                "lower": self.lower,
+                "upper": self.upper,
+                "upper_95": self.upper_95_or_upper,
+            },
+            index=self.index,
+        )
 
 
 class ForecastModel(Protocol):
@@ -104,7 +126,7 @@ class SeasonalNaiveModel:
         self.period = period
         self.name = f"seasonal_naive_{period}"
         self._history: pd.Series | None = None
-        self._q: tuple[float, float] = (0.0, 0.0)
+        self._q: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
     def fit(self, history: pd.Series) -> SeasonalNaiveModel:
         """Store the history and the quantiles of its seasonal differences."""
@@ -112,7 +134,7 @@ class SeasonalNaiveModel:
         y = self._history.to_numpy(dtype=float)
         period = min(self.period, max(len(y) - 1, 1))
         diffs = y[period:] - y[:-period] if len(y) > period else np.zeros(1)
-        self._q = (_nan_quantile(diffs, _LOWER_Q, 0.0), _nan_quantile(diffs, _UPPER_Q, 0.0))
+        self._q = tuple(_nan_quantile(diffs, q, 0.0) for q in (_LOWER_Q, _UPPER_Q, _UPPER_95_Q))  # type: ignore[assignment]
         return self
 
     def forecast(self, horizon_h: int) -> Forecast:
@@ -134,6 +156,7 @@ class SeasonalNaiveModel:
             point=point,
             lower=point + self._q[0] * widen,
             upper=point + self._q[1] * widen,
+            upper_95=point + self._q[2] * widen,
         )
 
 
@@ -215,7 +238,7 @@ class ProphetModel:
         self.max_history_days = max_history_days
         self._history: pd.Series | None = None
         self._fit: ProphetFit | None = None
-        self._q: tuple[float, float] = (0.0, 0.0)
+        self._q: tuple[float, float, float] = (0.0, 0.0, 0.0)
         self._nonneg = True
 
     def fit(self, history: pd.Series) -> ProphetModel:
@@ -225,7 +248,7 @@ class ProphetModel:
         self._nonneg = bool(np.nanmin(history.to_numpy(dtype=float)) >= 0)
         self._fit = prophet_fit_predict(history, horizon_h=168, events=self.events)
         resid = history.to_numpy(dtype=float) - self._fit.fitted
-        self._q = (_nan_quantile(resid, _LOWER_Q, 0.0), _nan_quantile(resid, _UPPER_Q, 0.0))
+        self._q = tuple(_nan_quantile(resid, q, 0.0) for q in (_LOWER_Q, _UPPER_Q, _UPPER_95_Q))  # type: ignore[assignment]
         return self
 
     def forecast(self, horizon_h: int) -> Forecast:
@@ -235,10 +258,10 @@ class ProphetModel:
         if horizon_h > len(self._fit.future):
             self._fit = prophet_fit_predict(self._history, horizon_h=horizon_h, events=self.events)
         point = self._fit.future[:horizon_h].copy()
-        lower, upper = point + self._q[0], point + self._q[1]
+        lower, upper, upper_95 = point + self._q[0], point + self._q[1], point + self._q[2]
         if self._nonneg:
-            point, lower, upper = (np.maximum(a, 0.0) for a in (point, lower, upper))
-        return Forecast(_future_index(self._history, horizon_h), point, lower, upper)
+            point, lower, upper, upper_95 = (np.maximum(a, 0.0) for a in (point, lower, upper, upper_95))
+        return Forecast(_future_index(self._history, horizon_h), point, lower, upper, upper_95)
 
 
 # ---- berth ----
@@ -278,11 +301,13 @@ class BerthModel:
        hours 1-6 and one for 7-24, minimising the original-scale MAE of the forecasts made
        from every hour of the last ``calibration_days`` days (pseudo-origins; no refits).
     4. *Conformal interval*: the 80% quantile of the absolute pseudo-origin errors per
-       horizon (pooled over h +- 3), widened to the 10%/90% quantiles of day-over-day
-       changes of the whole history where those are wider; added in log space and
-       transformed back, so the band is as wide as the model's recent multi-step errors
-       (not its one-step noise) and does not forget older regime shifts.  A band that is
-       still zero-wide opens to the spread of the blended components.
+       horizon (pooled over h +- 3); while the calibration window is shorter than
+       ``calibration_days`` (a young series), widened to the 10%/90% quantiles of
+       day-over-day changes of the whole history where those are wider.  Added in log
+       space and transformed back, so the band is as wide as the model's recent multi-step
+       errors (not its one-step noise).  The 95% upper bound is the (signed) 95% quantile
+       of the same errors, at least the 80% upper bound.  A band that is still zero-wide
+       opens to the spread of the blended components.
 
     Prophet's in-sample residuals flatter it (its trend bends to the data it saw), so steps
     3-4 use a second Prophet fit that ends ``calibration_days`` days earlier and are scored
@@ -338,6 +363,9 @@ class BerthModel:
         zs = pd.Series(z, index=history.index)
         pf = self._prophet(zs, horizon_h=24 * 7)
         cal_h = min(24 * cfg.calibration_days, n // 2)
+        # A conformal quantile from fewer days than the full window is noisy: then the
+        # bands are widened by the day-over-day spread (see _interval_offsets).
+        self._state["full_calibration"] = cal_h >= 24 * cfg.calibration_days
         cut = n - cal_h
         if cfg.holdout_fit and cut >= 48 and cal_h >= 48 and np.isfinite(z[:cut]).sum() >= 48:
             hold = self._prophet(zs.iloc[:cut], horizon_h=cal_h)
@@ -475,58 +503,69 @@ class BerthModel:
             zf[start : start + width] = self._blend(comps, st["weights"])[0, :width]
             comp_lo[start : start + width] = comps[used, 0, :width].min(axis=0)
             comp_hi[start : start + width] = comps[used, 0, :width].max(axis=0)
-        lo_q, hi_q = self._interval_offsets(horizon_h)
+        lo_q, hi_q, hi95_q = self._interval_offsets(horizon_h)
         # A zero-width band means the calibration window saw no error at all (a flat or
         # all-zero series); then the disagreement of the blended components is the only
         # uncertainty known, and it keeps e.g. exact zeros inside a band around 0.004.
         flat = hi_q - lo_q <= 1e-9
         lo_q = np.where(flat, np.minimum(lo_q, comp_lo - zf), lo_q)
         hi_q = np.where(flat, np.maximum(hi_q, comp_hi - zf), hi_q)
+        hi95_q = np.maximum(hi95_q, hi_q)
         point, lower, upper = self._inv(zf), self._inv(zf + lo_q), self._inv(zf + hi_q)
+        upper_95 = self._inv(zf + hi95_q)
         if st["nonneg"]:
-            point, lower, upper = (np.maximum(a, 0.0) for a in (point, lower, upper))
+            point, lower, upper, upper_95 = (np.maximum(a, 0.0) for a in (point, lower, upper, upper_95))
         index = _future_index(history, horizon_h)
         # expm1(log1p(8)) is not exactly 8: pad by float noise so a flat series at its cap
         # is inside its own zero-width band.
         lower = np.minimum(lower, point) - 1e-9 * (1.0 + np.abs(lower))
         upper = np.maximum(upper, point) + 1e-9 * (1.0 + np.abs(upper))
+        upper_95 = np.maximum(upper_95, upper)
         if st["nonneg"]:
             lower = np.maximum(lower, 0.0)
-        return Forecast(index, point, lower, upper)
+        return Forecast(index, point, lower, upper, upper_95)
 
-    def _interval_offsets(self, horizon_h: int) -> tuple[FloatArray, FloatArray]:
+    def _interval_offsets(self, horizon_h: int) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """Offsets (log space) of the 80% lower/upper bounds and of the 95% upper bound."""
         st = self._state
         errors: FloatArray = st["errors"]
         lo = np.empty(horizon_h)
         hi = np.empty(horizon_h)
+        hi95 = np.empty(horizon_h)
+        z = st["z"]
+        diffs = z[24:] - z[:-24]
         if errors.shape[0] < 5:
             # No calibration errors: the spread of day-over-day changes is an honest
             # stand-in for a day-ahead error.
-            z = st["z"]
-            diffs = z[24:] - z[:-24]
             lo[:] = _nan_quantile(diffs, _LOWER_Q, 0.0)
             hi[:] = _nan_quantile(diffs, _UPPER_Q, 0.0)
-            return lo, hi
+            hi95[:] = _nan_quantile(diffs, _UPPER_95_Q, 0.0)
+            return lo, hi, hi95
         if not self.config.conformal:
-            resid = st["z"] - st["fitted"]
+            resid = z - st["fitted"]
             lo[:] = _nan_quantile(resid, _LOWER_Q, 0.0)
             hi[:] = _nan_quantile(resid, _UPPER_Q, 0.0)
-            return lo, hi
-        z = st["z"]
-        diffs = z[24:] - z[:-24]
+            hi95[:] = _nan_quantile(resid, _UPPER_95_Q, 0.0)
+            return lo, hi, hi95
         day_lo = _nan_quantile(diffs, _LOWER_Q, 0.0)
         day_hi = _nan_quantile(diffs, _UPPER_Q, 0.0)
+        widen = not st.get("full_calibration", False)
         for h in range(horizon_h):
             hh = min(h, 23)
             pool = errors[:, max(0, hh - 3) : hh + 4].ravel()
             # Symmetric: the calibration days are few, and a bias seen there (demand fell)
             # says little about the sign of tomorrow's error, only about its size.
             q = _nan_quantile(np.abs(pool), 2 * _UPPER_Q - 1.0, 0.0)
-            # The calibration window is two weeks at most; the day-over-day changes of the
-            # whole history remember regime shifts it has not seen.  Take the wider.
-            lo[h] = min(-q, day_lo)
-            hi[h] = max(q, day_hi)
-        return lo, hi
+            # One-sided: log-space demand errors are right-skewed (bursts), and the upper
+            # tail is what sizes headroom.  forecast() keeps it above the 80% upper bound.
+            hi95[h] = _nan_quantile(pool, _UPPER_95_Q, 0.0)
+            lo[h], hi[h] = -q, q
+            if widen:
+                # Under the full calibration window the quantile rests on a few days; the
+                # day-over-day changes of the whole history are then the safer width.
+                lo[h] = min(-q, day_lo)
+                hi[h] = max(q, day_hi)
+        return lo, hi, hi95
 
 
 @functools.cache
@@ -550,7 +589,8 @@ def _short_history_forecast(history: pd.Series, horizon_h: int) -> Forecast:
     point = np.full(horizon_h, float(np.nanmean(y)))
     lower = np.full(horizon_h, _nan_quantile(y, _LOWER_Q, float(point[0])))
     upper = np.full(horizon_h, _nan_quantile(y, _UPPER_Q, float(point[0])))
-    return Forecast(_future_index(history, horizon_h), point, lower, upper)
+    upper_95 = np.maximum(np.full(horizon_h, _nan_quantile(y, _UPPER_95_Q, float(point[0]))), upper)
+    return Forecast(_future_index(history, horizon_h), point, lower, upper, upper_95)
 
 
 # ---- registry ----
@@ -565,7 +605,21 @@ _ABLATIONS: dict[str, dict[str, bool]] = {
     "berth_no_holdout": {"holdout_fit": False},
 }
 
-MODEL_NAMES: tuple[str, ...] = ("prophet", "seasonal_naive_24", "seasonal_naive_168", "berth")
+MODEL_NAMES: tuple[str, ...] = (
+    "prophet", "seasonal_naive_24", "seasonal_naive_168", "mstl", "autoets", "berth",
+)  # fmt: skip
+
+
+def _statsbaseline(cls_name: str) -> Callable[[], ForecastModel]:
+    """A factory for a model of :mod:`forecasting.core.statsbaselines` (imported on use)."""
+
+    def factory() -> ForecastModel:
+        from forecasting.core import statsbaselines
+
+        model: ForecastModel = getattr(statsbaselines, cls_name)()
+        return model
+
+    return factory
 
 
 def make_model(name: str, *, events: Sequence[Event] = ()) -> ForecastModel:
@@ -575,6 +629,8 @@ def make_model(name: str, *, events: Sequence[Event] = ()) -> ForecastModel:
         "seasonal_naive_24": lambda: SeasonalNaiveModel(period=24),
         "seasonal_naive_168": lambda: SeasonalNaiveModel(period=168),
         "berth": lambda: BerthModel(BerthConfig(events=tuple(events))),
+        "mstl": _statsbaseline("MSTLModel"),
+        "autoets": _statsbaseline("AutoETSModel"),
     }
     if name in factories:
         return factories[name]()

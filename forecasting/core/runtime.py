@@ -8,7 +8,9 @@ bounded per-key windows, no scans over the whole history, amortised refreshes.
 How a prediction is made (all in log space, where runtimes are roughly symmetric):
 
 * **Keys**, from most to least specific: (user, name, GPUs), (user, requested time, GPUs),
-  (user, requested time), (user, GPUs), user, project, requested time, everyone.  Each key
+  (user, requested time), (user, GPU type, GPUs), (project, name), (user, GPUs), user,
+  project, requested time, everyone.  Keys whose feature a job lacks (no name, no GPU type,
+  no requested time: most traces) are skipped for it.  Each key
   keeps the last ``window`` finished jobs: log runtime and, when the job had a requested
   time, log(runtime / requested).
 * **Pooling.** Every key that has history votes with its recent jobs, weighted by the key's
@@ -62,6 +64,8 @@ DEFAULT_LEVELS: tuple[tuple[str, float], ...] = (
     ("user_name_gpus", 1.0),
     ("user_req_gpus", 1.0),
     ("user_req", 0.5),
+    ("user_type_gpus", 0.5),
+    ("project_name", 0.3),
     ("user_gpus", 0.3),
     ("user", 0.25),
     ("project", 0.1),
@@ -85,6 +89,10 @@ def _level_key(level: str, job: JobRequest, req: int | None) -> Hashable | None:
         return (level, job.user, req, job.gpu_count) if req is not None else None
     if level == "user_req":
         return (level, job.user, req) if req is not None else None
+    if level == "user_type_gpus":
+        return (level, job.user, job.gpu_type, job.gpu_count) if job.gpu_type else None
+    if level == "project_name":
+        return (level, job.project, job.name) if job.name else None
     if level == "user_gpus":
         return (level, job.user, job.gpu_count)
     if level == "user":

@@ -84,3 +84,19 @@ class Quota(models.Model):
         if self.borrow_limit_gpus is None:
             return None
         return self.guaranteed_gpus + self.borrow_limit_gpus
+
+
+class RateCounter(models.Model):
+    """A sign-in or write counter kept in PostgreSQL while the cache (Redis) is unreachable.
+
+    ``portal.security`` counts in Redis; when Redis is down it counts here instead, with the
+    same semantics (one row per key, ``count`` since the window began, expiring at
+    ``expires_at``), so the lockout and the write throttle keep working through an outage.
+    """
+
+    key = models.CharField(max_length=200, primary_key=True)
+    count = models.PositiveIntegerField(default=0)
+    expires_at = models.DateTimeField(db_index=True)
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.count} until {self.expires_at:%Y-%m-%d %H:%M:%S}"

@@ -115,13 +115,21 @@ class WhatIfForm(forms.Form):
     gpu_type = forms.ChoiceField(label="GPU type")
     gpu_delta = forms.IntegerField(
         label="Add (+) or remove (-) GPUs",
-        initial=0,
+        initial=8,
         min_value=-100_000,
         max_value=100_000,
         help_text="Rounded to whole nodes of the cluster's usual size.",
     )
     policy = forms.ChoiceField(label="Policy", choices=POLICY_CHOICES, initial="berth")
     history_days = forms.IntegerField(label="History replayed (days)", initial=14, min_value=1, max_value=90)
+
+    def clean_gpu_delta(self) -> int:
+        delta: int = self.cleaned_data["gpu_delta"]
+        if delta == 0:
+            raise forms.ValidationError(
+                "Add or remove at least one GPU: +0 would compare the cluster with itself."
+            )
+        return delta
 
     def __init__(self, *args: Any, gpu_types: list[str], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -355,10 +355,57 @@ def fairness_get(*, cluster_id: int, rng: Range, now: datetime | None = None) ->
     return [summary, shares_table, jain_table, wait_table]
 
 
+def runtime_accuracy_get(*, cluster_id: int, rng: Range) -> Table:
+    """How good the runtime predictor was, per project, for jobs that completed in the range.
+
+    A job counts when it completed (not failed, cancelled or preempted: a cut-short runtime
+    says nothing about the prediction) with a stored p50.  Per project: jobs, share whose p50
+    is within 2x of the actual runtime (started to ended), share with runtime <= p90, and
+    share that ran longer than twice the p50 (what delays backfill reservations).  The stored
+    p50/p90 are the last the engine computed for the job.
+    """
+    rows: dict[str, list[tuple[float, float, float | None]]] = defaultdict(list)
+    for slug, p50, p90, started, ended in Job.objects.filter(
+        cluster_id=cluster_id,
+        status=Job.Status.COMPLETED,
+        attempt=0,
+        ended_at__gte=rng.start_at,
+        ended_at__lt=rng.end_at,
+        started_at__isnull=False,
+        predicted_p50_s__isnull=False,
+    ).values_list("project__slug", "predicted_p50_s", "predicted_p90_s", "started_at", "ended_at"):
+        actual = max((ended - started).total_seconds(), 1.0)
+        rows[slug].append((actual, max(float(p50), 1.0), None if p90 is None else float(p90)))
+
+    def _shares(jobs: list[tuple[float, float, float | None]]) -> tuple[float, float | None, float]:
+        within = sum(1 for a, p, _ in jobs if 0.5 <= p / a <= 2.0) / len(jobs)
+        with_p90 = [(a, q) for a, _, q in jobs if q is not None]
+        cover = sum(1 for a, q in with_p90 if a <= q) / len(with_p90) if with_p90 else None
+        under = sum(1 for a, p, _ in jobs if a > 2.0 * p) / len(jobs)
+        return (
+            round(100.0 * within, 1),
+            None if cover is None else round(100.0 * cover, 1),
+            round(100.0 * under, 1),
+        )
+
+    return Table(
+        name="runtime-accuracy",
+        caption="Runtime predictions of completed jobs by project (%)",
+        headers=("Project", "Jobs", "Within 2x %", "Runtime <= p90 %", "Ran > 2x p50 %"),
+        rows=tuple((slug, len(jobs), *_shares(jobs)) for slug, jobs in sorted(rows.items())),
+        chart="bar",
+        extra={"only": [2, 3, 4]},
+    )
+
+
 # ---- idle GPU-hours by reason ----
 
 
-def _rounds(cluster_id: int, rng: Range, now: datetime) -> list[tuple[datetime, dict[str, int], int]]:
+def _rounds(
+    cluster_id: int, rng: Range, now: datetime
+) -> list[tuple[datetime, dict[str, int], int, timedelta]]:
+    """Rounds that can hold into the range: (instant, idle counts, id, how long the count holds
+    at most: `ROUND_HOLD_MAX`, or the replayed gap to the next round for history rounds)."""
     rows = list(
         EngineRound.objects.filter(
             cluster_id=cluster_id,
@@ -369,7 +416,15 @@ def _rounds(cluster_id: int, rng: Range, now: datetime) -> list[tuple[datetime, 
         .order_by("started_at", "id")
         .values_list("started_at", "decisions", "id")
     )
-    return [(at, dict((d or {}).get("idle", {})), pk) for at, d, pk in rows]
+    out = []
+    for at, d, pk in rows:
+        decisions = d or {}
+        hold = decisions.get("hold_s")
+        limit = (
+            timedelta(seconds=float(hold)) if isinstance(hold, int | float) and hold > 0 else ROUND_HOLD_MAX
+        )
+        out.append((at, dict(decisions.get("idle", {})), pk, max(limit, ROUND_HOLD_MAX)))
+    return out
 
 
 def idle_get(*, cluster_id: int, rng: Range, now: datetime | None = None) -> Table:
@@ -384,9 +439,9 @@ def idle_get(*, cluster_id: int, rng: Range, now: datetime | None = None) -> Tab
     n = len(rng.starts())
     hours: dict[str, list[float]] = {r: [0.0] * n for r in IDLE_REASONS}
     stop = min(rng.end_at, now)
-    for k, (at, idle, _) in enumerate(rounds):
+    for k, (at, idle, _, hold) in enumerate(rounds):
         nxt = rounds[k + 1][0] if k + 1 < len(rounds) else stop
-        upper = min(nxt, at + ROUND_HOLD_MAX, stop)
+        upper = min(nxt, at + hold, stop)
         t = max(at, rng.start_at)  # a round just before the range holds into it
         i = rng.index(t)
         while t < upper and i < n:
@@ -502,6 +557,47 @@ def audit_event_list(
     if end_at:
         qs = qs.filter(at__lt=end_at)
     return qs
+
+
+@dataclass(frozen=True, slots=True)
+class AuditChange:
+    field: str
+    before: str  # "" when the field is new
+    after: str  # "" when the field is gone
+
+
+def _audit_value(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, dict | list):
+        import json
+
+        return json.dumps(value, sort_keys=True, default=str)
+    return str(value)
+
+
+def audit_changes(before: Any, after: Any) -> list[AuditChange]:
+    """The fields an audit event changed, before -> after, in field order; a creation lists every
+    field it set (before ""), a deletion every field it had (after "").  Non-dict states (rare)
+    compare as one value."""
+    if not isinstance(before, dict) and not isinstance(after, dict):
+        if before == after:
+            return []
+        return [AuditChange("value", "" if before is None else _audit_value(before), _audit_value(after))]
+    old = before if isinstance(before, dict) else {}
+    new = after if isinstance(after, dict) else {}
+    changes = []
+    for key in [*old, *(k for k in new if k not in old)]:
+        if key in old and key in new and old[key] == new[key]:
+            continue
+        changes.append(
+            AuditChange(
+                str(key),
+                _audit_value(old[key]) if key in old else "",
+                _audit_value(new[key]) if key in new else "",
+            )
+        )
+    return changes
 
 
 def audit_entity_types() -> list[str]:

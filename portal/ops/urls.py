@@ -9,6 +9,7 @@ urlpatterns = [
     path("idle/", views.idle, name="idle"),
     path("idle/drill/", views.idle_drill, name="idle-drill"),
     path("capacity/", views.capacity, name="capacity"),
+    path("capacity/forecasts/refresh/", views.forecast_refresh, name="forecast-refresh"),
     path("capacity/exceed/", views.capacity_exceed, name="capacity-exceed"),
     path("capacity/whatif/", views.whatif_new, name="whatif-new"),
     path("capacity/whatif/<str:whatif_id>/", views.whatif, name="whatif"),

@@ -147,7 +147,13 @@ def _range_view(
 utilization = _range_view(
     "ops/utilization.html", lambda cid, rng: selectors.utilization_get(cluster_id=cid, rng=rng)
 )
-fairness = _range_view("ops/fairness.html", lambda cid, rng: selectors.fairness_get(cluster_id=cid, rng=rng))
+fairness = _range_view(
+    "ops/fairness.html",
+    lambda cid, rng: [
+        *selectors.fairness_get(cluster_id=cid, rng=rng),
+        selectors.runtime_accuracy_get(cluster_id=cid, rng=rng),
+    ],
+)
 idle = _range_view("ops/idle.html", lambda cid, rng: [selectors.idle_get(cluster_id=cid, rng=rng)])
 
 
@@ -229,11 +235,35 @@ def _capacity_context(cluster_id: int | None) -> dict[str, Any]:
 @require_GET
 def capacity(request: HtmxHttpRequest) -> HttpResponse:
     form, cluster_id, _ = _range(request)
+    from forecasting.services import forecast_refresh_state_get
+
     context = {"form": form, "cluster_id": cluster_id, "query": _query(form), **_capacity_context(cluster_id)}
     if (response := _csv_or_none(request, context["bands"])) is not None:
         return response
+    context["refresh"] = forecast_refresh_state_get(cluster_id=cluster_id) if cluster_id else None
     context["whatif_form"] = WhatIfForm(gpu_types=context["gpu_types"])
     return render(request, "ops/capacity.html", context)
+
+
+@staff_required
+@vary_on_headers("HX-Request")
+@require_http_methods(["GET", "POST"])
+def forecast_refresh(request: HtmxHttpRequest) -> HttpResponse:
+    """ "Refresh forecasts now": POST queues a refit of this hour's forecasts of the cluster the
+    URL names (on a worker); GET shows its progress (htmx polls it while it runs)."""
+    from forecasting.services import forecast_refresh_request, forecast_refresh_state_get
+
+    form, cluster_id, _ = _range(request)
+    if cluster_id is None or not _is_asked_cluster(request, cluster_id):
+        raise Http404("Unknown cluster")
+    if request.method == "POST":
+        state: dict[str, Any] | None = forecast_refresh_request(cluster_id=cluster_id)
+    else:
+        state = forecast_refresh_state_get(cluster_id=cluster_id)
+    context = {"refresh": state, "query": _query(form), "cluster_id": cluster_id}
+    if request.htmx:
+        return render(request, "ops/capacity.html#forecast-refresh", context)
+    return HttpResponseRedirect(f"{reverse('ops:capacity')}?{_query(form)}", status=303)
 
 
 @staff_required
@@ -534,5 +564,12 @@ def audit(request: HtmxHttpRequest) -> HttpResponse:
     params = request.GET.copy()
     params.pop("page", None)
     query = params.urlencode()
-    context = {"form": form, "page": page, "query": query, "entity_types": selectors.audit_entity_types()}
+    rows = [(event, selectors.audit_changes(event.before, event.after)) for event in page]
+    context = {
+        "form": form,
+        "page": page,
+        "rows": rows,
+        "query": query,
+        "entity_types": selectors.audit_entity_types(),
+    }
     return _render(request, "ops/audit.html", "audit-list", context)

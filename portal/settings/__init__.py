@@ -23,6 +23,12 @@ IS_PRODUCTION = DJANGO_ENV == "production"
 if IS_PRODUCTION:
     SECRET_KEY = env.str("DJANGO_SECRET_KEY")
     DATABASES = {"default": env.db("DATABASE_URL")}
+    # A placeholder copied from an example file is no secret: refuse to start (check --deploy
+    # only warns, and nobody runs it on every start).
+    if len(SECRET_KEY) < 32 or SECRET_KEY.lower().startswith(("change-me", "changeme", "django-insecure")):
+        raise environ.ImproperlyConfigured(
+            "DJANGO_SECRET_KEY is a placeholder or shorter than 32 characters; set a long random value."
+        )
 else:
     SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="dev-only-insecure-key-not-for-production")
     DATABASES = {"default": env.db("DATABASE_URL", default="postgres://berth:berth@127.0.0.1:55433/berth")}
@@ -59,6 +65,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # Outermost: a database outage is a 503 (JSON under /api/, a maintenance page elsewhere) in
+    # every settings mode, and every API error is JSON (portal.outage).
+    "portal.outage.OutageMiddleware",
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -87,6 +96,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "portal.context_processors.demo_clock",
             ],
         },
     }
@@ -117,16 +127,32 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "login"
 
+# The debug page and error mails never show credentials carried in URLs (REDIS_URL, ...).
+DEFAULT_EXCEPTION_REPORTER_FILTER = "portal.outage.ExceptionReporterFilter"
+# Retry-After of the 503 answered while PostgreSQL is unreachable.
+BERTH_OUTAGE_RETRY_AFTER_S = env.int("BERTH_OUTAGE_RETRY_AFTER_S", default=10)
+
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", default=256 * 1024)
+# API JSON bodies nest at most this deep (400 beyond; 2 KB of "[" was a RecursionError).
+BERTH_JSON_MAX_DEPTH = env.int("BERTH_JSON_MAX_DEPTH", default=32)
+# Pending jobs one user, and one project, may have at once (400 beyond; 0: no limit).
+BERTH_MAX_PENDING_JOBS_PER_USER = env.int("BERTH_MAX_PENDING_JOBS_PER_USER", default=200)
+BERTH_MAX_PENDING_JOBS_PER_PROJECT = env.int("BERTH_MAX_PENDING_JOBS_PER_PROJECT", default=1_000)
+# Refused bookings (409, each costing an alternatives search) one user may make per window,
+# on top of the write throttle that counts them like any write (429 beyond).
+BERTH_REFUSED_BOOKING_RATE = env.str("BERTH_REFUSED_BOOKING_RATE", default="30/min")
 
 # ---- booking and job limits (scheduling.services) ----
 # A booking may start this far in the past (clock skew, slow forms) and no further.
 BERTH_BOOKING_PAST_TOLERANCE_S = env.int("BERTH_BOOKING_PAST_TOLERANCE_S", default=5 * 60)
 BERTH_BOOKING_MAX_ADVANCE_S = env.int("BERTH_BOOKING_MAX_ADVANCE_S", default=90 * 86_400)
+BERTH_BOOKING_MIN_DURATION_S = env.int("BERTH_BOOKING_MIN_DURATION_S", default=5 * 60)
 BERTH_BOOKING_MAX_DURATION_S = env.int("BERTH_BOOKING_MAX_DURATION_S", default=7 * 86_400)
 BERTH_JOB_MAX_REQUESTED_S = env.int("BERTH_JOB_MAX_REQUESTED_S", default=30 * 86_400)
 # How far ahead a refused booking looks for the nearest free alternative windows.
 BERTH_ALTERNATIVES_HORIZON_S = env.int("BERTH_ALTERNATIVES_HORIZON_S", default=14 * 86_400)
+# ... reading at most this many allocations (the earliest first): a refused booking costs bounded work.
+BERTH_ALTERNATIVES_MAX_ROWS = env.int("BERTH_ALTERNATIVES_MAX_ROWS", default=4_000)
 # Availability queries: smallest step and most steps in one answer.
 BERTH_AVAILABILITY_MIN_STEP_S = env.int("BERTH_AVAILABILITY_MIN_STEP_S", default=5 * 60)
 BERTH_AVAILABILITY_MAX_STEPS = env.int("BERTH_AVAILABILITY_MAX_STEPS", default=2_000)
@@ -182,6 +208,12 @@ CACHES = {
                 "BERTH_CACHE_URL", default=env.str("REDIS_URL", default="redis://127.0.0.1:56379/0")
             ),
             "KEY_PREFIX": "berth",
+            # An unreachable or hung Redis must cost a request at most this, not a worker timeout:
+            # the counters then move to PostgreSQL (portal.security).
+            "OPTIONS": {
+                "socket_connect_timeout": env.float("BERTH_CACHE_TIMEOUT_S", default=0.5),
+                "socket_timeout": env.float("BERTH_CACHE_TIMEOUT_S", default=0.5),
+            },
         }
         if IS_PRODUCTION or env.str("BERTH_CACHE_URL", default="")
         else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
@@ -251,6 +283,18 @@ CELERY_TASK_ALWAYS_EAGER = False
 # Task modules outside installed apps (autodiscovery covers scheduling and forecasting).
 CELERY_IMPORTS = ["portal.ops.tasks"]
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A Redis outage pauses the worker and beat; they reconnect by themselves when it is back
+# (never give up: Celery's default stops after 100 attempts and exits).
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
+# A web request that enqueues a task while the broker is down gives up quickly (the tasks it
+# sends are covered by beat or the hourly refresh) instead of waiting out the default retries.
+CELERY_BROKER_CONNECTION_TIMEOUT = env.float("CELERY_BROKER_CONNECTION_TIMEOUT_S", default=1.0)
+CELERY_TASK_PUBLISH_RETRY_POLICY = {
+    "max_retries": 1,
+    "interval_start": 0,
+    "interval_step": 0.2,
+    "interval_max": 0.2,
+}
 # acks_late tasks of a worker that died are redelivered after this (the default is an hour);
 # it must exceed the longest task time limit.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT_S", default=600)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from drf_spectacular.utils import extend_schema
-from rest_framework import permissions, serializers, throttling
+from rest_framework import exceptions, permissions, serializers
 from rest_framework.authtoken.models import Token
 from rest_framework.authtoken.serializers import AuthTokenSerializer
 from rest_framework.request import Request
@@ -15,6 +15,7 @@ from rest_framework.views import APIView
 from portal.accounts import selectors as account_selectors
 from portal.accounts import services as account_services
 from portal.accounts.models import Membership
+from portal.security import LOCKED_OUT_MESSAGE, ScopedRateThrottle, client_ip, is_locked_out
 from scheduling.api.common import PaginatedApi, errors, request_user
 
 
@@ -89,7 +90,7 @@ class TokenCreateApi(APIView):
 
     authentication_classes: list[Any] = []
     permission_classes = [permissions.AllowAny]
-    throttle_classes = [throttling.ScopedRateThrottle]
+    throttle_classes = [ScopedRateThrottle]
     throttle_scope = "auth-token"
 
     class InputSerializer(serializers.Serializer[Any]):
@@ -105,11 +106,19 @@ class TokenCreateApi(APIView):
         operation_id="auth_token_create",
         auth=[],
         request=InputSerializer,
-        responses={200: OutputSerializer, **errors(400, 413, 429)},
+        responses={200: OutputSerializer, **errors(400, 403, 413, 429)},
     )
     def post(self, request: Request) -> Response:
+        username = request.data.get("username") if isinstance(request.data, dict) else None
+        # Locked before this attempt: say so (403), not "wrong password".
+        was_locked = (
+            isinstance(username, str) and bool(username) and is_locked_out(username, client_ip(request))
+        )
         credentials = AuthTokenSerializer(data=request.data, context={"request": request})
-        credentials.is_valid(raise_exception=True)
+        if not credentials.is_valid():
+            if was_locked:
+                raise exceptions.PermissionDenied(LOCKED_OUT_MESSAGE)
+            raise exceptions.ValidationError(credentials.errors)
         token, _ = Token.objects.get_or_create(user=credentials.validated_data["user"])
         return Response(self.OutputSerializer({"token": token.key}).data)
 

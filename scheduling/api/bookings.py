@@ -7,20 +7,23 @@ from typing import Any
 from django.db import connection
 from django.db.models import Model
 from drf_spectacular.utils import extend_schema
-from rest_framework import serializers, status
+from rest_framework import exceptions, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from portal.accounts.models import Project
+from portal.security import refused_booking_record, refused_bookings_retry_after
 from scheduling import selectors, services
 from scheduling.api.common import (
+    AwareDateTimeField,
     JsonNegotiation,
     PaginatedApi,
     csv_values,
     drf_datetime,
     errors,
     request_user,
+    short,
     validate,
 )
 from scheduling.models import Allocation, AuditEvent, Booking, Cluster, GpuType
@@ -203,7 +206,7 @@ def _resolve_refs(data: dict[str, Any]) -> dict[str, Any]:
     for field, model, slug, attnames, pk_index, converters in refs:
         values, start = row[start : start + len(attnames)], start + len(attnames)
         if values[pk_index] is None:
-            errors[field] = [f"Object with {slug}={data[field]} does not exist."]
+            errors[field] = [f"Object with {slug}={short(data[field])} does not exist."]
             continue
         for i, model_field, field_converters in converters:
             for converter in field_converters:
@@ -232,8 +235,8 @@ class BookingListCreateApi(PaginatedApi):
             trim_whitespace=False, required=False, help_text="Active cluster name (default: any)."
         )
         gpu_count = serializers.IntegerField(min_value=1, max_value=_MAX_GPUS)
-        start_at = serializers.DateTimeField()
-        end_at = serializers.DateTimeField()
+        start_at = AwareDateTimeField()
+        end_at = AwareDateTimeField()
         note = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
 
     OutputSerializer = BookingOutputSerializer
@@ -267,8 +270,18 @@ class BookingListCreateApi(PaginatedApi):
         responses={201: OutputSerializer, **errors(400, 401, 403, 409, 413)},
     )
     def post(self, request: Request) -> Response:
+        user = request_user(request)
+        wait_s = refused_bookings_retry_after(user.pk)
+        if wait_s is not None:
+            raise exceptions.Throttled(
+                wait=wait_s, detail="Too many refused bookings; look at availability, then retry later."
+            )
         data = _resolve_refs(validate(self.InputSerializer, request.data))
-        booking = services.booking_create(request_user(request), **data, actor_label=AuditEvent.Actor.API)
+        try:
+            booking = services.booking_create(user, **data, actor_label=AuditEvent.Actor.API)
+        except services.BookingConflictError:
+            refused_booking_record(user.pk)
+            raise
         # The service returns the booking with everything the response shows: no read back.
         return Response(booking_data(booking), status=status.HTTP_201_CREATED)
 
@@ -305,7 +318,7 @@ class BookingCancelApi(APIView):
 
 class BookingExtendApi(APIView):
     class InputSerializer(serializers.Serializer[Any]):
-        end_at = serializers.DateTimeField()
+        end_at = AwareDateTimeField()
 
     @extend_schema(
         operation_id="bookings_extend",

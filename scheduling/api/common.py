@@ -50,6 +50,46 @@ class JsonNegotiation(DefaultContentNegotiation):
         return super().select_renderer(request, renderers, format_suffix)
 
 
+class AwareDateTimeField(serializers.DateTimeField):
+    """An input datetime that must carry its timezone (``Z`` or ``+02:00``).
+
+    DRF reads a naive datetime in the server's zone (UTC), silently: a client in Berlin who
+    forgot the offset would book an hour off.  Refused with the service's own message.
+    """
+
+    def to_internal_value(self, value: Any) -> datetime:
+        parsed = super().to_internal_value(value)
+        if isinstance(value, str) and value.strip() and _is_naive_text(value):
+            raise serializers.ValidationError("Give a timezone (for example 2026-01-31T09:00:00Z).")
+        return parsed
+
+
+def _is_naive_text(value: str) -> bool:
+    from django.utils.dateparse import parse_datetime
+
+    try:
+        parsed = parse_datetime(value.strip())
+    except ValueError:
+        return False
+    return parsed is not None and timezone.is_naive(parsed)
+
+
+def short(text: object, *, limit: int = 60) -> str:
+    """User input quoted in an error message, cut to ``limit`` characters (a 10,000-character
+    name must not come back whole)."""
+    value = str(text)
+    return value if len(value) <= limit else value[: limit - 1] + "…"
+
+
+class SlugRelatedField(serializers.SlugRelatedField[Any]):
+    """DRF's slug field whose "does not exist" message quotes the given name cut short."""
+
+    def fail(self, key: str, **kwargs: Any) -> Any:
+        if "value" in kwargs:
+            kwargs["value"] = short(kwargs["value"])
+        return super().fail(key, **kwargs)
+
+
 class ErrorSerializer(serializers.Serializer[Any]):
     message = serializers.CharField()
     # Shadows Serializer.fields only in the class body: DRF's metaclass moves declared fields away.

@@ -13,7 +13,7 @@ from rest_framework.views import APIView
 
 from scheduling import selectors
 from scheduling.api.common import JsonNegotiation, errors, validate
-from scheduling.models import Cluster
+from scheduling.models import Cluster, GpuType
 
 
 def _iso_boundaries(availability: selectors.Availability) -> list[str]:
@@ -86,6 +86,23 @@ class AvailabilityApi(APIView):
             min_value=1, max_value=31 * 86_400, default=3600, help_text="Step in seconds."
         )
         cluster = serializers.CharField(max_length=60, required=False)
+        project = serializers.SlugField(
+            max_length=60,
+            required=False,
+            help_text="Project slug: also answer how many GPUs its quota lets it book over [start, end).",
+        )
+
+    class QuotaSerializer(serializers.Serializer[Any]):
+        project = serializers.CharField()
+        max_gpus = serializers.IntegerField(
+            allow_null=True, help_text="Guaranteed + borrowable; null: no limit."
+        )
+        booked_peak = serializers.IntegerField(
+            help_text="Most GPUs its open bookings hold at once in the window."
+        )
+        bookable_gpus = serializers.IntegerField(
+            allow_null=True, help_text="What the quota leaves it in the window; null: no limit."
+        )
 
     class OutputSerializer(serializers.Serializer[Any]):
         gpu_type = serializers.CharField()
@@ -93,6 +110,9 @@ class AvailabilityApi(APIView):
         capacity = serializers.IntegerField()
         step_s = serializers.IntegerField()
         slots = AvailabilitySlotSerializer(many=True)
+        quota = serializers.DictField(
+            required=False, help_text="With ?project=: its quota room (see QuotaSerializer's fields)."
+        )
 
     @extend_schema(
         operation_id="availability_retrieve",
@@ -114,15 +134,26 @@ class AvailabilityApi(APIView):
         )
         # Built by hand rather than through serializers: this endpoint is the hot path.
         bounds = _iso_boundaries(availability)
-        return Response(
-            {
-                "gpu_type": availability.gpu_type,
-                "cluster": availability.cluster,
-                "capacity": availability.capacity,
-                "step_s": availability.step_s,
-                "slots": [
-                    {"start_at": bounds[i], "end_at": bounds[i + 1], "free_gpus": free}
-                    for i, free in enumerate(availability.free)
-                ],
+        body: dict[str, Any] = {
+            "gpu_type": availability.gpu_type,
+            "cluster": availability.cluster,
+            "capacity": availability.capacity,
+            "step_s": availability.step_s,
+            "slots": [
+                {"start_at": bounds[i], "end_at": bounds[i + 1], "free_gpus": free}
+                for i, free in enumerate(availability.free)
+            ],
+        }
+        if params.get("project"):
+            project = selectors.project_for_member(request.user, slug=params["project"])
+            gpu_type = GpuType.objects.get(name=availability.gpu_type)
+            quota = selectors.booking_quota_get(
+                project=project, gpu_type=gpu_type, start_at=params["start"], end_at=params["end"]
+            )
+            body["quota"] = {
+                "project": quota.project,
+                "max_gpus": quota.max_gpus,
+                "booked_peak": quota.booked_peak,
+                "bookable_gpus": quota.bookable_gpus,
             }
-        )
+        return Response(body)

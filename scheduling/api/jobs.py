@@ -12,7 +12,7 @@ from rest_framework.views import APIView
 
 from portal.accounts.models import Project
 from scheduling import selectors, services
-from scheduling.api.common import PaginatedApi, csv_values, errors, request_user
+from scheduling.api.common import PaginatedApi, SlugRelatedField, csv_values, errors, request_user
 from scheduling.backends.base import BackendError
 from scheduling.models import AuditEvent, Cluster, GpuType, Job
 
@@ -22,6 +22,11 @@ _PRIORITY_NAME = {v: k for k, v in _PRIORITY_BY_NAME.items()}
 
 class PayloadSerializer(serializers.Serializer[Any]):
     """What the backend runs; give a command or a script (and optionally a container image)."""
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if not (attrs.get("command") or "").strip() and not (attrs.get("script") or "").strip():
+            raise serializers.ValidationError({"command": ["Give a command or a script to run."]})
+        return attrs
 
     command = serializers.CharField(max_length=4000, required=False, allow_blank=True)
     script = serializers.CharField(max_length=64_000, required=False, allow_blank=True)
@@ -50,7 +55,10 @@ class JobOutputSerializer(serializers.Serializer[Any]):
     checkpoint_interval_s = serializers.IntegerField(allow_null=True)
     priority = serializers.SerializerMethodField()
     status = serializers.ChoiceField(choices=Job.Status.choices)
-    submitted_at = serializers.DateTimeField()
+    submitted_at = serializers.DateTimeField(help_text="When it was (re)queued last.")
+    first_submitted_at = serializers.DateTimeField(
+        allow_null=True, help_text="When the user submitted it (kept across requeues after a preemption)."
+    )
     started_at = serializers.DateTimeField(allow_null=True)
     ended_at = serializers.DateTimeField(allow_null=True)
     attempt = serializers.IntegerField()
@@ -79,11 +87,11 @@ class JobListCreateApi(PaginatedApi):
 
     class InputSerializer(serializers.Serializer[Any]):
         name = serializers.CharField(max_length=200)
-        project = serializers.SlugRelatedField(slug_field="slug", queryset=Project.objects.all())
-        cluster = serializers.SlugRelatedField(
+        project = SlugRelatedField(slug_field="slug", queryset=Project.objects.all())
+        cluster = SlugRelatedField(
             slug_field="name", queryset=Cluster.objects.filter(is_active=True), required=False
         )
-        gpu_type = serializers.SlugRelatedField(
+        gpu_type = SlugRelatedField(
             slug_field="name", queryset=GpuType.objects.all(), required=False, allow_null=True
         )
         kind = serializers.ChoiceField(choices=Job.Kind.choices, default=Job.Kind.BATCH)
@@ -101,9 +109,18 @@ class JobListCreateApi(PaginatedApi):
             min_value=1, max_value=2**31 - 1, required=False, allow_null=True
         )
         priority = serializers.ChoiceField(choices=sorted(_PRIORITY_BY_NAME), default="normal")
-        payload = PayloadSerializer(required=False)
+        payload = PayloadSerializer(
+            help_text="What to run: a command or a script (required, as in the form)."
+        )
 
     OutputSerializer = JobOutputSerializer
+
+    class CreatedSerializer(JobOutputSerializer):
+        warnings = serializers.ListField(
+            child=serializers.CharField(),
+            help_text="Why the job, though accepted, cannot start under today's inventory and "
+            "quotas, and what would unblock it; empty when it can start.",
+        )
 
     @extend_schema(
         operation_id="jobs_list",
@@ -124,7 +141,7 @@ class JobListCreateApi(PaginatedApi):
     @extend_schema(
         operation_id="jobs_create",
         request=InputSerializer,
-        responses={201: OutputSerializer, **errors(400, 401, 403, 413)},
+        responses={201: CreatedSerializer, **errors(400, 401, 403, 413)},
     )
     def post(self, request: Request) -> Response:
         serializer = self.InputSerializer(data=request.data)
@@ -132,7 +149,9 @@ class JobListCreateApi(PaginatedApi):
         data = dict(serializer.validated_data)
         data["priority"] = _PRIORITY_BY_NAME[data["priority"]]
         job = services.job_submit(request_user(request), **data, actor_label=AuditEvent.Actor.API)
-        return _job_response(request.user, job.pk, status.HTTP_201_CREATED)
+        job = selectors.job_get(request.user, job_id=job.pk)
+        body = {**JobOutputSerializer(job).data, "warnings": selectors.job_warnings(job)}
+        return Response(body, status=status.HTTP_201_CREATED)
 
 
 class JobDetailApi(APIView):

@@ -37,6 +37,19 @@ class CursorPagination(_CursorPagination):
             # DRF answers 404 for a cursor it cannot decode; it is bad input, not a missing page.
             raise exceptions.ValidationError({self.cursor_query_param: ["Invalid cursor."]}) from None
 
+    def paginate_queryset(self, queryset: Any, request: Request, view: Any = None) -> list[Any] | None:
+        # A cursor decodes to any text position (``p=notadate``, ``p=1e5``, a bigint overflow);
+        # the database field refuses it only when the page is read.  That is bad input: 400.
+        from django.core.exceptions import ValidationError as DjangoValidationError
+        from django.db import DataError
+
+        try:
+            return super().paginate_queryset(queryset, request, view)
+        except (ValueError, TypeError, OverflowError, DjangoValidationError, DataError):
+            if request.query_params.get(self.cursor_query_param) is None:
+                raise
+            raise exceptions.ValidationError({self.cursor_query_param: ["Invalid cursor."]}) from None
+
     def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
         parameters = super().get_schema_operation_parameters(view)
         for parameter in parameters:

@@ -20,7 +20,10 @@ class AutoSchema(_AutoSchema):
         return name
 
     def _get_response_bodies(self, direction: Any = "response") -> dict[str, Any]:
-        """Also document the 429 of the per-user write throttle on every throttled unsafe method."""
+        """Also document the errors any operation can answer, in the one error shape: 429 of the
+        per-user write throttle on every throttled unsafe method; 413 (body too large) and 415
+        (not JSON) wherever a body is read; 414 (URL too long, from the web server) and 503
+        (database unreachable, with ``Retry-After``) everywhere."""
         from drf_spectacular.utils import OpenApiResponse
 
         from portal.security import WriteRateThrottle
@@ -37,4 +40,16 @@ class AutoSchema(_AutoSchema):
                 "429",
                 direction=direction,
             )
+        common = {
+            "414": "The URL is too long.",
+            "503": "Briefly unavailable (the database is unreachable); retry after `Retry-After` seconds.",
+        }
+        if self.method.upper() in {"POST", "PUT", "PATCH"}:
+            common["413"] = "The request body is too large."
+            common["415"] = "The body is not JSON (send `Content-Type: application/json`)."
+        for code, description in common.items():
+            if code not in bodies:
+                bodies[code] = self._get_response_for_code(
+                    OpenApiResponse(ErrorSerializer, description=description), code, direction=direction
+                )
         return bodies

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING
 
-from scheduling.engine.preemption import is_reclaimable
+from scheduling.engine.preemption import is_reclaimable, min_runtime_s
 from scheduling.engine.types import Booking
 
 if TYPE_CHECKING:  # scheduler.py imports this module
@@ -61,7 +61,8 @@ def cheapest_booking_gpus(
                 if (
                     running is None
                     or not is_reclaimable(running, excluded=no_one)
-                    or running.started_at + policy.min_runtime_s > need_at - policy.grace_s
+                    or running.started_at + min_runtime_s(policy, is_high_class=True)
+                    > need_at - policy.grace_s
                 ):
                     continue
                 end = state.end_p50[running.job.id]
@@ -70,8 +71,10 @@ def cheapest_booking_gpus(
                 else:
                     elapsed = need_at - running.started_at
                     interval = running.job.checkpoint_interval_s
-                    if running.job.is_checkpointable and interval and interval > 0:
-                        elapsed %= interval
+                    if running.job.is_checkpointable:
+                        if interval and interval > 0:
+                            elapsed %= interval
+                        elapsed += policy.restore_s
                     cost[gpu] = elapsed * len(running.gpu_ids)
             candidates.append(gpu)
         nodes.append(candidates)

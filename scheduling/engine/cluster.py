@@ -233,9 +233,13 @@ class RoundState:
         return cached
 
     def lost_work_s(self, running: RunningJob) -> float:
-        """Seconds of work a preemption now would lose (since the last checkpoint)."""
+        """Seconds of work (per GPU) a preemption now would lose: for checkpointing work the
+        work since the last checkpoint plus ``restore_s`` to resume (never more than all of it
+        plus the restore); for restartable work everything it did."""
         elapsed = max(0.0, self.now - running.started_at)
         job = running.job
-        if job.is_checkpointable and job.checkpoint_interval_s and job.checkpoint_interval_s > 0:
-            return elapsed % job.checkpoint_interval_s
+        if job.is_checkpointable:
+            interval = job.checkpoint_interval_s
+            since = elapsed % interval if interval and interval > 0 else elapsed
+            return since + self.policy.restore_s
         return elapsed

@@ -114,6 +114,8 @@ def explain_pending(
             # the scheduler knows better for the top job and reclaims: its own start time
             eta90 = own if eta90 is None else max(eta90, own)
             eta50 = own if eta50 is None else min(max(eta50, now), own)
+            if verdict.reason == PendingReason.HEADROOM:
+                eta50 = own  # held back until then (the pool's low-demand window), not before
         if not verdict.has_eta:
             eta50 = eta90 = None
         if eta50 is None or eta90 is None or (verdict.reason in no_eta and own is None and not types):
@@ -185,12 +187,40 @@ def fragmented_types(sched: Scheduler, queue: list[JobRequest], kinds: Collectio
     return types
 
 
+def quota_demand(
+    sched: Scheduler, queue: list[JobRequest], kinds: Collection[Kind]
+) -> dict[tuple[str, ...], int]:
+    """GPUs that quota-blocked waiting jobs could use, per tuple of types they could use them
+    on (fitting types with enough GPUs for the whole job): a 2-GPU job held back by its
+    project's quota explains at most 2 idle GPUs, not every idle GPU of its types.  One pass
+    over the queue only when some job waits for that reason."""
+    if not any(reason == PendingReason.QUOTA for _types, reason in kinds):
+        return {}
+    started = {start.job_id for start in sched.out.starts}
+    verdicts = sched.out.verdicts
+    by_type = sched.state.topology.by_type
+    demand: dict[tuple[str, ...], int] = {}
+    for job in queue:
+        verdict = verdicts.get(job.id)
+        if verdict is None or verdict.reason != PendingReason.QUOTA or job.id in started:
+            continue
+        usable = tuple(t for t in sched.state.eligible_types(job) if len(by_type.get(t, ())) >= job.gpu_count)
+        if usable:
+            demand[usable] = demand.get(usable, 0) + job.gpu_count
+    return demand
+
+
 def idle_reasons(
-    sched: Scheduler, kinds: Collection[Kind], fragmented: Collection[str]
+    sched: Scheduler,
+    kinds: Collection[Kind],
+    fragmented: Collection[str],
+    quota_wanted: dict[tuple[str, ...], int] | None = None,
 ) -> tuple[tuple[int, IdleReason], ...]:
     """Exactly one reason for every GPU idle after this plan (and for allocated-but-idle ones);
     ``kinds``: the waiting jobs' types and reasons (`waiting_kinds`); ``fragmented``: the types
-    whose idle GPUs fragmentation explains (`fragmented_types`)."""
+    whose idle GPUs fragmentation explains (`fragmented_types`); ``quota_wanted``: the GPUs
+    quota-blocked jobs could use (`quota_demand`): only that many idle GPUs of their types are
+    `quota_blocked` (None: every idle GPU of their types, for callers without the queue)."""
     state = sched.state
     started: set[int] = set(sched.started_end)
     telemetry_idle = state.snapshot.gpus_in_use_idle
@@ -201,6 +231,9 @@ def idle_reasons(
         eligible.update(types)
         if reason == PendingReason.QUOTA:
             quota.update(types)
+    budget = dict(quota_wanted) if quota_wanted is not None else None
+    if budget is not None:
+        quota = {t for types in budget for t in types}
     held: set[int] = set()
     fragment_held: set[int] = set()
     top = sched.top
@@ -244,7 +277,7 @@ def idle_reasons(
             idle = IdleReason.RESERVED_UNUSED
         elif not pending:
             idle = IdleReason.NO_DEMAND
-        elif node.gpu_type in quota:
+        elif node.gpu_type in quota and _take_quota(budget, node.gpu_type):
             idle = IdleReason.QUOTA_BLOCKED
         elif node.gpu_type not in eligible:
             idle = IdleReason.CONSTRAINT_MISMATCH
@@ -254,6 +287,17 @@ def idle_reasons(
             idle = IdleReason.NO_DEMAND
         result.append((gpu, idle))
     return tuple(result)
+
+
+def _take_quota(budget: dict[tuple[str, ...], int] | None, gpu_type: str) -> bool:
+    """Count one idle GPU of ``gpu_type`` against a quota-blocked demand that could use it."""
+    if budget is None:
+        return True
+    for types, left in budget.items():
+        if left > 0 and gpu_type in types:
+            budget[types] = left - 1
+            return True
+    return False
 
 
 _UNSET: Any = object()
@@ -298,7 +342,9 @@ class _LazyPlan(Plan):
 
 def _idle(sched: Scheduler, queue: list[JobRequest]) -> tuple[tuple[int, IdleReason], ...]:
     kinds = waiting_kinds(sched, queue)
-    return idle_reasons(sched, kinds, fragmented_types(sched, queue, kinds))
+    return idle_reasons(
+        sched, kinds, fragmented_types(sched, queue, kinds), quota_demand(sched, queue, kinds)
+    )
 
 
 def build_plan(sched: Scheduler, queue: list[JobRequest], *, is_strict_order: bool = False) -> Plan:

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 from scheduling.engine.cluster import Estimate, RoundState, running_ends
 from scheduling.engine.placement import FreePool
-from scheduling.engine.preemption import kill_time, plan_reclaim
+from scheduling.engine.preemption import is_consenting, kill_time, plan_reclaim
 from scheduling.engine.types import Booking, JobRequest, PendingReason
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ class DrainAwareChooser:
                 node = self._gpu_node.get(gpu)
                 if node is not None and drain.get(node, now) < end:
                     drain[node] = end
-                if node is not None and not running.is_preemptible:
+                if node is not None and not is_consenting(running):
                     self._pinned.add(node)
         for gpu, booking in active_bookings.items():
             node = self._gpu_node.get(gpu)

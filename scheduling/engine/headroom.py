@@ -7,9 +7,9 @@ grace period without waiting:
 
 * GPUs that running sessions (and sessions started this round) already use: they are part of
   the level, not on top of it;
-* GPUs of preemptible work that a session can reclaim within one grace period: lent batch work
-  that is not already being reclaimed and is past its minimum runtime (work still inside its
-  minimum runtime would make a session wait up to that long, so it does not count).
+* GPUs of preemptible work that a session can reclaim within one grace period: batch work its
+  owner or its quota marked preemptible that is not already being reclaimed (a session's
+  minimum runtime is at most the grace, `preemption.min_runtime_s`).
 
 Only the rest is held idle (lendable to checkpointing work).  This keeps enough reclaimable
 work "in reach" instead of holding the whole forecast idle on top of it, which on a busy
@@ -40,7 +40,8 @@ def headroom_need(sched: Scheduler, types: Collection[str], count: int) -> int:
             continue
         is_session = running.job.kind == JobKind.INTERACTIVE
         if is_session or (
-            is_reclaimable(running, excluded=excluded) and kill_time(state, running) <= in_reach_by
+            is_reclaimable(running, excluded=excluded)
+            and kill_time(state, running, is_high_class=True) <= in_reach_by
         ):
             covered += len(running.gpu_ids)
     started: list[StartAction] = sched.out.starts
@@ -62,7 +63,7 @@ def may_use_headroom(sched: Scheduler, job: JobRequest, types: Sequence[str]) ->
     if job.kind != JobKind.BATCH or not sched.knobs.can_lend or sched.top is not None:
         return False
     wanted = set(types)
-    level = sum(count for name, count in sched.policy.interactive_headroom if name == "*" or name in wanted)
+    level = sum(count for name, count in sched.headroom_levels() if name == "*" or name in wanted)
     if level <= 0:
         return False
     up = sum(len(gpus) for name, gpus in sched.state.topology.by_type.items() if name in wanted)

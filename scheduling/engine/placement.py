@@ -40,6 +40,9 @@ class Hold:
     is_strict: bool = False
     is_checkpoint_only: bool = False  # lent starts only for checkpointing work
     is_for_interactive: bool = False  # interactive headroom: sessions may always use it
+    # with ``is_checkpoint_only``: restartable lent work may still use the GPU if it expects to
+    # be off it by then (the interactive pool's next demand rise)
+    restart_until: float = -INF
 
     def merge(self, other: Hold) -> Hold:
         """The stricter of two holds on one GPU (the earlier holder names it)."""
@@ -51,6 +54,7 @@ class Hold:
             is_strict=self.is_strict or other.is_strict,
             is_checkpoint_only=self.is_checkpoint_only or other.is_checkpoint_only,
             is_for_interactive=self.is_for_interactive and other.is_for_interactive,
+            restart_until=min(self.restart_until, other.restart_until),
         )
 
 
@@ -271,7 +275,9 @@ class FreePool:
     def _hold_allows(hold: Hold, until: float, strict_until: float, is_lent: int) -> bool:
         # is_lent: 0 normal start, 1 lent, 2 lent and checkpointing, 3 interactive session
         if is_lent == 1 or is_lent == 2:
-            return until <= hold.lent_until and (is_lent == 2 or not hold.is_checkpoint_only)
+            if until <= hold.lent_until and (is_lent == 2 or not hold.is_checkpoint_only):
+                return True
+            return is_lent == 1 and until <= hold.restart_until
         if is_lent == 3 and hold.is_for_interactive:
             return True
         return (strict_until if hold.is_strict else until) <= hold.normal_until

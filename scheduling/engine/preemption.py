@@ -1,8 +1,16 @@
 """Choosing what to reclaim for higher-class demand, losing as little work as possible.
 
-Only running jobs started as preemptible (lent or borrowed capacity) are candidates; a job in
-its grace period is never signalled again, and its GPUs count as "arriving" for one demand only.
-The kill time is never before ``started_at + min_runtime_s`` and never before the grace ends.
+Consent decides what may be taken: a running batch job is a candidate when its owner allowed
+preemption (``JobRequest.is_preemptible``) or the quota made it preemptible
+(``RunningJob.is_preemptible``: started above a guarantee or on lent capacity), however it
+started.  A job in its grace period is never signalled again, and its GPUs count as "arriving"
+for one demand only.  The kill time is never before the grace ends and never before the
+demand's minimum runtime: for sessions, bookings and guaranteed-quota claims (the promise is a
+GPU within about a grace) that minimum is at most the grace; for a batch job suspending another
+it is ``min_runtime_s`` (so batch work is never churned for batch work).
+
+Cost of a victim (`Victim.lost_gpu_s`): checkpointing work loses the work since its last
+checkpoint plus ``restore_s`` per GPU when it resumes; restartable work loses everything it did.
 """
 
 from __future__ import annotations
@@ -11,7 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from scheduling.engine.cluster import RoundState
-from scheduling.engine.types import JobKind, RunningJob
+from scheduling.engine.types import JobKind, PolicyConfig, RunningJob
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,24 +39,40 @@ class Reclaim:
     ready_at: float
 
 
-def kill_time(state: RoundState, running: RunningJob) -> float:
+def min_runtime_s(policy: PolicyConfig, *, is_high_class: bool) -> float:
+    """How long a job runs before a demand may kill it: at most the grace for higher-class
+    demand (sessions, bookings, quota claims), ``min_runtime_s`` for a batch job."""
+    if is_high_class:
+        return min(policy.min_runtime_s, policy.grace_s)
+    return policy.min_runtime_s
+
+
+def kill_time(state: RoundState, running: RunningJob, *, is_high_class: bool = False) -> float:
     """Earliest kill time of a signal sent now: after the grace and after the minimum runtime."""
     policy = state.policy
-    return max(state.now + policy.grace_s, running.started_at + policy.min_runtime_s)
+    return max(
+        state.now + policy.grace_s,
+        running.started_at + min_runtime_s(policy, is_high_class=is_high_class),
+    )
 
 
-def victim_of(state: RoundState, running: RunningJob) -> Victim:
+def victim_of(state: RoundState, running: RunningJob, *, is_high_class: bool = False) -> Victim:
     return Victim(
         running=running,
-        kill_at=kill_time(state, running),
+        kill_at=kill_time(state, running, is_high_class=is_high_class),
         lost_gpu_s=state.lost_work_s(running) * len(running.gpu_ids),
     )
 
 
+def is_consenting(running: RunningJob) -> bool:
+    """Whether the owner or the quota marked a running job preemptible."""
+    return running.is_preemptible or running.job.is_preemptible
+
+
 def is_reclaimable(running: RunningJob, *, excluded: set[str]) -> bool:
-    """Lent batch work that is not already being reclaimed."""
+    """Consenting batch work (see `is_consenting`) that is not already being reclaimed."""
     return (
-        running.is_preemptible
+        is_consenting(running)
         and running.grace_until is None
         and running.job.kind == JobKind.BATCH
         and running.job.id not in excluded
@@ -57,7 +81,8 @@ def is_reclaimable(running: RunningJob, *, excluded: set[str]) -> bool:
 
 def _victim_order(state: RoundState, victim: Victim) -> tuple[bool, float, float, str]:
     # Past their minimum runtime first (the demand waits only the grace), then least lost work
-    # (checkpointed recently, or young), then youngest, then id for determinism.
+    # (since the last checkpoint plus the restore, or all of it for restartable work), then
+    # youngest, then id for determinism.
     slow = victim.kill_at > state.now + state.policy.grace_s
     return (slow, victim.lost_gpu_s, -victim.running.started_at, victim.running.job.id)
 
@@ -72,12 +97,14 @@ def plan_reclaim(
     excluded_jobs: set[str],
     is_single_node: bool,
     may_take: Callable[[RunningJob], bool] | None = None,
+    is_high_class: bool = False,
 ) -> Reclaim | None:
     """The cheapest way to assemble ``gpu_count`` GPUs on the given nodes, or None.
 
     ``free_on_node`` gives usable free GPUs of a node; ``incoming`` maps GPUs of jobs already in
     grace (and not promised to another demand) to the time they come free; ``may_take``
-    narrows which reclaimable jobs this demand may take.  A single-node
+    narrows which reclaimable jobs this demand may take; ``is_high_class`` (sessions, bookings,
+    quota claims) selects the short minimum runtime (`min_runtime_s`).  A single-node
     demand is placed on the one node with the lowest (ready time, lost work); a multi-node one
     takes free GPUs, then incoming ones, then victims in victim order until it has enough.
     """
@@ -98,7 +125,7 @@ def plan_reclaim(
                 and is_reclaimable(running, excluded=excluded_jobs)
                 and (may_take is None or may_take(running))
             ):
-                victims[running.job.id] = victim_of(state, running)
+                victims[running.job.id] = victim_of(state, running, is_high_class=is_high_class)
         if not is_single_node:
             pool_free.extend(free)
             pool_incoming.extend(arriving)
@@ -114,14 +141,24 @@ def plan_reclaim(
             < gpu_count
         ):
             continue
-        reclaim = _assemble(state, free, arriving, victims.values(), gpu_count, node_index)
+        reclaim = _assemble(
+            state, free, arriving, victims.values(), gpu_count, node_index, is_high_class=is_high_class
+        )
         if reclaim is None:
             continue
         cost = (reclaim.ready_at, sum(v.lost_gpu_s for v in reclaim.victims), node_index)
         if best is None or cost < best[0]:
             best = (cost, reclaim)
     if not is_single_node:
-        return _assemble(state, pool_free, sorted(pool_incoming), pool_victims.values(), gpu_count, None)
+        return _assemble(
+            state,
+            pool_free,
+            sorted(pool_incoming),
+            pool_victims.values(),
+            gpu_count,
+            None,
+            is_high_class=is_high_class,
+        )
     return None if best is None else best[1]
 
 
@@ -132,6 +169,8 @@ def _assemble(
     victims: Iterable[Victim],
     gpu_count: int,
     node_index: int | None,
+    *,
+    is_high_class: bool,
 ) -> Reclaim | None:
     chosen_free = tuple(sorted(free)[:gpu_count])
     need = gpu_count - len(chosen_free)

@@ -102,7 +102,10 @@ def slowdown_orders(state: RoundState, order: SlowdownOrder) -> tuple[list[JobRe
     keyed: list[tuple[float, float, float, float, str, JobRequest]] = []
     for job in state.snapshot.pending:
         submitted = submitted_at(job)
-        wait = max(0.0, now - submitted)
+        age = max(0.0, now - submitted)
+        # suspended and requeued: its slowdown from here is that of its remaining work, waiting
+        # since the requeue (the starvation bound still counts from the first submit)
+        wait = max(0.0, now - job.submit_at) if job.attempt > 0 else age
         runtime = max(estimate(job).p50_s, floor)
         expansion = (wait + runtime) / runtime
         expansion *= math.pow(2.0, fs_weight * (2.0 * factors.get(job.project, 1.0) - 1.0))
@@ -110,7 +113,7 @@ def slowdown_orders(state: RoundState, order: SlowdownOrder) -> tuple[list[JobRe
         if job.kind == JobKind.INTERACTIVE:
             tier = policy.interactive_priority
         tier += 10.0 * job.priority
-        is_starved = 1.0 if wait >= starve else 0.0
+        is_starved = 1.0 if age >= starve else 0.0
         # starved jobs rank by age alone (earliest submit first), the others by expansion
         keyed.append((-tier, -is_starved, submitted if is_starved else -expansion, submitted, job.id, job))
     keyed.sort(key=lambda item: item[:5])

@@ -8,8 +8,10 @@ A `Scheduler` lives for one `plan_round` call.  The policies (``policies/``) onl
 * the EASY pass: start jobs in priority order while they fit; the first that does not becomes
   the *top job* and gets a shadow reservation; later jobs backfill only if they leave reserved
   GPUs in time (on their estimate) or, with lending, as preemptible work;
-* berth extras: interactive sessions reclaim lent work, interactive headroom lendable to
-  preemptible work, the top job reclaims lent work from its reservation, quota guarantees.
+* berth extras: sessions and bookings reclaim consenting work within a grace, the time-aware
+  interactive pool (`pool.py`) held idle but lendable and kept free of non-preemptible work
+  at its forecast peak, the top job suspends long checkpointing work in its way
+  (`_suspendable_for`), quota guarantees.
 """
 
 from __future__ import annotations
@@ -19,13 +21,15 @@ from dataclasses import dataclass
 
 from scheduling.engine.backfill import Shadow, Window, earliest_start
 from scheduling.engine.booking_fit import cheapest_booking_gpus
-from scheduling.engine.cluster import Estimate, RoundState
+from scheduling.engine.cluster import Estimate, RoundState, running_ends
 from scheduling.engine.fragmentation import DrainAwareChooser, reclaim_for_wide
 from scheduling.engine.headroom import headroom_need, may_use_headroom
 from scheduling.engine.outcome import Outcome
 from scheduling.engine.overdue import correct_overdue
-from scheduling.engine.placement import INF, FreePool, Hold
-from scheduling.engine.preemption import Reclaim, is_reclaimable, kill_time, plan_reclaim
+from scheduling.engine.placement import INF, FreePool, Hold, constraint_key
+from scheduling.engine.pool import PoolForecast
+from scheduling.engine.preemption import Reclaim, is_consenting, is_reclaimable, kill_time, plan_reclaim
+from scheduling.engine.startability import Unstartable, never_startable
 from scheduling.engine.types import (
     Booking,
     ClusterSnapshot,
@@ -40,6 +44,9 @@ from scheduling.engine.types import (
 )
 
 HEADROOM = "interactive-headroom"
+# The top job may suspend checkpointing work whose predicted remaining time exceeds this many
+# times its own predicted runtime (`Scheduler._suspendable_for`).
+SUSPEND_RATIO = 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +60,6 @@ class Knobs:
     prefers_cheap_types: bool = False  # place on the least valuable fitting GPU type first
     enforces_guarantees: bool = False  # work above a project's guarantee runs preemptible only
     fits_on_p50: bool = False  # backfill if the median runtime fits (else the planning estimate)
-    shadow_on_p50: bool = False  # the top job's shadow time from running jobs' median ends
     shadow_on_requested: bool = False  # running jobs' ends from user estimates even when predicting
     preempts_by_consent: bool = False  # checkpointing preemptible jobs outside a guarantee run reclaimable
     drain_aware: bool = False  # place where nodes' expected drain is delayed least (fragmentation.py)
@@ -125,7 +131,19 @@ class Scheduler:
         # running GPUs (in grace or signalled) promised to a demand earlier in this round
         self.round_promised: set[int] = set()
         self._headroom_done = False
+        self._predicted_end: dict[str, float] = {}
+        # berth: the interactive pool over time (None: only ``interactive_headroom`` for now)
+        self.pool_forecast = PoolForecast.of(policy) if knobs.can_lend else None
+        # GPUs per type held by work sessions cannot take back (batch work without consent)
+        self.pinned_by_type: dict[str, int] = {}
+        if self.pool_forecast is not None:
+            for running in state.snapshot.running:
+                if running.job.kind == JobKind.BATCH and not is_consenting(running):
+                    for gpu in running.gpu_ids:
+                        name = state.gpu_type.get(gpu, "")
+                        self.pinned_by_type[name] = self.pinned_by_type.get(name, 0) + 1
         self._types_cache: dict[tuple[str, ...], list[str]] = {}
+        self._never_cache: dict[tuple[object, ...], Unstartable | None] = {}
         self._nodes_cache: dict[tuple[tuple[str, ...], bool], tuple[tuple[int, tuple[int, ...]], ...]] = {}
         topology = state.topology
         self._max_size = topology.max_size
@@ -159,7 +177,8 @@ class Scheduler:
         now = self.now
         self.avail_p50: dict[int, float] = {}
         self.avail_hold: dict[int, float] = {}
-        # berth: when a lent job's GPUs could be back if reclaimed now
+        # berth: when a checkpointing preemptible job's GPUs could be back if the top job
+        # suspended it now (what `_suspendable_for` may take, before its per-job tests)
         self.avail_reclaim: dict[int, float] = {}
         can_preempt = self.knobs.can_preempt
         no_one: set[str] = set()
@@ -172,7 +191,7 @@ class Scheduler:
             hold = state.end_hold[job_id]
             reclaim_at = (
                 kill_time(state, running)
-                if can_preempt and is_reclaimable(running, excluded=no_one)
+                if can_preempt and running.job.is_checkpointable and is_reclaimable(running, excluded=no_one)
                 else None
             )
             for gpu in running.gpu_ids:
@@ -240,7 +259,7 @@ class Scheduler:
             return INF
         end = self.state.end_hold[running.job.id]
         if self.knobs.can_preempt and is_reclaimable(running, excluded=set()):
-            end = min(end, kill_time(self.state, running))
+            end = min(end, kill_time(self.state, running, is_high_class=True))
         return end
 
     def _booking_available(
@@ -361,7 +380,9 @@ class Scheduler:
                     continue
                 self.out.promised.update(running.gpu_ids)
                 if is_reclaimable(running, excluded=self.out.preempted):
-                    self._preempt(running, for_id=booking.id, why=f"booking {booking.id} starts")
+                    self._preempt(
+                        running, for_id=booking.id, why=f"booking {booking.id} starts", is_high_class=True
+                    )
                 elif running.grace_until is None and running.job.id not in self.out.preempted:
                     self.out.notes.append(
                         f"Booking {booking.id}: GPU {gpu} is still running non-preemptible job "
@@ -428,23 +449,33 @@ class Scheduler:
             )
         )
         self.used[job.project] = self.used.get(job.project, 0) + len(gpus)
+        if (
+            self.pool_forecast is not None
+            and job.kind == JobKind.BATCH
+            and not (is_lent or job.is_preemptible)
+        ):
+            name = state.gpu_type[gpus[0]]
+            self.pinned_by_type[name] = self.pinned_by_type.get(name, 0) + len(gpus)
         if not is_lent:
             for gpu in gpus:
                 key = (job.project, state.gpu_type[gpu])
                 self.guaranteed_used[key] = self.guaranteed_used.get(key, 0) + 1
 
-    def preempt(self, running: RunningJob, *, for_id: str, why: str) -> None:
-        self._preempt(running, for_id=for_id, why=why)
+    def preempt(self, running: RunningJob, *, for_id: str, why: str, is_high_class: bool = False) -> None:
+        self._preempt(running, for_id=for_id, why=why, is_high_class=is_high_class)
 
-    def _preempt(self, running: RunningJob, *, for_id: str, why: str) -> None:
-        kill_at = kill_time(self.state, running)
+    def _preempt(self, running: RunningJob, *, for_id: str, why: str, is_high_class: bool = False) -> None:
+        """Signal a consenting job now; it is killed (and requeued) after the grace and the
+        demand's minimum runtime (`preemption.kill_time`)."""
+        kill_at = kill_time(self.state, running, is_high_class=is_high_class)
+        how = "on lent GPUs" if running.is_preemptible else "as preemptible work"
         self.out.preemptions.append(
             PreemptAction(
                 job_id=running.job.id,
                 signal_at=self.now,
                 kill_at=kill_at,
                 reason=(
-                    f"Preempted for {why}: it ran {fmt_s(self.now - running.started_at)} on lent GPUs; "
+                    f"Preempted for {why}: it ran {fmt_s(self.now - running.started_at)} {how}; "
                     f"grace until +{fmt_s(kill_at - self.now)}."
                 ),
                 for_id=for_id,
@@ -507,6 +538,14 @@ class Scheduler:
             is_interactive=job.kind == JobKind.INTERACTIVE or may_use_headroom(self, job, types),
             prefer_type_order=prefer,
         )
+        if (
+            gpus is not None
+            and not (must_lend or job.is_preemptible)
+            and not self._pool_admits(job, gpus, estimate)
+        ):
+            if chooser is not None:
+                chooser.is_lendable = False
+            return False
         if gpus is not None:
             if chooser is not None:
                 must_lend = must_lend or (chooser.is_lendable and chooser.delays_drain(gpus, INF))
@@ -529,9 +568,48 @@ class Scheduler:
             chooser.is_lendable = False
         return False
 
+    def _pool_admits(self, job: JobRequest, gpus: tuple[int, ...], estimate: Estimate) -> bool:
+        """Berth with a pool forecast: non-preemptible batch work starts only if the GPUs such
+        work holds stay within capacity minus the pool's forecast peak until its p90 end.
+
+        Sessions cannot take that work back, so a start at night that runs into the office
+        peak would make sessions wait.  A refused job waits with the earliest window of low
+        demand that would admit it as its ETA; a job that no window in the forecast admits (wider
+        than the cluster minus the lowest level) is not held back, or it could never run.
+        """
+        forecast = self.pool_forecast
+        if forecast is None or job.kind != JobKind.BATCH:
+            return True
+        state = self.state
+        name = state.gpu_type[gpus[0]]
+        by_type = state.topology.by_type
+        end = self.now + estimate.hold_s
+        everything = list(by_type)
+        capacity_all = sum(len(g) for g in by_type.values())
+        pinned_all = sum(self.pinned_by_type.values())
+        room_all = capacity_all - pinned_all - job.gpu_count
+        room_type = len(by_type.get(name, ())) - self.pinned_by_type.get(name, 0) - job.gpu_count
+        peak_all = forecast.peak(everything, self.now, end)
+        peak_type = forecast.peak([name], self.now, end, only_named=True)
+        if peak_all <= room_all and peak_type <= room_type:
+            return True
+        window = forecast.low_window(everything, self.now, estimate.hold_s, room_all)
+        if window is None:
+            return True
+        self.out.wait(
+            job.id,
+            PendingReason.HEADROOM,
+            f"It is not preemptible and would still run when on-demand sessions are forecast to "
+            f"need {peak_all} GPUs; {max(room_all, 0)} GPUs stay free of non-preemptible work until "
+            f"its estimated end. Marking it preemptible lets it start now; otherwise it waits for "
+            f"demand to fall (from about +{fmt_s(max(window - self.now, 0.0))}).",
+            max(window, self.now),
+        )
+        return False
+
     def availability(self, *, for_job: str, with_reclaim: bool = True) -> dict[int, float]:
         """When each GPU comes free for the top job (missing: not for it)."""
-        avail = dict(self.avail_p50 if self.knobs.shadow_on_p50 else self.avail_hold)
+        avail = dict(self.avail_hold)
         if with_reclaim and self.avail_reclaim:
             for gpu, at in self.avail_reclaim.items():
                 if at < avail[gpu]:
@@ -581,12 +659,14 @@ class Scheduler:
             free_total >= job.gpu_count
             and pool.find(types, job.gpu_count, until=-INF, strict_until=-INF) is None
         )
-        # Lent work on a reservation is evicted as soon as the top job can start; only work that
-        # checkpoints (and so loses little) may borrow it beyond what plain backfill allows.
+        # The top job's drain is lent to checkpointing work for as long as it lasts: that work
+        # is suspended for the top job once its other GPUs are ready (`_suspendable_for`: it
+        # was lent while the top job waited), losing at most a checkpoint interval plus the
+        # restore; other work backfills only where it ends in time.
         hold = Hold(
             holder=job.id,
             normal_until=shadow.start_at,
-            lent_until=shadow.start_at,
+            lent_until=INF,
             is_checkpoint_only=True,
         )
         pool.hold(shadow.gpu_ids, hold)
@@ -625,7 +705,7 @@ class Scheduler:
         is_quota_claim: bool = False,
     ) -> bool:
         """Berth: get GPUs for a blocked session, a guaranteed-quota claim or the top job by
-        reclaiming lent work (see `_lent_from` for what the top job may take)."""
+        reclaiming consenting work (see `_suspendable_for` for what the top job may take)."""
         state = self.state
         pool = self.pool_for(job)
         until = self.now + estimate.hold_s
@@ -638,6 +718,7 @@ class Scheduler:
         # GPUs promised to a demand earlier in this round are not arriving for this one
         for gpu in self.round_promised:
             incoming.pop(gpu, None)
+        is_high_class = job.kind == JobKind.INTERACTIVE or is_quota_claim
         may_take = self._may_take_for(job, types, estimate, single, is_quota_claim=is_quota_claim)
         if not incoming and not any(
             is_reclaimable(running, excluded=self.out.preempted) and (may_take is None or may_take(running))
@@ -653,18 +734,23 @@ class Scheduler:
             excluded_jobs=self.out.preempted,
             is_single_node=single,
             may_take=may_take,
+            is_high_class=is_high_class,
         )
         if reclaim is None or (not reclaim.victims and not reclaim.incoming_gpus):
             return False
-        is_right = job.kind == JobKind.INTERACTIVE or is_quota_claim
-        if not is_right and not self._worth_reclaiming(job, types, estimate, reclaim, single):
+        if not is_high_class and not self._worth_reclaiming(job, types, estimate, reclaim, single):
             return False
         for victim in reclaim.victims:
             self._preempt(
                 victim.running,
                 for_id=job.id,
-                why=("interactive session " if job.kind == JobKind.INTERACTIVE else "reserved top job ")
+                why=(
+                    "interactive session "
+                    if job.kind == JobKind.INTERACTIVE
+                    else ("guaranteed quota of job " if is_quota_claim else "top job ")
+                )
                 + job.id,
+                is_high_class=is_high_class,
             )
         pool.take(reclaim.free_gpus)
         for gpu in reclaim.free_gpus:
@@ -677,7 +763,7 @@ class Scheduler:
             job.id,
             PendingReason.PREEMPTING,
             f"{len(reclaim.free_gpus)} of its {job.gpu_count} GPUs are free and the rest are being "
-            f"reclaimed from lent work ({len(reclaim.victims)} job(s) signalled now); "
+            f"reclaimed from preemptible work ({len(reclaim.victims)} job(s) signalled now); "
             f"it starts in about {fmt_s(reclaim.ready_at - self.now)}.",
             reclaim.ready_at,
         )
@@ -694,13 +780,13 @@ class Scheduler:
         is_quota_claim: bool,
     ) -> Callable[[RunningJob], bool] | None:
         """Which reclaimable jobs a demand may take: sessions any, a quota claim other projects'
-        borrowed work, the top job only what was lent while it waited."""
+        preemptible work, the top job what `_suspendable_for` allows."""
         if job.kind == JobKind.INTERACTIVE:
             return None
         if is_quota_claim:
             project = job.project
             return lambda running: running.job.project != project
-        return self._lent_from(job, types, estimate, single)
+        return self._suspendable_for(job, types, estimate, single)
 
     def is_within_guarantee(self, job: JobRequest, types: Sequence[str]) -> bool:
         """Whether the job's project has a guarantee of a fitting type that covers it."""
@@ -709,19 +795,30 @@ class Scheduler:
             for t in types
         )
 
-    def _lent_from(
+    def _suspendable_for(
         self, job: JobRequest, types: Sequence[str], estimate: Estimate, single: bool
     ) -> Callable[[RunningJob], bool]:
-        """Which running work a top job may take back: what was lent while it waited.
+        """Which running work the top job may suspend to start now (preemptive slowdown order).
 
-        Only checkpointing jobs (a restart from scratch costs more than a batch job gains),
-        only jobs started after it was (re)queued, only jobs expected to still run at its
-        shadow time (the ones really in its way), and only once they are past their minimum
-        runtime (waiting out a minimum runtime would leave the reclaimed GPUs idle).  A requeued
-        victim therefore cannot start a cascade against work that was there before it.
+        Only checkpointing work whose owner or quota consented (a restart from scratch loses
+        everything; a resume loses the work since the last checkpoint plus ``restore_s``), only
+        work past its batch minimum runtime (it goes within the grace), only work expected to
+        still run at the top job's shadow time (the work really in its way), and of that:
+
+        * work whose predicted remaining time is more than ``SUSPEND_RATIO`` times the top
+          job's predicted runtime, however it started: suspending it delays it by a small share
+          of what it still has to run while the top job, short next to it, starts now instead
+          of at its shadow time (shortest-remaining-first, which is what cuts mean slowdown).
+          Each such suspension needs a victim that many times longer than the demand, so a
+          suspended job that later heads the queue can only suspend work longer still: chains
+          stay short and never come back to the job that suspended it;
+        * work lent (started reclaimable) after the top job was queued: it borrowed the top
+          job's drain (`reserve_top`) and gives it back.
         """
         latest_kill = self.now + self.policy.grace_s
         end_hold = self.state.end_hold
+        state = self.state
+        longer_than = self.now + SUSPEND_RATIO * estimate.p50_s
         in_way: list[float] = []  # the shadow time, computed once and only if a cheap test passes
 
         def in_way_after() -> float:
@@ -733,12 +830,25 @@ class Scheduler:
         def may_take(running: RunningJob) -> bool:
             return (
                 running.job.is_checkpointable
-                and running.started_at >= job.submit_at
-                and kill_time(self.state, running) <= latest_kill
+                and kill_time(state, running) <= latest_kill
+                and (
+                    self.predicted_end(running) > longer_than
+                    or (running.is_preemptible and running.started_at >= job.submit_at)
+                )
                 and end_hold[running.job.id] >= in_way_after()
             )
 
         return may_take
+
+    def predicted_end(self, running: RunningJob) -> float:
+        """A running job's expected end from its runtime prediction (p50, with berth's upward
+        correction past it), whatever the policy plans reservations with."""
+        cached = self._predicted_end.get(running.job.id)
+        if cached is None:
+            cached = self._predicted_end[running.job.id] = running_ends(
+                running, self.now, self.policy, is_predicted=True
+            )[0]
+        return cached
 
     def _regular_shadow(
         self, job: JobRequest, types: Sequence[str], estimate: Estimate, single: bool
@@ -756,14 +866,17 @@ class Scheduler:
     def _worth_reclaiming(
         self, job: JobRequest, types: Sequence[str], estimate: Estimate, reclaim: Reclaim, single: bool
     ) -> bool:
-        """Reclaim for the top job only if it gains more GPU-time than the victims lose."""
+        """Suspend for the top job only if it gains more than the victims lose.
+
+        The gain is the idle time of the free GPUs the top job would otherwise hold until its
+        shadow time (the victims' GPUs stay busy either way); the loss is the victims' work
+        since their last checkpoint plus the restore (`RoundState.lost_work_s`).
+        """
         if not reclaim.victims:
             return True
         shadow = self._regular_shadow(job, types, estimate, single)
         if shadow is None:
             return True
-        # What the cluster gains is the idle time of the free GPUs the top job would otherwise
-        # hold until its shadow time; the victims' GPUs stay busy either way, minus lost work.
         gained = (shadow.start_at - reclaim.ready_at) * len(reclaim.free_gpus)
         lost = sum(v.lost_gpu_s for v in reclaim.victims)
         return gained > lost
@@ -856,6 +969,8 @@ class Scheduler:
                 f"precisions {', '.join(sorted(job.precisions)) or 'any'}).",
             )
             return False
+        if self.is_never_startable(job):
+            return False
         if self.is_over_limit(job):
             self.out.wait(
                 job.id,
@@ -865,6 +980,31 @@ class Scheduler:
             )
             return False
         return True
+
+    def is_never_startable(self, job: JobRequest) -> bool:
+        """Whether no amount of waiting starts ``job`` (`startability`); if so, records its
+        reason and what would unblock it, with no ETA."""
+        never = self._never_startable(job)
+        if never is None:
+            return False
+        self.out.wait(job.id, never.reason, never.message)
+        self.out.verdicts[job.id].has_eta = False
+        return True
+
+    def _never_startable(self, job: JobRequest) -> Unstartable | None:
+        """`startability.never_startable` on this round's inventory, memoised per job shape."""
+        key = (constraint_key(job), job.gpu_count, job.project, job.kind, job.is_preemptible)
+        cache = self._never_cache
+        if key not in cache:
+            snapshot = self.state.snapshot
+            cache[key] = never_startable(
+                job,
+                gpu_types=snapshot.gpu_types,
+                nodes=snapshot.nodes,
+                share=self.shares.get(job.project),
+                is_guarantee_enforced=self.knobs.enforces_guarantees,
+            )
+        return cache[key]
 
     def _explain_blocked(self, job: JobRequest, types: Sequence[str], estimate: Estimate) -> None:
         pool = self.pool_for(job)
@@ -905,17 +1045,20 @@ class Scheduler:
     def hold_headroom(self) -> None:
         """Berth: keep ``interactive_headroom`` GPUs idle or running only reclaimable work
         (minus what sessions already use or can reclaim within a grace: `headroom_need`)."""
-        if not self.knobs.can_lend or not self.policy.interactive_headroom:
+        levels = self.headroom_levels()
+        if not self.knobs.can_lend or not levels:
             return
         pool = self.inter_pool
-        for type_name, count in self.policy.interactive_headroom:
+        forecast = self.pool_forecast
+        for type_name, count in levels:
             types = list(self.type_rank) if type_name == "*" else [type_name]
             need = headroom_need(self, types, count)
             if need <= 0:
                 continue
             chosen = pool.pick_fragments(types, need)
-            # lendable to preemptible work only: a session may take it back at any moment (after
-            # the minimum runtime), choosing the victims that lose least
+            # lendable to checkpointing work (a session takes it back within a grace, losing
+            # at most a checkpoint interval); with a forecast over time also to restartable
+            # work predicted to be gone before the pool's next demand rise
             pool.hold(
                 chosen,
                 Hold(
@@ -924,5 +1067,13 @@ class Scheduler:
                     lent_until=INF,
                     is_checkpoint_only=True,
                     is_for_interactive=True,
+                    restart_until=-INF if forecast is None else forecast.next_rise(types, self.now),
                 ),
             )
+
+    def headroom_levels(self) -> tuple[tuple[str, int], ...]:
+        """The interactive level to hold now: the pool forecast's current hour when there is a
+        forecast over time, else ``interactive_headroom``."""
+        if self.pool_forecast is not None:
+            return self.pool_forecast.type_levels_at(self.now)
+        return self.policy.interactive_headroom

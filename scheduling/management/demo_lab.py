@@ -30,11 +30,23 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.hashers import make_password
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
+from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from django.db.models import Q
 from django.utils import timezone
 
 from portal.accounts.models import Membership, Project, Quota
-from scheduling.models import Allocation, AuditEvent, Booking, Cluster, Gpu, GpuType, Job, Node, Preemption
+from scheduling.models import (
+    Allocation,
+    AuditEvent,
+    Booking,
+    Cluster,
+    EngineRound,
+    Gpu,
+    GpuType,
+    Job,
+    Node,
+    Preemption,
+)
 
 SAMPLES_DIR = Path(__file__).resolve().parent / "commands" / "demo_samples"
 NODES_FILE = "alibaba_openb_2023_nodes.csv.gz"
@@ -47,7 +59,9 @@ HISTORY_SOURCE = "pwa_kth_sp2_1996"
 
 CLUSTER_NAME = "demo"
 DEFAULT_SCALE = 0.025
-DEFAULT_HISTORY_DAYS = 90
+DEFAULT_HISTORY_DAYS = 28
+# Offered load of the history (GPU-hours asked for over GPU-hours there): a busy lab queues.
+DEFAULT_LOAD = 0.8
 
 # Demo logins.  The lab is for a laptop or a loopback port: the passwords are printed on purpose.
 ADMIN_USERNAME = "admin"
@@ -143,6 +157,12 @@ class DemoLabReport:
     history_to: datetime | None = None
     bookings_created: int = 0
     queued_jobs_created: int = 0
+    sessions_created: int = 0
+    replay_rounds: int = 0
+    replay_wall_s: float = 0.0
+    arrival_compression: float = 1.0
+    forecasts_created: int = 0
+    forecast_s: float = 0.0
     skipped: list[str] = field(default_factory=list)
     logins: list[tuple[str, str, str]] = field(default_factory=list)
 
@@ -290,13 +310,17 @@ def demo_lab_build(
     now: datetime | None = None,
     make_bookings: bool = True,
     make_queue: bool = True,
+    load: float | None = DEFAULT_LOAD,
+    make_forecasts: bool = True,
     log: Callable[[str], None] = lambda _msg: None,
 ) -> DemoLabReport:
     """Create what is missing of the demo lab and report what is there.
 
     ``scale`` is the fraction of the *real* inventory's nodes to keep (the shipped sample
     already holds a quarter of them, which is accounted for).  ``history_days`` bounds the job
-    history, which ends at ``now``.  Running it again creates nothing new.
+    history, which ends at ``now``; ``load`` is the offered load the history's arrivals are
+    brought to (`_trace_window`; None: the log's own pace).  The history is replayed through
+    the cluster's engine (`demo_history`).  Running it again creates nothing new.
     """
     now = now or timezone.now()
     report = DemoLabReport()
@@ -311,12 +335,16 @@ def demo_lab_build(
         users = _build_people(report)
         projects = _build_projects(users, cluster, report)
     log(f"inventory: {report.nodes} nodes, {report.gpus} GPUs")
-    _build_history(jobs_path, cluster, users, projects, history_days=history_days, now=now, report=report)
+    _build_history(
+        jobs_path, cluster, users, projects, history_days=history_days, now=now, report=report, load=load
+    )
     log(f"history: {report.jobs_created} jobs created, {report.jobs_total} in total")
     if make_bookings:
         _build_bookings(cluster, users, projects, now=now, report=report)
     if make_queue:
         _build_queue(cluster, users, projects, now=now, report=report)
+    if make_forecasts:
+        _build_forecasts(cluster, now=now, report=report, log=log)
     report.logins = [(ADMIN_USERNAME, ADMIN_PASSWORD, "staff: Django admin and every page")] + [
         (username, RESEARCHER_PASSWORD, ", ".join(p.name for p in PROJECTS if username in p.members))
         for username, _, _ in RESEARCHERS
@@ -447,6 +475,47 @@ def _build_projects(users: dict[str, Any], cluster: Cluster, report: DemoLabRepo
     return projects
 
 
+def _trace_window(
+    rows: list[TraceRow], *, now: datetime, history_days: int, load: float | None, capacity_gpus: int
+) -> tuple[list[TraceRow], float, timedelta]:
+    """The trace rows that fall in the history window, the time compression and the shift.
+
+    Trace time ``s`` lands at ``KTH_EPOCH + shift + (s - end) / compression + end`` (the log's
+    end stays in place, earlier arrivals move closer to it).  ``load`` (offered GPU-hours over
+    the window's GPU-hours) picks the compression: the log's own pace when it already offers
+    that much, faster (at most 8x, and never so fast that the log covers only part of the
+    window) when it is lighter, so the demo lab queues as a busy lab
+    does; None keeps the log's pace.  The shift is whole weeks (`history_shift`).
+    """
+    trace_end = max(r.end_s for r in rows)
+    shift = history_shift(trace_end_s=trace_end, now=now)
+    window_start = now - timedelta(days=history_days)
+    end_at = KTH_EPOCH + shift + timedelta(seconds=trace_end)
+
+    def pick(compression: float) -> list[TraceRow]:
+        kept = []
+        for r in rows:
+            submit_at = end_at - timedelta(seconds=(trace_end - r.submit_s) / compression)
+            if submit_at >= window_start and submit_at + timedelta(seconds=r.end_s - r.submit_s) <= now:
+                kept.append(r)
+        return kept
+
+    window_s = history_days * 86_400.0
+    compression = 1.0
+    kept = pick(compression)
+    # never squeeze the log into part of the window: the history would start days late
+    most = max(1.0, min(8.0, (trace_end - min(r.submit_s for r in rows)) / window_s)) if window_s else 1.0
+    if load is not None and capacity_gpus > 0 and window_s > 0:
+        for _ in range(3):
+            offered = sum(min(r.gpu_count, capacity_gpus) * (r.end_s - r.start_s) for r in kept)
+            current = offered / (capacity_gpus * window_s)
+            if current <= 0 or abs(current - load) < 0.02 * load:
+                break
+            compression = min(most, max(1.0, compression * load / current))
+            kept = pick(compression)
+    return kept, compression, shift
+
+
 def _build_history(
     path: Path,
     cluster: Cluster,
@@ -456,7 +525,13 @@ def _build_history(
     history_days: int,
     now: datetime,
     report: DemoLabReport,
+    load: float | None = DEFAULT_LOAD,
 ) -> None:
+    """Replay the trace's arrivals through the cluster's engine and simulator and store the
+    result (`demo_history`): finished jobs, allocations, preemptions and engine rounds."""
+    from scheduling.management.demo_history import HistoryJob, history_replay
+    from scheduling.snapshots import engine_nodes_for_cluster, policy_config_for_cluster
+
     existing = Job.objects.filter(cluster=cluster, payload__source=HISTORY_SOURCE)
     if existing.exists():
         report.jobs_total = existing.count()
@@ -465,15 +540,19 @@ def _build_history(
         report.history_to = existing.order_by("-ended_at").values_list("ended_at", flat=True).first()
         return
     rows = read_trace(path)
-    if not rows:
+    if not rows or history_days <= 0:
         return
-    shift = history_shift(trace_end_s=max(r.end_s for r in rows), now=now)
-    window_start = now - timedelta(days=history_days)
+    kept, compression, shift = _trace_window(
+        rows, now=now, history_days=history_days, load=load, capacity_gpus=report.gpus
+    )
+    trace_end = max(r.end_s for r in rows)
+    origin = now - timedelta(days=history_days)
 
-    def at(seconds: int) -> datetime:
-        return KTH_EPOCH + timedelta(seconds=seconds) + shift
+    def rel(seconds: int) -> float:
+        """Trace seconds -> seconds after ``origin``."""
+        landed = KTH_EPOCH + shift + timedelta(seconds=trace_end + (seconds - trace_end) / compression)
+        return (landed - origin).total_seconds()
 
-    kept = [r for r in rows if at(r.submit_s) >= window_start and at(r.end_s) <= now]
     # The busiest trace users become the first demo researchers, so each demo person has a
     # believable, distinct history; each trace group maps to one of that person's projects.
     activity: Counter[str] = Counter()
@@ -489,7 +568,8 @@ def _build_history(
     }
     gpu_types = {t.name: t for t in GpuType.objects.filter(name__in=report.gpus_by_type)}
     capacity = list(report.gpus_by_type.items())
-    jobs: list[Job] = []
+    specs: dict[str, tuple[TraceRow, Project, str, int]] = {}
+    history_jobs: list[HistoryJob] = []
     for r in kept:
         username = user_of[r.user]
         own_projects = projects_of[username]
@@ -498,10 +578,51 @@ def _build_history(
         fitting = [(name, gpus) for name, gpus in capacity if gpus >= min(r.gpu_count, 8)] or capacity
         type_name = _weighted_pick(r.job_id, fitting)
         gpu_count = min(r.gpu_count, report.gpus_by_type[type_name])
-        is_completed = r.status == "completed"
-        jobs.append(
-            Job(
-                user=users[username],
+        key = f"t{r.job_id}"
+        specs[key] = (r, project, type_name, gpu_count)
+        history_jobs.append(
+            HistoryJob(
+                key=key,
+                user=username,
+                project=project.slug,
+                submit_s=max(0.0, rel(r.submit_s)),
+                runtime_s=float(max(1, r.end_s - r.start_s)),
+                gpu_count=gpu_count,
+                gpu_type=type_name,
+                requested_s=float(r.requested_s) if r.requested_s else None,
+                status=r.status,
+            )
+        )
+    engine_types = tuple(
+        et_gpu_type(t) for t in GpuType.objects.filter(name__in=report.gpus_by_type).order_by("name")
+    )
+    policy = policy_config_for_cluster(cluster=cluster)
+    engine_nodes = engine_nodes_for_cluster(cluster=cluster)
+    type_of_gpu = {gpu: node.gpu_type for node in engine_nodes for gpu in node.gpu_ids}
+    replayed = history_replay(
+        history_jobs,
+        nodes=engine_nodes,
+        gpu_types=engine_types,
+        policy=policy,
+        origin=origin,
+    )
+    horizon_s = (now - origin).total_seconds()
+
+    def when(seconds: float) -> datetime:
+        return origin + timedelta(seconds=seconds)
+
+    jobs: list[Job] = []
+    runs_of: list[tuple[Job, list[Any], list[Any]]] = []
+    for key, runs in replayed.runs.items():
+        if not runs or any(run.end_s is None for run in runs) or runs[-1].end_s > horizon_s:
+            continue  # still running or waiting at "now": not part of the past
+        notes = replayed.preemptions.get(key, [])
+        if key in specs:
+            r, project, type_name, gpu_count = specs[key]
+            is_completed = r.status == "completed"
+            submit_s = max(0.0, rel(r.submit_s))
+            job = Job(
+                user=users[user_of[r.user]],
                 project=project,
                 cluster=cluster,
                 name=f"{project.slug}-{r.job_id}",
@@ -509,31 +630,137 @@ def _build_history(
                 gpu_count=gpu_count,
                 gpu_type=gpu_types[type_name],
                 requested_s=r.requested_s,
+                is_preemptible=any(run.is_preemptible for run in runs) or bool(notes),
                 payload={"source": HISTORY_SOURCE, "trace_job_id": r.job_id, "trace_user": r.user},
                 status=Job.Status.COMPLETED if is_completed else Job.Status.FAILED,
-                submitted_at=at(r.submit_s),
-                first_submitted_at=at(r.submit_s),
-                started_at=at(r.start_s),
-                ended_at=at(r.end_s),
                 exit_code=0 if is_completed else 1,
                 status_message="" if is_completed else "Exited with a non-zero status (from the trace).",
             )
+        elif key in replayed.sessions:
+            username, slug, submit_s, _duration, gpu_count = replayed.sessions[key]
+            if username not in users or slug not in projects:
+                continue
+            job = Job(
+                user=users[username],
+                project=projects[slug],
+                cluster=cluster,
+                name=f"session-{key}",
+                kind=Job.Kind.INTERACTIVE,
+                gpu_count=gpu_count,
+                # a session takes any type; it is recorded on the type it got
+                gpu_type=gpu_types.get(type_of_gpu.get(runs[-1].gpu_ids[0], ""))
+                if runs[-1].gpu_ids
+                else None,
+                payload={"source": HISTORY_SOURCE, "session": key},
+                status=Job.Status.COMPLETED,
+                exit_code=0,
+            )
+        else:
+            continue
+        last = runs[-1]
+        job.attempt = len(runs) - 1
+        job.first_submitted_at = when(submit_s)
+        # a requeued job's latest submit is its requeue (the engine's view); the first is kept above
+        job.submitted_at = (
+            when(runs[-2].end_s) if len(runs) > 1 and runs[-2].end_s is not None else when(submit_s)
         )
+        job.started_at = when(last.start_s)
+        job.ended_at = when(last.end_s)
+        jobs.append(job)
+        runs_of.append((job, runs, notes))
+
     with transaction.atomic():
         Job.objects.bulk_create(jobs, batch_size=2000)
+        allocations: list[Allocation] = []
+        preemptions: list[Preemption] = []
+        for job, runs, notes in runs_of:
+            for i, run in enumerate(runs):
+                period = DateTimeTZRange(when(run.start_s), when(run.end_s), "[)")
+                allocations.extend(
+                    Allocation(
+                        gpu_id=gpu,
+                        job=job,
+                        period=period,
+                        is_preemptible=run.is_preemptible,
+                        state=Allocation.State.ENDED,
+                    )
+                    for gpu in run.gpu_ids
+                )
+                if i < len(runs) - 1:
+                    note = next((n for n in notes if run.start_s <= n.signal_s <= run.end_s), None)
+                    signal_s = note.signal_s if note else run.end_s
+                    preemptions.append(
+                        Preemption(
+                            job=job,
+                            signalled_at=when(signal_s),
+                            kill_at=when(max(signal_s, note.kill_s if note else run.end_s)),
+                            killed_at=when(run.end_s),
+                            reason=(note.reason if note else "Preempted (replayed history).")[:500],
+                        )
+                    )
+        Allocation.objects.bulk_create(allocations, batch_size=5000)
+        Preemption.objects.bulk_create(preemptions, batch_size=2000)
+        rounds = [r for r in replayed.rounds if r.at_s <= horizon_s]
+        EngineRound.objects.bulk_create(
+            (
+                EngineRound(
+                    cluster=cluster,
+                    policy=policy.name,
+                    started_at=when(r.at_s),
+                    duration_ms=r.plan_ms,
+                    decisions={
+                        "starts": r.starts,
+                        "preemptions": r.preemptions,
+                        "pending": r.pending,
+                        "running": r.running,
+                        "idle": r.idle,
+                        "plan_ms": round(r.plan_ms, 3),
+                        "replayed": True,
+                        # nothing happens between replayed rounds: the state holds until the next
+                        "hold_s": round((nxt.at_s if nxt else horizon_s) - r.at_s, 3),
+                    },
+                )
+                for r, nxt in zip(rounds, [*rounds[1:], None], strict=True)
+            ),
+            batch_size=5000,
+        )
         AuditEvent.objects.create(
             actor=None,
             actor_label=AuditEvent.Actor.ADMIN,
             verb="demo.history_load",
             entity_type="cluster",
             entity_id=cluster.pk,
-            after={"jobs": len(jobs), "source": path.name, "history_days": history_days},
+            after={
+                "jobs": len(jobs),
+                "source": path.name,
+                "history_days": history_days,
+                "arrival_compression": round(compression, 3),
+                "replay_rounds": len(rounds),
+                "replay_wall_s": round(replayed.wall_s, 1),
+            },
             at=now,
         )
-    report.jobs_created = report.jobs_total = len(jobs)
+    report.jobs_created = report.jobs_total = sum(1 for j in jobs if j.kind == Job.Kind.BATCH)
+    report.sessions_created = sum(1 for j in jobs if j.kind == Job.Kind.INTERACTIVE)
+    report.replay_rounds = len(rounds)
+    report.replay_wall_s = replayed.wall_s
+    report.arrival_compression = compression
     if jobs:
-        report.history_from = min(j.submitted_at for j in jobs)
+        report.history_from = min(j.first_submitted_at for j in jobs if j.first_submitted_at)
         report.history_to = max(j.ended_at for j in jobs if j.ended_at)
+
+
+def et_gpu_type(gpu_type: GpuType) -> Any:
+    """The engine's view of a GPU type row."""
+    from scheduling.engine.types import GpuType as EngineGpuType
+
+    return EngineGpuType(
+        name=gpu_type.name,
+        memory_gib=gpu_type.memory_gib,
+        precisions=frozenset(gpu_type.precisions),
+        relative_speed=gpu_type.relative_speed,
+        value=gpu_type.value,
+    )
 
 
 # A few windows ahead, for a lived-in "My bookings" page: (who, project, hours from now, hours, GPUs).
@@ -638,3 +865,25 @@ def _build_queue(
             report.skipped.append(f"job {name}: {exc}")
             continue
         report.queued_jobs_created += 1
+
+
+def _build_forecasts(
+    cluster: Cluster, *, now: datetime, report: DemoLabReport, log: Callable[[str], None]
+) -> None:
+    """Fit this hour's demand forecasts from the history just stored, unless they are there:
+    the availability and capacity pages show forecast bands from the first page view."""
+    import time as _time
+
+    from forecasting.models import ForecastRun
+    from forecasting.selectors import hour_floor
+    from forecasting.services import forecast_refresh_run_now
+
+    if ForecastRun.objects.filter(cluster=cluster, issued_at=hour_floor(now)).exists():
+        return
+    started = _time.perf_counter()
+    result = forecast_refresh_run_now(cluster_id=cluster.pk, replace=False)
+    report.forecasts_created = result.created
+    report.forecast_s = _time.perf_counter() - started
+    if result.failed:
+        report.skipped.append(f"forecasts: {result.failed} series failed to fit (see the log)")
+    log(f"forecasts: {result.created} stored in {report.forecast_s:.1f} s")

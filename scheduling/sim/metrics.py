@@ -13,10 +13,13 @@ Definitions:
   A job still unfinished when the replay ends (e.g. larger than a static batch partition) is
   counted with the replay's end as its completion (a censored, optimistic value) and
   reported in ``unfinished_jobs``: leaving it out would reward a policy for never running it.
-* ``interactive_wait_p95_s``: on-demand sessions, start - submit (nearest-rank p95).
+* ``interactive_wait_p95_s``: on-demand sessions, start - submit (nearest-rank p95); a session
+  whose user gave up counts with the time it waited (its patience).
+* ``interactive_over_60s_share``: sessions that waited more than 60 s or gave up, over all
+  sessions.
 * ``bookings_honored``: share of bookings whose owner showed up and got all booked GPUs within
-  the preemption grace of arriving (no-shows are not counted; rejected bookings count as not
-  honored).  1.0 when there is nothing to honor.
+  60 s of arriving (a fixed threshold, whatever the policy's grace; no-shows, including owners
+  later than the release grace, are not counted).  1.0 when there is nothing to honor.
 * ``jain_fairness``: Jain's index over users' mean bounded slowdown of batch jobs.
 * ``idle_gpu_hours``: the engine's idle reasons integrated over time; free GPUs the plan did
   not explain are reported as ``unexplained``.
@@ -71,6 +74,7 @@ class ReplayRecord:
     useful_gpu_s_by_kind: dict[str, float] = field(default_factory=dict)  # batch / interactive / booking
     preemptions: int = 0
     lost_gpu_s: float = 0.0
+    restore_gpu_s: float = 0.0  # part of lost_gpu_s: restores after resuming from a checkpoint
     idle_gpu_s: dict[str, float] = field(default_factory=dict)
     round_ms: list[float] = field(default_factory=list)
     wall_s: float = 0.0
@@ -176,6 +180,11 @@ def compute_metrics(record: ReplayRecord) -> dict[str, Any]:
         "jct_mean_s": mean(jcts),
         "bounded_slowdown_mean": mean(slowdowns),
         "interactive_wait_p95_s": percentile(record.interactive_waits_s, 95),
+        "interactive_over_60s_share": (
+            sum(1 for w in record.interactive_waits_s if w > 60.0) / len(record.interactive_waits_s)
+            if record.interactive_waits_s
+            else 0.0
+        ),
         "bookings_honored": honored / len(counted) if counted else 1.0,
         "preemptions": record.preemptions,
         "lost_gpu_hours": record.lost_gpu_s / 3600.0,

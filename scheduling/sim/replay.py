@@ -1,7 +1,18 @@
 """The replay driver: a trace plus overlays, through `plan_round`, on the simulator backend.
 
 The driver plays the portal's part (queue, bookings, predictions, policy set-up) and the
-simulator backend plays the cluster's.  Time advances from event to event: arrivals,
+simulator backend plays the cluster's.  The policy inputs come from the portal's own code:
+decayed project usage and quotas through `scheduling.inputs` (the functions
+`scheduling.snapshots` calls), runtime predictions from the predictor passed in (the benchmark
+passes the portal's `forecasting.core.runtime.HistoryRuntimePredictor`), and berth's
+interactive headroom and pool from the portal's forecaster fitted on the replay's own past
+session demand (`scheduling.sim.forecast`).
+
+Sessions give up after the overlay's patience (``sessions_abandoned``); a booking whose owner has
+not come within the overlay's grace after its start is released; a booking is honored when its
+owner had all booked GPUs within 60 s of arriving (a fixed threshold, not the policy's grace).
+
+Time advances from event to event: arrivals,
 completions, preemption kills, booking creation / start / owner arrival / owner leaving / end,
 and a tick while something is pending and a GPU is free (30 s, doubling up to
 ``max_tick_s`` while rounds change nothing, reset by any other event).  `plan_round` runs after
@@ -17,9 +28,10 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Required, TypedDict, Unpack
 
+from scheduling import inputs
 from scheduling.backends.simulator import SimulatorBackend, TransitionKind
 from scheduling.engine.types import (
     Booking,
@@ -31,9 +43,10 @@ from scheduling.engine.types import (
     PolicyConfig,
     RunningJob,
 )
+from scheduling.sim.forecast import SessionForecast
 from scheduling.sim.inventory import Inventory
 from scheduling.sim.metrics import UNEXPLAINED, BookingOutcome, JobOutcome, ReplayRecord, percentile
-from scheduling.sim.overlays import HOUR_S, BookingPlan, Overlay, demand_series
+from scheduling.sim.overlays import BookingPlan, Overlay, demand_series
 from scheduling.sim.runtime import RuntimePredictor
 from scheduling.sim.trace import Trace
 
@@ -44,7 +57,19 @@ POLICIES = ("fifo", "easy", "static", "berth")
 _REASON_VALUE = {reason: reason.value for reason in IdleReason}  # cheaper than the enum's .value
 
 # Event kinds, in processing order within one instant.
-_ARRIVE, _SESSION, _BK_CREATE, _BK_WAKE, _BK_OWNER_IN, _BK_OWNER_OUT, _BK_END, _WAKE, _TICK = range(9)
+(
+    _ARRIVE,
+    _SESSION,
+    _BK_CREATE,
+    _BK_WAKE,
+    _BK_OWNER_IN,
+    _BK_OWNER_OUT,
+    _BK_END,
+    _BK_NO_SHOW,
+    _ABANDON,
+    _WAKE,
+    _TICK,
+) = range(11)
 _KIND_NAMES = (
     "arrival",
     "session",
@@ -53,9 +78,12 @@ _KIND_NAMES = (
     "booking",
     "booking",
     "booking",
+    "booking",
+    "abandon",
     "engine_wake",
     "tick",
 )
+HONORED_WITHIN_S = 60.0  # a booking owner served within this of arriving is honored
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,14 +91,13 @@ class ReplayOptions:
     tick_s: float = 30.0
     max_tick_s: float = 600.0
     static_quantile: float = 95.0  # static partition sized for this percentile of overlay demand
-    headroom_quantile: float = 90.0  # berth headroom: this percentile of the same hour-of-week
     predict_for: frozenset[str] = frozenset({"berth"})  # policies that get runtime predictions
     strict: bool = True  # raise on a double allocation instead of refusing the start
     horizon_s: float = 7 * 86_400.0  # bookings passed to the engine: starting before now + horizon
     # "engine": bookings reach the engine without GPUs and take those of the engine's
     # ReserveAction at their start (the portal's own assignment is the admission check and the
     # fallback); "portal": the portal's assignment is final.
-    booking_gpus: str = "engine"
+    booking_gpus: str = "portal"
     max_idle_rounds: int = 3  # stop when only ticks remain and this many rounds changed nothing
 
 
@@ -96,38 +123,6 @@ class _BookingState:
     is_closed: bool = False
 
 
-@dataclass(slots=True)
-class _Headroom:
-    """p-quantile of past hourly peaks of on-demand interactive GPU demand, per hour-of-week."""
-
-    quantile: float
-    peaks: list[int] = field(default_factory=list)  # index: hour since t = 0
-    cache: dict[int, int] = field(default_factory=dict)
-
-    def record(self, start: float, end: float, level: int) -> None:
-        if end <= start:
-            return
-        first, last = int(start // HOUR_S), int((end - 1e-9) // HOUR_S)
-        while len(self.peaks) <= last:
-            self.peaks.append(0)
-        for hour in range(first, last + 1):
-            if level > self.peaks[hour]:
-                self.peaks[hour] = level
-
-    def forecast(self, now: float) -> int:
-        hour = int(now // HOUR_S)
-        cached = self.cache.get(hour)
-        if cached is not None:
-            return cached
-        # Only hours that are complete: strictly before the current one.
-        history = self.peaks[: min(hour, len(self.peaks))]
-        same_week_hour = history[hour - 168 :: -168] if hour >= 168 else []
-        values = same_week_hour or (history[hour - 24 :: -24] if hour >= 24 else [])
-        value = math.ceil(percentile([float(v) for v in values], self.quantile)) if values else 0
-        self.cache[hour] = value
-        return value
-
-
 def policy_config(
     policy: str, *, inventory: Inventory, overlay: Overlay, options: ReplayOptions, seed: int = 0
 ) -> PolicyConfig:
@@ -136,8 +131,9 @@ def policy_config(
     headroom is updated every hour from the forecast during the replay)."""
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
+    restore_s = overlay.config.restore_s
     if policy != "static":
-        return PolicyConfig(name=policy)
+        return PolicyConfig(name=policy, restore_s=restore_s)
     demand = [float(level) for _, level in demand_series(overlay)]
     want = math.ceil(percentile(demand, options.static_quantile))
     partition: list[str] = []
@@ -147,7 +143,7 @@ def policy_config(
             break
         partition.append(node.id)
         covered += len(node.gpu_ids)
-    return PolicyConfig(name=policy, interactive_partition=tuple(sorted(partition)))
+    return PolicyConfig(name=policy, interactive_partition=tuple(sorted(partition)), restore_s=restore_s)
 
 
 class ReplaySetup(TypedDict, total=False):
@@ -155,7 +151,9 @@ class ReplaySetup(TypedDict, total=False):
 
     ``policy`` and ``plan_fn`` are required; ``predictor`` gives runtime predictions to the
     policies in ``options.predict_for``; ``seed`` (default 0) seeds the policy set-up;
-    ``config`` overrides the policy set-up of `policy_config`.
+    ``config`` overrides the policy set-up of `policy_config`; ``forecast`` is the session-demand
+    forecast that sizes berth's headroom and pool (None: berth gets none); ``oracle`` replaces
+    every batch job's runtime estimate by its true runtime (the ``easy_oracle`` bound).
     """
 
     policy: Required[str]
@@ -164,6 +162,8 @@ class ReplaySetup(TypedDict, total=False):
     options: ReplayOptions | None
     seed: int
     config: PolicyConfig | None
+    forecast: SessionForecast | None
+    oracle: bool
 
 
 _SETUP_KEYS = ReplaySetup.__required_keys__ | ReplaySetup.__optional_keys__
@@ -209,15 +209,25 @@ class Replay:
         self._feasible_pending = 0
         self._interactive_gpus = 0  # pending + running on-demand session GPUs
         self._bookings: dict[str, _BookingState] = {}
-        self._booked: dict[int, list[tuple[float, float]]] = {}  # GPU -> booked windows
         self._waiting_owners: list[str] = []
         self._tick_gen = 0
         self._tick_interval = self.options.tick_s
         self._idle_counts: Counter[str] = Counter()
         self._last_t = 0.0
         self._idle_tick_rounds = 0
-        self._headroom = _Headroom(self.options.headroom_quantile)
-        self._rejected_bookings = 0
+        self._forecast = setup.get("forecast") if policy == "berth" else None
+        self._oracle = bool(setup.get("oracle", False))
+        self._usage = inputs.UsageLedger(half_life_s=self.config.fairshare_half_life_s)
+        self._gpu_value = {t.name: t.value for t in inventory.gpu_types}
+        self._gpu_type_of = {g: node.gpu_type for node in inventory.nodes for g in node.gpu_ids}
+        self._specs = [
+            inputs.ProjectSpec(name=p.name, weight=p.weight, guaranteed=p.guaranteed)
+            for p in overlay.projects
+        ]
+        self._abandoned = 0
+        self._abandoned_gpu_s = 0.0  # session GPU-time never served because its user gave up
+        self._sessions_total = len(overlay.sessions)
+        self._released_no_show = 0
         self._wakes: set[float] = set()
         self._triggers: Counter[str] = Counter()  # what caused each round
 
@@ -295,7 +305,6 @@ class Replay:
                 self.record.add_queue_window(self._last_t, t)
             for reason, count in self._idle_counts.items():
                 self.record.idle_gpu_s[reason] = self.record.idle_gpu_s.get(reason, 0.0) + count * dt
-            self._headroom.record(self._last_t, t, self._interactive_gpus)
         self._last_t = t
 
     def _could_use_time(self) -> bool:
@@ -345,6 +354,12 @@ class Replay:
             job = self.trace.jobs[index]
             is_preemptible = job.id in self.overlay.preemptible
             is_checkpointable = job.id in self.overlay.checkpointable
+            work_s = job.runtime_s
+            if is_checkpointable and self.overlay.checkpoint_interval_s > 0:
+                work_s += (
+                    math.floor(job.runtime_s / self.overlay.checkpoint_interval_s)
+                    * self.overlay.config.checkpoint_overhead_s
+                )
             request = JobRequest(
                 id=job.id,
                 user=job.user,
@@ -352,7 +367,7 @@ class Replay:
                 gpu_count=job.gpu_count,
                 submit_at=job.submit_at,
                 gpu_type=job.gpu_type,
-                requested_s=job.requested_s,
+                requested_s=job.runtime_s if self._oracle else job.requested_s,
                 is_preemptible=is_preemptible,
                 is_checkpointable=is_checkpointable,
                 checkpoint_interval_s=self.overlay.checkpoint_interval_s if is_checkpointable else None,
@@ -362,9 +377,10 @@ class Replay:
             self._meta[job.id] = _Meta(request, job.runtime_s, JobKind.BATCH, fits)
             self.backend.register(
                 job.id,
-                work_s=job.runtime_s,
+                work_s=work_s,
                 is_preemptible=is_preemptible,
                 checkpoint_interval_s=request.checkpoint_interval_s,
+                restore_s=self.overlay.config.restore_s,
             )
             self._enqueue(request, self._meta[job.id])
         elif kind == _SESSION:
@@ -385,11 +401,32 @@ class Replay:
             self._meta[session.id] = meta
             self.backend.register(session.id, work_s=session.duration_s)
             self._enqueue(request, meta)
+            patience = self.overlay.config.session_patience_s
+            if patience > 0:
+                self._push(session.submit_at + patience, _ABANDON, index)
+        elif kind == _ABANDON:
+            self._abandon(self.overlay.sessions[index].id, t)
         elif kind == _BK_CREATE:
             self._create_booking(self.overlay.bookings[index], t)
-        elif kind in (_BK_WAKE, _BK_OWNER_IN, _BK_OWNER_OUT, _BK_END):
+        elif kind in (_BK_WAKE, _BK_OWNER_IN, _BK_OWNER_OUT, _BK_END, _BK_NO_SHOW):
             self._booking_event(kind, self.overlay.bookings[index], t)
         # _WAKE (the engine asked for a round) and _TICK: nothing to do but a round
+
+    def _abandon(self, session_id: str, t: float) -> None:
+        """The session's user gives up: it leaves the queue unserved (if it never started)."""
+        meta = self._meta.get(session_id)
+        request = self._pending.get(session_id)
+        if meta is None or request is None or meta.started_at is not None:
+            return
+        del self._pending[session_id]
+        if meta.fits:
+            self._feasible_pending -= 1
+        self._interactive_gpus -= request.gpu_count
+        self._abandoned += 1
+        self._abandoned_gpu_s += meta.runtime_s * request.gpu_count
+        self.record.interactive_waits_s.append(t - request.submit_at)
+        del self._meta[session_id]
+        self.backend.forget(session_id)
 
     def _handle_transitions(self, t: float) -> bool:
         transitions = self.backend.advance_to(t)
@@ -400,6 +437,15 @@ class Replay:
                 self._interactive_gpus -= running.job.gpu_count
             self._add_segment(meta.kind.value, tr.started_at, tr.started_at + tr.saved_s, len(tr.gpu_ids))
             meta.saved_s += tr.saved_s
+            self._usage.add(
+                meta.request.project,
+                gpu_value=self._run_value(running.gpu_ids),
+                start_at=tr.started_at,
+                end_at=tr.at,
+            )
+            if tr.kind == TransitionKind.COMPLETED and tr.lost_s > 0:
+                self.record.lost_gpu_s += tr.lost_s * len(tr.gpu_ids)  # the restore after a resume
+                self.record.restore_gpu_s += tr.lost_s * len(tr.gpu_ids)
             if tr.kind == TransitionKind.COMPLETED:
                 if meta.kind == JobKind.BATCH:
                     self.record.jobs.append(
@@ -429,40 +475,9 @@ class Replay:
 
     # ---- bookings ----
 
-    def _booking_gpu_order(self) -> list[tuple[int, ...]]:
-        """Node GPU lists in the portal's preference order for bookings."""
-        nodes = list(reversed(self.inventory.nodes))
-        if self._partition_gpus:
-            nodes.sort(key=lambda node: node.id not in self.config.interactive_partition)
-        return [node.gpu_ids for node in nodes]
-
-    def _gpu_free_for(self, gpu: int, start: float, end: float, now: float) -> bool:
-        windows = self._booked.get(gpu)
-        if not windows:
-            return True
-        windows[:] = [w for w in windows if w[1] > now]
-        return all(w_end <= start or w_start >= end for w_start, w_end in windows)
-
     def _create_booking(self, plan: BookingPlan, t: float) -> None:
-        """Assign concrete GPUs like the portal does (no overlap with other bookings)."""
-        order = self._booking_gpu_order()
-        chosen: tuple[int, ...] = ()
-        spread: list[int] = []
-        for gpu_ids in order:
-            free = [g for g in gpu_ids if self._gpu_free_for(g, plan.start_at, plan.end_at, t)]
-            if len(free) >= plan.gpu_count and not chosen:
-                chosen = tuple(free[: plan.gpu_count])
-                break
-            if len(spread) < plan.gpu_count:
-                spread.extend(free[: plan.gpu_count - len(spread)])
-        if not chosen and len(spread) == plan.gpu_count:
-            chosen = tuple(spread)
-        if not chosen:
-            self._rejected_bookings += 1
-            self.record.bookings.append(BookingOutcome(plan.id, is_honored=False))
-            return
-        for g in chosen:
-            self._booked.setdefault(g, []).append((plan.start_at, plan.end_at))
+        """The booking as the portal admitted it (`scheduling.sim.overlays`: the portal's rules)."""
+        chosen = plan.gpu_ids
         booking = Booking(
             id=plan.id,
             user=plan.user,
@@ -470,6 +485,7 @@ class Replay:
             gpu_count=plan.gpu_count,
             start_at=plan.start_at,
             end_at=plan.end_at,
+            gpu_type=plan.gpu_type,
             gpu_ids=tuple(sorted(chosen)) if self.options.booking_gpus == "portal" else (),
         )
         state = _BookingState(plan, tuple(sorted(chosen)), booking, is_fixed=bool(booking.gpu_ids))
@@ -479,16 +495,24 @@ class Replay:
         if plan.start_at - lead > t:
             self._push(plan.start_at - lead, _BK_WAKE, index)
         self._push(plan.start_at, _BK_WAKE, index)
+        grace = self.overlay.config.booking_grace_s
         if plan.use_start_at is not None and plan.use_end_at is not None:
             self._push(plan.use_start_at, _BK_OWNER_IN, index)
             self._push(plan.use_end_at, _BK_OWNER_OUT, index)
+        if grace > 0 and plan.start_at + grace < plan.end_at:
+            self._push(plan.start_at + grace, _BK_NO_SHOW, index)
         self._push(plan.end_at, _BK_END, index)
 
     def _booking_event(self, kind: int, plan: BookingPlan, t: float) -> None:
         state = self._bookings.get(plan.id)
         if state is None or state.is_closed:
             return
-        if kind == _BK_OWNER_IN:
+        if kind == _BK_NO_SHOW:
+            if state.owner_arrived_at is None:
+                # Nobody came within the grace: the portal releases the booking.
+                self._released_no_show += 1
+                self._close_booking(state, t, is_no_show=True)
+        elif kind == _BK_OWNER_IN:
             state.owner_arrived_at = t
             state.booking = dataclasses.replace(state.booking, is_in_use=True)
             self._waiting_owners.append(plan.id)
@@ -510,9 +534,7 @@ class Replay:
                 assert state.owner_arrived_at is not None
                 wait = t - state.owner_arrived_at
                 self.record.bookings.append(
-                    BookingOutcome(
-                        booking_id, is_honored=wait <= self.config.grace_s + 1e-6, owner_wait_s=wait
-                    )
+                    BookingOutcome(booking_id, is_honored=wait <= HONORED_WITHIN_S + 1e-6, owner_wait_s=wait)
                 )
             else:
                 still.append(booking_id)
@@ -520,7 +542,7 @@ class Replay:
         self._waiting_owners = still
         return seated
 
-    def _close_booking(self, state: _BookingState, t: float) -> None:
+    def _close_booking(self, state: _BookingState, t: float, *, is_no_show: bool = False) -> None:
         state.is_closed = True
         booking_id = state.plan.id
         if state.holding_since is not None:
@@ -531,7 +553,7 @@ class Replay:
             self.record.bookings.append(
                 BookingOutcome(booking_id, is_honored=False, owner_wait_s=t - state.owner_arrived_at)
             )
-        elif state.plan.use_start_at is None:
+        elif state.plan.use_start_at is None or is_no_show:
             self.record.bookings.append(BookingOutcome(booking_id, is_honored=None))
         # The rest of the window is given back: the portal shortens the booking.
         del self._bookings[booking_id]
@@ -548,23 +570,40 @@ class Replay:
         bookings = tuple(
             state.booking for state in self._bookings.values() if state.booking.start_at < horizon
         )
+        running = tuple(self._running.values())
+        usage = self._usage.usage_at(
+            t, running=[(r.job.project, self._run_value(r.gpu_ids), r.started_at) for r in running]
+        )
         return ClusterSnapshot(
             cluster=self.inventory.name,
             gpu_types=self.inventory.gpu_types,
             nodes=self.inventory.nodes,
-            running=tuple(self._running.values()),
+            running=running,
             pending=tuple(self._pending.values()),
             bookings=bookings,
+            projects=inputs.project_shares(self._specs, usage=usage) if self._specs else (),
         )
+
+    def _run_value(self, gpu_ids: tuple[int, ...]) -> float:
+        """GPUs x their fair-share value (the portal's ``gpu_count x GpuType.value``)."""
+        value = self._gpu_value.get(self._gpu_type_of.get(gpu_ids[0], ""), 1.0) if gpu_ids else 1.0
+        return len(gpu_ids) * value
 
     def _round(self, t: float) -> bool:
         """One engine round at ``t``; True if the plan started or preempted anything."""
         config = self.config
-        if self.policy == "berth":
-            headroom = self._headroom.forecast(t)
-            wanted = (("*", headroom),) if headroom else ()
-            if wanted != config.interactive_headroom:
-                config = self.config = dataclasses.replace(config, interactive_headroom=wanted)
+        if self._forecast is not None:
+            booked = sum(
+                state.plan.gpu_count
+                for state in self._bookings.values()
+                if state.plan.start_at < t + 3_600.0 and state.plan.end_at > t
+            )
+            headroom, pool = self._forecast.at(t, booked=booked)
+            wanted = ((self._forecast.key, headroom),) if headroom else ()
+            if wanted != config.interactive_headroom or pool != config.interactive_pool:
+                config = self.config = dataclasses.replace(
+                    config, interactive_headroom=wanted, interactive_pool=pool
+                )
         snapshot = self._snapshot(t)
         started = time.perf_counter()
         plan = self.plan_fn(snapshot, policy=config, now=t)
@@ -660,7 +699,12 @@ class Replay:
             "refused_starts": counters.refused_starts,
             "double_allocations_refused": counters.double_allocations_refused,
             "preemptions_refused": counters.preemptions_refused,
-            "bookings_rejected": self._rejected_bookings,
+            "bookings_refused": self.overlay.bookings_refused,
+            "bookings_released_no_show": self._released_no_show,
+            "sessions": self._sessions_total,
+            "sessions_abandoned": self._abandoned,
+            "sessions_abandoned_gpu_hours": self._abandoned_gpu_s / 3600.0,
+            "restore_gpu_hours": record.restore_gpu_s / 3600.0,
             "rounds_by_trigger": dict(sorted(self._triggers.items())),
             "backend_messages": counters.messages[:10],
         }

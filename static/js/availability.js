@@ -1,12 +1,14 @@
 /* Berth availability outlook: one Chart.js chart per GPU type, drawn from the JSON the page
-   embeds (json_script) -- the same numbers as the table beside it.  Bars: booked and free GPUs
-   (stacked up to the capacity); lines: lendable GPUs, the demand forecast and its 80% band.
+   embeds (json_script) -- the same numbers as the table beside it.  Bars stacked up to the
+   capacity: GPUs used by running work, booked and in use, lendable (booked but unused, or held
+   for sessions) and free to book; lines: the capacity, the demand forecast and its 80% band.
    Clicking an hour with free GPUs opens the booking form pre-filled for that hour; keyboard
    users have the same links in the table. */
 (function () {
   "use strict";
 
   var COLORS = {
+    running: "#64748b",
     booked: "#1f4fbf",
     free: "rgba(47, 133, 90, 0.55)",
     lendable: "#b45309",
@@ -26,23 +28,28 @@
     var data = JSON.parse(source.textContent);
     var hasForecast = data.forecast.some(function (v) { return v !== null; });
     var datasets = [
-      { type: "bar", label: "Booked", data: data.booked, backgroundColor: COLORS.booked, stack: "gpus", order: 3 },
-      { type: "bar", label: "Free", data: data.free, backgroundColor: COLORS.free, stack: "gpus", order: 3 },
-      { type: "line", label: "Lendable", data: data.lendable, borderColor: COLORS.lendable, borderDash: [6, 3],
-        stepped: true, pointRadius: 0, borderWidth: 2, order: 1 },
+      { type: "bar", label: "Running work", data: data.stack.running, backgroundColor: COLORS.running,
+        stack: "gpus", order: 3 },
+      { type: "bar", label: "Booked, in use", data: data.stack.bookedInUse, backgroundColor: COLORS.booked,
+        stack: "gpus", order: 3 },
+      { type: "bar", label: "Lendable", data: data.stack.lendable, backgroundColor: COLORS.lendable,
+        stack: "gpus", order: 3 },
+      { type: "bar", label: "Free to book", data: data.stack.freeToBook, backgroundColor: COLORS.free,
+        stack: "gpus", order: 3 },
       { type: "line", label: "Capacity", data: data.hours.map(function () { return data.capacity; }),
-        borderColor: COLORS.capacity, borderWidth: 1, pointRadius: 0, order: 2 }
+        borderColor: COLORS.capacity, borderWidth: 1, pointRadius: 0, order: 2, stack: "capacity" }
     ];
     if (hasForecast) {
       datasets.push(
         { type: "line", label: "Forecast 80% low", data: data.lower80, borderWidth: 0, pointRadius: 0,
-          fill: false, order: 0 },
+          fill: false, order: 0, stack: "lower80" },
         { type: "line", label: "Forecast 80% band", data: data.upper80, borderWidth: 0, pointRadius: 0,
-          backgroundColor: COLORS.band, fill: "-1", order: 0 },
+          backgroundColor: COLORS.band, fill: "-1", order: 0, stack: "upper80" },
         { type: "line", label: "Forecast demand", data: data.forecast, borderColor: COLORS.forecast,
-          borderWidth: 2, pointRadius: 0, order: 0 }
+          borderWidth: 2, pointRadius: 0, order: 0, stack: "forecast" }
       );
     }
+    // Only the bars share a stack: every line has its own (Chart.js stacks a shared one).
     // eslint-disable-next-line no-new
     new window.Chart(canvas, {
       data: { labels: data.hours.map(label), datasets: datasets },
@@ -53,7 +60,7 @@
         interaction: { mode: "index", intersect: false },
         scales: {
           x: { stacked: true, ticks: { maxRotation: 0, autoSkip: true, maxTicksLimit: 8 } },
-          y: { stacked: false, beginAtZero: true, suggestedMax: data.capacity, title: { display: true, text: "GPUs" } }
+          y: { stacked: true, beginAtZero: true, suggestedMax: data.capacity, title: { display: true, text: "GPUs" } }
         },
         plugins: {
           legend: {

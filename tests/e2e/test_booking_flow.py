@@ -52,7 +52,7 @@ def test_book_see_and_cancel_a_window(
     gpus.press("Backspace")
     gpus.press("Backspace")
     gpus.press_sequentially("3")
-    expect(availability).to_contain_text("Enough: 3 GPUs can be booked.")
+    expect(availability).to_contain_text("Enough: 3 GPUs can be booked")
     expect(availability.locator(".big-number")).to_contain_text("8")
 
     # A bad value comes back as a form error, with the keyboard focus on the field.

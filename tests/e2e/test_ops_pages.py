@@ -144,7 +144,10 @@ def test_staff_opens_every_ops_page_and_runs_a_whatif(
 
     # Capacity: bands per GPU type, then a what-if with 8 more A100s.
     page.get_by_role("navigation", name="Operations").get_by_role("link", name="Capacity").click()
-    expect(page.locator("#table-forecast-A100")).to_be_visible()
+    table = page.locator("#table-forecast-A100")
+    expect(table).to_be_hidden()  # folded under its chart
+    page.locator("details.ops-numbers", has=table).locator("summary").click()
+    expect(table).to_be_visible()
     page.get_by_label("Add (+) or remove (-) GPUs").fill("8")
     page.get_by_label("History replayed (days)").fill("2")
     page.get_by_role("button", name="Run what-if").click()

@@ -111,7 +111,7 @@ def test_book_from_the_availability_chart_see_it_on_the_dashboard_and_cancel(
     assert start_value
     page.get_by_label("GPUs", exact=True).fill("2")
     page.get_by_label("GPUs", exact=True).press("Tab")  # a change event asks for fresh availability
-    expect(page.locator("#availability")).to_contain_text("Enough: 2 GPUs can be booked.")
+    expect(page.locator("#availability")).to_contain_text("Enough: 2 GPUs can be booked")
     page.get_by_role("button", name="Book", exact=True).click()
 
     expect(page.get_by_role("heading", name="My bookings")).to_be_visible()

@@ -10,8 +10,8 @@ import pytest
 from bench import forecast as bench_forecast
 from bench import runtime as bench_runtime
 
-CONTRACT_MODELS = ("prophet", "seasonal_naive_24", "seasonal_naive_168", "berth")
-METRIC_KEYS = ("mase", "smape", "coverage_80", "fit_s_mean")
+CONTRACT_MODELS = ("prophet", "seasonal_naive_24", "seasonal_naive_168", "mstl", "autoets", "berth")
+METRIC_KEYS = ("mase", "smape", "coverage_80", "coverage_upper_95", "fit_s_mean", "fit_cpu_s_mean")
 
 
 def _check_models(models: dict[str, dict[str, float]]) -> None:
@@ -20,6 +20,7 @@ def _check_models(models: dict[str, dict[str, float]]) -> None:
         for key in METRIC_KEYS:
             assert isinstance(models[name][key], float)
         assert 0.0 <= models[name]["coverage_80"] <= 1.0
+        assert 0.0 <= models[name]["coverage_upper_95"] <= 1.0
         assert models[name]["mase"] >= 0.0
 
 
@@ -36,7 +37,45 @@ def test_bench_forecast_total_writes_contract_json(samples_dir: Path, tmp_path: 
     doc = json.loads(out.read_text())
     _check_models(doc["models"])
     assert doc["models"]["berth"]["origins"] == 2.0
+    best = min(doc["models"][m]["mase"] for m in CONTRACT_MODELS if m != "berth")
+    assert doc["berth_vs_best"] == pytest.approx(doc["models"]["berth"]["mase"] / best)
     assert "berth" in capsys.readouterr().out
+
+
+def test_bench_forecast_reads_a_plain_timestamp_value_csv(samples_dir: Path, tmp_path: Path) -> None:
+    import pandas as pd
+
+    frame = pd.read_csv(samples_dir / "venus_submit_hourly_sample.csv.gz")
+    plain = tmp_path / "demand.csv"
+    frame.rename(columns={"ds": "timestamp", "submit_gpu_num": "value"})[["timestamp", "value"]].to_csv(
+        plain, index=False
+    )
+    out = tmp_path / "p.json"
+    args = ["--days", "1", "--models", "seasonal_naive_24,autoets", "--out", str(out)]
+    assert bench_forecast.main(["--series", str(plain), *args]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["target"] == "value"
+    ref = tmp_path / "r.json"
+    bench_forecast.main(
+        ["--series", str(samples_dir / "venus_submit_hourly_sample.csv.gz"), "--target", "submit_gpu_num",
+         *args[:-1], str(ref)]
+    )  # fmt: skip
+    # Same numbers as the same column read by name.
+    assert doc["models"]["autoets"]["mase"] == pytest.approx(
+        json.loads(ref.read_text())["models"]["autoets"]["mase"]
+    )
+
+
+def test_bench_forecast_plain_csv_needs_two_columns(samples_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="exactly two columns"):
+        bench_forecast.main(
+            [
+                "--series",
+                str(samples_dir / "earth_vc_gpus_hourly_sample.csv.gz"),
+                "--out",
+                str(tmp_path / "x"),
+            ]
+        )
 
 
 @pytest.mark.slow
@@ -118,3 +157,34 @@ def test_bench_forecast_refresh_times_berth_refits(samples_dir: Path, tmp_path: 
     refresh = json.loads(out.read_text())["refresh"]
     assert refresh["series"] == 2
     assert refresh["wall_s"] >= refresh["fit_s_max"] >= refresh["fit_s_mean"] > 0.0
+
+
+def test_bench_runtime_scores_baselines_and_times_a_repeated_history(
+    samples_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "r.json"
+    trace = str(samples_dir / "kth_sp2_jobs_sample.csv.gz")
+    assert bench_runtime.main(["--trace", trace, "--repeat", "2", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    single = bench_runtime.run(trace)
+    assert doc["jobs"] == 2 * single["jobs"]
+    for name in ("predictor", "user_estimate", "last_two"):
+        for key in ("within_2x", "mae_s", "p90_coverage", "under_2x_share"):
+            assert 0.0 <= doc[name][key] <= (1.0 if key != "mae_s" else 1e9), (name, key)
+    # A user estimate is a limit: almost nobody runs past twice it, and it covers as p90.
+    assert doc["user_estimate"]["under_2x_share"] < 0.05
+    assert doc["user_estimate"]["p90_coverage"] > doc["last_two"]["p90_coverage"]
+    assert doc["predictor"]["history_jobs_at_end"] > single["predictor"]["history_jobs_at_end"]
+    assert doc["predictor"]["predict_us_last_copy"] > 0.0
+
+
+def test_last_two_is_the_mean_of_the_users_last_two_runtimes() -> None:
+    from scheduling.engine.types import JobRequest
+
+    lt = bench_runtime.LastTwo(default_s=100.0)
+    j = JobRequest(id="a", user="u", project="p", gpu_count=1, submit_at=0.0, requested_s=50.0)
+    assert lt.predict(j) == 50.0  # the limit before any history
+    for rt in (10.0, 20.0, 40.0):
+        lt.observe(j, rt)
+    assert lt.predict(j) == 30.0
+    assert lt.predict(JobRequest(id="b", user="v", project="p", gpu_count=1, submit_at=0.0)) == 100.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -128,3 +129,22 @@ def test_bad_inputs_are_tolerated() -> None:
         p50, p90 = p.predict(job("alice", requested_s=requested))
         assert 1.0 <= p50 <= p90
         assert math.isfinite(p90)
+
+
+def test_gpu_type_and_project_job_name_are_features() -> None:
+    # Same user and GPU count: on H100 the work takes 10 min, on T4 2 h; the predictor must
+    # tell them apart from the GPU type alone.
+    p = HistoryRuntimePredictor()
+    for _ in range(10):
+        for gpu_type, rt in (("H100", 600.0), ("T4", 7200.0)):
+            j = replace(job(), gpu_type=gpu_type)
+            p.observe(j, rt)
+    assert p.predict(replace(job(), gpu_type="H100"))[0] == pytest.approx(600.0, rel=0.3)
+    assert p.predict(replace(job(), gpu_type="T4"))[0] == pytest.approx(7200.0, rel=0.3)
+    # A new project member running the project's known "eval" job gets its runtime, not the
+    # project's other work.
+    q = HistoryRuntimePredictor()
+    for _ in range(10):
+        q.observe(job("bob", name="eval"), 300.0)
+        q.observe(job("bob", name="train"), 36_000.0)
+    assert q.predict(job("carol", name="eval"))[0] == pytest.approx(300.0, rel=0.3)

@@ -54,7 +54,15 @@ def _drop(dbname: str) -> None:
 def demo_data(transactional_db, settings, tmp_path):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     call_command(
-        "demo_lab", "--traces", str(tmp_path), "--scale", "0.01", "--history-days", "14", stdout=StringIO()
+        "demo_lab",
+        "--traces",
+        str(tmp_path),
+        "--scale",
+        "0.01",
+        "--history-days",
+        "7",
+        "--no-forecasts",
+        stdout=StringIO(),
     )
 
 

@@ -205,6 +205,9 @@ EXPECTED: dict[str, tuple[str, dict[str, str]]] = {
     "ops:idle": _row("/ops/idle/", "302/302", "403/403", "403/403", "200/405"),
     "ops:idle-drill": _row("/ops/idle/drill/", "302/302", "403/403", "403/403", "404/405"),
     "ops:capacity": _row("/ops/capacity/", "302/302", "403/403", "403/403", "200/405"),
+    "ops:forecast-refresh": _row(
+        "/ops/capacity/forecasts/refresh/", "302/302", "403/403", "403/403", "303/303"
+    ),
     "ops:capacity-exceed": _row("/ops/capacity/exceed/", "302/302", "403/403", "403/403", "200/405"),
     "ops:whatif-new": _row("/ops/capacity/whatif/", "302/302", "403/403", "403/403", "405/422"),
     "ops:whatif": _row("/ops/capacity/whatif/unknown/", "302/302", "403/403", "403/403", "404/405"),
@@ -342,7 +345,7 @@ def test_outsider_cannot_book_or_submit_in_a_project_they_are_not_in(lab):
         "end_at": (start + timedelta(hours=1)).isoformat(),
     }
     assert api.post("/api/v1/bookings/", booking, content_type="application/json").status_code == 403
-    job = {"name": "x", "project": "vision", "gpu_count": 1}
+    job = {"name": "x", "project": "vision", "gpu_count": 1, "payload": {"command": "true"}}
     assert api.post("/api/v1/jobs/", job, content_type="application/json").status_code == 403
     assert api.get("/api/v1/projects/vision/").status_code == 404
     assert Booking.objects.count() == 1

@@ -140,11 +140,14 @@ def test_lockout_after_repeated_failures_blocks_even_the_right_password(settings
     locked = api.post(
         "/api/v1/auth/token/", {"username": "alice", "password": "pw-not-secret"}, format="json"
     )
-    assert locked.status_code == 400
-    # The login form shares the counter: the right password is refused there too.
+    # Told so (not "wrong password"), after the password hash ran (no fast path to time).
+    assert locked.status_code == 403
+    assert "locked" in locked.json()["message"]
+    # The login form shares the counter: the right password is refused there too, and says why.
     form = Client().post("/login/", {"username": "alice", "password": "pw-not-secret"})
     assert form.status_code == 200
     assert "_auth_user_id" not in form.client.session
+    assert "sign-in is locked" in form.content.decode()
     event = AuditEvent.objects.get(verb="auth.lockout")
     assert event.entity_id == user.pk
     assert event.after["ip"] == "127.0.0.1"
@@ -155,6 +158,24 @@ def test_lockout_after_repeated_failures_blocks_even_the_right_password(settings
     login_failures_clear(username="alice", ip="127.0.0.1")  # as the lock's expiry would
     again = api.post("/api/v1/auth/token/", {"username": "alice", "password": "pw-not-secret"}, format="json")
     assert again.status_code == 200
+
+
+@pytest.mark.django_db
+def test_a_locked_out_attempt_still_hashes_the_password(settings, monkeypatch):
+    """The refusal costs what a real check costs (the hasher runs), so timing tells nothing."""
+    from django.contrib.auth.hashers import get_hasher
+
+    settings.BERTH_LOGIN_LOCKOUT_ATTEMPTS = 1
+    UserFactory(username="gail")
+    api = APIClient()
+    api.post("/api/v1/auth/token/", {"username": "gail", "password": "wrong"}, format="json")
+    hasher = type(get_hasher())
+    calls = []
+    original = hasher.encode
+    monkeypatch.setattr(hasher, "encode", lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
+    locked = api.post("/api/v1/auth/token/", {"username": "gail", "password": "pw-not-secret"}, format="json")
+    assert locked.status_code == 403
+    assert calls  # spying on the hasher only counts its calls; the hash itself is real
 
 
 @pytest.mark.django_db
@@ -250,6 +271,31 @@ def test_lockout_and_throttle_counters_work_on_redis(settings):
     for _ in range(2):
         api.post("/api/v1/auth/token/", {"username": "carol", "password": "wrong"}, format="json")
     ok = {"username": "carol", "password": "pw-not-secret"}
-    assert api.post("/api/v1/auth/token/", ok, format="json").status_code == 400
+    assert api.post("/api/v1/auth/token/", ok, format="json").status_code == 403  # locked out, and told so
     assert AuditEvent.objects.filter(verb="auth.lockout").count() == 1
     assert APIClient(REMOTE_ADDR="10.0.0.2").post("/api/v1/auth/token/", ok, format="json").status_code == 200
+
+
+@pytest.mark.parametrize("key", ["change-me", "change-me-" + "x" * 40, "short-secret"])
+def test_production_refuses_a_placeholder_secret_key(key):
+    env = {
+        **os.environ,
+        "DJANGO_ENV": "production",
+        "DATABASE_URL": "postgres://x:y@127.0.0.1:1/z",
+        "DJANGO_SECRET_KEY": key,
+    }
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import django, os; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'portal.settings'); "
+            "django.setup()",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode != 0
+    assert "DJANGO_SECRET_KEY is a placeholder" in result.stderr

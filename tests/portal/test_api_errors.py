@@ -39,7 +39,19 @@ def test_other_errors():
     code, data = _handle(PermissionDenied("You are not a member of this project."))
     assert (code, data["message"]) == (403, "You are not a member of this project.")
     assert _handle(RequestDataTooBig())[0] == 413
-    assert exception_handler(RuntimeError("boom"), {}) is None  # left to Django: a real bug is a 500
+    # A real bug is still a 500 (and logged), in the documented shape, not Django's HTML page.
+    internal = {"message": "Internal error; it has been logged.", "fields": {}}
+    assert _handle(RuntimeError("boom")) == (500, internal)
+
+
+def test_database_errors_are_503_with_retry_after():
+    from django.db import OperationalError
+
+    response = exception_handler(OperationalError("connection refused"), {})
+    assert response is not None
+    assert response.status_code == 503
+    assert response["Retry-After"].isdigit()
+    assert set(response.data) == {"message", "fields"}
 
 
 def test_conflict_carries_alternatives_in_api_datetime_format():
@@ -62,3 +74,16 @@ def test_conflict_carries_alternatives_in_api_datetime_format():
             }
         ],
     }
+
+
+def test_errors_built_outside_drf_are_json_under_the_api(db):
+    """Django's own 400 (a Host the portal does not serve) is HTML elsewhere, JSON under /api/."""
+    from django.test import Client
+
+    response = Client(HTTP_HOST="evil.example").get("/api/v1/me/")
+    assert response.status_code == 400
+    assert response["Content-Type"].startswith("application/json")
+    assert response.json() == {"message": "Bad request.", "fields": {}}
+    page = Client(HTTP_HOST="evil.example").get("/login/")
+    assert page.status_code == 400
+    assert not page["Content-Type"].startswith("application/json")

@@ -643,3 +643,115 @@ def test_idle_round_just_before_the_range_counts_inside_it(cluster: Cluster, nod
     table = selectors.idle_get(cluster_id=cluster.pk, rng=_day_range(), now=DAY + timedelta(days=1))
     first = dict(zip(table.headers, table.rows[0], strict=True))
     assert first["down"] == pytest.approx(round(3 * 1 / 60, 2))  # only the minute inside the range
+
+
+def test_runtime_accuracy_per_project_counts_completed_jobs_with_predictions(
+    cluster: Cluster, nodes: list[Node], a100: GpuType, staff_web: Client
+) -> None:
+    vision = ProjectFactory(slug="vision")
+    nlp = ProjectFactory(slug="nlp")
+    # vision: 2 h runs predicted 1.5 h (within 2x, p90 2.5 h covers) and 0.5 h (off by 4x).
+    for i, p50_h in enumerate((1.5, 0.5)):
+        job = _ran(vision, cluster, a100, nodes[0], DAY + timedelta(hours=2 + 3 * i), 2)
+        Job.objects.filter(pk=job.pk).update(predicted_p50_s=p50_h * 3600, predicted_p90_s=2.5 * 3600)
+    job = _ran(nlp, cluster, a100, nodes[0], DAY + timedelta(hours=8), 1, index=1)
+    Job.objects.filter(pk=job.pk).update(predicted_p50_s=3000.0, predicted_p90_s=3000.0)
+    # Not counted: failed, preempted-and-requeued, no prediction, ended outside the range.
+    for i, extra in enumerate(({"status": Job.Status.FAILED}, {"attempt": 1}, {"predicted_p50_s": None})):
+        job = _ran(nlp, cluster, a100, nodes[0], DAY + timedelta(hours=12 + 2 * i), 1, index=1)
+        Job.objects.filter(pk=job.pk).update(**{"predicted_p50_s": 60.0, **extra})
+    job = _ran(nlp, cluster, a100, nodes[0], DAY + timedelta(days=2), 1, index=1)
+    Job.objects.filter(pk=job.pk).update(predicted_p50_s=60.0)
+    table = selectors.runtime_accuracy_get(cluster_id=cluster.pk, rng=_day_range())
+    rows = {r[0]: r[1:] for r in table.rows}
+    assert rows["vision"] == (2, 50.0, 100.0, 50.0)
+    assert rows["nlp"] == (1, 100.0, 0.0, 0.0)  # 3,600 s > p90 3,000 s, within 2x of p50
+    page = staff_web.get(
+        reverse("ops:fairness"), {"start": DAY.date().isoformat(), "days": 1}, HTTP_HX_REQUEST="true"
+    )
+    assert page.status_code == 200
+    assert "Runtime predictions of completed jobs by project" in page.content.decode()
+
+
+def test_a_replayed_round_holds_until_the_next_replayed_round(cluster: Cluster, nodes: list[Node]) -> None:
+    """History rounds replayed at load time carry ``hold_s`` (nothing happened until the next
+    round), so a quiet night of idleness counts in full; live rounds still hold 5 minutes."""
+    t = DAY + timedelta(hours=4)
+    EngineRound.objects.create(
+        cluster=cluster, started_at=t, decisions={"idle": {"no_demand": 3}, "replayed": True, "hold_s": 7200}
+    )
+    _round(cluster, t + timedelta(hours=2), {"no_demand": 1})
+    table = selectors.idle_get(cluster_id=cluster.pk, rng=_day_range(), now=DAY + timedelta(days=1))
+    hours = {r[0]: r[1] for r in table.rows}
+    assert hours["2026-11-02 04:00"] == pytest.approx(3.0)
+    assert hours["2026-11-02 05:00"] == pytest.approx(3.0)
+    assert hours["2026-11-02 06:00"] == pytest.approx(round(5 / 60, 2))  # the live round: 5 min
+
+
+def test_refresh_forecasts_now_queues_a_worker_task_and_shows_its_progress(
+    staff_web: Client,
+    cluster: Cluster,
+    nodes: list[Node],
+    monkeypatch: pytest.MonkeyPatch,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    from forecasting import services as forecasting_services
+    from forecasting import tasks as forecasting_tasks
+
+    sent: list[list[int]] = []
+    # No Celery worker in this test: record what would be sent, then run the task body like one.
+    monkeypatch.setattr(
+        forecasting_tasks.forecast_refresh_now, "apply_async", lambda args, **_kw: sent.append(args)
+    )
+    url = reverse("ops:forecast-refresh") + f"?cluster={cluster.pk}"
+    with_htmx = {"HTTP_HX_REQUEST": "true"}
+    with django_capture_on_commit_callbacks(execute=True):
+        queued = staff_web.post(url, **with_htmx)
+    assert queued.status_code == 200
+    assert "queued" in queued.content.decode()
+    assert 'hx-trigger="every 1s"' in queued.content.decode()
+    assert sent == [[cluster.pk]]
+    forecasting_services.forecast_refresh_run_now(cluster_id=cluster.pk)  # what the worker runs
+    done = staff_web.get(url, **with_htmx).content.decode()
+    assert "done" in done
+    assert "every 1s" not in done
+    page = staff_web.get(reverse("ops:capacity") + f"?cluster={cluster.pk}").content.decode()
+    assert "Refresh forecasts now" in page
+    # another cluster id than the URL's: no fallback to the first cluster
+    assert staff_web.post(reverse("ops:forecast-refresh") + "?cluster=999999", **with_htmx).status_code == 404
+
+
+def test_audit_log_shows_only_changed_fields_before_and_after(staff_web: Client, staff: User) -> None:
+    AuditEvent.objects.create(
+        actor=staff,
+        verb="quota.update",
+        entity_type="quota",
+        entity_id=1,
+        before={"guaranteed_gpus": 2, "borrow_limit_gpus": 4, "project": "vision"},
+        after={"guaranteed_gpus": 3, "borrow_limit_gpus": 4, "project": "vision"},
+        at=timezone.now(),
+    )
+    page = staff_web.get(reverse("ops:audit")).content.decode()
+    assert "guaranteed_gpus" in page
+    assert "<del>2</del> → <ins>3</ins>" in page
+    assert "borrow_limit_gpus" not in page  # unchanged: not shown
+    assert "{&#x27;" not in page  # no raw dict dumps
+    created = selectors.audit_changes(None, {"status": "pending"})
+    assert [(c.field, c.before, c.after) for c in created] == [("status", "", "pending")]
+
+
+def test_whatif_refuses_a_pointless_plus_zero_and_defaults_to_a_real_change() -> None:
+    from portal.ops.forms import WhatIfForm
+
+    assert WhatIfForm(gpu_types=["A100"]).fields["gpu_delta"].initial != 0
+    form = WhatIfForm(
+        {"gpu_type": "A100", "gpu_delta": "0", "policy": "berth", "history_days": "14"}, gpu_types=["A100"]
+    )
+    assert not form.is_valid()
+    assert "compare the cluster with itself" in str(form.errors["gpu_delta"])
+
+
+def test_dashboard_is_not_marked_active_on_the_operations_home(staff_web: Client, nodes: list[Node]) -> None:
+    page = staff_web.get(reverse("ops:home")).content.decode()
+    assert page.count('aria-current="page"') >= 1
+    assert 'aria-current="page">Dashboard' not in page

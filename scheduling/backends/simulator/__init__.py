@@ -13,6 +13,12 @@ Semantics (documented because results depend on them):
   instant wins).  Work since the last checkpoint is lost; a non-checkpointable job loses all
   of its progress.  A checkpointable job checkpoints every ``checkpoint_interval_s`` and, when
   ``checkpoint_on_signal`` is set, also at the grace signal (the signal is a checkpoint request).
+* Restore cost: a job resumed from a checkpoint (it kept progress at an earlier preemption)
+  first spends ``restore_s`` (set at `register`) on its GPUs before making progress again; that
+  time is reported as lost (``Transition.lost_s``), never as useful work.
+* A start the plan marks preemptible (``StartAction.is_preemptible``: lent capacity, or work
+  above its project's guarantee) may be preempted even if the job itself did not consent, as on
+  Kueue or Run:ai; the run restarts from its last checkpoint (from scratch without one).
 * Booking owners occupy their GPUs through `hold`/`unhold`; held GPUs are busy like a job's.
 """
 
@@ -57,6 +63,8 @@ class _Work:
     work_left_s: float
     is_preemptible: bool
     checkpoint_interval_s: float | None  # None: not checkpointable
+    restore_s: float = 0.0  # spent at the start of every run that resumes saved progress
+    has_saved: bool = False  # some progress was kept at a preemption: the next run restores
 
 
 @dataclass(slots=True)
@@ -67,6 +75,8 @@ class _Run:
     version: int
     signal_at: float | None = None
     kill_at: float | None = None
+    overhead_s: float = 0.0  # restore time at the start of this run (not progress)
+    is_preemptible: bool = False  # this run may be preempted
 
 
 _COMPLETE, _KILL = 0, 1  # completions first: a job that ends at its kill time is not preempted
@@ -142,11 +152,20 @@ class SimulatorBackend:
         work_s: float,
         is_preemptible: bool = False,
         checkpoint_interval_s: float | None = None,
+        restore_s: float = 0.0,
     ) -> None:
-        """Declare a job's true work (seconds of running) before it can be started."""
-        if work_s < 0:
-            raise ValueError(f"negative work for {job_id}: {work_s}")
-        self._work[job_id] = _Work(work_s, is_preemptible, checkpoint_interval_s)
+        """Declare a job's true work (seconds of running) before it can be started.
+
+        ``restore_s``: time each resume from a checkpoint spends before progress continues.
+        """
+        if work_s < 0 or restore_s < 0:
+            raise ValueError(f"negative work or restore time for {job_id}: {work_s}, {restore_s}")
+        self._work[job_id] = _Work(work_s, is_preemptible, checkpoint_interval_s, restore_s)
+
+    def forget(self, job_id: str) -> None:
+        """Drop a registered job that is not running (a session whose user gave up)."""
+        if job_id not in self._runs:
+            self._work.pop(job_id, None)
 
     def next_event_at(self) -> float | None:
         """Time of the next completion or kill, skipping stale entries."""
@@ -258,8 +277,14 @@ class SimulatorBackend:
             self._owner[g] = job_id
         self._free -= len(gpu_ids)
         self._version += 1
+        overhead = work.restore_s if work.has_saved else 0.0
         run = _Run(
-            gpu_ids=gpu_ids, started_at=self._now, end_at=self._now + work.work_left_s, version=self._version
+            gpu_ids=gpu_ids,
+            started_at=self._now,
+            end_at=self._now + overhead + work.work_left_s,
+            version=self._version,
+            overhead_s=overhead,
+            is_preemptible=work.is_preemptible or action.is_preemptible,
         )
         self._runs[job_id] = run
         self._push(run.end_at, _COMPLETE, job_id, run.version)
@@ -277,7 +302,7 @@ class SimulatorBackend:
         run = self._runs.get(job_id)
         if run is None:
             return ActionResult("preempt", job_id, True, "not running")
-        if not self._work[job_id].is_preemptible:
+        if not run.is_preemptible:
             self.counters.preemptions_refused += 1
             if len(self.counters.messages) < 100:
                 self.counters.messages.append(f"preempt {job_id}: the job is not preemptible")
@@ -310,23 +335,34 @@ class SimulatorBackend:
             started_at=run.started_at,
             ended_at=at,
         )
+        ran = at - run.started_at
         return Transition(
-            job_id, TransitionKind.COMPLETED, at, run.gpu_ids, run.started_at, at - run.started_at, 0.0, 0.0
+            job_id,
+            TransitionKind.COMPLETED,
+            at,
+            run.gpu_ids,
+            run.started_at,
+            max(0.0, ran - run.overhead_s),
+            min(ran, run.overhead_s),
+            0.0,
         )
 
     def _kill(self, job_id: str, run: _Run, at: float) -> Transition:
         self._release(job_id, run)
         work = self._work[job_id]
-        progress = at - run.started_at
+        ran = at - run.started_at
+        progress = max(0.0, ran - run.overhead_s)  # the restore is not progress
         saved = 0.0
         interval = work.checkpoint_interval_s
         if interval is not None:
             if interval > 0:
                 saved = math.floor(progress / interval) * interval
             if self._checkpoint_on_signal and run.signal_at is not None:
-                saved = max(saved, run.signal_at - run.started_at)
-        saved = min(saved, progress)
+                saved = max(saved, run.signal_at - run.started_at - run.overhead_s)
+        saved = max(0.0, min(saved, progress))
         work.work_left_s = max(0.0, work.work_left_s - saved)
+        if saved > 0:
+            work.has_saved = True
         self.counters.kills += 1
         self._done[job_id] = ObservedJob(
             job_id=job_id,
@@ -334,7 +370,7 @@ class SimulatorBackend:
             gpu_ids=run.gpu_ids,
             started_at=run.started_at,
             ended_at=at,
-            message=f"lost {progress - saved:.0f} s of work",
+            message=f"lost {ran - saved:.0f} s of work",
         )
         return Transition(
             job_id,
@@ -343,7 +379,7 @@ class SimulatorBackend:
             run.gpu_ids,
             run.started_at,
             saved,
-            progress - saved,
+            ran - saved,
             work.work_left_s,
         )
 

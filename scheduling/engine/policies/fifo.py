@@ -26,6 +26,8 @@ def plan_fifo(snapshot: ClusterSnapshot, policy: PolicyConfig, now: float) -> Pl
                 job.id, PendingReason.CONSTRAINT, "No GPU in the cluster satisfies its constraints."
             )
             continue  # can never run; skipping it cannot reorder anything that could
+        if sched.is_never_startable(job):
+            continue  # likewise (too wide for the inventory or its project's limit)
         if sched.is_over_limit(job):
             sched.out.wait(job.id, PendingReason.QUOTA, f"Project {job.project} is at its GPU limit.")
             blocker, behind = job.id, index + 1

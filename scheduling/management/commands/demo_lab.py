@@ -12,6 +12,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from scheduling.management.demo_lab import (
     DEFAULT_HISTORY_DAYS,
+    DEFAULT_LOAD,
     DEFAULT_SCALE,
     DemoLabError,
     demo_lab_build,
@@ -44,8 +45,18 @@ class Command(BaseCommand):
             default=None,
             help="directory with the real traces (default settings.TRACES_DIR; shipped samples if absent)",
         )
+        parser.add_argument(
+            "--load",
+            type=float,
+            default=DEFAULT_LOAD,
+            help=f"offered load of the replayed history, GPU-hours asked / GPU-hours there (default "
+            f"{DEFAULT_LOAD}; 0 keeps the trace's own pace)",
+        )
         parser.add_argument("--reset", action="store_true", help="delete the demo lab first, then rebuild")
         parser.add_argument("--no-bookings", action="store_true", help="skip the upcoming demo bookings")
+        parser.add_argument(
+            "--no-forecasts", action="store_true", help="skip fitting the demand forecasts at load time"
+        )
         parser.add_argument("--no-queue", action="store_true", help="skip the queued demo jobs")
         parser.add_argument(
             "--allow-production",
@@ -59,6 +70,8 @@ class Command(BaseCommand):
         scale: float = options["scale"]
         if not 0 < scale <= 1:
             raise CommandError("--scale must be in (0, 1]")
+        if not 0 <= options["load"] <= 4:
+            raise CommandError("--load must be in [0, 4]")
         if options["history_days"] < 0:
             raise CommandError("--history-days must be >= 0")
         traces_dir: Path | None = options["traces"] or getattr(settings, "TRACES_DIR", None)
@@ -76,6 +89,8 @@ class Command(BaseCommand):
                 history_days=options["history_days"],
                 make_bookings=not options["no_bookings"],
                 make_queue=not options["no_queue"],
+                load=options["load"] or None,
+                make_forecasts=not options["no_forecasts"],
                 log=self.stdout.write,
             )
         except DemoLabError as exc:
@@ -91,8 +106,15 @@ class Command(BaseCommand):
             span = f" from {report.history_from:%Y-%m-%d %H:%M} to {report.history_to:%Y-%m-%d %H:%M} UTC"
         out(f"History from {report.history_source}")
         out(f"Jobs: {report.jobs_total} in the history{span} ({report.jobs_created} created now)")
+        if report.replay_rounds:
+            out(
+                f"Replayed through the engine: {report.replay_rounds} rounds "
+                f"in {report.replay_wall_s:.1f} s, {report.sessions_created} interactive sessions, "
+                f"arrivals {report.arrival_compression:.2f}x the trace's pace"
+            )
         out(f"Upcoming bookings created now: {report.bookings_created}")
         out(f"Queued jobs created now: {report.queued_jobs_created}")
+        out(f"Demand forecasts stored now: {report.forecasts_created} ({report.forecast_s:.1f} s)")
         for reason in report.skipped:
             out(f"  skipped: {reason}")
         out(f"Done in {time.monotonic() - started:.1f} s")

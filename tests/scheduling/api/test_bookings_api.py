@@ -189,3 +189,36 @@ def test_list_filters_and_bad_filter(member_client, project, nodes, soon):
     bad = member_client.get(URL, {"status": "exploded"})
     assert bad.status_code == 400
     assert "status" in bad.json()["fields"]
+
+
+def test_timezone_less_datetimes_are_refused_with_a_field_error(member_client, project, nodes, soon):
+    naive = {
+        "start_at": soon.replace(tzinfo=None).isoformat(),
+        "end_at": (soon + timedelta(hours=1)).replace(tzinfo=None).isoformat(),
+    }
+    response = member_client.post(URL, _body(project, soon, **naive), format="json")
+    assert response.status_code == 400
+    assert "Give a timezone" in response.json()["fields"]["start_at"][0]
+    _assert_nothing_written()
+
+
+def test_a_booking_has_a_minimum_length(member_client, project, nodes, soon):
+    body = _body(project, soon, end_at=(soon + timedelta(microseconds=1)).isoformat())
+    response = member_client.post(URL, body, format="json")
+    assert response.status_code == 400
+    assert "at least" in response.json()["fields"]["end_at"][0]
+    _assert_nothing_written()
+
+
+def test_long_names_are_cut_short_in_errors(member_client, project, nodes, soon):
+    response = member_client.post(URL, _body(project, soon, project="p" * 10_000), format="json")
+    assert response.status_code == 400
+    message = response.json()["fields"]["project"][0]
+    assert len(message) < 200
+    jobs = member_client.post(
+        "/api/v1/jobs/",
+        {"name": "j", "project": "q" * 10_000, "gpu_count": 1, "gpu_type": "A100", "requested_s": 60},
+        format="json",
+    )
+    assert jobs.status_code == 400
+    assert len(str(jobs.json()["fields"])) < 300

@@ -25,6 +25,15 @@ def test_schema_validates_without_warnings():
     assert {"get", "post"} <= set(paths["/api/v1/bookings/"])
     create = paths["/api/v1/bookings/"]["post"]
     assert "409" in create["responses"]
+    # The errors any operation can answer are listed, in the one error shape.
+    assert {"413", "414", "415", "429", "503"} <= set(create["responses"])
+    for path, operations in paths.items():
+        for method, operation in operations.items():
+            assert {"414", "503"} <= set(operation["responses"]), (path, method)
+            if method in ("post", "put", "patch"):
+                assert {"413", "415"} <= set(operation["responses"]), (path, method)
+    error = create["responses"]["503"]["content"]["application/json"]["schema"]["$ref"]
+    assert error.endswith("/Error")
     booking = schema["components"]["schemas"]["BookingOutput"]["properties"]
     assert booking["start_at"]["format"] == "date-time"
     assert booking["end_at"]["format"] == "date-time"

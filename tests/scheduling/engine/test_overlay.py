@@ -128,9 +128,19 @@ def test_berth_headroom_counts_running_sessions_and_reclaimable_work_in_reach() 
     )
     plan = plan_round(snap, policy, NOW)
     assert len(plan.starts) == 1
-    # a lent job still inside its minimum runtime is not in reach: both free GPUs are held
+    # a session's minimum runtime is at most the grace: a job that just started is in reach too
     fresh = running(job("lent", 1, is_preemptible=True), (1,), started_at=NOW - 10, is_preemptible=True)
     plan = plan_round(snapshot(snap.nodes, running_jobs=[session, fresh], pending=snap.pending), policy, NOW)
+    assert len(plan.starts) == 1
+    # consent counts however the job started: preemptible by its owner, started normally
+    consenting = running(job("lent", 1, is_preemptible=True), (1,), started_at=NOW - 10)
+    plan = plan_round(
+        snapshot(snap.nodes, running_jobs=[session, consenting], pending=snap.pending), policy, NOW
+    )
+    assert len(plan.starts) == 1
+    # work that is not preemptible is not in reach: both free GPUs are held
+    pinned = running(job("lent", 1), (1,), started_at=NOW - 1_000)
+    plan = plan_round(snapshot(snap.nodes, running_jobs=[session, pinned], pending=snap.pending), policy, NOW)
     assert plan.starts == ()
 
 

@@ -249,12 +249,27 @@ def test_berth_never_preempts_non_preemptible_work_or_jobs_in_grace() -> None:
 
 
 def test_berth_respects_the_minimum_runtime() -> None:
+    """A session waits at most the grace (its minimum runtime is capped by it); a batch top job
+    never suspends work inside the (longer) batch minimum runtime."""
     nodes = make_nodes(1, 1)
     fresh = running(job("fresh", 1, is_preemptible=True), (0,), started_at=NOW - 10, is_preemptible=True)
     snap = snapshot(nodes, running_jobs=[fresh], pending=[job("s", 1, kind=JobKind.INTERACTIVE)])
     plan = plan_round(snap, PolicyConfig(name="berth", min_runtime_s=300, grace_s=30), NOW)
     (preemption,) = plan.preemptions
-    assert preemption.kill_at == pytest.approx(NOW - 10 + 300)
+    assert preemption.kill_at == pytest.approx(NOW + 30)
+    # grace shorter than the time since the start: the session's minimum runtime is the grace
+    plan = plan_round(snap, PolicyConfig(name="berth", min_runtime_s=300, grace_s=5), NOW)
+    (preemption,) = plan.preemptions
+    assert preemption.kill_at == pytest.approx(NOW + 5)
+    young = job(
+        "young", 1, requested_s=50_000, is_preemptible=True, is_checkpointable=True, checkpoint_interval_s=600
+    )
+    batch = snapshot(
+        nodes,
+        running_jobs=[running(young, (0,), started_at=NOW - 100)],
+        pending=[job("top", 1, submit_at=NOW - 3_000, requested_s=600)],
+    )
+    assert plan_round(batch, PolicyConfig(name="berth", min_runtime_s=300, grace_s=30), NOW).preemptions == ()
 
 
 def test_berth_lends_the_top_jobs_reservation_to_preemptible_work() -> None:
@@ -358,7 +373,10 @@ def test_unknown_policy_is_an_error() -> None:
         plan_round(snapshot(make_nodes(1, 1)), PolicyConfig(name="lottery"), NOW)
 
 
-def test_berth_top_job_reclaims_only_checkpointing_work_lent_while_it_waited() -> None:
+def test_berth_top_job_suspends_only_long_checkpointing_work_in_its_way() -> None:
+    """The top job suspends checkpointing work predicted to run on for more than `SUSPEND_RATIO`
+    times its own runtime, however that work started (owner's consent is enough); not work
+    barely longer than itself, and never work that would restart from scratch."""
     nodes = make_nodes(4, 1)
     top = job("top", 4, submit_at=NOW - 3_000, requested_s=3_600)
     ckpt = job(
@@ -371,11 +389,18 @@ def test_berth_top_job_reclaims_only_checkpointing_work_lent_while_it_waited() -
     assert preemption.for_id == "top"
     assert reason_of(plan, "top") == PendingReason.PREEMPTING
     assert dict(plan.idle) == {0: IdleReason.SCHEDULER_LATENCY, 1: IdleReason.SCHEDULER_LATENCY}
-    # work that was already running when the top job was queued was not lent from it
-    before = running(ckpt, (2, 3), started_at=NOW - 4_000, is_preemptible=True)
-    plan = plan_round(snapshot(nodes, running_jobs=[before], pending=[top]), PolicyConfig(name="berth"), NOW)
+    # consent is enough: started normally (not lent), before the top job was queued
+    normal = running(ckpt, (2, 3), started_at=NOW - 4_000)
+    plan = plan_round(snapshot(nodes, running_jobs=[normal], pending=[top]), PolicyConfig(name="berth"), NOW)
+    assert [p.job_id for p in plan.preemptions] == ["ckpt"]
+    # not work that is only a little longer than the top job: it is better left to finish
+    close = job(
+        "close", 2, requested_s=8_000, is_preemptible=True, is_checkpointable=True, checkpoint_interval_s=600
+    )
+    near = running(close, (2, 3), started_at=NOW - 2_000)
+    plan = plan_round(snapshot(nodes, running_jobs=[near], pending=[top]), PolicyConfig(name="berth"), NOW)
     assert plan.preemptions == ()
-    # nor is work that would restart from scratch
+    # nor work that would restart from scratch
     scratch = job("scratch", 2, requested_s=50_000, is_preemptible=True)
     plain = running(scratch, (2, 3), started_at=NOW - 2_000, is_preemptible=True)
     plan = plan_round(snapshot(nodes, running_jobs=[plain], pending=[top]), PolicyConfig(name="berth"), NOW)

@@ -177,6 +177,11 @@ def _job(draw: st.DrawFn, job_id: str, count: int, *, kind: JobKind, preemptible
     )
 
 
+def _may_claim_quota(snap: ClusterSnapshot, job: JobRequest) -> bool:
+    """Whether a batch job's project has a guarantee (its reclaims are higher-class demand)."""
+    return any(share.name == job.project and share.guaranteed for share in snap.projects)
+
+
 def check_invariants(case: Case, plan: Plan) -> None:
     snap = case.snapshot
     policy = case.policy
@@ -248,10 +253,16 @@ def check_invariants(case: Case, plan: Plan) -> None:
     reasons = {e.job_id: e.reason for e in plan.pending}
     for preemption in plan.preemptions:
         victim = running[preemption.job_id]
-        assert victim.is_preemptible
+        assert victim.is_preemptible or victim.job.is_preemptible, "work without consent preempted"
         assert victim.grace_until is None, "a job in grace was signalled again"
         assert preemption.signal_at == NOW
-        assert preemption.kill_at >= victim.started_at + policy.min_runtime_s - 1e-6
+        # sessions, bookings and quota claims wait at most the grace; a batch job suspending
+        # another waits the whole minimum runtime
+        is_batch_for_batch = preemption.for_id in pending and pending[preemption.for_id].kind == JobKind.BATCH
+        floor = policy.min_runtime_s if is_batch_for_batch else min(policy.min_runtime_s, policy.grace_s)
+        if is_batch_for_batch and _may_claim_quota(snap, pending[preemption.for_id]):
+            floor = min(policy.min_runtime_s, policy.grace_s)
+        assert preemption.kill_at >= victim.started_at + floor - 1e-6
         assert preemption.kill_at >= preemption.signal_at + policy.grace_s - 1e-6
         assert preemption.for_id in demand_ids
         if preemption.for_id in pending:

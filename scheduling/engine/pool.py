@@ -1,0 +1,99 @@
+"""The time-aware interactive pool: forecast session demand hour by hour (berth).
+
+``PolicyConfig.interactive_pool`` lists ``(hour start_at, gpu_type or "*", GPUs)``: the forecast
+p95 of on-demand session demand for each coming hour.  A GPU type's level at an instant is the
+sum of the entries of its hour that name the type or ``"*"``; after the last listed hour the
+last level holds (the forecast says nothing later, and the last level is the best guess).
+Booked GPUs are held by the bookings themselves, so the pool's size each hour is this forecast
+plus what is booked.
+
+What the scheduler asks of it:
+
+* `level_at`: the level now, held idle (lendable to preemptible work) like
+  ``interactive_headroom``, which it replaces when a forecast exists;
+* `peak`: the highest level over a job's expected run, for the admission of non-preemptible
+  work (which sessions cannot take back: it must leave the pool's peak free until its p90 end);
+* `next_rise`: when the level next goes up, so work that restarts from scratch borrows pool
+  GPUs only if it is predicted to be gone by then.
+
+An empty ``interactive_pool`` means no forecast over time: `PoolForecast.of` returns None and
+the scheduler keeps the old behaviour (``interactive_headroom`` as the level for now).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from scheduling.engine.types import PolicyConfig
+
+HOUR_S = 3_600.0
+
+
+@dataclass(frozen=True, slots=True)
+class PoolForecast:
+    """Hourly levels per type key (a GPU type name or ``"*"``), ascending start times."""
+
+    starts: tuple[float, ...]
+    levels: dict[str, tuple[int, ...]]  # key -> level at each of ``starts``
+
+    @staticmethod
+    def of(policy: PolicyConfig) -> PoolForecast | None:
+        """The forecast of a policy, or None when it has none."""
+        if not policy.interactive_pool:
+            return None
+        starts = tuple(sorted({at for at, _name, _gpus in policy.interactive_pool}))
+        index = {at: i for i, at in enumerate(starts)}
+        levels: dict[str, list[int]] = {}
+        for at, name, gpus in policy.interactive_pool:
+            row = levels.setdefault(name, [0] * len(starts))
+            row[index[at]] += max(0, int(gpus))
+        return PoolForecast(starts=starts, levels={k: tuple(v) for k, v in levels.items()})
+
+    def _keys(self, types: Collection[str]) -> list[str]:
+        return [key for key in self.levels if key == "*" or key in types]
+
+    def _slot(self, at: float) -> int:
+        """Index of the hour containing ``at`` (the first hour for instants before it)."""
+        return max(0, bisect.bisect_right(self.starts, at) - 1)
+
+    def level_at(self, types: Collection[str], at: float) -> int:
+        """Forecast session GPUs of ``types`` at an instant."""
+        slot = self._slot(at)
+        return sum(self.levels[key][slot] for key in self._keys(types))
+
+    def type_levels_at(self, at: float) -> tuple[tuple[str, int], ...]:
+        """(type key, level) at an instant, in the shape of ``interactive_headroom``."""
+        slot = self._slot(at)
+        return tuple((key, row[slot]) for key, row in self.levels.items() if row[slot] > 0)
+
+    def peak(self, types: Collection[str], start: float, end: float, *, only_named: bool = False) -> int:
+        """Highest forecast level of ``types`` over [start, end] (``only_named``: entries that
+        name one of the types, without the ``"*"`` ones)."""
+        keys = [k for k in self._keys(types) if not (only_named and k == "*")]
+        if not keys:
+            return 0
+        first = self._slot(start)
+        last = self._slot(end) if end > start else first
+        return max(sum(self.levels[key][slot] for key in keys) for slot in range(first, last + 1))
+
+    def next_rise(self, types: Collection[str], at: float) -> float:
+        """Start of the first later hour whose level exceeds the level at ``at``; the end of the
+        forecast when none does (nothing is known beyond it)."""
+        keys = self._keys(types)
+        slot = self._slot(at)
+        now_level = sum(self.levels[key][slot] for key in keys)
+        for later in range(slot + 1, len(self.starts)):
+            if sum(self.levels[key][later] for key in keys) > now_level:
+                return self.starts[later]
+        return self.starts[-1] + HOUR_S
+
+    def low_window(self, types: Collection[str], at: float, duration_s: float, room: int) -> float | None:
+        """Earliest hour start (or ``at`` itself) from which the level stays at most ``room``
+        for ``duration_s``, within the forecast; None when there is none."""
+        candidates = [at] + [s for s in self.starts if s > at]
+        for start in candidates:
+            if self.peak(types, start, start + duration_s) <= room:
+                return start
+        return None

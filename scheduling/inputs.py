@@ -1,0 +1,162 @@
+"""Policy inputs of an engine round, built by the same code in the portal and in the replay.
+
+`scheduling.snapshots` (the portal's round, rows from PostgreSQL) and `scheduling.sim.replay`
+(the benchmark, its own history) both call these functions, so a replay runs the inputs the
+portal ships rather than a replay-only approximation:
+
+* `UsageLedger` / `project_usage`: decayed, GPU-value-weighted GPU-hours per project, with the
+  engine's one decay formula (`scheduling.engine.fairshare.decay_usage`) integrated over every
+  run; `project_shares` turns them and the quotas into the snapshot's ``ProjectShare`` tuple.
+* `headroom_gpus` and `interactive_pool`: the interactive headroom for now and the pool per
+  coming hour from a demand forecast's upper band (the shipped forecaster's 80 % interval, as
+  stored by the portal's hourly refresh), booked GPUs and capacity.
+
+Pure: no Django, no I/O.  Times are float seconds on the caller's clock; usage is in GPU-hours.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from scheduling.engine.fairshare import decay_usage
+from scheduling.engine.types import ProjectShare
+
+HOUR_S = 3_600.0
+
+
+def decayed_gpu_hours(*, start_at: float, end_at: float, now: float, half_life_s: float) -> float:
+    """Hours of ``[start_at, end_at)`` weighted by ``decay_usage`` to ``now``: the integral of
+    ``2 ** (-(now - t) / half_life_s)`` over the interval, in hours (0 for an empty interval)."""
+    if end_at <= start_at or half_life_s <= 0:
+        return 0.0
+    scale_s = half_life_s / math.log(2.0)
+    late = decay_usage(1.0, elapsed_s=now - end_at, half_life_s=half_life_s)
+    early = decay_usage(1.0, elapsed_s=now - start_at, half_life_s=half_life_s)
+    return scale_s * (late - early) / HOUR_S
+
+
+class UsageLedger:
+    """Decayed usage per project, fed with finished runs as they end (in any order).
+
+    Finished runs are folded into one value per project as of the latest end seen, so a query
+    costs one decay per project plus the running work: a replay can keep one ledger for its
+    whole run instead of re-reading history every round.
+    """
+
+    __slots__ = ("_as_of", "_half_life_s", "_value")
+
+    def __init__(self, *, half_life_s: float) -> None:
+        self._half_life_s = half_life_s
+        self._value: dict[str, float] = {}
+        self._as_of = -math.inf
+
+    def add(self, project: str, *, gpu_value: float, start_at: float, end_at: float) -> None:
+        """A finished run: ``gpu_value`` = GPUs x their fair-share value, over ``[start_at, end_at)``."""
+        if end_at <= start_at:
+            return
+        if end_at > self._as_of:
+            if self._as_of > -math.inf:
+                elapsed = end_at - self._as_of
+                for name, value in self._value.items():
+                    self._value[name] = decay_usage(value, elapsed_s=elapsed, half_life_s=self._half_life_s)
+            self._as_of = end_at
+        hours = decayed_gpu_hours(
+            start_at=start_at, end_at=end_at, now=self._as_of, half_life_s=self._half_life_s
+        )
+        self._value[project] = self._value.get(project, 0.0) + gpu_value * hours
+
+    def usage_at(self, now: float, *, running: Iterable[tuple[str, float, float]] = ()) -> dict[str, float]:
+        """Usage per project at ``now`` (>= every end added): finished runs plus ``running``
+        ``(project, gpu_value, started_at)`` up to ``now``."""
+        out: dict[str, float] = {}
+        if self._value:
+            elapsed = max(0.0, now - self._as_of)
+            for name, value in self._value.items():
+                out[name] = decay_usage(value, elapsed_s=elapsed, half_life_s=self._half_life_s)
+        for project, gpu_value, started_at in running:
+            hours = decayed_gpu_hours(start_at=started_at, end_at=now, now=now, half_life_s=self._half_life_s)
+            out[project] = out.get(project, 0.0) + gpu_value * hours
+        return out
+
+
+def project_usage(
+    runs: Iterable[tuple[str, float, float, float | None]], *, now: float, half_life_s: float
+) -> dict[str, float]:
+    """Decayed usage per project at ``now`` of ``runs`` ``(project, gpu_value, started_at, ended_at)``;
+    ``ended_at`` None (or later than ``now``) is work still running, counted up to ``now``."""
+    ledger = UsageLedger(half_life_s=half_life_s)
+    running: list[tuple[str, float, float]] = []
+    for project, gpu_value, started_at, ended_at in sorted(
+        runs, key=lambda r: math.inf if r[3] is None else r[3]
+    ):
+        if started_at >= now:
+            continue
+        if ended_at is None or ended_at > now:
+            running.append((project, gpu_value, started_at))
+        else:
+            ledger.add(project, gpu_value=gpu_value, start_at=started_at, end_at=ended_at)
+    return ledger.usage_at(now, running=running)
+
+
+@dataclass(frozen=True, slots=True)
+class ProjectSpec:
+    """A project's standing settings: fair-share weight and quotas."""
+
+    name: str
+    weight: float = 1.0
+    guaranteed: tuple[tuple[str, int], ...] = ()  # (gpu_type, GPUs)
+    borrow_limit: int | None = None
+
+
+def project_shares(specs: Sequence[ProjectSpec], *, usage: Mapping[str, float]) -> tuple[ProjectShare, ...]:
+    """The snapshot's projects: every spec with its decayed usage (0 without history), in name order."""
+    return tuple(
+        ProjectShare(
+            name=spec.name,
+            weight=spec.weight,
+            decayed_usage=usage.get(spec.name, 0.0),
+            guaranteed=spec.guaranteed,
+            borrow_limit=spec.borrow_limit,
+        )
+        for spec in sorted(specs, key=lambda s: s.name)
+    )
+
+
+def headroom_gpus(*, upper: float | None, booked: int, capacity: int, max_fraction: float) -> int:
+    """GPUs of one type to hold for on-demand sessions in one hour.
+
+    The forecast's upper band rounded up (None: no usable forecast, 0), minus the GPUs open
+    bookings hold in that hour (they are reserved through their own allocations), at least 0 and
+    at most ``max_fraction`` of the capacity that bookings leave.
+    """
+    want = math.ceil(upper - 1e-6) if upper is not None else 0
+    free = max(0, capacity - booked)
+    return max(0, min(want - booked, math.floor(free * max_fraction)))
+
+
+def interactive_pool(
+    hours: Sequence[tuple[float, Mapping[str, float]]],
+    *,
+    capacity: Mapping[str, int],
+    max_fraction: float,
+) -> tuple[tuple[float, str, int], ...]:
+    """``PolicyConfig.interactive_pool`` from per-hour forecast upper bands ``(start_at, {type: upper})``.
+
+    Each entry is the session demand itself (bookings are not subtracted: the engine adds
+    booked GPUs to the pool), capped at ``max_fraction`` of the type's capacity like the
+    headroom; zero entries are left out; ascending by hour, then type.
+    """
+    out: list[tuple[float, str, int]] = []
+    for start_at, uppers in sorted(hours, key=lambda h: h[0]):
+        for gpu_type in sorted(uppers):
+            gpus = headroom_gpus(
+                upper=uppers[gpu_type],
+                booked=0,
+                capacity=capacity.get(gpu_type, 0),
+                max_fraction=max_fraction,
+            )
+            if gpus > 0:
+                out.append((start_at, gpu_type, gpus))
+    return tuple(out)

@@ -1,0 +1,196 @@
+"""The demo lab's past, replayed through the engine the portal runs.
+
+The trace says when jobs arrived and how long they ran; *where and when they started* on the
+demo cluster is decided by the same `plan_round` and the same simulator backend the live
+demo uses (`scheduling.sim.replay`), under the cluster's own policy.  What the replay did is
+then stored as the portal's own record of the past: finished jobs, their GPU allocations
+(ended), preemptions, and one `EngineRound` per replayed round with its idle GPUs by reason,
+so the utilization, fairness, idle-reason and capacity pages have weeks of history on the
+first page view.
+
+The recorder wraps the ``plan_fn`` the replay calls (its public hook) and reads each round's
+snapshot: a job's run starts at its ``started_at`` and ends at the first round that no longer
+sees it running (a completion or a preemption kill always triggers a round at its instant).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from scheduling.engine import plan_round
+from scheduling.engine import types as et
+from scheduling.sim.inventory import Inventory
+from scheduling.sim.overlays import OverlayConfig, build_overlay
+from scheduling.sim.replay import Replay, ReplayOptions
+from scheduling.sim.runtime import default_predictor
+from scheduling.sim.trace import Trace, TraceJob
+
+WEEK_S = 7 * 86_400.0
+MONDAY = datetime(1970, 1, 5, tzinfo=UTC)  # a Monday 00:00 UTC
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryJob:
+    """One trace job as the demo lab assigns it (times in seconds after ``origin``)."""
+
+    key: str
+    user: str
+    project: str
+    submit_s: float
+    runtime_s: float
+    gpu_count: int
+    gpu_type: str
+    requested_s: float | None
+    status: str
+
+
+@dataclass(slots=True)
+class Run:
+    """One stretch a job ran on fixed GPUs: [start_s, end_s)."""
+
+    start_s: float
+    gpu_ids: tuple[int, ...]
+    is_preemptible: bool
+    end_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayedRound:
+    at_s: float
+    plan_ms: float
+    starts: int
+    preemptions: int
+    pending: int
+    running: int
+    idle: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionNote:
+    signal_s: float
+    kill_s: float
+    reason: str
+
+
+@dataclass(slots=True)
+class ReplayedHistory:
+    """What the replay did: runs per job key, rounds, preemption signals, sessions."""
+
+    runs: dict[str, list[Run]] = field(default_factory=dict)
+    rounds: list[ReplayedRound] = field(default_factory=list)
+    preemptions: dict[str, list[PreemptionNote]] = field(default_factory=dict)
+    sessions: dict[str, tuple[str, str, float, float, int]] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+
+class _Recorder:
+    """The replay's ``plan_fn``: plans with `plan_round` and records what each round saw."""
+
+    def __init__(self, history: ReplayedHistory) -> None:
+        self.history = history
+        self.open: dict[str, Run] = {}
+
+    def __call__(self, snapshot: et.ClusterSnapshot, *, policy: et.PolicyConfig, now: float) -> et.Plan:
+        running = {r.job.id: r for r in snapshot.running}
+        for job_id, run in list(self.open.items()):
+            seen = running.get(job_id)
+            if seen is None or seen.started_at != run.start_s:
+                run.end_s = now
+                del self.open[job_id]
+        for job_id, seen in running.items():
+            if job_id not in self.open:
+                run = Run(seen.started_at, seen.gpu_ids, seen.is_preemptible)
+                self.open[job_id] = run
+                self.history.runs.setdefault(job_id, []).append(run)
+        t0 = time.perf_counter()
+        plan = plan_round(snapshot, policy, now)
+        plan_ms = (time.perf_counter() - t0) * 1000.0
+        for preempt in plan.preemptions:
+            self.history.preemptions.setdefault(preempt.job_id, []).append(
+                PreemptionNote(preempt.signal_at, preempt.kill_at, preempt.reason)
+            )
+        started = {g for s in plan.starts for g in s.gpu_ids}
+        idle = Counter(reason.value for gpu, reason in plan.idle if gpu not in started)
+        self.history.rounds.append(
+            ReplayedRound(
+                at_s=now,
+                plan_ms=plan_ms,
+                starts=len(plan.starts),
+                preemptions=len(plan.preemptions),
+                pending=len(snapshot.pending) - len(plan.starts),
+                running=len(snapshot.running),
+                idle=dict(idle),
+            )
+        )
+        return plan
+
+
+def week_phase_s(origin: datetime) -> float:
+    """Seconds after Monday 00:00 UTC of ``origin`` (the overlay's diurnal/weekly rhythm)."""
+    return (origin - MONDAY).total_seconds() % WEEK_S
+
+
+def history_replay(
+    jobs: Sequence[HistoryJob],
+    *,
+    nodes: tuple[et.Node, ...],
+    gpu_types: tuple[et.GpuType, ...],
+    policy: et.PolicyConfig,
+    origin: datetime,
+    interactive_share: float = 0.05,
+    seed: int = 0,
+) -> ReplayedHistory:
+    """Replay ``jobs`` (plus seeded on-demand sessions worth ``interactive_share`` of their
+    GPU-hours, half the batch jobs preemptible, half of those checkpointing) on ``nodes``
+    under ``policy``, with the runtime predictor the portal ships; deterministic for a seed.
+
+    GPU ids of ``nodes`` are kept as they are, so a recorded run names the database's GPUs.
+    """
+    trace = Trace(
+        name="demo-history",
+        jobs=tuple(
+            TraceJob(
+                id=job.key,
+                user=job.user,
+                project=job.project,
+                submit_at=job.submit_s,
+                runtime_s=job.runtime_s,
+                gpu_count=job.gpu_count,
+                gpu_type=job.gpu_type,
+                requested_s=job.requested_s,
+                status=job.status,
+            )
+            for job in sorted(jobs, key=lambda j: (j.submit_s, j.key))
+        ),
+        skipped_no_runtime=0,
+        skipped_no_gpus=0,
+        week_phase_s=week_phase_s(origin),
+    )
+    overlay = build_overlay(trace, OverlayConfig(interactive_share=interactive_share, seed=seed))
+    history = ReplayedHistory()
+    history.sessions = {
+        s.id: (s.user, s.project, s.submit_at, s.duration_s, s.gpu_count) for s in overlay.sessions
+    }
+    recorder = _Recorder(history)
+    started = time.perf_counter()
+    Replay(
+        trace,
+        Inventory(name="demo", nodes=nodes, gpu_types=gpu_types),
+        overlay,
+        policy=policy.name,
+        plan_fn=recorder,
+        predictor=default_predictor(),
+        options=ReplayOptions(),
+        config=policy,
+        seed=seed,
+    ).run()
+    history.wall_s = time.perf_counter() - started
+    return history
+
+
+def at(origin: datetime, seconds: float) -> datetime:
+    return origin + timedelta(seconds=seconds)

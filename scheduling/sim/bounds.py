@@ -1,0 +1,234 @@
+"""Bounds computed on the same workload as the policies (``bench.replay`` JSON ``bounds``).
+
+* `session_floor`: the best any batch policy can do for on-demand sessions.  Every batch job
+  is evicted instantly, so sessions compete only with each other and with booking owners while
+  they use their GPUs.  Relaxed further so it can only be optimistic: GPUs are counted, not
+  placed (no node boundaries, any type), booked-but-unused GPUs are free, and a waiting session
+  starts as soon as enough GPUs are free even if an earlier one still waits (greedy, in submit
+  order).  Sessions give up after the overlay's patience like in the replay.
+* `busy_util_ceiling`: a packing bound on ``busy_utilization``.  A relaxed cluster where every
+  idle gap is filled at once with the best-fitting waiting jobs: at every event, waiting jobs
+  start largest first (or in submit order: the better of the two counts) wherever enough GPUs of
+  their type are free (counted, not placed: no node boundaries, no reservations, no estimates,
+  true runtimes, no preemption), after sessions and booking owners take theirs.  It leaves GPUs
+  idle in a busy window only when every waiting job is wider than the idle GPUs of its type, which
+  no placement rule can avoid, and nothing it does wastes work; a real policy also loses GPUs to
+  node boundaries, reservations and wrong estimates.  It is a bound under these relaxations,
+  measured, not proven optimal (a different order could in principle pack a later instant better).
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+from collections import Counter
+
+from scheduling.sim.metrics import percentile
+from scheduling.sim.overlays import Overlay
+from scheduling.sim.trace import Trace
+
+
+def _owner_intervals(overlay: Overlay) -> list[tuple[float, float, int, str | None]]:
+    out: list[tuple[float, float, int, str | None]] = []
+    grace = overlay.config.booking_grace_s
+    for b in overlay.bookings:
+        if b.use_start_at is None or b.use_end_at is None:
+            continue
+        if grace > 0 and b.use_start_at > b.start_at + grace:
+            continue  # released as a no-show before the owner came
+        out.append((b.use_start_at, min(b.use_end_at, b.end_at), b.gpu_count, b.gpu_type))
+    return out
+
+
+def session_floor(overlay: Overlay, *, capacity_gpus: int) -> dict[str, float]:
+    """``{"interactive_wait_p95_s", "interactive_over_60s_share"}`` with batch evicted instantly."""
+    patience = overlay.config.session_patience_s
+    events: list[tuple[float, int, int, int]] = []  # (t, order, kind, index); kind 0 free 1 hold 2 arrive
+    owners = _owner_intervals(overlay)
+    for i, (start, end, gpus, _) in enumerate(owners):
+        events.append((start, 1, 1, i))
+        events.append((end, 0, 0, gpus))
+    for i, s in enumerate(overlay.sessions):
+        events.append((s.submit_at, 2, 2, i))
+    heapq.heapify(events)
+    free = capacity_gpus
+    waiting: list[int] = []
+    waits: list[float] = []
+    while events:
+        t, _, kind, value = heapq.heappop(events)
+        if kind == 0:
+            free += value
+        elif kind == 1:
+            free -= owners[value][2]  # owners always get their GPUs: the floor is for sessions
+        elif kind == 2:
+            waiting.append(value)
+            if patience > 0:
+                heapq.heappush(events, (overlay.sessions[value].submit_at + patience, 3, 4, 0))
+        elif kind == 3:
+            free += value
+        still: list[int] = []
+        for index in waiting:
+            session = overlay.sessions[index]
+            if patience > 0 and t - session.submit_at >= patience:
+                waits.append(patience)
+                continue
+            if session.gpu_count <= free:
+                free -= session.gpu_count
+                waits.append(t - session.submit_at)
+                heapq.heappush(events, (t + session.duration_s, 0, 3, session.gpu_count))
+            else:
+                still.append(index)
+        waiting = still
+    waits.extend(patience if patience > 0 else math.inf for _ in waiting)
+    return {
+        "interactive_wait_p95_s": percentile(waits, 95),
+        "interactive_over_60s_share": sum(1 for w in waits if w > 60.0) / len(waits) if waits else 0.0,
+    }
+
+
+def busy_util_ceiling(trace: Trace, overlay: Overlay, *, capacity_by_type: dict[str, int]) -> float:
+    """The packing bound on ``busy_utilization`` (module docstring): the better of two fill orders."""
+    return max(
+        _packed_busy_util(trace, overlay, capacity_by_type=capacity_by_type, largest_first=True),
+        _packed_busy_util(trace, overlay, capacity_by_type=capacity_by_type, largest_first=False),
+    )
+
+
+def _packed_busy_util(
+    trace: Trace, overlay: Overlay, *, capacity_by_type: dict[str, int], largest_first: bool
+) -> float:
+    """busy_utilization of the relaxed cluster that fills every gap at once; waiting jobs are
+    tried largest first (``largest_first``) or in submit order, each started wherever it fits."""
+    capacity = sum(capacity_by_type.values())
+    if capacity <= 0 or not trace.jobs:
+        return 0.0
+    free = Counter(capacity_by_type)
+    types = sorted(capacity_by_type)
+
+    def fits_empty(gpus: int, gpu_type: str | None) -> bool:
+        return gpus <= (capacity_by_type.get(gpu_type, 0) if gpu_type else capacity)
+
+    # events: (t, order, kind, payload); kind 0 end (type, gpus), 1 owner in, 2 batch, 3 session
+    events: list[tuple[float, int, int, object]] = []
+    seq = 0
+
+    def push(t: float, kind: int, payload: object) -> None:
+        nonlocal seq
+        seq += 1
+        heapq.heappush(events, (t, seq if kind else -1, kind, payload))
+
+    for start, end, gpus, gpu_type in _owner_intervals(overlay):
+        push(start, 1, (end, gpus, gpu_type))
+    for job in trace.jobs:
+        push(job.submit_at, 2, job)
+    patience = overlay.config.session_patience_s
+    for session in overlay.sessions:
+        push(session.submit_at, 3, session)
+    waiting: dict[int, list[object]] = {}  # GPUs -> waiting jobs of that size, in submit order
+    sessions: list[object] = []
+    segments: list[tuple[float, float, int]] = []
+    windows: list[tuple[float, float]] = []
+    last_t = 0.0
+    feasible_waiting = 0
+
+    def take(gpus: int, gpu_type: str | None) -> str | None:
+        if gpu_type is not None:
+            return gpu_type if free[gpu_type] >= gpus else None
+        fitting = [t for t in types if free[t] >= gpus]
+        return min(fitting, key=lambda t: free[t]) if fitting else None
+
+    while events:
+        t = events[0][0]
+        if feasible_waiting and t > last_t:
+            if windows and windows[-1][1] >= last_t:
+                windows[-1] = (windows[-1][0], t)
+            else:
+                windows.append((last_t, t))
+        last_t = t
+        while events and events[0][0] <= t:
+            _, _, kind, payload = heapq.heappop(events)
+            if kind == 0:
+                gpu_type, gpus = payload  # type: ignore[misc]
+                free[gpu_type] += gpus
+            elif kind == 1:
+                end, gpus, gpu_type = payload  # type: ignore[misc]
+                chosen = gpu_type or max(types, key=lambda name: free[name])
+                free[chosen] -= gpus  # owners take theirs first (may go negative: batch waits)
+                push(end, 0, (chosen, gpus))
+            elif kind == 2:
+                job = payload
+                waiting.setdefault(job.gpu_count, []).append(job)  # type: ignore[attr-defined]
+                if fits_empty(job.gpu_count, job.gpu_type):  # type: ignore[attr-defined]
+                    feasible_waiting += 1
+            elif kind == 3:
+                sessions.append(payload)
+                if patience > 0:
+                    push(payload.submit_at + patience, 4, None)  # type: ignore[attr-defined]
+        still_sessions: list[object] = []
+        for session in sessions:
+            if patience > 0 and t - session.submit_at >= patience:  # type: ignore[attr-defined]
+                continue
+            chosen = take(session.gpu_count, None)  # type: ignore[attr-defined]
+            if chosen is None:
+                still_sessions.append(session)
+                continue
+            free[chosen] -= session.gpu_count  # type: ignore[attr-defined]
+            segments.append((t, t + session.duration_s, session.gpu_count))  # type: ignore[attr-defined]
+            push(t + session.duration_s, 0, (chosen, session.gpu_count))  # type: ignore[attr-defined]
+        sessions = still_sessions
+        largest_free = max(free.values())
+        if largest_free > 0 and waiting and not largest_first:
+            queue = sorted(
+                ((job.submit_at, size, job) for size, jobs in waiting.items() for job in jobs),  # type: ignore[attr-defined]
+                key=lambda item: item[0],
+            )
+            waiting = {}
+            for _, size, job in queue:
+                chosen = take(size, job.gpu_type) if size <= largest_free else None  # type: ignore[attr-defined]
+                if chosen is None:
+                    waiting.setdefault(size, []).append(job)
+                    continue
+                free[chosen] -= size
+                largest_free = max(free.values())
+                if fits_empty(size, job.gpu_type):  # type: ignore[attr-defined]
+                    feasible_waiting -= 1
+                end = t + job.runtime_s  # type: ignore[attr-defined]
+                segments.append((t, end, size))
+                push(end, 0, (chosen, size))
+        elif largest_free > 0 and waiting:
+            for size in sorted((k for k in waiting if k <= largest_free), reverse=True):
+                bucket = waiting[size]
+                kept: list[object] = []
+                for job in bucket:
+                    chosen = take(size, job.gpu_type) if size <= largest_free else None  # type: ignore[attr-defined]
+                    if chosen is None:
+                        kept.append(job)
+                        continue
+                    free[chosen] -= size
+                    largest_free = max(free.values())
+                    if fits_empty(size, job.gpu_type):  # type: ignore[attr-defined]
+                        feasible_waiting -= 1
+                    end = t + job.runtime_s  # type: ignore[attr-defined]
+                    segments.append((t, end, size))
+                    push(end, 0, (chosen, size))
+                if kept:
+                    waiting[size] = kept
+                else:
+                    del waiting[size]
+                if largest_free <= 0:
+                    break
+    window_s = sum(end - start for start, end in windows)
+    if window_s <= 0:
+        return 0.0
+    useful = 0.0
+    starts = [w[0] for w in windows]
+    for start, end, gpus in segments:
+        index = max(0, bisect.bisect_right(starts, start) - 1)
+        while index < len(windows) and windows[index][0] < end:
+            w_start, w_end = windows[index]
+            overlap = min(end, w_end) - max(start, w_start)
+            if overlap > 0:
+                useful += overlap * gpus
+            index += 1
+    return useful / (capacity * window_s)

@@ -1,0 +1,89 @@
+"""Regenerate the screenshots of every researcher and operations page of a running demo into
+``docs/screenshots/`` (PNG, full page, 1366 px wide, the laptop width people use).
+
+    scripts/demo.sh start                       # in one terminal (or: make demo)
+    .venv/bin/python scripts/screenshots.py     # in another; BASE_URL=http://127.0.0.1:8010 for another port
+
+Drives the system Chromium through Playwright, as the browser tests do (nothing is downloaded).
+Signs in as the demo researcher ``katherine`` (her queue holds the demo's never-startable job)
+and as ``admin`` for the operations pages, with the printed demo passwords.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from playwright.sync_api import Page, sync_playwright
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "docs" / "screenshots"
+BASE = os.environ.get("BASE_URL", "http://127.0.0.1:8000").rstrip("/")
+CHROMIUM = os.environ.get("BERTH_CHROMIUM", "/usr/bin/chromium")
+ARGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--no-first-run",
+]
+
+RESEARCHER_PAGES = (
+    ("dashboard", "/"),
+    ("book", "/bookings/new/"),
+    ("availability", "/availability/"),
+    ("my-bookings", "/bookings/"),
+    ("submit-job", "/jobs/new/"),
+    ("my-jobs", "/jobs/"),
+    ("api-tokens", "/account/tokens/"),
+)
+OPS_PAGES = (
+    ("ops-home", "/ops/"),
+    ("ops-utilization", "/ops/utilization/?days=30&bucket=day"),
+    ("ops-fairness", "/ops/fairness/?days=30&bucket=day"),
+    ("ops-idle", "/ops/idle/?days=30&bucket=day"),
+    ("ops-capacity", "/ops/capacity/"),
+    ("ops-quotas", "/ops/quotas/"),
+    ("ops-policy", "/ops/policy/"),
+    ("ops-audit", "/ops/audit/"),
+)
+
+
+def _login(page: Page, username: str, password: str) -> None:
+    page.context.clear_cookies()
+    page.goto(f"{BASE}/login/")
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill(password)
+    page.get_by_role("button", name="Log in").click()
+    page.wait_for_load_state("networkidle")
+
+
+def _shoot(page: Page, name: str, path: str) -> Path:
+    page.goto(f"{BASE}{path}")
+    page.wait_for_load_state("networkidle")
+    # charts are drawn after load (ops.js, availability.js); give them their frame
+    page.wait_for_timeout(500)
+    target = OUT / f"{name}.png"
+    page.screenshot(path=str(target), full_page=True)
+    return target
+
+
+def main() -> int:
+    OUT.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 1366, "height": 900})
+        _login(page, "katherine", "berth-demo")
+        written += [_shoot(page, name, path) for name, path in RESEARCHER_PAGES]
+        _login(page, "admin", "berth-admin")
+        written += [_shoot(page, name, path) for name, path in OPS_PAGES]
+        browser.close()
+    for path in written:
+        print(path.relative_to(ROOT))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

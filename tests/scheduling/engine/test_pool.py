@@ -1,0 +1,99 @@
+"""Berth's time-aware interactive pool (`engine/pool.py`): forecast session demand per hour."""
+
+from __future__ import annotations
+
+from scheduling.engine import plan_round
+from scheduling.engine.pool import PoolForecast
+from scheduling.engine.types import JobKind, PendingReason, PolicyConfig
+from tests.scheduling.engine.conftest import job, make_nodes, running, snapshot
+
+NOW = 36_000.0  # 10:00 on the replay's clock
+H = 3_600.0
+
+
+def _pool(*levels: int, start: float = NOW) -> tuple[tuple[float, str, int], ...]:
+    return tuple((start + i * H, "*", level) for i, level in enumerate(levels))
+
+
+def _reason(plan, job_id: str) -> PendingReason | None:  # type: ignore[no-untyped-def]
+    return next((e.reason for e in plan.pending if e.job_id == job_id), None)
+
+
+def test_forecast_levels_peak_next_rise_and_low_window() -> None:
+    policy = PolicyConfig(interactive_pool=(*_pool(1, 3, 2, 0), (NOW + H, "T4", 2)))
+    forecast = PoolForecast.of(policy)
+    assert forecast is not None
+    assert forecast.level_at(["A100"], NOW + 10) == 1
+    assert forecast.level_at(["T4"], NOW + H) == 5
+    assert forecast.peak(["A100"], NOW, NOW + 1.5 * H) == 3
+    assert forecast.peak(["T4"], NOW, NOW + 1.5 * H, only_named=True) == 2
+    assert forecast.next_rise(["A100"], NOW) == NOW + H
+    assert forecast.next_rise(["A100"], NOW + 2 * H) == NOW + 4 * H  # none: the forecast's end
+    assert forecast.low_window(["A100"], NOW, H, 0) == NOW + 3 * H
+    assert forecast.low_window(["A100"], NOW, H, -1) is None
+    assert PoolForecast.of(PolicyConfig()) is None
+
+
+def test_non_preemptible_work_is_kept_out_of_the_forecast_peak() -> None:
+    """4 GPUs, sessions forecast to need 3 from the next hour: a 2-GPU non-preemptible job
+    running 2 h would leave only 2 for them, so it waits (with the low-demand window as its
+    ETA); the same job marked preemptible starts, and so does a 1-GPU one."""
+    nodes = make_nodes(4, 1)
+    policy = PolicyConfig(name="berth", interactive_pool=_pool(0, 3, 3, 0, 0, 0))
+    wide = job("wide", 2, requested_s=2 * H)
+    plan = plan_round(snapshot(nodes, pending=[wide]), policy, NOW)
+    assert plan.starts == ()
+    assert _reason(plan, "wide") == PendingReason.HEADROOM
+    (explanation,) = plan.pending
+    assert explanation.eta_p50_at == NOW + 3 * H
+    consenting = job("wide", 2, requested_s=2 * H, is_preemptible=True)
+    assert [s.job_id for s in plan_round(snapshot(nodes, pending=[consenting]), policy, NOW).starts] == [
+        "wide"
+    ]
+    narrow = job("narrow", 1, requested_s=2 * H)
+    assert [s.job_id for s in plan_round(snapshot(nodes, pending=[narrow]), policy, NOW).starts] == ["narrow"]
+    # running non-preemptible work counts: with one GPU pinned, the narrow job no longer fits
+    pinned = running(job("pinned", 1, requested_s=10 * H), (0,), started_at=NOW - 100)
+    plan = plan_round(snapshot(nodes, running_jobs=[pinned], pending=[narrow]), policy, NOW)
+    assert plan.starts == ()
+    # a short job that ends before the rise starts
+    short = job("short", 2, requested_s=0.5 * H)
+    assert [s.job_id for s in plan_round(snapshot(nodes, pending=[short]), policy, NOW).starts] == ["short"]
+    # without a forecast over time, the old behaviour: it starts
+    plain = PolicyConfig(name="berth")
+    assert [s.job_id for s in plan_round(snapshot(nodes, pending=[wide]), plain, NOW).starts] == ["wide"]
+
+
+def test_a_job_no_window_admits_is_not_held_back() -> None:
+    nodes = make_nodes(4, 1)
+    policy = PolicyConfig(name="berth", interactive_pool=_pool(2, 2, 2))
+    whole = job("whole", 4, requested_s=H)
+    assert [s.job_id for s in plan_round(snapshot(nodes, pending=[whole]), policy, NOW).starts] == ["whole"]
+
+
+def test_restartable_work_borrows_the_pool_only_before_the_next_rise() -> None:
+    """3 GPUs, one running non-preemptible work, the other two the pool now: restartable
+    preemptible work may borrow them if it is predicted to be gone before demand rises,
+    checkpointing work whenever."""
+    nodes = make_nodes(3, 1)
+    solid = running(job("solid", 1, requested_s=50_000), (2,), started_at=NOW - 5_000)
+    restartable = job(
+        "r", 1, requested_s=1_200, predicted_p50_s=600, predicted_p90_s=1_200, is_preemptible=True
+    )
+    early_rise = PolicyConfig(name="berth", interactive_pool=_pool(2, 3, start=NOW - 0.9 * H))
+    late_rise = PolicyConfig(name="berth", interactive_pool=_pool(2, 2, 3, start=NOW - 0.5 * H))
+    snap = snapshot(nodes, running_jobs=[solid], pending=[restartable])
+    assert plan_round(snap, early_rise, NOW).starts == ()
+    (start,) = plan_round(snap, late_rise, NOW).starts
+    assert start.is_preemptible
+    ckpt = job(
+        "c", 1, requested_s=20_000, is_preemptible=True, is_checkpointable=True, checkpoint_interval_s=600
+    )
+    plan = plan_round(snapshot(nodes, running_jobs=[solid], pending=[ckpt]), early_rise, NOW)
+    assert [s.job_id for s in plan.starts] == ["c"]
+    # a session takes the restartable work back within the grace
+    session = job("s", 1, kind=JobKind.INTERACTIVE, submit_at=NOW)
+    lent = running(restartable, (0,), started_at=NOW - 10, is_preemptible=True)
+    busy = running(job("b", 1, is_preemptible=True, requested_s=50_000), (1,), started_at=NOW - 5_000)
+    plan = plan_round(snapshot(nodes, running_jobs=[lent, busy, solid], pending=[session]), late_rise, NOW)
+    assert [p.job_id for p in plan.preemptions] == ["r"]  # it lost less work

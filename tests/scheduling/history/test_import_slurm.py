@@ -1,0 +1,129 @@
+"""History import from the project's real Slurm (``scripts/slurm.sh``): GRES jobs run there come back.
+
+This Slurm has no slurmdbd (``AccountingStorageType=accounting_storage/none``), so ``sacct``
+can only read the job-completion log (``sacct -c``), whose records carry neither GPUs nor
+accounts; the dump is taken with ``scontrol show job -o`` instead (finished jobs stay for
+``MinJobAge``), and ``sacct -c`` is checked to be the gap the docs describe.  Skipped unless
+``BERTH_SLURM=1``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+
+from forecasting.selectors import job_engine_request, runtime_predict
+from scheduling.history.parsers import parse_sacct
+from scheduling.models import Job
+from tests.factories import ClusterFactory, GpuTypeFactory, MembershipFactory, NodeFactory, ProjectFactory
+
+pytestmark = [pytest.mark.slurm, pytest.mark.django_db]
+
+JOB_USER = os.environ.get("BERTH_SLURM_USER", "berth")
+
+
+@pytest.fixture(autouse=True)
+def _needs_slurm() -> None:
+    if not os.environ.get("BERTH_SLURM"):
+        pytest.skip("needs the local Slurm: run `scripts/slurm.sh start` and set BERTH_SLURM=1")
+
+
+def _sbatch(*args: str) -> str:
+    done = subprocess.run(
+        ["su", JOB_USER, "-s", "/bin/sh", "-c", " ".join(["cd /tmp && sbatch --parsable", *args])],
+        capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    return done.stdout.strip().split(";")[0]
+
+
+def _finished(job_ids: list[str], timeout_s: float = 60) -> str:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        out = "".join(
+            subprocess.run(
+                ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=True
+            ).stdout
+            for job_id in job_ids
+        )
+        lines = [line for line in out.splitlines() if line.strip()]
+        if all(" JobState=COMPLETED " in ln or " JobState=FAILED " in ln for ln in lines) and len(
+            lines
+        ) == len(job_ids):
+            return out
+        if time.monotonic() > deadline:
+            raise AssertionError(f"jobs did not finish: {out}")
+        time.sleep(0.5)
+
+
+def test_gres_jobs_run_on_slurm_are_imported_as_the_same_jobs(tmp_path: Path) -> None:
+    a100, h100 = GpuTypeFactory(name="A100"), GpuTypeFactory(name="H100")
+    cluster = ClusterFactory(name="slurm-import")
+    NodeFactory(cluster=cluster, gpu_type=a100, name="n1", gpu_count=4)
+    NodeFactory(cluster=cluster, gpu_type=h100, name="n3", gpu_count=8)
+    project = ProjectFactory(slug="vision")
+    user = MembershipFactory(project=project, user__username=JOB_USER).user
+    runs = [
+        _sbatch("-J", "hist-a100", "--gres=gpu:a100:2", "-t", "10", "--wrap", "'sleep 2'"),
+        _sbatch("-J", "hist-a100", "--gres=gpu:a100:2", "-t", "10", "--wrap", "'sleep 3'"),
+        _sbatch(
+            "-J", "hist-h100", "-p", "h100", "--gres=gpu:h100:4", "-t", "5", "--wrap", "'sleep 1; exit 3'"
+        ),
+        _sbatch("-J", "hist-cpu", "-t", "5", "--wrap", "'sleep 1'"),
+    ]
+    dump = _finished(runs)
+    path = tmp_path / "scontrol.txt"
+    path.write_text(dump)
+
+    out = io.StringIO()
+    call_command(
+        "history_import", "scontrol", str(path), "--cluster", cluster.name, "--default-project", "vision",
+        "--tz", "UTC", stdout=out,
+    )  # fmt: skip
+
+    report = out.getvalue()
+    assert "imported 3 job(s)" in report
+    assert "no GPUs (CPU-only job)" in report
+    jobs = {j.payload["import_key"]: j for j in Job.objects.filter(cluster=cluster)}
+    assert sorted(jobs) == sorted(f"sacct:{i}" for i in runs[:3])
+    # The same jobs as Slurm reports them: user, GPUs of the right type, state, exit code, runtime.
+    for job_id, expected_type, gpus, status, exit_code in (
+        (runs[0], a100, 2, Job.Status.COMPLETED, 0),
+        (runs[1], a100, 2, Job.Status.COMPLETED, 0),
+        (runs[2], h100, 4, Job.Status.FAILED, 3),
+    ):
+        job = jobs[f"sacct:{job_id}"]
+        assert (job.user, job.gpu_type, job.gpu_count, job.status, job.exit_code) == (
+            user, expected_type, gpus, status, exit_code
+        )  # fmt: skip
+        assert job.ended_at >= job.started_at
+    # The runtime predictor now predicts for that user from these runs (seconds, not the 10 min limit).
+    request = job_engine_request(
+        job_id=-1, username=JOB_USER, project_slug="vision", name="hist-a100", gpu_count=2,
+        submitted_at=timezone.now(), requested_s=600, kind="batch", gpu_type="A100",
+    )  # fmt: skip
+    p50, _ = runtime_predict(cluster_id=cluster.pk, requests=[request])[0]
+    assert p50 < 60
+
+    # Re-import: nothing changes.
+    again = io.StringIO()
+    call_command("history_import", "scontrol", str(path), "--cluster", cluster.name,
+                 "--default-project", "vision", stdout=again)  # fmt: skip
+    assert "imported 0 job(s)" in again.getvalue()
+    assert Job.objects.filter(cluster=cluster).count() == 3
+
+    # The gap: without slurmdbd, sacct reads only the completion log, which has no GPUs.
+    sacct = subprocess.run(
+        ["sacct", "-c", "--parsable2", "-j", ",".join(runs),
+         "-o", "JobID,JobName,User,Account,Partition,Submit,Start,End,Timelimit,State,ExitCode,AllocTRES"],
+        capture_output=True, text=True, timeout=30, check=True,
+    ).stdout  # fmt: skip
+    parsed = parse_sacct(sacct)
+    assert parsed.records == ()
+    assert {s.reason for s in parsed.skips} == {"no GPUs (CPU-only job)"}
