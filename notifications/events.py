@@ -9,13 +9,14 @@ The callers pass the row they just changed, inside their transaction; `event_emi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 from django.conf import settings
 from django.urls import reverse
 
-from notifications.models import EventKind
+from notifications.models import Delivery, EventKind
 from notifications.services import Event, event_emit
 from scheduling.models import Booking, Job, Preemption
 
@@ -50,6 +51,10 @@ def _job_data(job: Job) -> dict[str, Any]:
     }
 
 
+def _cannot_start_key(job: Job) -> str:
+    return f"job:{job.pk}:cannot_start:{job.attempt}"
+
+
 def job_event_emit(
     job: Job, *, kind: str, at: datetime, preemption: Preemption | None = None, lost_gpu_s: float = 0.0
 ) -> None:
@@ -75,7 +80,7 @@ def job_event_emit(
             f"Output and exit code: {link}"
         )
     elif kind == EventKind.JOB_CANNOT_START:
-        key = f"job:{job.pk}:cannot_start:{job.attempt}"
+        key = _cannot_start_key(job)
         subject = f"Berth: {name} cannot start"
         text = f"Your {name} cannot start as submitted: {job.pending_sentence}\n{link}"
         data["job"]["reason"] = job.pending_reason
@@ -118,6 +123,18 @@ def job_event_emit(
             data=data,
         )
     )
+
+
+def jobs_cannot_start_emit(jobs: Sequence[Job], *, at: datetime) -> int:
+    """Tell the owners of ``jobs`` (each can never start as submitted) once per attempt; returns how many
+    were told now.  One query finds the jobs told already, so a round re-finding the same verdict
+    costs no more than that query."""
+    keys = {job.pk: _cannot_start_key(job) for job in jobs}
+    told = set(Delivery.objects.filter(event_key__in=list(keys.values())).values_list("event_key", flat=True))
+    fresh = [job for job in jobs if keys[job.pk] not in told]
+    for job in fresh:
+        job_event_emit(job, kind=EventKind.JOB_CANNOT_START, at=at)
+    return len(fresh)
 
 
 def booking_event_emit(booking: Booking, *, kind: str, at: datetime, detail: str = "") -> None:

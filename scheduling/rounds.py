@@ -52,7 +52,7 @@ from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from django.db.models import Min
 from django.utils import timezone
 
-from notifications.events import booking_event_emit, job_event_emit
+from notifications.events import booking_event_emit, job_event_emit, jobs_cannot_start_emit
 from notifications.models import EventKind
 from scheduling import metrics
 from scheduling.backends.base import ActionResult, BackendError, ClusterBackend, ObservedCluster, ObservedJob
@@ -792,18 +792,20 @@ def _write_explanations(
     that reason and what would unblock it, and no ETA: no amount of waiting starts it.
     """
     explanations = {int(p.job_id): p for p in plan.pending if p.job_id.isdigit()}
-    jobs = list(Job.objects.filter(cluster=cluster, status=Job.Status.PENDING, pk__in=list(explanations)))
+    jobs = list(
+        Job.objects.filter(
+            cluster=cluster, status=Job.Status.PENDING, pk__in=list(explanations)
+        ).select_related("project", "cluster")
+    )
     valid = set(Job.PendingReason.values)
     cannot_start = []
     for job in jobs:
         p = explanations[job.pk]
         never = unstartable.get(p.job_id)
         if never is not None:
-            message = never.message[:500]
-            if job.pending_sentence != message:  # a new verdict (or a changed one) is told once
-                cannot_start.append(job)
+            cannot_start.append(job)
             job.pending_reason = never.reason.value
-            job.pending_sentence = message
+            job.pending_sentence = never.message[:500]
             job.eta_p50_at = job.eta_p90_at = None
             continue
         job.pending_reason = p.reason.value if p.reason.value in valid else Job.PendingReason.RESOURCES
@@ -811,8 +813,7 @@ def _write_explanations(
         job.eta_p50_at = from_epoch(p.eta_p50_at) if p.eta_p50_at is not None else None
         job.eta_p90_at = from_epoch(p.eta_p90_at) if p.eta_p90_at is not None else None
     Job.objects.bulk_update(jobs, ["pending_reason", "pending_sentence", "eta_p50_at", "eta_p90_at"])
-    for job in cannot_start:  # it can never start as submitted: waiting alone does not help
-        job_event_emit(job, kind=EventKind.JOB_CANNOT_START, at=now)
+    jobs_cannot_start_emit(cannot_start, at=now)  # once per attempt: waiting alone never starts them
     result.pending = len(jobs)
 
 
@@ -973,6 +974,7 @@ def _apply_after_commit(
                 )
                 result.failed_starts += 1
                 result.started -= 1
+        _tell_refused_reservations(cluster, failures, now=now)
         if error:
             _set_degraded(cluster, is_degraded=True, message=error, now=now)
         round_row = EngineRound.objects.select_for_update().get(pk=round_id)
@@ -991,6 +993,20 @@ def _apply_after_commit(
     if error:
         result.status = "apply_failed"
         result.message = error
+
+
+def _tell_refused_reservations(cluster: Cluster, failures: Sequence[ActionResult], *, now: datetime) -> None:
+    """A booking whose reservation the cluster refused may not get its GPUs at its start: tell its owner."""
+    refused: dict[int, str] = {}
+    for failure in failures:
+        holder = parse_holder_id(failure.target_id) if failure.action == "reserve" else None
+        if holder is not None and holder[0] == "booking":
+            refused.setdefault(holder[1], failure.message)
+    bookings = Booking.objects.filter(cluster=cluster, pk__in=list(refused), status__in=Booking.OPEN_STATUSES)
+    for booking in bookings.select_related("project", "cluster", "gpu_type"):
+        why = refused[booking.pk][:300]
+        detail = f"the cluster refused to hold its GPUs ({why}); Berth tries again each round."
+        booking_event_emit(booking, kind=EventKind.BOOKING_AT_RISK, at=now, detail=detail)
 
 
 # ---- the round ----
