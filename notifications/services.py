@@ -9,13 +9,16 @@ waits on SMTP or a webhook receiver).  The delivery key makes emitting idempoten
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlsplit
 
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
@@ -215,6 +218,30 @@ def _check_project(user: User, project: Project | None) -> None:
         raise PermissionDenied("Only a manager of the project can add a webhook for all of its work.")
 
 
+def _check_url(url: str) -> str:
+    """A receiver URL Berth will POST to: http(s) only and, unless ``BERTH_WEBHOOK_ALLOW_PRIVATE``
+    (on outside production), https and not a loopback, private or link-local address, so a webhook
+    cannot be aimed at the portal's own network."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValidationError({"url": ["Give an http(s) URL."]})
+    if settings.BERTH_WEBHOOK_ALLOW_PRIVATE:
+        return url
+    if parts.scheme != "https":
+        raise ValidationError({"url": ["Webhooks must use https."]})
+    host = parts.hostname.lower()
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        address = None
+    is_internal = host == "localhost" or host.endswith((".localhost", ".local", ".internal"))
+    if address is not None:
+        is_internal = not address.is_global
+    if is_internal:
+        raise ValidationError({"url": ["Webhooks cannot point at a loopback, private or internal address."]})
+    return url
+
+
 def webhook_create(
     *, owner: User, url: str, events: Sequence[str] | None = None, project: Project | None = None
 ) -> Webhook:
@@ -226,7 +253,7 @@ def webhook_create(
     return Webhook.objects.create(
         owner=owner,
         project=project,
-        url=url,
+        url=_check_url(url),
         secret=secrets.token_hex(32),
         events=_check_events(events, field_name="events") if events is not None else list(EventKind.values),
     )
@@ -240,7 +267,7 @@ def webhook_update(
     is_active: bool | None = None,
 ) -> Webhook:
     if url is not None:
-        webhook.url = url
+        webhook.url = _check_url(url)
     if events is not None:
         webhook.events = _check_events(events, field_name="events")
     if is_active is not None:

@@ -2,7 +2,7 @@
 notification show (read only; nothing here changes state).
 
 * Slurm: bookings are reservations named ``<reservation_prefix>booking-<id>`` (the Slurm backend
-  names them so), so a ready ``srun --reservation=… --gres=gpu:<type>:<n> --pty bash`` line lands the
+  names them so), so a ready ``srun --reservation=… --gres=gpu:<n> --pty bash`` line lands the
   owner on the booked node(s).
 * Kubernetes: Berth keeps the GPUs free itself (no reservation object), so the owner runs a pod
   pinned to the booked node, in Berth's namespace, with the GPU limit; the template is given.
@@ -62,15 +62,6 @@ def _booked_nodes(booking: Booking) -> dict[str, list[int]]:
     return dict(nodes)
 
 
-def _slurm_gres_type(cluster: Cluster, gpu_type: str) -> str:
-    """Slurm's GRES type for a Berth GPU type: the reverse of the cluster's ``gpu_types`` map."""
-    mapping = (cluster.settings or {}).get("gpu_types") or {}
-    for slurm_name, berth_name in mapping.items() if isinstance(mapping, dict) else ():
-        if berth_name == gpu_type:
-            return str(slurm_name)
-    return gpu_type
-
-
 def _slurm(booking: Booking, nodes: dict[str, list[int]]) -> Access:
     from scheduling.backends.slurm import SlurmConfig, reservation_name
 
@@ -80,7 +71,9 @@ def _slurm(booking: Booking, nodes: dict[str, list[int]]) -> Access:
     partition = str(raw.get("partition") or base.partition)
     name = reservation_name(f"booking-{booking.pk}", prefix=prefix)
     per_node = max((len(v) for v in nodes.values()), default=booking.gpu_count)
-    gres = f"gpu:{_slurm_gres_type(booking.cluster, booking.gpu_type.name)}:{per_node}"
+    # Untyped: the reservation and the node list already fix the node, hence the GPU type, and
+    # Slurm's GRES type names (``a100``) need not match Berth's (``A100``).
+    gres = f"gpu:{per_node}"
     parts = ["srun", f"--reservation={name}", f"--partition={partition}"]
     if len(nodes) > 1:
         parts.append(f"--nodes={len(nodes)}")

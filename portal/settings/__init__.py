@@ -390,6 +390,8 @@ BERTH_NOTIFY_MAX_ATTEMPTS = env.int("BERTH_NOTIFY_MAX_ATTEMPTS", default=6)
 BERTH_NOTIFY_BACKOFF_S = env.float("BERTH_NOTIFY_BACKOFF_S", default=30.0)
 BERTH_NOTIFY_BACKOFF_MAX_S = env.float("BERTH_NOTIFY_BACKOFF_MAX_S", default=3600.0)
 BERTH_WEBHOOK_TIMEOUT_S = env.float("BERTH_WEBHOOK_TIMEOUT_S", default=10.0)
+# Whether webhooks may use plain http and point at loopback/private addresses (tests, the demo).
+BERTH_WEBHOOK_ALLOW_PRIVATE = env.bool("BERTH_WEBHOOK_ALLOW_PRIVATE", default=not IS_PRODUCTION)
 CELERY_BEAT_SCHEDULE["notifications-sweep"] = {
     "task": "notifications.tasks.notifications_sweep",
     "schedule": timedelta(seconds=env.int("BERTH_NOTIFY_SWEEP_S", default=60)),
