@@ -59,7 +59,7 @@ def test_preferences_api_reads_defaults_then_saves_only_what_is_given() -> None:
     ):
         response = client.put("/api/v1/notifications/preferences/", bad, format="json")
         assert response.status_code == 400, bad
-        assert list(bad)[0] in response.json()["fields"]
+        assert next(iter(bad)) in response.json()["fields"]
     assert APIClient().get("/api/v1/notifications/preferences/").status_code == 401
 
 
