@@ -22,7 +22,7 @@ from scheduling.models import Booking, Job, Preemption
 
 
 def _url(path: str) -> str:
-    return settings.BERTH_PUBLIC_URL.rstrip("/") + path
+    return str(settings.BERTH_PUBLIC_URL).rstrip("/") + path
 
 
 def _human_s(seconds: float) -> str:

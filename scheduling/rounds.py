@@ -99,7 +99,10 @@ _MIN_PERIOD = timedelta(seconds=60)
 # A terminal backend record that started this long before the job's current start is an earlier attempt.
 _STALE_TOLERANCE_S = 2.0
 _BOOKING_NOTE_PREFIX = "Engine: "
-_FINISH_EVENTS = {Job.Status.COMPLETED: EventKind.JOB_FINISHED, Job.Status.FAILED: EventKind.JOB_FAILED}
+_FINISH_EVENTS: dict[str, str] = {
+    Job.Status.COMPLETED: EventKind.JOB_FINISHED,
+    Job.Status.FAILED: EventKind.JOB_FAILED,
+}
 _NODE_STATUS = {
     NodeStatus.UP: Node.Status.UP,
     NodeStatus.DRAINING: Node.Status.DRAINING,

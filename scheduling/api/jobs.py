@@ -197,7 +197,8 @@ class JobLogsApi(APIView):
         exit_code = serializers.IntegerField(allow_null=True)
         stdout = serializers.CharField(allow_blank=True)
         stderr = serializers.CharField(allow_blank=True)
-        source = serializers.CharField(allow_blank=True, help_text="Where the text came from.")
+        # A field named like Field.source: DRF takes it from the declared fields, mypy cannot tell.
+        source = serializers.CharField(allow_blank=True, help_text="Where the text came from.")  # type: ignore[assignment]
         is_truncated = serializers.BooleanField(help_text="Older lines were cut.")
 
     @extend_schema(

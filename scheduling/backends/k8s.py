@@ -541,7 +541,7 @@ class KubernetesBackend:
             return _epoch(pod.metadata.creation_timestamp if pod.metadata else None) or 0.0
 
         pod = max(mine, key=created)
-        pod_name = pod.metadata.name if pod.metadata else ""
+        pod_name = str(pod.metadata.name or "") if pod.metadata else ""
         exit_code: int | None = None
         for container in (pod.status.container_statuses if pod.status else None) or []:
             terminated = container.state.terminated if container.state else None

@@ -613,9 +613,10 @@ def exit_code_of(raw: Any) -> int | None:
         raw = raw.get("return_code")
     if isinstance(raw, bool) or not isinstance(raw, int):
         return None
-    if raw & 0x7F:
-        return 128 + (raw & 0x7F)
-    return raw >> 8
+    status = int(raw)
+    if status & 0x7F:
+        return 128 + (status & 0x7F)
+    return status >> 8
 
 
 def read_tail(path: str, *, lines: int) -> tuple[str, bool] | None:
