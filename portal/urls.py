@@ -4,6 +4,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitVie
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("api/v1/notifications/", include("notifications.api.urls")),
     path("api/v1/", include("scheduling.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     # The split view serves its init script from a URL (no inline script: CSP script-src 'self').
@@ -11,5 +12,6 @@ urlpatterns = [
     path("", include("django_prometheus.urls")),
     path("", include("portal.accounts.urls")),
     path("ops/", include(("portal.ops.urls", "ops"), namespace="ops")),
+    path("", include("notifications.urls")),
     path("", include("scheduling.urls")),
 ]

@@ -52,6 +52,8 @@ from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from django.db.models import Min
 from django.utils import timezone
 
+from notifications.events import booking_event_emit, job_event_emit, jobs_cannot_start_emit
+from notifications.models import EventKind
 from scheduling import metrics
 from scheduling.backends.base import ActionResult, BackendError, ClusterBackend, ObservedCluster, ObservedJob
 from scheduling.backends.base import ObservedState as OS
@@ -97,6 +99,10 @@ _MIN_PERIOD = timedelta(seconds=60)
 # A terminal backend record that started this long before the job's current start is an earlier attempt.
 _STALE_TOLERANCE_S = 2.0
 _BOOKING_NOTE_PREFIX = "Engine: "
+_FINISH_EVENTS: dict[str, str] = {
+    Job.Status.COMPLETED: EventKind.JOB_FINISHED,
+    Job.Status.FAILED: EventKind.JOB_FAILED,
+}
 _NODE_STATUS = {
     NodeStatus.UP: Node.Status.UP,
     NodeStatus.DRAINING: Node.Status.DRAINING,
@@ -262,6 +268,8 @@ def _job_finish(job: Job, *, status: str, at: datetime, message: str, result: Ro
     job.save(update_fields=["status", "ended_at", "status_message", "exit_code"])
     _close_job_allocations(job, at=at, verb="allocation.end")
     _audit(f"job.{status}", "job", job.pk, before, _job_state(job), at)
+    if status in _FINISH_EVENTS:
+        job_event_emit(job, kind=_FINISH_EVENTS[status], at=at)
     result.finished += 1
 
 
@@ -390,6 +398,7 @@ def _reconcile_jobs(
                 job.save(update_fields=["status", "backend_ref"])
                 if before["status"] != job.status:
                     _audit("job.run", "job", job.pk, before, _job_state(job), now)
+                    job_event_emit(job, kind=EventKind.JOB_STARTED, at=now)
             if obs.gpu_ids:
                 _realign(job, obs, now=now, result=result)
         elif obs.state in (OS.COMPLETED, OS.FAILED, OS.CANCELLED):
@@ -453,6 +462,7 @@ def _adopt(job: Job, obs: ObservedJob, *, now: datetime) -> bool:
     job.save(update_fields=["status", "started_at", "backend_ref", "pending_reason", "pending_sentence"])
     _audit_allocations([(a, None) for a in allocations], "allocation.create", now)
     _audit("job.adopt", "job", job.pk, before, _job_state(job), now)
+    job_event_emit(job, kind=EventKind.JOB_STARTED, at=now)
     return True
 
 
@@ -529,6 +539,8 @@ def _reconcile_bookings(cluster: Cluster, *, now: datetime) -> None:
             Allocation.objects.bulk_update([a for a, _ in changes], ["state"])
             _audit_allocations(changes, f"allocation.{new_alloc}", now)
         _audit(f"booking.{booking.status}", "booking", booking.pk, before, {"status": booking.status}, now)
+        if booking.status == Booking.Status.ACTIVE:
+            booking_event_emit(booking, kind=EventKind.BOOKING_STARTED, at=now)
 
 
 def _extend_running(cluster: Cluster, *, now: datetime) -> None:
@@ -732,12 +744,37 @@ def _persist_plan(
             {**_job_state(job), "preemption_id": preemption.pk, "kill_at": _iso(preemption.kill_at)},
             now,
         )
+        job_event_emit(
+            job,
+            kind=EventKind.JOB_PREEMPTED,
+            at=now,
+            preemption=preemption,
+            lost_gpu_s=_lost_gpu_s(
+                job,
+                started_at=job.started_at or now,
+                ended_at=preemption.kill_at,
+                signalled_at=preemption.signalled_at,
+            ),
+        )
+        if preemption.for_booking_id is not None:
+            booking = Booking.objects.filter(pk=preemption.for_booking_id).first()
+            if booking is not None:
+                booking_event_emit(
+                    booking,
+                    kind=EventKind.BOOKING_RECLAIMED,
+                    at=now,
+                    detail=f"Job {job.pk} gets {_grace_text(preemption)} to stop.",
+                )
         out.preemptions.append(preempt)
         result.preempted += 1
 
     _write_explanations(cluster, plan, now=now, result=result, unstartable=unstartable or {})
-    _write_booking_notes(cluster, plan)
+    _write_booking_notes(cluster, plan, now=now)
     return out
+
+
+def _grace_text(preemption: Preemption) -> str:
+    return f"{round((preemption.kill_at - preemption.signalled_at).total_seconds())} s"
 
 
 class _Conflict(Exception):
@@ -758,12 +795,18 @@ def _write_explanations(
     that reason and what would unblock it, and no ETA: no amount of waiting starts it.
     """
     explanations = {int(p.job_id): p for p in plan.pending if p.job_id.isdigit()}
-    jobs = list(Job.objects.filter(cluster=cluster, status=Job.Status.PENDING, pk__in=list(explanations)))
+    jobs = list(
+        Job.objects.filter(
+            cluster=cluster, status=Job.Status.PENDING, pk__in=list(explanations)
+        ).select_related("project", "cluster")
+    )
     valid = set(Job.PendingReason.values)
+    cannot_start = []
     for job in jobs:
         p = explanations[job.pk]
         never = unstartable.get(p.job_id)
         if never is not None:
+            cannot_start.append(job)
             job.pending_reason = never.reason.value
             job.pending_sentence = never.message[:500]
             job.eta_p50_at = job.eta_p90_at = None
@@ -773,10 +816,11 @@ def _write_explanations(
         job.eta_p50_at = from_epoch(p.eta_p50_at) if p.eta_p50_at is not None else None
         job.eta_p90_at = from_epoch(p.eta_p90_at) if p.eta_p90_at is not None else None
     Job.objects.bulk_update(jobs, ["pending_reason", "pending_sentence", "eta_p50_at", "eta_p90_at"])
+    jobs_cannot_start_emit(cannot_start, at=now)  # once per attempt: waiting alone never starts them
     result.pending = len(jobs)
 
 
-def _write_booking_notes(cluster: Cluster, plan: Plan) -> None:
+def _write_booking_notes(cluster: Cluster, plan: Plan, *, now: datetime) -> None:
     """Tell a booking's owner why it may start late: the engine's notes that name the booking
     ("Booking booking-<pk>: ...") go on its status message; the message clears when none is left."""
     notes: dict[int, str] = {}
@@ -794,6 +838,13 @@ def _write_booking_notes(cluster: Cluster, plan: Plan) -> None:
         if booking.status_message != message:
             booking.status_message = message
             booking.save(update_fields=["status_message", "updated_at"])
+            if message:
+                booking_event_emit(
+                    booking,
+                    kind=EventKind.BOOKING_AT_RISK,
+                    at=now,
+                    detail=message.removeprefix(_BOOKING_NOTE_PREFIX),
+                )
 
 
 def _resent_preemptions(cluster: Cluster, *, exclude: Iterable[str]) -> list[PreemptAction]:
@@ -915,6 +966,7 @@ def _apply_after_commit(
                 job.backend_ref = r.backend_ref or job.backend_ref
                 job.save(update_fields=["status", "backend_ref"])
                 _audit("job.run", "job", job.pk, before, _job_state(job), now)
+                job_event_emit(job, kind=EventKind.JOB_STARTED, at=now)
             else:
                 _start_rollback(
                     job,
@@ -925,6 +977,7 @@ def _apply_after_commit(
                 )
                 result.failed_starts += 1
                 result.started -= 1
+        _tell_refused_reservations(cluster, failures, now=now)
         if error:
             _set_degraded(cluster, is_degraded=True, message=error, now=now)
         round_row = EngineRound.objects.select_for_update().get(pk=round_id)
@@ -943,6 +996,20 @@ def _apply_after_commit(
     if error:
         result.status = "apply_failed"
         result.message = error
+
+
+def _tell_refused_reservations(cluster: Cluster, failures: Sequence[ActionResult], *, now: datetime) -> None:
+    """A booking whose reservation the cluster refused may not get its GPUs at its start: tell its owner."""
+    refused: dict[int, str] = {}
+    for failure in failures:
+        holder = parse_holder_id(failure.target_id) if failure.action == "reserve" else None
+        if holder is not None and holder[0] == "booking":
+            refused.setdefault(holder[1], failure.message)
+    bookings = Booking.objects.filter(cluster=cluster, pk__in=list(refused), status__in=Booking.OPEN_STATUSES)
+    for booking in bookings.select_related("project", "cluster", "gpu_type"):
+        why = refused[booking.pk][:300]
+        detail = f"the cluster refused to hold its GPUs ({why}); Berth tries again each round."
+        booking_event_emit(booking, kind=EventKind.BOOKING_AT_RISK, at=now, detail=detail)
 
 
 # ---- the round ----

@@ -124,6 +124,42 @@ def job_get(user: AnyUser, *, job_id: int) -> Job:
     return job
 
 
+# A job's output: at most this many lines from the end.
+JOB_OUTPUT_MAX_LINES = 2000
+
+
+def job_output_get(user: AnyUser, *, job_id: int, tail_lines: int = 200) -> tuple[Job, Any]:
+    """The owner's job and the tail of its output (a `JobOutput`) read from its backend.
+
+    Output is the owner's (and staff's) only: it may hold paths, tokens or data that a project
+    manager who sees the job in lists should not read; anyone else gets a 404.  Raises
+    `BackendError` when the backend cannot be reached (the API answers 503).
+    """
+    from scheduling.backends.base import JobOutput
+    from scheduling.backends.registry import backend_for_cluster
+
+    job = job_get(user, job_id=job_id)
+    if job.user_id != user.pk and not _is_staff(user):
+        raise Http404("No such job.")
+    tail_lines = max(1, min(int(tail_lines), JOB_OUTPUT_MAX_LINES))
+    if job.started_at is None and not job.backend_ref and job.attempt == 0:
+        return job, JobOutput(stdout="", exit_code=job.exit_code, source="not started yet")
+    backend = backend_for_cluster(job.cluster)
+    reader = getattr(backend, "job_output", None)
+    if reader is None:
+        return job, JobOutput(stdout="", exit_code=job.exit_code, source="this backend keeps no output")
+    out = reader(str(job.pk), backend_ref=job.backend_ref, tail_lines=tail_lines)
+    if out.exit_code is None and job.exit_code is not None:
+        out = JobOutput(
+            stdout=out.stdout,
+            stderr=out.stderr,
+            exit_code=job.exit_code,
+            source=out.source,
+            is_truncated=out.is_truncated,
+        )
+    return job, out
+
+
 def audit_event_list(
     user: AnyUser, *, entity_type: str | None = None, entity_id: int | None = None
 ) -> QuerySet[AuditEvent]:

@@ -722,6 +722,44 @@ def job_cancel_view(request: HtmxHttpRequest, job_id: int) -> HttpResponse:
     return HttpResponseRedirect(reverse("my-jobs"), status=303)
 
 
+# ---- one booking (how to use it) and one job (its output) ----
+
+BOOKING_DETAIL_TEMPLATE = "scheduling/booking_detail.html"
+JOB_DETAIL_TEMPLATE = "scheduling/job_detail.html"
+
+
+@login_required
+@vary_on_headers("HX-Request")
+@require_GET
+def booking_detail(request: HtmxHttpRequest, booking_id: int) -> HttpResponse:
+    """One of the user's bookings and exactly how to get on its GPUs on its backend."""
+    from scheduling.access import booking_access
+
+    booking = _my_booking(request, booking_id)
+    context = {"booking": booking, "access": booking_access(booking), "now": timezone.now()}
+    return _render(request, BOOKING_DETAIL_TEMPLATE, "booking-access", context)
+
+
+@login_required
+@vary_on_headers("HX-Request")
+@require_GET
+def job_detail(request: HtmxHttpRequest, job_id: int) -> HttpResponse:
+    """One of the user's jobs with the tail of its output and its exit code; htmx refreshes the output."""
+    from scheduling.backends.base import BackendError
+    from scheduling.selectors import job_output_get
+
+    if not job_list(request.user, mine_only=True).filter(pk=job_id).exists():
+        raise Http404("No such job.")
+    error = ""
+    try:
+        job, output = job_output_get(request.user, job_id=job_id, tail_lines=200)
+    except BackendError as exc:
+        job, output = job_list(request.user, mine_only=True).get(pk=job_id), None
+        error = f"The cluster cannot be reached right now ({exc}); try again in a minute."
+    context = {"job": job, "output": output, "output_error": error}
+    return _render(request, JOB_DETAIL_TEMPLATE, "job-output", context)
+
+
 # ---- dashboard (the home page) ----
 
 DASHBOARD_TEMPLATE = "scheduling/dashboard.html"

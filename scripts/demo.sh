@@ -5,7 +5,8 @@
 #   scripts/demo.sh status
 # `make demo` runs `scripts/services.sh start` first (project-local PostgreSQL and Redis).
 # Environment: PORT (8000), DATABASE_URL, REDIS_URL, DEMO_ARGS (extra demo_lab flags, e.g. "--reset").
-# Logs and pid files: .run/demo/{web,worker,beat}.{log,pid}.
+# Logs and pid files: .run/demo/{web,worker,beat,hooks}.{log,pid}.  Mails go to the worker's log (Django's
+# console backend); every project's webhook goes to the loopback receiver logged in hooks.log (HOOKS_PORT).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
@@ -25,7 +26,8 @@ export C_FORCE_ROOT=${C_FORCE_ROOT:-1}
 export BERTH_SIM_SPEEDUP=${BERTH_SIM_SPEEDUP:-1}
 # Web and worker share one cache (what-if progress, login lockouts): Redis, as in production.
 export BERTH_CACHE_URL=${BERTH_CACHE_URL:-$REDIS_URL}
-SERVICES=(web worker beat)
+HOOKS_PORT=${HOOKS_PORT:-8098}
+SERVICES=(web worker beat hooks)
 
 is_running() {  # is_running NAME: the pid file names a live process
   local pidfile="$RUN/$1.pid"
@@ -51,7 +53,7 @@ stop_one() {  # stop_one NAME: TERM, wait up to 15 s (Celery finishes its task),
 stop_all() {
   local name
   # Beat first so that it sends nothing more, web last so that the page answers until the end.
-  for name in beat worker web; do stop_one "$name"; done
+  for name in beat worker hooks web; do stop_one "$name"; done
 }
 
 LOG_MAX_BYTES=${DEMO_LOG_MAX_BYTES:-10485760}  # rotate a log above 10 MiB, keep 3 old ones
@@ -137,12 +139,13 @@ start() {
   "$BIN/python" manage.py demo_lab ${DEMO_ARGS:-} | tee "$RUN/demo_lab.log" | sed '/^Logins/,$d'
 
   trap 'echo; echo "==> stopping"; stop_all; exit 0' INT TERM
-  echo "==> starting web, worker and beat (logs in .run/demo/)"
+  echo "==> starting web, worker, beat and the webhook receiver (logs in .run/demo/)"
   launch web "$BIN/gunicorn" portal.wsgi:application --preload --bind "$HOST:$PORT" --workers 2 --threads 2 \
     --timeout 60 --access-logfile - --error-logfile -
   launch worker "$BIN/celery" -A portal worker --loglevel INFO --concurrency 1 --hostname "berth-demo@%h"
   launch beat "$BIN/celery" -A portal beat --loglevel INFO \
     --scheduler django_celery_beat.schedulers:DatabaseScheduler
+  launch hooks "$BIN/python" manage.py webhook_receiver --port "$HOOKS_PORT" --all-projects
 
   if ! wait_for_web; then
     echo "the web server did not come up; last lines of .run/demo/web.log:" >&2
@@ -156,6 +159,7 @@ start() {
   Berth demo is running:  http://$HOST:$PORT/
   API:                    http://$HOST:$PORT/api/v1/   (docs: http://$HOST:$PORT/api/docs/)
   Logs:                   .run/demo/web.log  .run/demo/worker.log  .run/demo/beat.log
+  Notifications:          mails in .run/demo/worker.log, signed webhooks in .run/demo/hooks.log
 
 EOF
   sed -n '/^Logins/,$p' "$RUN/demo_lab.log"

@@ -5,6 +5,8 @@
 # Run as root (no systemd: every daemon is started by hand). start and stop are idempotent; daemons are
 # stopped by PID file only. `reset` stops everything and wipes Slurm's state (jobs, reservations).
 # Needs: apt-get install slurmctld slurmd slurm-client slurmrestd munge slurm-wlm-jwt-plugin
+# BERTH_SLURM_ACCOUNTING=1 also runs slurmdbd on a MariaDB (socket only, no TCP), so that sacct has real
+# accounting (GRES TRES included); needs apt-get install slurmdbd mariadb-server.
 # Facts behind every choice below: ../shared/notes/machine-setup.md §5 (gotcha numbers quoted).
 set -euo pipefail
 
@@ -13,6 +15,8 @@ NODE_PORT_BASE=${BERTH_SLURMD_PORT_BASE:-46800}  # n1..n4 listen on BASE+1..BASE
 REST_PORT=${BERTH_SLURMRESTD_PORT:-46820}
 JOB_USER=${BERTH_SLURM_USER:-berth}  # the account Berth's jobs run as (token owner)
 REST_USER=slurmrest                  # slurmrestd refuses root and SlurmUser (gotcha 5)
+ACCOUNTING=${BERTH_SLURM_ACCOUNTING:-0}
+DBD_PORT=${BERTH_SLURMDBD_PORT:-46819}
 NODES="n1 n2 n3 n4"
 
 ETC=/etc/slurm
@@ -23,6 +27,9 @@ JWT_KEY=$ETC/jwt_hs256.key  # outside the state dir so that `reset` keeps issued
 MUNGE_PID=/run/munge/munged.pid
 CTLD_PID=/run/slurmctld.pid
 REST_PID=/run/slurmrestd-berth.pid
+DBD_PID=/run/slurmdbd-berth.pid
+MYSQL_RUN=/run/mysqld
+MYSQL_PID=$MYSQL_RUN/mysqld-berth.pid
 
 die() { echo "slurm.sh: $*" >&2; exit 1; }
 
@@ -40,6 +47,44 @@ stop_pid() {  # stop_pid PIDFILE: TERM, wait up to 10 s, then KILL; always remov
     kill -0 "$pid" 2>/dev/null && kill -9 "$pid" 2>/dev/null
   fi
   rm -f "$f"
+}
+
+accounting_config() {  # slurm.conf lines: slurmdbd with GPU TRES, or none (sacct then only has sacct -c)
+  if [ "$ACCOUNTING" = 1 ]; then
+    printf '%s\n' "AccountingStorageType=accounting_storage/slurmdbd" "AccountingStorageHost=localhost" \
+      "AccountingStoragePort=$DBD_PORT" "AccountingStorageTRES=gres/gpu,gres/gpu:a100,gres/gpu:h100" \
+      "JobAcctGatherType=jobacct_gather/linux"
+  else
+    printf '%s\n' "AccountingStorageType=accounting_storage/none" "JobAcctGatherType=jobacct_gather/none"
+  fi
+}
+
+start_accounting() {  # MariaDB on its socket, the accounting database, slurmdbd, the cluster row
+  command -v slurmdbd >/dev/null && command -v mariadbd >/dev/null ||
+    die "BERTH_SLURM_ACCOUNTING=1 needs: apt-get install slurmdbd mariadb-server"
+  local sock=$MYSQL_RUN/mysqld.sock
+  if ! is_running "$MYSQL_PID"; then
+    install -d -o mysql -g mysql -m 0755 "$MYSQL_RUN"
+    setsid /usr/sbin/mariadbd --user=mysql --skip-networking --socket="$sock" \
+      --pid-file="$MYSQL_PID" --log-error="$LOG/mariadb.err" </dev/null >/dev/null 2>&1 &
+    for _ in $(seq 150); do mariadb-admin --socket="$sock" ping >/dev/null 2>&1 && break; sleep 0.2; done
+    mariadb-admin --socket="$sock" ping >/dev/null 2>&1 || die "MariaDB did not start (see $LOG/mariadb.err)"
+  fi
+  mariadb --socket="$sock" -e "CREATE DATABASE IF NOT EXISTS slurm_acct_db;
+    CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY 'slurmdbpass';
+    GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';"
+  # JWT in slurmdbd.conf too, else /slurmdb/ answers "Protocol authentication error" (gotcha 7).
+  (umask 077 && printf '%s\n' "# Written by Berth's scripts/slurm.sh (BERTH_SLURM_ACCOUNTING=1)." \
+    "AuthType=auth/munge" "AuthAltTypes=auth/jwt" "AuthAltParameters=jwt_key=$JWT_KEY" \
+    "DbdHost=localhost" "DbdPort=$DBD_PORT" "SlurmUser=root" "PidFile=$DBD_PID" "LogFile=$LOG/slurmdbd.log" \
+    "StorageType=accounting_storage/mysql" "StorageHost=localhost" "StorageLoc=slurm_acct_db" \
+    "StorageUser=slurm" "StoragePass=slurmdbpass" >"$ETC/slurmdbd.conf")
+  if ! is_running "$DBD_PID"; then
+    slurmdbd
+    for _ in $(seq 100); do timeout 5 sacctmgr -n show cluster >/dev/null 2>&1 && break; sleep 0.2; done
+  fi
+  timeout 10 sacctmgr -n -P show cluster format=cluster | grep -qx berth ||
+    timeout 10 sacctmgr -i add cluster berth >/dev/null || die "sacctmgr could not register the cluster"
 }
 
 write_config() {
@@ -80,8 +125,7 @@ SchedulerType=sched/backfill
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 GresTypes=gpu
-AccountingStorageType=accounting_storage/none
-JobAcctGatherType=jobacct_gather/none
+$(accounting_config)
 JobCompType=jobcomp/filetxt
 JobCompLoc=$LOG/jobcomp.log
 # Requeue is how Berth preempts; let it (and keep finished jobs visible for an hour so that Berth's
@@ -187,6 +231,8 @@ stop_all() {
   stop_pid "$REST_PID"
   for n in $NODES; do stop_pid "/run/slurmd-$n.pid"; done
   stop_pid "$CTLD_PID"
+  stop_pid "$DBD_PID"
+  stop_pid "$MYSQL_PID"
   stop_pid "$MUNGE_PID"
 }
 
@@ -198,6 +244,7 @@ case "${1:-}" in
     write_config
     ensure_users
     start_munge
+    if [ "$ACCOUNTING" = 1 ]; then start_accounting; fi
     start_controller
     start_nodes
     start_rest

@@ -164,6 +164,32 @@ def end(booking_id: int, as_json: bool) -> None:
         show_booking(booking)
 
 
+def show_access(access: dict[str, Any]) -> None:
+    """How to get on a booking's GPUs, as the server words it for the cluster's backend."""
+    out = console()
+    out.print(access["summary"], highlight=False, markup=False, soft_wrap=True)
+    for line in access.get("commands") or ():
+        out.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
+    if access.get("template"):
+        out.print("")
+        out.print(access["template"], highlight=False, markup=False, soft_wrap=True)
+
+
+@click.command("booking")
+@click.argument("booking_id", type=click.IntRange(min=1))
+@json_option
+def booking_detail(booking_id: int, as_json: bool) -> None:
+    """One booking and how to get on its GPUs (srun line, pod template) on its cluster."""
+    booking = api().get(f"/bookings/{booking_id}/")
+    access = api().get(f"/bookings/{booking_id}/access/")
+    if as_json:
+        print_json({**booking, "access": access})
+        return
+    show_booking(booking)
+    console().print("")
+    show_access(access)
+
+
 def print_alternatives(body: dict[str, Any], out: Any, *, extra_flags: str = "") -> None:
     """The server's nearest free windows after a 409, with a command line for each."""
     alternatives = body.get("alternatives") or []
@@ -192,5 +218,5 @@ def print_alternatives(body: dict[str, Any], out: Any, *, extra_flags: str = "")
 
 
 def register(cli: click.Group) -> None:
-    for command in (book, bookings, extend, end):
+    for command in (book, bookings, booking_detail, extend, end):
         cli.add_command(command)

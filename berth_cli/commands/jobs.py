@@ -332,6 +332,34 @@ def cancel(ids: tuple[int, ...], is_booking: bool, as_json: bool) -> None:
         show_booking(item) if is_booking else show_job(item)
 
 
+@click.command()
+@click.argument("job_id", type=click.IntRange(min=1))
+@click.option("--tail", "-n", "tail", type=click.IntRange(min=1, max=2000), default=200, show_default=True)
+@click.option("--stderr", "stream", flag_value="stderr", help="Only the job's stderr.")
+@click.option("--stdout", "stream", flag_value="stdout", help="Only the job's stdout.")
+@json_option
+def logs(job_id: int, tail: int, stream: str | None, as_json: bool) -> None:
+    """The last lines of your job's output, as its cluster keeps them, and its exit code.
+
+    stdout goes to stdout and stderr to stderr (Slurm and Kubernetes usually merge them into
+    one); a note saying where the text came from and the exit code goes to stderr."""
+    out = api().get(f"/jobs/{job_id}/logs/", tail=tail)
+    if as_json:
+        print_json(out)
+        return
+    if stream != "stderr" and out["stdout"]:
+        click.echo(out["stdout"], nl=not out["stdout"].endswith("\n"))
+    if stream != "stdout" and out["stderr"]:
+        click.echo(out["stderr"], nl=not out["stderr"].endswith("\n"), err=True)
+    note = f"[job {out['job']} {out['status']}"
+    if out.get("exit_code") is not None:
+        note += f", exit code {out['exit_code']}"
+    note += f"; {out['source'] or 'no output'}"
+    if out.get("is_truncated"):
+        note += f"; last {tail} lines"
+    err_console().print(note + "]", highlight=False, markup=False, soft_wrap=True)
+
+
 def register(cli: click.Group) -> None:
-    for command in (submit, queue, job_detail, wait, cancel):
+    for command in (submit, queue, job_detail, wait, cancel, logs):
         cli.add_command(command)

@@ -61,6 +61,7 @@ INSTALLED_APPS = [
     "portal.accounts",
     "scheduling",
     "forecasting",
+    "notifications",
 ]
 
 MIDDLEWARE = [
@@ -306,6 +307,7 @@ SPECTACULAR_SETTINGS = {
         "MembershipRoleEnum": "portal.accounts.models.Membership.Role",
         "BookingStatusEnum": "scheduling.models.Booking.Status",
         "JobStatusEnum": "scheduling.models.Job.Status",
+        "NotificationEventEnum": "notifications.models.EventKind",
     },
 }
 
@@ -407,6 +409,40 @@ CELERY_BEAT_SCHEDULE.update(
         },
     }
 )
+
+# ---- notifications (notifications.services, notifications.tasks) ----
+# Links in mails and webhook bodies point here.
+BERTH_PUBLIC_URL = env.str("BERTH_PUBLIC_URL", default="http://127.0.0.1:8000")
+# Mail: SMTP in production (EMAIL_HOST, EMAIL_PORT, EMAIL_HOST_USER, EMAIL_HOST_PASSWORD,
+# EMAIL_USE_TLS / EMAIL_USE_SSL); the console (the worker's log) in development and the demo.
+EMAIL_BACKEND = env.str(
+    "DJANGO_EMAIL_BACKEND",
+    default=(
+        "django.core.mail.backends.smtp.EmailBackend"
+        if IS_PRODUCTION
+        else "django.core.mail.backends.console.EmailBackend"
+    ),
+)
+EMAIL_HOST = env.str("EMAIL_HOST", default="localhost")
+EMAIL_PORT = env.int("EMAIL_PORT", default=25)
+EMAIL_HOST_USER = env.str("EMAIL_HOST_USER", default="")
+EMAIL_HOST_PASSWORD = env.str("EMAIL_HOST_PASSWORD", default="")
+EMAIL_USE_TLS = env.bool("EMAIL_USE_TLS", default=False)
+EMAIL_USE_SSL = env.bool("EMAIL_USE_SSL", default=False)
+EMAIL_TIMEOUT = env.int("EMAIL_TIMEOUT", default=20)
+DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="Berth <berth@localhost>")
+# A failed delivery is retried after BACKOFF × 2^(attempt-1) s (capped), at most MAX_ATTEMPTS times.
+BERTH_NOTIFY_MAX_ATTEMPTS = env.int("BERTH_NOTIFY_MAX_ATTEMPTS", default=6)
+BERTH_NOTIFY_BACKOFF_S = env.float("BERTH_NOTIFY_BACKOFF_S", default=30.0)
+BERTH_NOTIFY_BACKOFF_MAX_S = env.float("BERTH_NOTIFY_BACKOFF_MAX_S", default=3600.0)
+BERTH_WEBHOOK_TIMEOUT_S = env.float("BERTH_WEBHOOK_TIMEOUT_S", default=10.0)
+# Whether webhooks may use plain http and point at loopback/private addresses (tests, the demo).
+BERTH_WEBHOOK_ALLOW_PRIVATE = env.bool("BERTH_WEBHOOK_ALLOW_PRIVATE", default=not IS_PRODUCTION)
+CELERY_BEAT_SCHEDULE["notifications-sweep"] = {
+    "task": "notifications.tasks.notifications_sweep",
+    "schedule": timedelta(seconds=env.int("BERTH_NOTIFY_SWEEP_S", default=60)),
+    "options": {"expires": 55},
+}
 
 LOGGING = {
     "version": 1,

@@ -349,3 +349,29 @@ class BookingEndApi(APIView):
         booking = selectors.booking_get(request.user, booking_id=booking_id)
         services.booking_end_early(booking, user=request_user(request), actor_label=AuditEvent.Actor.API)
         return _booking_response(request.user, booking_id)
+
+
+class BookingAccessApi(APIView):
+    class OutputSerializer(serializers.Serializer[Any]):
+        booking = serializers.IntegerField()
+        status = serializers.ChoiceField(choices=Booking.Status.choices)
+        backend = serializers.CharField()
+        summary = serializers.CharField()
+        commands = serializers.ListField(child=serializers.CharField(), help_text="Ready to paste.")
+        template = serializers.CharField(allow_blank=True, help_text="A file to apply (Kubernetes pod).")
+        reservation = serializers.CharField(allow_blank=True)
+        namespace = serializers.CharField(allow_blank=True)
+        nodes = serializers.DictField(child=serializers.ListField(child=serializers.IntegerField()))
+
+    @extend_schema(
+        operation_id="bookings_access",
+        description="How to get on the booking's GPUs on its cluster's backend (srun line, pod template).",
+        responses={200: OutputSerializer, **errors(401, 404)},
+    )
+    def get(self, request: Request, booking_id: int) -> Response:
+        from scheduling.access import booking_access
+
+        booking = selectors.booking_get(request.user, booking_id=booking_id)
+        return Response(
+            {"booking": booking.pk, "status": booking.status, **booking_access(booking).as_dict()}
+        )

@@ -13,6 +13,7 @@ from rest_framework.views import APIView
 from portal.accounts.models import Project
 from scheduling import selectors, services
 from scheduling.api.common import PaginatedApi, SlugRelatedField, csv_values, errors, request_user
+from scheduling.backends.base import BackendError
 from scheduling.models import AuditEvent, Cluster, GpuType, Job
 
 _PRIORITY_BY_NAME = {p.label.lower(): p.value for p in Job.Priority}
@@ -179,3 +180,57 @@ class JobCancelApi(APIView):
         job = selectors.job_get(request.user, job_id=job_id)
         services.job_cancel(job, user=request_user(request), actor_label=AuditEvent.Actor.API)
         return _job_response(request.user, job_id)
+
+
+class JobLogsApi(APIView):
+    class FilterSerializer(serializers.Serializer[Any]):
+        tail = serializers.IntegerField(
+            min_value=1,
+            max_value=selectors.JOB_OUTPUT_MAX_LINES,
+            default=200,
+            help_text="Lines from the end.",
+        )
+
+    class OutputSerializer(serializers.Serializer[Any]):
+        job = serializers.IntegerField()
+        status = serializers.ChoiceField(choices=Job.Status.choices)
+        exit_code = serializers.IntegerField(allow_null=True)
+        stdout = serializers.CharField(allow_blank=True)
+        stderr = serializers.CharField(allow_blank=True)
+        # A field named like Field.source: DRF takes it from the declared fields, mypy cannot tell.
+        source = serializers.CharField(allow_blank=True, help_text="Where the text came from.")  # type: ignore[assignment]
+        is_truncated = serializers.BooleanField(help_text="Older lines were cut.")
+
+    @extend_schema(
+        operation_id="jobs_logs",
+        description=(
+            "The tail of the job's output (stdout/stderr) and its exit code, read from the cluster: "
+            "the owner's only. 503 with Retry-After while the cluster cannot be reached."
+        ),
+        parameters=[FilterSerializer],
+        responses={200: OutputSerializer, **errors(400, 401, 404)},
+    )
+    def get(self, request: Request, job_id: int) -> Response:
+        filters = self.FilterSerializer(data=request.query_params)
+        filters.is_valid(raise_exception=True)
+        try:
+            job, out = selectors.job_output_get(
+                request_user(request), job_id=job_id, tail_lines=filters.validated_data["tail"]
+            )
+        except BackendError as exc:
+            return Response(
+                {"message": f"The cluster cannot be reached right now: {exc}", "fields": {}},
+                status=status.HTTP_503_SERVICE_UNAVAILABLE,
+                headers={"Retry-After": "30"},
+            )
+        return Response(
+            {
+                "job": job.pk,
+                "status": job.status,
+                "exit_code": out.exit_code,
+                "stdout": out.stdout,
+                "stderr": out.stderr,
+                "source": out.source,
+                "is_truncated": out.is_truncated,
+            }
+        )

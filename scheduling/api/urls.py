@@ -13,6 +13,7 @@ from scheduling.api.accounts import (
 )
 from scheduling.api.audit import AuditEventListApi
 from scheduling.api.bookings import (
+    BookingAccessApi,
     BookingCancelApi,
     BookingDetailApi,
     BookingEndApi,
@@ -21,7 +22,7 @@ from scheduling.api.bookings import (
 )
 from scheduling.api.common import NotFoundApi
 from scheduling.api.inventory import AvailabilityApi, ClusterListApi, GpuTypeListApi
-from scheduling.api.jobs import JobCancelApi, JobDetailApi, JobListCreateApi
+from scheduling.api.jobs import JobCancelApi, JobDetailApi, JobListCreateApi, JobLogsApi
 
 app_name = "api"
 
@@ -31,9 +32,11 @@ urlpatterns = [
     path("bookings/<int:booking_id>/cancel/", BookingCancelApi.as_view(), name="booking-cancel"),
     path("bookings/<int:booking_id>/extend/", BookingExtendApi.as_view(), name="booking-extend"),
     path("bookings/<int:booking_id>/end/", BookingEndApi.as_view(), name="booking-end"),
+    path("bookings/<int:booking_id>/access/", BookingAccessApi.as_view(), name="booking-access"),
     path("jobs/", JobListCreateApi.as_view(), name="job-list"),
     path("jobs/<int:job_id>/", JobDetailApi.as_view(), name="job-detail"),
     path("jobs/<int:job_id>/cancel/", JobCancelApi.as_view(), name="job-cancel"),
+    path("jobs/<int:job_id>/logs/", JobLogsApi.as_view(), name="job-logs"),
     path("availability/", AvailabilityApi.as_view(), name="availability"),
     path("clusters/", ClusterListApi.as_view(), name="cluster-list"),
     path("gpu-types/", GpuTypeListApi.as_view(), name="gpu-type-list"),

@@ -61,3 +61,28 @@ class ClusterBackend(Protocol):
     def snapshot(self) -> ObservedCluster: ...
 
     def apply(self, plan: Plan) -> list[ActionResult]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class JobOutput:
+    """The tail of what a job printed, as the backend keeps it (``job_output`` of a backend).
+
+    ``stdout``/``stderr`` are the last ``tail_lines`` lines (``stderr`` is empty when the backend
+    merges the two streams, as Slurm does by default and Kubernetes always does); ``exit_code``
+    is None while the job runs or when the backend does not know it; ``source`` says where the
+    text came from (a file path, a pod name) and ``is_truncated`` whether older lines were cut.
+    """
+
+    stdout: str
+    stderr: str = ""
+    exit_code: int | None = None
+    source: str = ""
+    is_truncated: bool = False
+
+
+def tail(text: str, lines: int) -> tuple[str, bool]:
+    """The last ``lines`` lines of ``text`` and whether anything was cut."""
+    parts = text.splitlines(keepends=True)
+    if len(parts) <= lines:
+        return text, False
+    return "".join(parts[-lines:]), True

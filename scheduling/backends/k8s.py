@@ -115,9 +115,11 @@ from pydantic import ValidationError
 from scheduling.backends.base import (
     ActionResult,
     BackendError,
+    JobOutput,
     ObservedCluster,
     ObservedJob,
     ObservedState,
+    tail,
 )
 from scheduling.engine.types import (
     JobKind,
@@ -513,6 +515,52 @@ class KubernetesBackend:
             return f"{reason}: Job {name} was already gone{still}"
         prefix = "dry run: " if self.config.dry_run else ""
         return f"{prefix}{reason}: deleted Job {name} and {stopped} pod(s) with a {grace_s} s grace period"
+
+    def job_output(self, job_id: str, *, backend_ref: str = "", tail_lines: int = 200) -> JobOutput:
+        """The tail of the job's pod log (``read_namespaced_pod_log``) and the container's exit code.
+
+        The newest pod of the job (by creation time) is read; Kubernetes merges stdout and stderr
+        into one log, so ``stderr`` stays empty.  A pod that is gone (the Job was deleted, or
+        garbage-collected) yields empty output with the reason in ``source``.
+        """
+        namespace = self.config.namespace
+        timeout = self._timeout()
+        pods = self._call(
+            "list pods",
+            lambda: self._core.list_namespaced_pod(
+                namespace,
+                label_selector=f"{JOB_ID_LABEL}={job_label_value(job_id)}",
+                _request_timeout=timeout,
+            ),
+        )
+        mine = [p for p in pods.items if p.metadata and _object_job_id(p.metadata) == job_id]
+        if not mine:
+            return JobOutput(stdout="", source=f"no pod of Job {job_name(job_id)} in {namespace}")
+
+        def created(pod: k8s_client.V1Pod) -> float:
+            return _epoch(pod.metadata.creation_timestamp if pod.metadata else None) or 0.0
+
+        pod = max(mine, key=created)
+        pod_name = str(pod.metadata.name or "") if pod.metadata else ""
+        exit_code: int | None = None
+        for container in (pod.status.container_statuses if pod.status else None) or []:
+            terminated = container.state.terminated if container.state else None
+            if terminated is not None and terminated.exit_code is not None:
+                exit_code = int(terminated.exit_code)
+        try:
+            text = self._core.read_namespaced_pod_log(
+                pod_name, namespace, tail_lines=tail_lines + 1, _request_timeout=timeout
+            )
+        except ApiException as exc:
+            if exc.status in (400, 404):  # the container never started, or the pod is gone
+                return JobOutput(stdout="", exit_code=exit_code, source=f"pod {pod_name}: {_describe(exc)}")
+            raise _backend_error(f"read log of pod {pod_name}", exc) from exc
+        except (urllib3.exceptions.HTTPError, ValidationError) as exc:
+            raise _backend_error(f"read log of pod {pod_name}", exc) from exc
+        out, cut = tail(str(text or ""), tail_lines)
+        return JobOutput(
+            stdout=out, exit_code=exit_code, source=f"pod {namespace}/{pod_name}", is_truncated=cut
+        )
 
     def _start(self, action: StartAction, raw_payload: JobPayload | Mapping[str, Any] | None) -> ActionResult:
         name = job_name(action.job_id)

@@ -41,7 +41,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
-from scheduling.backends.base import ActionResult, BackendError, ObservedCluster, ObservedJob, ObservedState
+from scheduling.backends.base import (
+    ActionResult,
+    BackendError,
+    JobOutput,
+    ObservedCluster,
+    ObservedJob,
+    ObservedState,
+    tail,
+)
 from scheduling.engine.types import Node, Plan, PreemptAction, StartAction
 
 __all__ = ["LiveSimBackend", "LiveSimConfig", "RedisLike"]
@@ -189,6 +197,41 @@ class LiveSimBackend:
             rec.update(state="cancelled", ended_at=now, message="cancelled")
             self._save(job_id, rec)
         return ActionResult("cancel", job_id, True, "cancelled", backend_ref=str(rec.get("ref", "")))
+
+    def job_output(self, job_id: str, *, backend_ref: str = "", tail_lines: int = 200) -> JobOutput:
+        """Synthetic output: the simulator runs nothing, so it prints what it pretends happened."""
+        self._check_reachable()
+        with self._locked():
+            now = self._clock()
+            rec = self._advance(now).get(job_id)
+        if rec is None:
+            return JobOutput(stdout="", source="simulator (no record: never started, or expired)")
+        started = float(rec["started_at"])
+        lines = [
+            f"[berth-sim] job {job_id} ({rec.get('ref', '')}) started on GPUs {rec['gpu_ids']}",
+            f"[berth-sim] CUDA_VISIBLE_DEVICES={','.join(str(i) for i in range(len(rec['gpu_ids'])))}",
+        ]
+        end = float(rec.get("ended_at") or now)
+        total = max(1e-9, float(rec["end_at"]) - started)
+        for pct in (10, 25, 50, 75, 90, 100):
+            at = started + total * pct / 100
+            if at <= end:
+                lines.append(f"[berth-sim] step {pct}% at +{at - started:.0f} s")
+        stderr = ""
+        exit_code: int | None = None
+        state = rec["state"]
+        if state == "completed":
+            exit_code = 0
+            lines.append("[berth-sim] done")
+        elif state == "failed":
+            exit_code = 1
+            stderr = f"[berth-sim] error: {rec.get('message') or 'exited with status 1'}\n"
+        elif state in ("preempted", "cancelled"):
+            stderr = f"[berth-sim] {rec.get('message') or state}\n"
+        text, cut = tail("\n".join(lines) + "\n", tail_lines)
+        return JobOutput(
+            stdout=text, stderr=stderr, exit_code=exit_code, source="simulator (synthetic)", is_truncated=cut
+        )
 
     # ---- test and demo helpers ----
 

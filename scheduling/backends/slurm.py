@@ -94,9 +94,11 @@ import requests
 from scheduling.backends.base import (
     ActionResult,
     BackendError,
+    JobOutput,
     ObservedCluster,
     ObservedJob,
     ObservedState,
+    tail,
 )
 from scheduling.engine.types import (
     Node,
@@ -136,7 +138,10 @@ class SlurmConfig:
     gpu_ids: Mapping[str, tuple[int, ...]] | None = None  # node -> Berth ids by GRES index
     gpu_types: Mapping[str, str] | None = None  # Slurm GRES type -> Berth GPU type name
     working_directory: str = "/tmp"  # noqa: S108  (where jobs start; the job user must be able to write)
-    standard_output: str = "/dev/null"
+    # Where a job's output goes (Slurm's filename pattern: %j job id, %x job name, %u user);
+    # Berth reads it back for the job's owner (`SlurmBackend.job_output`), so it must be on a
+    # filesystem the worker sees (a shared filesystem, or the one host here).
+    standard_output: str = "/tmp/berth-%j.out"  # noqa: S108
     default_time_limit_s: int = 7 * 86_400
     preempt_signal: str = "TERM"
     timeout_s: float = 15.0  # slurmrestd itself needs ~9 s to give up on a dead controller
@@ -153,6 +158,7 @@ class SlurmConfig:
             user=env.get("BERTH_SLURM_USER", base.user),
             token=env.get("BERTH_SLURM_JWT") or None,
             partition=env.get("BERTH_SLURM_PARTITION", base.partition),
+            standard_output=env.get("BERTH_SLURM_OUTPUT", base.standard_output),
             dry_run=env.get("BERTH_SLURM_DRY_RUN", "") in {"1", "true", "yes"},
         )
 
@@ -573,6 +579,62 @@ def signalled_at(raw: Mapping[str, Any]) -> float | None:
     return None if started is not None and at < started else at
 
 
+# Bytes read from the end of an output file: the tail of a huge log costs no more than this.
+_OUTPUT_READ_BYTES = 256 * 1024
+
+
+def expand_output_path(pattern: str, *, job_ref: str, name: str, user: str, working_directory: str) -> str:
+    """Slurm's output filename pattern (``%j``, ``%x``, ``%u``, ``%%``) for one job, made absolute."""
+    out = []
+    i = 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "%" and i + 1 < len(pattern):
+            code = pattern[i + 1]
+            out.append(
+                {"j": job_ref, "J": job_ref, "A": job_ref, "x": name, "u": user, "%": "%"}.get(
+                    code, "%" + code
+                )
+            )
+            i += 2
+            continue
+        out.append(ch)
+        i += 1
+    path = "".join(out)
+    if not path.startswith("/"):
+        path = working_directory.rstrip("/") + "/" + path
+    return path
+
+
+def exit_code_of(raw: Any) -> int | None:
+    """A job's exit code from slurmrestd's wait status (v0.0.38: exit code << 8 | signal);
+    a job killed by a signal gets 128 + the signal, as shells report it."""
+    if isinstance(raw, dict):  # newer plugins: {"return_code": n, "signal": {...}}
+        raw = raw.get("return_code")
+    if isinstance(raw, bool) or not isinstance(raw, int):
+        return None
+    status = int(raw)
+    if status & 0x7F:
+        return 128 + (status & 0x7F)
+    return status >> 8
+
+
+def read_tail(path: str, *, lines: int) -> tuple[str, bool] | None:
+    """The last ``lines`` lines of a file (reading at most its last 256 KiB), None if it is absent."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - _OUTPUT_READ_BYTES))
+            data = fh.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise BackendError(f"read {path}: {exc}") from exc
+    text, cut = tail(data.decode("utf-8", errors="replace"), lines)
+    return text, cut or size > _OUTPUT_READ_BYTES
+
+
 def slurm_time(epoch_s: float) -> str:
     """Epoch seconds as scontrol's local ``YYYY-MM-DDTHH:MM:SS`` (scontrol parses in the same TZ)."""
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(epoch_s))
@@ -763,6 +825,67 @@ class SlurmBackend:
             return f"cancelled Slurm job {ref}", ref
 
         return self._guard("cancel", job_id, do)
+
+    def job_output(self, job_id: str, *, backend_ref: str = "", tail_lines: int = 200) -> JobOutput:
+        """The tail of a Berth job's output file and its exit code.
+
+        The path is the one Slurm reports for the job (``GET /job/{id}``: ``standard_output``,
+        ``standard_error``, working directory), expanded like Slurm does; when slurmctld has
+        forgotten the job (``MinJobAge``) the configured pattern is used.  The file is read on the
+        worker's host.  Raises `BackendError` when slurmrestd is unreachable.
+        """
+        ref = backend_ref
+        raw: Mapping[str, Any] | None = None
+        if not ref:
+            raw = self._raw_jobs().get(job_id)
+            ref = str(raw["job_id"]) if raw is not None else ""
+        if not ref:
+            return JobOutput(stdout="", source="Slurm has no job for it (never submitted)")
+        if raw is None:
+            try:
+                data = self._request("GET", f"/job/{ref}", doing=f"read job {ref}")
+                found = data.get("jobs") or []
+                raw = found[0] if found and isinstance(found[0], Mapping) else None
+            except BackendError:
+                # Unknown job id (forgotten after MinJobAge) or Slurm unreachable: listing the
+                # jobs tells the two apart (it raises when Slurm is unreachable).
+                self._raw_jobs()
+                raw = None
+        name = str((raw or {}).get("name") or self.config.job_name_prefix + job_id)
+        user = str((raw or {}).get("user_name") or self.config.user)
+        cwd = str((raw or {}).get("current_working_directory") or self.config.working_directory)
+        out_pattern = str((raw or {}).get("standard_output") or self.config.standard_output)
+        err_pattern = str((raw or {}).get("standard_error") or "")
+        expand = partial(expand_output_path, job_ref=ref, name=name, user=user, working_directory=cwd)
+        out_path = expand(out_pattern)
+        stdout, cut = "", False
+        note = ""
+        if out_path == "/dev/null":
+            note = " (the job wrote its output to /dev/null)"
+        else:
+            read = read_tail(out_path, lines=tail_lines)
+            if read is None:
+                note = " (not found on this host)"
+            else:
+                stdout, cut = read
+        stderr = ""
+        if err_pattern and expand(err_pattern) not in (out_path, "/dev/null"):
+            err = read_tail(expand(err_pattern), lines=tail_lines)
+            stderr = err[0] if err else ""
+        state = job_state(raw) if raw is not None else None
+        is_done = state in (
+            ObservedState.COMPLETED,
+            ObservedState.FAILED,
+            ObservedState.CANCELLED,
+            ObservedState.PREEMPTED,
+        )
+        return JobOutput(
+            stdout=stdout,
+            stderr=stderr,
+            exit_code=exit_code_of(raw.get("exit_code")) if raw is not None and is_done else None,
+            source=f"Slurm job {ref}: {out_path}{note}",
+            is_truncated=cut,
+        )
 
     def _guard(self, action: str, target: str, do: Callable[[], tuple[str, str]]) -> ActionResult:
         """Run one action: refusals become a failed result, unreachable Slurm propagates."""

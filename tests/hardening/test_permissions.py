@@ -21,6 +21,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
+from notifications.services import webhook_create
 from portal.accounts.models import Membership, Quota
 from scheduling import services
 from scheduling.models import AuditEvent, Booking, Job
@@ -93,7 +94,8 @@ def lab(settings):
     )
     job = services.job_submit(users["researcher"], project=vision, name="train", gpu_count=1)
     quota = Quota.objects.create(project=vision, gpu_type=a100, guaranteed_gpus=1)
-    return {"users": users, "booking": booking, "job": job, "quota": quota}
+    webhook = webhook_create(owner=users["researcher"], url="https://hooks.example/berth")
+    return {"users": users, "booking": booking, "job": job, "quota": quota, "webhook": webhook}
 
 
 def _client(lab: dict, role: str, *, api: bool) -> Client:
@@ -147,6 +149,26 @@ EXPECTED: dict[str, tuple[str, dict[str, str]]] = {
     "schema": _row("/api/schema/", "200/405", "200/405", "200/405", "200/405"),
     "api-docs": _row("/api/docs/", "200/405", "200/405", "200/405", "200/405"),
     # Cluster-wide numbers: staff, the monitoring system's bearer token or direct loopback only.
+    "api:booking-access": _row(
+        "/api/v1/bookings/{booking}/access/", "401/401", "200/405", "200/405", "200/405"
+    ),
+    # A job's output is its owner's (and staff's): a manager who sees the job gets a 404.
+    "api:job-logs": _row("/api/v1/jobs/{job}/logs/", "401/401", "200/405", "404/405", "200/405"),
+    "notifications-api:preferences": _row(
+        "/api/v1/notifications/preferences/", "401/401", "200/405", "200/405", "200/405"
+    ),
+    "notifications-api:webhook-list": _row(
+        "/api/v1/notifications/webhooks/", "401/401", "200/415", "200/415", "200/415"
+    ),
+    "notifications-api:webhook-detail": _row(
+        "/api/v1/notifications/webhooks/{webhook}/", "401/401", "200/405", "404/405", "404/405"
+    ),
+    "notifications-api:webhook-rotate": _row(
+        "/api/v1/notifications/webhooks/{webhook}/rotate-secret/", "401/401", "405/200", "405/404", "405/404"
+    ),
+    "notifications-api:delivery-list": _row(
+        "/api/v1/notifications/deliveries/", "401/401", "200/405", "200/405", "200/405"
+    ),
     "prometheus-django-metrics": _row("/metrics", "403/403", "403/403", "403/403", "200/200"),
     # Pages: session auth; anonymous visitors go to the login page.
     "home": _row("/", "302/302", "200/405", "200/405", "200/405"),
@@ -165,6 +187,15 @@ EXPECTED: dict[str, tuple[str, dict[str, str]]] = {
     "my-jobs": _row("/jobs/", "302/302", "200/405", "200/405", "200/405"),
     "job-new": _row("/jobs/new/", "302/302", "200/422", "200/422", "200/422"),
     "job-cancel": _row("/jobs/{job}/cancel/", "302/302", "405/303", "405/404", "405/404"),
+    "booking-detail": _row("/bookings/{booking}/", "302/302", "200/405", "404/405", "404/405"),
+    "job-detail": _row("/jobs/{job}/", "302/302", "200/405", "404/405", "404/405"),
+    "notification-preferences": _row("/account/notifications/", "302/302", "200/422", "200/422", "200/422"),
+    "notification-webhook-create": _row(
+        "/account/notifications/webhooks/", "302/302", "405/422", "405/422", "405/422"
+    ),
+    "notification-webhook-delete": _row(
+        "/account/notifications/webhooks/{webhook}/delete/", "302/302", "405/303", "405/404", "405/404"
+    ),
     "login": _row("/login/", "200/200", "302/302", "302/302", "302/302"),
     "logout": _row("/logout/", "405/302", "405/302", "405/302", "405/302"),
     # Single sign-on: not configured here, so not there (GET only; tests/portal/test_sso.py).
@@ -216,7 +247,8 @@ def _fresh_objects(lab: dict) -> dict[str, int]:
         end_at=start + timedelta(hours=Booking.objects.count() + 1),
     )
     job = services.job_submit(lab["users"]["researcher"], project=vision, name="train", gpu_count=1)
-    return {"booking": booking.pk, "job": job.pk, "quota": lab["quota"].pk}
+    webhook = webhook_create(owner=lab["users"]["researcher"], url="https://hooks.example/fresh")
+    return {"booking": booking.pk, "job": job.pk, "quota": lab["quota"].pk, "webhook": webhook.pk}
 
 
 @pytest.mark.parametrize("role", ROLES)
@@ -251,7 +283,15 @@ _OBJECT_ROUTES = [
     ("/bookings/{booking}/end/", False),
     ("/bookings/{booking}/extend/", False),
     ("/jobs/{job}/cancel/", False),
+    ("/api/v1/bookings/{booking}/access/", True),
+    ("/api/v1/jobs/{job}/logs/", True),
+    ("/bookings/{booking}/", False),
+    ("/jobs/{job}/", False),
+    ("/api/v1/notifications/webhooks/{webhook}/", True),
+    ("/api/v1/notifications/webhooks/{webhook}/rotate-secret/", True),
+    ("/account/notifications/webhooks/{webhook}/delete/", False),
 ]
+_READ_SUFFIXES = ("}/", "/access/", "/logs/")
 
 
 def test_object_routes_cover_every_route_with_an_object_id():
@@ -273,7 +313,7 @@ def test_no_cross_user_access(lab, intruder):
     before = (Booking.objects.get(pk=booking.pk).status, Job.objects.get(pk=job.pk).status)
     bad = []
     for template, is_api in _OBJECT_ROUTES:
-        url = template.format(booking=booking.pk, job=job.pk)
+        url = template.format(booking=booking.pk, job=job.pk, webhook=lab["webhook"].pk)
         client = _client(lab, intruder, api=is_api)
         for method in ("get", "post", "put", "patch", "delete"):
             body = '{"end_at": "2099-01-01T00:00:00Z"}' if is_api else ""
@@ -281,7 +321,7 @@ def test_no_cross_user_access(lab, intruder):
             if response.status_code not in (404, 405):
                 bad.append(f"{method.upper()} {url}: {response.status_code}")
         # The method each route is for must be a 404, not merely "not allowed".
-        main = "GET" if template.endswith("}/") and is_api else "POST"
+        main = "GET" if template.endswith(_READ_SUFFIXES) and (is_api or template.count("/") == 3) else "POST"
         body = '{"end_at": "2099-01-01T00:00:00Z"}' if is_api else ""
         assert client.generic(main, url, body, content_type="application/json").status_code == 404, url
     assert not bad, "\n".join(bad)

@@ -7,6 +7,7 @@ checkouts' runs on db 0 are untouched); PostgreSQL is real.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Any
@@ -38,9 +39,11 @@ def _redis_host_url() -> str:
 
 
 REDIS_HOST_URL = _redis_host_url()
-ENGINE_REDIS_DB = 7
+# Two checkouts testing on one Redis server set these to dbs of their own (they clear their keys).
+ENGINE_REDIS_DB = int(os.environ.get("BERTH_TEST_ENGINE_REDIS_DB", "7"))
 ENGINE_REDIS_URL = f"{REDIS_HOST_URL}/{ENGINE_REDIS_DB}"
-BROKER_REDIS_URL = f"{REDIS_HOST_URL}/11"  # a db of its own: no other worker consumes these tasks
+# A db of its own: no other worker consumes these tasks.
+BROKER_REDIS_URL = f"{REDIS_HOST_URL}/{int(os.environ.get('BERTH_TEST_BROKER_REDIS_DB', '11'))}"
 
 
 def clear_engine_keys(url: str = ENGINE_REDIS_URL) -> None:
