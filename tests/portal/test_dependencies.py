@@ -18,8 +18,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-FIRST_PARTY = {"portal", "scheduling", "forecasting", "bench", "berth_cli", "tests", "manage"}
-SHIPPED = ("portal", "scheduling", "forecasting", "bench", "berth_cli")
+# The project's own packages are the ones it ships (``[tool.setuptools.packages.find]``): an app
+# missing there would be left out of the installed package and show up here as undeclared.
+SHIPPED = tuple(
+    name.rstrip("*")
+    for name in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"][
+        "find"
+    ]["include"]
+)
+FIRST_PARTY = {*SHIPPED, "tests", "manage"}
 
 
 def _norm(name: str) -> str:
