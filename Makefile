@@ -12,16 +12,17 @@ PORT ?= 8000
 
 .PHONY: venv lock services stop migrate demo-data demo test test-fast lint typecheck bench clean
 
-$(BIN)/.installed: pyproject.toml requirements.lock
+$(BIN)/.installed: pyproject.toml requirements-dev.lock
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check -r requirements.lock
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements-dev.lock
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e .
 	touch $@
 
 venv: $(BIN)/.installed
 
-lock:  ## re-resolve the pinned tree after editing pyproject.toml
-	$(BIN)/pip install -q -e '.[dev]' && $(BIN)/pip freeze --exclude-editable | grep -v '^-e' > requirements.lock
+lock:  ## re-resolve both pinned trees after editing pyproject.toml (production, and production + dev)
+	$(BIN)/pip-compile -q --strip-extras --no-emit-index-url --no-emit-find-links -o requirements.lock pyproject.toml
+	$(BIN)/pip-compile -q --strip-extras --no-emit-index-url --no-emit-find-links --extra dev -o requirements-dev.lock pyproject.toml
 
 services:
 	@scripts/services.sh start
@@ -56,7 +57,7 @@ clean: stop
 
 .PHONY: fuzz bench-api
 fuzz: venv services  ## longer schemathesis pass over the whole API (BERTH_FUZZ_EXAMPLES per operation)
-	BERTH_FUZZ_EXAMPLES=$${BERTH_FUZZ_EXAMPLES:-200} $(BIN)/pytest -q -p no:randomly tests/hardening/test_schemathesis.py
+	BERTH_FUZZ_EXAMPLES=$${BERTH_FUZZ_EXAMPLES:-200} $(BIN)/pytest -q tests/hardening/test_schemathesis.py
 
 bench-api: venv services  ## gunicorn (production settings) on a free loopback port + bench.api
 	scripts/bench-api.sh

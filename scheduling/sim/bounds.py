@@ -23,10 +23,11 @@ import bisect
 import heapq
 import math
 from collections import Counter
+from typing import cast
 
 from scheduling.sim.metrics import percentile
-from scheduling.sim.overlays import Overlay
-from scheduling.sim.trace import Trace
+from scheduling.sim.overlays import InteractiveSession, Overlay
+from scheduling.sim.trace import Trace, TraceJob
 
 
 def _owner_intervals(overlay: Overlay) -> list[tuple[float, float, int, str | None]]:
@@ -125,8 +126,8 @@ def _packed_busy_util(
     patience = overlay.config.session_patience_s
     for session in overlay.sessions:
         push(session.submit_at, 3, session)
-    waiting: dict[int, list[object]] = {}  # GPUs -> waiting jobs of that size, in submit order
-    sessions: list[object] = []
+    waiting: dict[int, list[TraceJob]] = {}  # GPUs -> waiting jobs of that size, in submit order
+    sessions: list[InteractiveSession] = []
     segments: list[tuple[float, float, int]] = []
     windows: list[tuple[float, float]] = []
     last_t = 0.0
@@ -149,67 +150,68 @@ def _packed_busy_util(
         while events and events[0][0] <= t:
             _, _, kind, payload = heapq.heappop(events)
             if kind == 0:
-                gpu_type, gpus = payload  # type: ignore[misc]
-                free[gpu_type] += gpus
+                freed_type, gpus = cast(tuple[str, int], payload)
+                free[freed_type] += gpus
             elif kind == 1:
-                end, gpus, gpu_type = payload  # type: ignore[misc]
-                chosen = gpu_type or max(types, key=lambda name: free[name])
-                free[chosen] -= gpus  # owners take theirs first (may go negative: batch waits)
-                push(end, 0, (chosen, gpus))
+                end, gpus, owner_type = cast(tuple[float, int, str | None], payload)
+                held = owner_type or max(types, key=lambda name: free[name])
+                free[held] -= gpus  # owners take theirs first (may go negative: batch waits)
+                push(end, 0, (held, gpus))
             elif kind == 2:
-                job = payload
-                waiting.setdefault(job.gpu_count, []).append(job)  # type: ignore[attr-defined]
-                if fits_empty(job.gpu_count, job.gpu_type):  # type: ignore[attr-defined]
+                job = cast(TraceJob, payload)
+                waiting.setdefault(job.gpu_count, []).append(job)
+                if fits_empty(job.gpu_count, job.gpu_type):
                     feasible_waiting += 1
             elif kind == 3:
-                sessions.append(payload)
+                arrived = cast(InteractiveSession, payload)
+                sessions.append(arrived)
                 if patience > 0:
-                    push(payload.submit_at + patience, 4, None)  # type: ignore[attr-defined]
-        still_sessions: list[object] = []
+                    push(arrived.submit_at + patience, 4, None)
+        still_sessions: list[InteractiveSession] = []
         for session in sessions:
-            if patience > 0 and t - session.submit_at >= patience:  # type: ignore[attr-defined]
+            if patience > 0 and t - session.submit_at >= patience:
                 continue
-            chosen = take(session.gpu_count, None)  # type: ignore[attr-defined]
+            chosen = take(session.gpu_count, None)
             if chosen is None:
                 still_sessions.append(session)
                 continue
-            free[chosen] -= session.gpu_count  # type: ignore[attr-defined]
-            segments.append((t, t + session.duration_s, session.gpu_count))  # type: ignore[attr-defined]
-            push(t + session.duration_s, 0, (chosen, session.gpu_count))  # type: ignore[attr-defined]
+            free[chosen] -= session.gpu_count
+            segments.append((t, t + session.duration_s, session.gpu_count))
+            push(t + session.duration_s, 0, (chosen, session.gpu_count))
         sessions = still_sessions
         largest_free = max(free.values())
         if largest_free > 0 and waiting and not largest_first:
             queue = sorted(
-                ((job.submit_at, size, job) for size, jobs in waiting.items() for job in jobs),  # type: ignore[attr-defined]
+                ((job.submit_at, size, job) for size, jobs in waiting.items() for job in jobs),
                 key=lambda item: item[0],
             )
             waiting = {}
             for _, size, job in queue:
-                chosen = take(size, job.gpu_type) if size <= largest_free else None  # type: ignore[attr-defined]
+                chosen = take(size, job.gpu_type) if size <= largest_free else None
                 if chosen is None:
                     waiting.setdefault(size, []).append(job)
                     continue
                 free[chosen] -= size
                 largest_free = max(free.values())
-                if fits_empty(size, job.gpu_type):  # type: ignore[attr-defined]
+                if fits_empty(size, job.gpu_type):
                     feasible_waiting -= 1
-                end = t + job.runtime_s  # type: ignore[attr-defined]
+                end = t + job.runtime_s
                 segments.append((t, end, size))
                 push(end, 0, (chosen, size))
         elif largest_free > 0 and waiting:
             for size in sorted((k for k in waiting if k <= largest_free), reverse=True):
                 bucket = waiting[size]
-                kept: list[object] = []
+                kept: list[TraceJob] = []
                 for job in bucket:
-                    chosen = take(size, job.gpu_type) if size <= largest_free else None  # type: ignore[attr-defined]
+                    chosen = take(size, job.gpu_type) if size <= largest_free else None
                     if chosen is None:
                         kept.append(job)
                         continue
                     free[chosen] -= size
                     largest_free = max(free.values())
-                    if fits_empty(size, job.gpu_type):  # type: ignore[attr-defined]
+                    if fits_empty(size, job.gpu_type):
                         feasible_waiting -= 1
-                    end = t + job.runtime_s  # type: ignore[attr-defined]
+                    end = t + job.runtime_s
                     segments.append((t, end, size))
                     push(end, 0, (chosen, size))
                 if kept:

@@ -98,7 +98,7 @@ class SessionForecast:
             return headroom, cached[1]
         return cached
 
-    def report(self) -> dict[str, float]:
+    def report(self) -> dict[str, float | str]:
         return {"fits": self.fits, "fit_wall_s": self.fit_s, "fit_cpu_s": self.fit_cpu_s, "key": self.key}
 
 
@@ -120,7 +120,7 @@ def hourly_demand(overlay: Overlay, *, hours: int) -> np.ndarray:
         first_hour=epoch,
         last_hour=epoch + pd.Timedelta(hours=hours - 1),
     )
-    return series.to_numpy(dtype=float)
+    return np.asarray(series.to_numpy(dtype=float), dtype=float)
 
 
 def _fit_one(args: tuple[np.ndarray, int, str, int, float]) -> tuple[tuple[float, ...], float]:

@@ -203,9 +203,9 @@ def _sample_times(
 
 def _projects(trace: Trace, config: OverlayConfig, inventory: Inventory | None) -> tuple[ProjectQuota, ...]:
     """One project per trace group, guarantees by GPU-hour share (module docstring)."""
-    gpu_s: Counter[str] = Counter()
+    gpu_s: dict[str, float] = {}
     for job in trace.jobs:
-        gpu_s[job.project] += job.runtime_s * job.gpu_count
+        gpu_s[job.project] = gpu_s.get(job.project, 0.0) + job.runtime_s * job.gpu_count
     total = sum(gpu_s.values())
     capacity_by_type: Counter[str] = Counter()
     if inventory is not None:

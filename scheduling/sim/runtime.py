@@ -77,7 +77,7 @@ class SimpleHistoryPredictor:
 
 
 def default_predictor() -> RuntimePredictor:
-    """The forecasting engineer's ``HistoryRuntimePredictor`` when installed, else ours."""
+    """The runtime predictor the portal ships (``forecasting.core.runtime.HistoryRuntimePredictor``)."""
     try:
         from forecasting.core.runtime import HistoryRuntimePredictor
     except ImportError:

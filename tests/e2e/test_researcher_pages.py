@@ -1,4 +1,4 @@
-"""In real Chromium: the researcher pages of issue 6.
+"""In real Chromium: the researcher pages.
 
 Book from the availability chart, see it on the dashboard, cancel it; submit a job and watch the
 dashboard change from pending to running while engine rounds run on a simulator cluster; the

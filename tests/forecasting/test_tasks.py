@@ -97,7 +97,7 @@ def test_forecast_refit_task_stores_backtest_metrics_and_replaces_the_hour(
 def test_forecast_refit_dispatch_prunes_old_runs_and_enqueues_per_active_cluster(
     cluster: Cluster, nodes: list[Node], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The broker is a Redis shared with other engineers' workers: record instead of sending.
+    # The broker is a Redis other checkouts' workers may share: record instead of sending.
     sent: list[tuple[str, list[int]]] = []
     for task in (tasks.forecast_refit, tasks.forecast_refresh, tasks.jobs_runtime_predict):
         monkeypatch.setattr(task, "apply_async", lambda args, _n=task.name, **kw: sent.append((_n, args)))

@@ -2,7 +2,7 @@
 
 Import the fixtures you use into the test module (``from tests.integration.loop import ...``).
 Redis is real (db ``ENGINE_REDIS_DB`` for the simulator state, triggers and metrics, so other
-engineers' runs on db 0 are untouched); PostgreSQL is real.
+checkouts' runs on db 0 are untouched); PostgreSQL is real.
 """
 
 from __future__ import annotations

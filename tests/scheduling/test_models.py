@@ -16,8 +16,13 @@ from tests.factories import AllocationFactory, BookingFactory, JobFactory
 pytestmark = pytest.mark.django_db
 
 
+# One base instant for the whole module: two calls to ``timezone.now()`` a second apart would
+# shift one period against the other (back-to-back periods would then overlap).
+_BASE = timezone.now().replace(microsecond=0)
+
+
 def _period(start_h: float, end_h: float | None) -> DateTimeTZRange:
-    base = timezone.now().replace(microsecond=0)
+    base = _BASE
     upper = None if end_h is None else base + timedelta(hours=end_h)
     return DateTimeTZRange(base + timedelta(hours=start_h), upper, "[)")
 

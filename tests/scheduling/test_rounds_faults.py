@@ -1,7 +1,7 @@
 """Fault tests of the round service: apply failures after commit, an unreachable backend, racing rounds.
 
 The backend is the live simulator with its fault switches (``refuse_starts``, ``fail_apply``,
-``is_unreachable``, ``block_in``); the Slurm engineer tests a real dead slurmctld separately.
+``is_unreachable``, ``block_in``); a real dead slurmctld is tested in ``test_rounds_slurm.py``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Researcher pages of issue 6: dashboard, availability outlook and CSV, predicted runtime, API tokens.
+"""Researcher pages: dashboard, availability outlook and CSV, predicted runtime, API tokens.
 
 Against the real PostgreSQL test database; bookings go through the real ``booking_create``
 service.  Nothing is mocked except where a test says so.
@@ -76,7 +76,7 @@ def test_operations_link_only_for_staff_and_only_once_the_route_exists(
     page = client.get("/").content.decode()
     try:
         ops_url = reverse("ops:home")
-    except Exception:  # the admin engineer's app is not wired yet: no link, and no error
+    except Exception:  # no ops app in this configuration: no link, and no error
         assert ">Operations<" not in page
     else:
         assert f'href="{ops_url}"' in page

@@ -1,4 +1,4 @@
-"""Engine v2 rules (issue 11): restore cost in victim choice, the top job's drain lent to
+"""Engine v2 rules: restore cost in victim choice, the top job's drain lent to
 checkpointing work, and a requeued job's slowdown counted from its requeue."""
 
 from __future__ import annotations
