@@ -105,6 +105,8 @@ _LOCK_NAMESPACE = 0x4265  # "Be": first key of the two-key advisory lock, the cl
 _EXTEND_MARGIN = timedelta(minutes=5)
 _EXTEND_BY = timedelta(minutes=30)
 _MIN_PERIOD = timedelta(seconds=60)
+# A pending job's stored ETA is rewritten only when it moves by more than this (or 10 % of the wait).
+_ETA_SLACK = timedelta(seconds=60)
 # A terminal backend record that started this long before the job's current start is an earlier attempt.
 _STALE_TOLERANCE_S = 2.0
 _BOOKING_NOTE_PREFIX = "Engine: "
@@ -866,7 +868,8 @@ def _write_explanations(
     A job in ``unstartable`` (it can never start under today's inventory and quotas) keeps
     that reason and what would unblock it, and no ETA: no amount of waiting starts it.
 
-    Only rows whose values change are written, in one statement over arrays (``UNNEST``):
+    Only rows whose values change are written (an ETA that moved less than `_eta_close`
+    allows is kept), in one statement over arrays (``UNNEST``):
     from one round to the next most of a long queue keeps its explanation, and a ``CASE`` per
     row (Django's ``bulk_update``) costs PostgreSQL time quadratic in the rows of one statement.
     """
@@ -891,7 +894,9 @@ def _write_explanations(
                 from_epoch(p.eta_p50_at) if p.eta_p50_at is not None else None,
                 from_epoch(p.eta_p90_at) if p.eta_p90_at is not None else None,
             )
-        if row[1:] != (old_reason, old_sentence, old_p50, old_p90):
+        if row[1:3] != (old_reason, old_sentence) or not (
+            _eta_close(row[3], old_p50, now=now) and _eta_close(row[4], old_p90, now=now)
+        ):
             changed.append(row)
     result.pending = seen
     if changed:
@@ -908,6 +913,18 @@ def _write_explanations(
                 """,  # noqa: S608 (the table name is the model's, every value a parameter)
                 [list(c) for c in columns] + [Job.Status.PENDING],
             )
+
+
+def _eta_close(new: datetime | None, old: datetime | None, *, now: datetime) -> bool:
+    """Whether a stored ETA may stay: within ``max(_ETA_SLACK, 10 %)`` of the time left until it.
+
+    ETAs move by seconds from one round to the next; a queue of 10,000 jobs rewritten every
+    round for that costs PostgreSQL seconds and nobody can see the difference ("in about 3 h").
+    """
+    if new is None or old is None:
+        return new is old
+    slack_s = max(_ETA_SLACK.total_seconds(), 0.1 * max(0.0, (old - now).total_seconds()))
+    return abs((new - old).total_seconds()) <= slack_s
 
 
 def _write_booking_notes(cluster: Cluster, plan: Plan) -> None:

@@ -92,6 +92,13 @@ class Stack:
     def rounds(self) -> int:
         return int(self.sql("SELECT count(*) FROM scheduling_engineround WHERE error = ''")[0][0])
 
+    def tails(self) -> str:
+        """The last lines of every process's log, and which are still running (for failures)."""
+        return "\n".join(
+            f"---- {p.name} ({'running' if p.is_running() else 'exited'}):\n{p.tail(40)}"
+            for p in (self.web, self.worker, self.beat)
+        )
+
     def assert_up(self) -> None:
         for process in (self.web, self.worker, self.beat):
             assert process.is_running(), f"{process.name} exited:\n{process.tail()}"

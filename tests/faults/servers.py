@@ -32,7 +32,14 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_for(predicate: Callable[[], Any], *, timeout_s: float, what: str, interval_s: float = 0.2) -> Any:
+def wait_for(
+    predicate: Callable[[], Any],
+    *,
+    timeout_s: float,
+    what: str,
+    interval_s: float = 0.2,
+    detail: Callable[[], str] | None = None,
+) -> Any:
     """Poll ``predicate`` until it returns something truthy; AssertionError after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     last_error: Exception | None = None
@@ -45,7 +52,8 @@ def wait_for(predicate: Callable[[], Any], *, timeout_s: float, what: str, inter
         if value:
             return value
         time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last error: {last_error})")
+    more = f"\n{detail()}" if detail is not None else ""
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last error: {last_error}){more}")
 
 
 def _is_root() -> bool:

@@ -99,8 +99,9 @@ def test_postgres_stopped_and_restarted(stack: Stack) -> None:
         )
         wait_for(
             lambda: stack.rounds() > rounds_before,
-            timeout_s=120,
-            what=f"rounds to resume\nworker:\n{stack.worker.tail()}\nbeat:\n{stack.beat.tail()}",
+            timeout_s=180,
+            what="rounds to resume",
+            detail=stack.tails,
         )
         time.sleep(2)
     outage = load.between(down_at + 0.5, up_at)
@@ -157,7 +158,8 @@ def test_worker_killed_mid_round(stack: Stack, tmp_path: Path) -> None:
             wait_for(
                 lambda: _job_status(stack, "kill-target") == "running",
                 timeout_s=180,
-                what=f"the repaired round\n{stack.worker.tail()}",
+                what="the repaired round",
+                detail=stack.tails,
             )
             time.sleep(2)
     finally:
