@@ -136,7 +136,7 @@ def test_worker_killed_mid_round(stack: Stack, tmp_path: Path) -> None:
             answer = stack.api().post(
                 f"{stack.base_url}/api/v1/jobs/",
                 json={
-                    "name": "kill-target",
+                    "name": "target-of-kill",
                     "project": stack.seed["project"],
                     "cluster": stack.seed["cluster"],
                     "gpu_type": stack.seed["gpu_type"],
@@ -151,12 +151,12 @@ def test_worker_killed_mid_round(stack: Stack, tmp_path: Path) -> None:
             wait_for(
                 lambda: marker.exists() and marker.read_text().strip(), timeout_s=120, what="a round to block"
             )
-            assert _job_status(stack, "kill-target") == "starting"  # the plan is committed, not applied
+            assert _job_status(stack, "target-of-kill") == "starting"  # the plan is committed, not applied
             stack.worker.kill_9()
             time.sleep(2)
             stack.worker.start()
             wait_for(
-                lambda: _job_status(stack, "kill-target") == "running",
+                lambda: _job_status(stack, "target-of-kill") == "running",
                 timeout_s=180,
                 what="the repaired round",
                 detail=stack.tails,
