@@ -24,8 +24,9 @@ Semantics
 Fault injection (demos and the fault tests; all off by default): ``is_unreachable`` makes
 every call raise `BackendError`; ``fail_apply`` makes `apply` raise before doing anything;
 ``refuse_starts`` refuses every start; ``block_in`` (``"snapshot"`` or ``"apply"``; in apply,
-the first apply that starts a job) sleeps ``block_s`` seconds there, once per ``block_marker`` file (the file is created first and holds
-the sleeping process id, so a test can kill exactly that process).
+the first apply that starts a job) sleeps ``block_s`` seconds there, once per ``block_marker``
+file (the file is created first and holds the sleeping process id, so a test can kill exactly
+that process).
 
 No Django here: the registry passes the node inventory, a Redis client and a config.
 """
