@@ -42,7 +42,7 @@ test: venv services
 	@scripts/test.sh
 
 test-fast: venv services  ## skip Slurm, browser and slow tests
-	$(BIN)/pytest -q -m "not slurm and not e2e and not slow"
+	$(BIN)/pytest -q -m "not slurm and not e2e and not slow and not fault"
 
 lint: venv
 	$(BIN)/ruff check .
@@ -61,3 +61,7 @@ fuzz: venv services  ## longer schemathesis pass over the whole API (BERTH_FUZZ_
 
 bench-api: venv services  ## gunicorn (production settings) on a free loopback port + bench.api
 	scripts/bench-api.sh
+
+.PHONY: bench-round
+bench-round: venv services  ## the whole engine round on a database of its own (DESIGN §8), artifacts/bench_round.json
+	$(BIN)/python -m bench.round --nodes 1000 --gpus-per-node 8 --running 2048 --pending 10000 --out artifacts/bench_round.json

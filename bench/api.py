@@ -14,6 +14,12 @@ client's GIL is not the bottleneck) for ``--duration-s`` seconds:
 - ``booking_create``: POST /api/v1/bookings/, 1 GPU for 1 h at spread-out future hours
   (201 counts as success; 409 — the nearest GPUs were just taken — is counted separately);
 - ``bookings_list``: GET /api/v1/bookings/?mine=true;
+- ``refused_booking``: POST /api/v1/bookings/ for 8 GPUs in a window the bench filled first
+  (``--setup``; 70 days ahead, past the hours booking_create walks), so every request is
+  refused: a 409 with the nearest alternatives, or a 429 once a client passes the
+  refused-booking limit (``BERTH_REFUSED_BOOKING_RATE``);
+- ``mixed``: one client sends those refused bookings while the others read availability;
+  ``availability`` and ``attacker`` are reported apart (the others' p99 is the number);
 - ``conflict_storm``: all clients book the same window at once, more GPUs than exist.
 
 ``double_bookings`` is then read from the database: pairs of overlapping live allocations of
@@ -24,6 +30,7 @@ storm window.  Only loopback URLs are accepted.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import http.client
 import json
 import multiprocessing as mp
@@ -51,6 +58,8 @@ class Target:
     gpu_type: str
     project: str
     cluster: str
+    full_start: str = ""  # a window every GPU is booked in (refused_booking, mixed)
+    full_end: str = ""
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -306,7 +315,7 @@ def _request(
 
 def _client_loop(
     args: tuple[Target, str, int, float, float, int],
-) -> tuple[list[float], dict[int, int], float]:
+) -> tuple[list[float], dict[int, int], float, str]:
     target, phase, client, start_wall, duration_s, base_hour = args
     token = target.tokens[client % len(target.tokens)]
     conn = _KeepAlive(target.host, target.port, timeout=30)
@@ -319,8 +328,23 @@ def _client_loop(
     deadline = start_wall + duration_s
     cpu0 = time.process_time()
     i = 0
+    role = phase
+    if phase == "mixed":
+        role = "refused_booking" if client == 0 else "availability"
+        if client == 0:  # the attacker signs in as a user of its own: its limit is its own
+            token = target.tokens[-1]
     while time.time() < deadline:
-        if phase == "availability":
+        if role == "refused_booking":
+            method, path = "POST", "/api/v1/bookings/"
+            body = {
+                "project": target.project,
+                "gpu_type": target.gpu_type,
+                "cluster": target.cluster,
+                "gpu_count": 8,
+                "start_at": target.full_start,
+                "end_at": target.full_end,
+            }
+        elif role == "availability":
             start = day0 + timedelta(hours=(client + i) % 48)
             query = urlencode(
                 {
@@ -356,7 +380,7 @@ def _client_loop(
         i += 1
     cpu = time.process_time() - cpu0
     conn.close()
-    return latencies, statuses, cpu
+    return latencies, statuses, cpu, role
 
 
 def _storm_client(args: tuple[Target, int, float, str, str, int]) -> int:
@@ -394,6 +418,19 @@ def run_phase(
         meter.start()
     results = pool.map(_client_loop, jobs)
     used = meter.stop() if meter is not None else {}
+    summary = _summarize([r[:3] for r in results], duration_s=duration_s, used=used)
+    if phase == "mixed":
+        for role in ("availability", "refused_booking"):
+            mine = [r[:3] for r in results if r[3] == role]
+            summary["attacker" if role == "refused_booking" else role] = _summarize(
+                mine, duration_s=duration_s, used={}
+            )
+    return summary
+
+
+def _summarize(
+    results: list[tuple[list[float], dict[int, int], float]], *, duration_s: float, used: dict[str, float]
+) -> dict[str, Any]:
     latencies = [x for lat, _, _ in results for x in lat]
     statuses: dict[str, int] = {}
     for _, st, _ in results:
@@ -416,6 +453,34 @@ def run_phase(
     }
 
 
+def fill_window(target: Target, *, nodes: int) -> Target:
+    """Book every GPU of the bench cluster in one 4-hour window, 70 days ahead, through the API.
+
+    Bookings there are then always refused (409 with alternatives): the refused-booking phases
+    measure that path.  Uses the first token; returns the target with the window.
+    """
+    start = (datetime.now(tz=UTC) + timedelta(days=70)).replace(minute=0, second=0, microsecond=0)
+    end = start + timedelta(hours=4)
+    conn = http.client.HTTPConnection(target.host, target.port, timeout=60)
+    try:
+        body = {
+            "project": target.project,
+            "gpu_type": target.gpu_type,
+            "cluster": target.cluster,
+            "gpu_count": 8,
+            "start_at": start.isoformat(),
+            "end_at": end.isoformat(),
+            "note": "bench: fill the refused window",
+        }
+        codes = [_request(conn, "POST", "/api/v1/bookings/", target.tokens[0], body) for _ in range(nodes)]
+        refused = _request(conn, "POST", "/api/v1/bookings/", target.tokens[0], body)
+    finally:
+        conn.close()
+    if codes.count(201) != nodes or refused != 409:
+        raise SystemExit(f"could not fill the refused window: {codes} then {refused}")
+    return dataclasses.replace(target, full_start=start.isoformat(), full_end=end.isoformat())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.api", description=__doc__.split("\n")[0])
     parser.add_argument("--url", required=True, help="server base URL on loopback")
@@ -433,8 +498,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--phases",
-        default="availability,booking_create,bookings_list",
-        help="comma-separated subset of availability, booking_create, bookings_list",
+        default="availability,booking_create,bookings_list,refused_booking,mixed",
+        help="comma-separated subset of availability, booking_create, bookings_list, refused_booking, mixed",
     )
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
@@ -463,9 +528,13 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     phases = [p.strip() for p in args.phases.split(",") if p.strip()]
-    unknown = set(phases) - {"availability", "booking_create", "bookings_list"}
+    unknown = set(phases) - {"availability", "booking_create", "bookings_list", "refused_booking", "mixed"}
     if unknown:
         parser.error(f"unknown phase(s): {', '.join(sorted(unknown))}")
+    if {"refused_booking", "mixed"} & set(phases):
+        if not args.setup:
+            parser.error("the refused_booking and mixed phases need --setup (they fill a window first)")
+        target = fill_window(target, nodes=args.bench_nodes)
     meter = CpuMeter(args.server_pid, with_db=args.setup) if os.path.isdir("/proc") else None
     endpoints: dict[str, dict[str, Any]] = {}
     ctx = mp.get_context("fork")
@@ -486,6 +555,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"{phase:>16}: {result['rps']:8.1f} req/s  p50 {result['p50_ms']:7.2f} ms"
                 f"  p99 {result['p99_ms']:7.2f} ms  {result['statuses']}  CPU ms/req: {cpu}"
             )
+            for role in ("availability", "attacker") if phase == "mixed" else ():
+                part = result[role]
+                print(
+                    f"{'  ' + role:>16}: {part['rps']:8.1f} req/s  p50 {part['p50_ms']:7.2f} ms"
+                    f"  p99 {part['p99_ms']:7.2f} ms  {part['statuses']}"
+                )
 
         # The storm: every client wants the same window, together asking for more than exists.
         storm_start = (datetime.now(tz=UTC) + timedelta(days=80)).replace(minute=0, second=0, microsecond=0)

@@ -22,7 +22,9 @@ from __future__ import annotations
 import json
 import logging
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -118,6 +120,31 @@ def _actor_id(actor: User | None) -> int | None:
     return int(actor.pk) if actor is not None and actor.pk is not None else None
 
 
+_AUDIT_BUFFER: ContextVar[list[AuditEvent] | None] = ContextVar("berth_audit_buffer", default=None)
+
+
+@contextmanager
+def audit_events_deferred() -> Iterator[None]:
+    """Within the block, audit events are collected and written in one INSERT when it ends.
+
+    For callers that write many events in one transaction (an engine round): use it inside the
+    ``transaction.atomic()`` block, so the events commit with the changes they describe.  If
+    the block raises, nothing is written (the transaction rolls back anyway).  Events recorded
+    inside a savepoint that is rolled back would still be written: record them after it.
+    """
+    if _AUDIT_BUFFER.get() is not None:  # already deferring: the outer block writes them
+        yield
+        return
+    buffer: list[AuditEvent] = []
+    token = _AUDIT_BUFFER.set(buffer)
+    try:
+        yield
+    finally:
+        _AUDIT_BUFFER.reset(token)
+    if buffer:
+        AuditEvent.objects.bulk_create(buffer, batch_size=2_000)
+
+
 def audit_event_record(
     *,
     actor: User | None,
@@ -129,8 +156,12 @@ def audit_event_record(
     after: dict[str, Any] | None,
     at: datetime,
 ) -> AuditEvent:
-    """Write one audit event; call it inside the transaction that makes the change."""
-    return AuditEvent.objects.create(
+    """Write one audit event; call it inside the transaction that makes the change.
+
+    Inside `audit_events_deferred` the event is only collected (its ``pk`` stays None until the
+    block writes it).
+    """
+    event = AuditEvent(
         actor_id=_actor_id(actor),
         actor_label=actor_label,
         verb=verb,
@@ -140,6 +171,12 @@ def audit_event_record(
         after=after,
         at=at,
     )
+    buffer = _AUDIT_BUFFER.get()
+    if buffer is not None:
+        buffer.append(event)
+    else:
+        event.save(force_insert=True)
+    return event
 
 
 def _allocation_events(
@@ -173,10 +210,13 @@ def allocation_events_record(
     verb: str,
     at: datetime,
 ) -> None:
-    """One audit event per changed allocation, in one INSERT."""
-    AuditEvent.objects.bulk_create(
-        _allocation_events(changes=changes, actor=actor, actor_label=actor_label, verb=verb, at=at)
-    )
+    """One audit event per changed allocation, in one INSERT (collected inside `audit_events_deferred`)."""
+    events = _allocation_events(changes=changes, actor=actor, actor_label=actor_label, verb=verb, at=at)
+    buffer = _AUDIT_BUFFER.get()
+    if buffer is not None:
+        buffer.extend(events)
+    elif events:
+        AuditEvent.objects.bulk_create(events)
 
 
 # ---- shared checks ----

@@ -15,7 +15,7 @@
 # req/s at 1.7-2.9 ms server CPU per request, 2 x 4 gthread 553-754 req/s at 1.4-1.7 ms.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN=.venv/bin
+BIN=${BIN:-.venv/bin}
 : "${DATABASE_URL:?DATABASE_URL is required}"
 workers="${BENCH_WORKERS:-$(nproc)}"
 threads="${BENCH_THREADS:-4}"

@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
 # The whole suite: import contract, then pytest (Slurm-marked tests run when the local Slurm starts).
+# It includes the fault suite (marker "fault", tests/faults/): it starts its own PostgreSQL and Redis
+# from the Debian binaries on free loopback ports (as root, PostgreSQL runs as "postgres"), a
+# gunicorn, a Celery worker and beat, and never touches the servers started here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin

@@ -23,9 +23,10 @@ Semantics
 
 Fault injection (demos and the fault tests; all off by default): ``is_unreachable`` makes
 every call raise `BackendError`; ``fail_apply`` makes `apply` raise before doing anything;
-``refuse_starts`` refuses every start; ``block_in`` (``"snapshot"`` or ``"apply"``) sleeps
-``block_s`` seconds there, once per ``block_marker`` file (the file is created first and holds
-the sleeping process id, so a test can kill exactly that process).
+``refuse_starts`` refuses every start; ``block_in`` (``"snapshot"`` or ``"apply"``; in apply,
+the first apply that starts a job) sleeps ``block_s`` seconds there, once per ``block_marker``
+file (the file is created first and holds the sleeping process id, so a test can kill exactly
+that process).
 
 No Django here: the registry passes the node inventory, a Redis client and a config.
 """
@@ -171,7 +172,8 @@ class LiveSimBackend:
         self._check_reachable()
         if self.config.fail_apply:
             raise BackendError("simulated cluster refused the connection (fail_apply)")
-        self._maybe_block("apply")
+        if plan.starts:  # an apply that only acknowledges reservations is not worth blocking
+            self._maybe_block("apply")
         payloads = payloads or {}
         results: list[ActionResult] = []
         with self._locked():
@@ -181,8 +183,11 @@ class LiveSimBackend:
                 results.append(self._preempt(preempt, records, now))
             results.extend(ActionResult("release", r.holder_id, True) for r in plan.releases)
             results.extend(ActionResult("reserve", r.holder_id, True) for r in plan.reservations)
+            owners = {
+                g: job_id for job_id, r in records.items() if r["state"] == _RUNNING for g in r["gpu_ids"]
+            }
             for start in plan.starts:
-                results.append(self._start(start, records, payloads.get(start.job_id) or {}, now))
+                results.append(self._start(start, records, payloads.get(start.job_id) or {}, now, owners))
         return results
 
     def cancel(self, job_id: str) -> ActionResult:
@@ -360,7 +365,9 @@ class LiveSimBackend:
         records: dict[str, dict[str, Any]],
         payload: Mapping[str, Any],
         now: float,
+        owners: dict[int, str],
     ) -> ActionResult:
+        """Start one job; ``owners`` (GPU id -> running job id) is kept up to date for the next start."""
         job_id = action.job_id
         gpu_ids = tuple(action.gpu_ids)
         rec = records.get(job_id)
@@ -374,7 +381,6 @@ class LiveSimBackend:
             )
         if not gpu_ids or len(set(gpu_ids)) != len(gpu_ids) or not set(gpu_ids) <= self._gpu_ids:
             return ActionResult("start", job_id, False, f"bad GPU list {list(gpu_ids)}")
-        owners = {g: other for other, r in records.items() if r["state"] == _RUNNING for g in r["gpu_ids"]}
         busy = sorted(g for g in gpu_ids if g in owners)
         if busy:
             return ActionResult(
@@ -411,6 +417,7 @@ class LiveSimBackend:
         }
         records[job_id] = new
         self._save(job_id, new)
+        owners.update(dict.fromkeys(gpu_ids, job_id))
         return ActionResult("start", job_id, True, "", ref)
 
     def _work_s(self, job_id: str, payload: Mapping[str, Any]) -> float:

@@ -1,0 +1,515 @@
+"""Whole-round benchmark (DESIGN §8): one engine round on a real database, phase by phase.
+
+    python -m bench.round --nodes N --gpus-per-node G --running R --pending P \
+        [--rounds K] [--history H] [--step-s S] [--keep-db] --out FILE.json
+
+What runs is the portal's own round, `scheduling.rounds.engine_round_run`: the simulator
+backend's snapshot (its state in Redis, like the demo), reconcile, the frozen snapshot built by
+the selectors, `plan_round` (policy ``berth``), the plan persisted in one transaction and the
+backend's apply after the commit.  ``phases_ms`` holds the median of each phase over the rounds
+(``backend_snapshot``, ``reconcile``, ``snapshot_build``, ``plan``, ``persist``, ``apply``).
+
+The database is the bench's own: ``berth_bench_round`` (``--db-name``) on the server of
+``DATABASE_URL`` is created, migrated, filled and dropped at the end (``--keep-db`` keeps it);
+the simulator's Redis keys (on ``REDIS_URL``, prefixed with that database's name) are deleted
+too.  The cluster: N nodes of G A100s; R running jobs of 1-8 GPUs packed onto the nodes (30 %
+preemptible; the simulator starts them at setup, with true runtimes of 5 min to 8 h, so some
+end during the rounds); P pending jobs from 200 users in 25 projects (5 % interactive, 80 %
+with a stored runtime prediction, the rest predicted in the round from ``--history`` finished
+jobs); an open booking per 20 nodes in the next day on GPUs left free; quotas on half the
+projects.  Each round runs ``--step-s`` later than the one before on the engine clock, so the
+rounds see jobs end, starts and preemptions as a live cluster would.  The first round starts
+the most work (the free GPUs fill); it is reported on its own as ``first_round_ms`` and counted
+in the quantiles like every other round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import time
+from datetime import datetime, timedelta
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from bench._util import format_table, write_json
+
+PHASES = ("backend_snapshot", "reconcile", "snapshot_build", "plan", "persist", "apply")
+DEFAULT_DB = "berth_bench_round"
+_RUNNING_SIZES = (1, 2, 2, 4, 4, 8, 8)
+_PENDING_SIZES = (1, 1, 1, 2, 2, 4, 8)
+_REQUESTED_S = (600, 3_600, 4 * 3_600, 12 * 3_600, 48 * 3_600)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100); 0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[rank]
+
+
+def _database_url(base_url: str, name: str) -> str:
+    parts = urlsplit(base_url)
+    return urlunsplit(parts._replace(path=f"/{name}"))
+
+
+def _admin_connect(base_url: str) -> Any:
+    """An autocommit connection to the server's ``postgres`` database (CREATE/DROP DATABASE)."""
+    import psycopg
+
+    parts = urlsplit(base_url)
+    return psycopg.connect(
+        host=parts.hostname or "127.0.0.1",
+        port=parts.port or 5432,
+        user=parts.username,
+        password=parts.password,
+        dbname="postgres",
+        autocommit=True,
+    )
+
+
+def database_create(base_url: str, name: str) -> str:
+    """Create (after dropping any leftover) the bench database; returns its URL."""
+    from psycopg import sql
+
+    if not name.replace("_", "").isalnum():
+        raise SystemExit(f"--db-name {name!r}: letters, digits and underscores only")
+    with _admin_connect(base_url) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return _database_url(base_url, name)
+
+
+def database_drop(base_url: str, name: str) -> None:
+    from psycopg import sql
+
+    with _admin_connect(base_url) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def django_setup(database_url: str) -> None:
+    """Point Django at the bench database (before any model import) and migrate it."""
+    os.environ["DATABASE_URL"] = database_url
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0, interactive=False)
+
+
+def lab_build(
+    *, nodes: int, gpus_per_node: int, running: int, pending: int, history: int, now: datetime, seed: int
+) -> dict[str, Any]:
+    """Fill the bench database (see the module docstring); returns counts and the cluster id."""
+    from django.contrib.auth import get_user_model
+    from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
+
+    from portal.accounts.models import Membership, Project, Quota
+    from scheduling.backends.registry import backend_for_cluster
+    from scheduling.engine.types import Plan, StartAction
+    from scheduling.models import Allocation, Booking, Cluster, Gpu, GpuType, Job, Node
+
+    rng = random.Random(seed)
+    user_model = get_user_model()
+    gpu_type = GpuType.objects.create(
+        name="A100", memory_gib=80.0, precisions=["fp64", "tf32", "bf16", "fp16"], value=1.0
+    )
+    cluster = Cluster.objects.create(
+        name="bench-round",
+        backend=Cluster.Backend.SIMULATOR,
+        settings={"speedup": 1.0, "seed": seed, "policy": {"name": "berth"}},
+    )
+    node_rows = Node.objects.bulk_create(
+        Node(
+            cluster=cluster,
+            name=f"n{i:04d}",
+            gpu_type=gpu_type,
+            gpu_count=gpus_per_node,
+            domain=f"r{i // 32}",
+        )
+        for i in range(nodes)
+    )
+    Gpu.objects.bulk_create(Gpu(node=node, index=i) for node in node_rows for i in range(gpus_per_node))
+    gpus_by_node = [
+        [g for g, _ in sorted(rows, key=lambda r: r[1])]
+        for rows in _group(Gpu.objects.filter(node__cluster=cluster).values_list("node_id", "id", "index"))
+    ]
+    projects = Project.objects.bulk_create(
+        Project(slug=f"p{i:02d}", name=f"Project {i}", fair_share_weight=rng.choice((1.0, 1.0, 2.0)))
+        for i in range(25)
+    )
+    users = user_model.objects.bulk_create(user_model(username=f"u{i:03d}") for i in range(200))
+    member_of = {u.pk: projects[i % len(projects)] for i, u in enumerate(users)}
+    Membership.objects.bulk_create(
+        Membership(user=u, project=member_of[u.pk], role=Membership.Role.MEMBER) for u in users
+    )
+    Quota.objects.bulk_create(
+        Quota(
+            project=p, gpu_type=gpu_type, guaranteed_gpus=nodes * gpus_per_node // 50, borrow_limit_gpus=None
+        )
+        for p in projects[::2]
+    )
+
+    def job_fields(size: int) -> dict[str, Any]:
+        user = users[rng.randrange(len(users))]
+        requested = rng.choice(_REQUESTED_S)
+        return {
+            "user": user,
+            "project": member_of[user.pk],
+            "cluster": cluster,
+            "gpu_count": size,
+            "requested_s": requested,
+            "is_preemptible": rng.random() < 0.3,
+        }
+
+    # Finished history: what the runtime predictor and the fair-share usage read.
+    history_rows = []
+    for i in range(history):
+        fields = job_fields(rng.choice(_PENDING_SIZES))
+        ended = now - timedelta(seconds=rng.uniform(600, 7 * 86_400))
+        run_s = rng.uniform(0.1, 1.0) * fields["requested_s"]
+        history_rows.append(
+            Job(
+                **fields,
+                name=f"hist-{i % 40}",
+                status=Job.Status.COMPLETED,
+                submitted_at=ended - timedelta(seconds=run_s + 60),
+                started_at=ended - timedelta(seconds=run_s),
+                ended_at=ended,
+                exit_code=0,
+            )
+        )
+    Job.objects.bulk_create(history_rows, batch_size=2_000)
+
+    # Running jobs packed onto the nodes.
+    free = [list(g) for g in gpus_by_node]
+    order = list(range(len(free)))
+    running_rows: list[tuple[Job, list[int]]] = []
+    for i in range(running):
+        size = min(rng.choice(_RUNNING_SIZES), gpus_per_node)
+        rng.shuffle(order)
+        index = next((n for n in order if len(free[n]) >= size), None)
+        if index is None:
+            size, index = 1, next((n for n in order if free[n]), None)
+            if index is None:
+                break
+        gpus, free[index] = free[index][:size], free[index][size:]
+        fields = job_fields(size)
+        started = now - timedelta(seconds=rng.uniform(0, fields["requested_s"] / 2))
+        running_rows.append(
+            (
+                Job(
+                    **fields,
+                    name=f"run-{i % 40}",
+                    status=Job.Status.RUNNING,
+                    submitted_at=started - timedelta(seconds=rng.uniform(0, 3_600)),
+                    started_at=started,
+                    predicted_p50_s=fields["requested_s"] * 0.4,
+                    predicted_p90_s=fields["requested_s"] * 0.8,
+                    payload={"sim_runtime_s": rng.uniform(300, 8 * 3_600)},
+                ),
+                gpus,
+            )
+        )
+    Job.objects.bulk_create([job for job, _ in running_rows], batch_size=2_000)
+    Allocation.objects.bulk_create(
+        (
+            Allocation(
+                gpu_id=g,
+                job=job,
+                period=DateTimeTZRange(
+                    job.started_at, job.started_at + timedelta(seconds=job.requested_s * 2), "[)"
+                ),
+                state=Allocation.State.ACTIVE,
+                is_preemptible=job.is_preemptible,
+            )
+            for job, gpus in running_rows
+            for g in gpus
+        ),
+        batch_size=5_000,
+    )
+
+    # Bookings in the next day on GPUs no running job holds.
+    booking_count = 0
+    with_room = [n for n in range(len(free)) if free[n]]
+    rng.shuffle(with_room)
+    for index in with_room[: max(1, nodes // 20)]:
+        count = min(len(free[index]), rng.choice((1, 2, 4)))
+        gpus, free[index] = free[index][:count], free[index][count:]
+        user = users[rng.randrange(len(users))]
+        start = now + timedelta(seconds=rng.uniform(600, 86_400))
+        end = start + timedelta(seconds=rng.choice((3_600, 4 * 3_600)))
+        booking = Booking.objects.create(
+            user=user,
+            project=member_of[user.pk],
+            cluster=cluster,
+            gpu_type=gpu_type,
+            gpu_count=count,
+            start_at=start,
+            end_at=end,
+        )
+        Allocation.objects.bulk_create(
+            Allocation(
+                gpu_id=g,
+                booking=booking,
+                period=DateTimeTZRange(start, end, "[)"),
+                state=Allocation.State.PLANNED,
+            )
+            for g in gpus
+        )
+        booking_count += 1
+
+    pending_rows = []
+    for i in range(pending):
+        is_interactive = rng.random() < 0.05
+        size = min(rng.choice((1, 2)) if is_interactive else rng.choice(_PENDING_SIZES), gpus_per_node)
+        fields = job_fields(size)
+        has_prediction = rng.random() < 0.8
+        pending_rows.append(
+            Job(
+                **{**fields, "is_preemptible": not is_interactive and rng.random() < 0.5},
+                name=f"queued-{i % 40}",
+                kind=Job.Kind.INTERACTIVE if is_interactive else Job.Kind.BATCH,
+                status=Job.Status.PENDING,
+                submitted_at=now - timedelta(seconds=rng.uniform(0, 86_400)),
+                predicted_p50_s=fields["requested_s"] * 0.4 if has_prediction else None,
+                predicted_p90_s=fields["requested_s"] * 0.8 if has_prediction else None,
+                payload={"sim_runtime_s": rng.uniform(300, 8 * 3_600)},
+            )
+        )
+    Job.objects.bulk_create(pending_rows, batch_size=2_000)
+
+    # The simulator runs what the database says runs (through its own apply, the real interface).
+    backend = backend_for_cluster(cluster, clock=lambda: now.timestamp())
+    results = backend.apply(
+        Plan(
+            starts=tuple(
+                StartAction(
+                    job_id=str(job.pk),
+                    gpu_ids=tuple(gpus),
+                    node_ids=(),
+                    expected_end_at=float("inf"),
+                    is_preemptible=job.is_preemptible,
+                )
+                for job, gpus in running_rows
+            )
+        ),
+        payloads={str(job.pk): {"sim_runtime_s": job.payload["sim_runtime_s"]} for job, _ in running_rows},
+    )
+    refused = [r for r in results if not r.is_ok]
+    if refused:
+        raise SystemExit(f"the simulator refused {len(refused)} setup starts: {refused[0].message}")
+    return {
+        "cluster_id": cluster.pk,
+        "gpus": nodes * gpus_per_node,
+        "running": len(running_rows),
+        "running_gpus": sum(len(g) for _, g in running_rows),
+        "pending": len(pending_rows),
+        "bookings": booking_count,
+        "history": len(history_rows),
+    }
+
+
+def _group(rows: Any) -> list[list[tuple[int, int]]]:
+    by_node: dict[int, list[tuple[int, int]]] = {}
+    for node_id, gpu_id, index in rows:
+        by_node.setdefault(node_id, []).append((gpu_id, index))
+    return [by_node[k] for k in sorted(by_node)]
+
+
+def rounds_run(*, cluster_id: int, rounds: int, now: datetime, step_s: float) -> list[dict[str, Any]]:
+    """Run ``rounds`` engine rounds, ``step_s`` apart on the engine clock; one dict per round."""
+    from scheduling.rounds import engine_round_run
+
+    out = []
+    for i in range(rounds):
+        at = now + timedelta(seconds=step_s * (i + 1))
+        started = time.perf_counter()
+        result = engine_round_run(cluster_id=cluster_id, now=at)
+        wall_ms = (time.perf_counter() - started) * 1000.0
+        if result.status != "ok":
+            raise SystemExit(f"round {i + 1}: {result.status}: {result.message}")
+        out.append(
+            {
+                "round_ms": wall_ms,
+                "phases_ms": dict(result.phases_ms),
+                "started": result.started,
+                "finished": result.finished,
+                "requeued": result.requeued,
+                "preempted": result.preempted,
+                "pending": result.pending,
+                "conflicts": result.start_conflicts,
+            }
+        )
+    return out
+
+
+def state_check(*, cluster_id: int) -> dict[str, int]:
+    """What the rounds left in the database, against the simulator: counts of anything wrong.
+
+    ``overlaps``: pairs of live allocations of one GPU that overlap in time (the exclusion
+    constraint makes it 0); ``running_not_in_backend`` / ``backend_not_in_db``: running jobs the
+    other side does not run; ``gpu_mismatch``: running jobs whose active allocations are not
+    the GPUs the simulator runs them on; ``unexplained``: pending jobs without a reason.
+    """
+    from django.db import connection
+
+    from scheduling.backends.registry import backend_for_cluster
+    from scheduling.models import Allocation, Cluster, Job
+
+    cluster = Cluster.objects.get(pk=cluster_id)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT count(*) FROM scheduling_allocation a JOIN scheduling_allocation b
+              ON a.gpu_id = b.gpu_id AND a.id < b.id AND a.period && b.period
+             WHERE a.state <> 'released' AND b.state <> 'released'
+            """
+        )
+        overlaps = int(cursor.fetchone()[0])
+    backend = backend_for_cluster(cluster)
+    records = backend.records()  # type: ignore[attr-defined]
+    sim_running = {k: sorted(r["gpu_ids"]) for k, r in records.items() if r["state"] == "running"}
+    db_running: dict[str, list[int]] = {}
+    for job_id, gpu_id in Allocation.objects.filter(
+        job__cluster=cluster,
+        job__status__in=(Job.Status.RUNNING, Job.Status.STARTING),
+        state=Allocation.State.ACTIVE,
+    ).values_list("job_id", "gpu_id"):
+        db_running.setdefault(str(job_id), []).append(gpu_id)
+    running_ids = {
+        str(pk)
+        for pk in Job.objects.filter(
+            cluster=cluster, status__in=(Job.Status.RUNNING, Job.Status.STARTING)
+        ).values_list("pk", flat=True)
+    }
+    return {
+        "overlaps": overlaps,
+        "running_not_in_backend": len(running_ids - set(sim_running)),
+        "backend_not_in_db": len(set(sim_running) - running_ids),
+        "gpu_mismatch": sum(
+            1 for k in running_ids & set(sim_running) if sorted(db_running.get(k, [])) != sim_running[k]
+        ),
+        "unexplained": Job.objects.filter(
+            cluster=cluster, status=Job.Status.PENDING, pending_reason=""
+        ).count(),
+    }
+
+
+def summarize(per_round: list[dict[str, Any]]) -> dict[str, Any]:
+    times = [r["round_ms"] for r in per_round]
+    return {
+        "round_ms_p50": _percentile(times, 50),
+        "round_ms_p99": _percentile(times, 99),
+        "round_ms_mean": statistics.fmean(times) if times else 0.0,
+        "first_round_ms": times[0] if times else 0.0,
+        "phases_ms": {
+            phase: _percentile([r["phases_ms"].get(phase, 0.0) for r in per_round], 50) for phase in PHASES
+        },
+        "phases_ms_p99": {
+            phase: _percentile([r["phases_ms"].get(phase, 0.0) for r in per_round], 99) for phase in PHASES
+        },
+    }
+
+
+def _redis_keys_delete(pattern: str) -> None:
+    import redis
+    from django.conf import settings
+
+    client = redis.Redis.from_url(settings.BERTH_ENGINE_REDIS_URL)
+    keys = list(client.scan_iter(match=pattern, count=1_000))
+    if keys:
+        client.delete(*keys)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.round", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, required=True)
+    parser.add_argument("--gpus-per-node", type=int, required=True)
+    parser.add_argument("--running", type=int, required=True)
+    parser.add_argument("--pending", type=int, required=True)
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--history", type=int, default=5_000, help="finished jobs in the last week")
+    parser.add_argument("--step-s", type=float, default=15.0, help="engine-clock seconds between rounds")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--db-name", default=DEFAULT_DB)
+    parser.add_argument("--keep-db", action="store_true", help="keep the bench database afterwards")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    if (
+        min(args.nodes, args.gpus_per_node, args.rounds) < 1
+        or min(args.running, args.pending, args.history) < 0
+    ):
+        parser.error("--nodes, --gpus-per-node and --rounds must be positive; counts non-negative")
+
+    base_url = os.environ.get("DATABASE_URL", "postgres://berth:berth@127.0.0.1:55433/berth")
+    url = database_create(base_url, args.db_name)
+    try:
+        django_setup(url)
+        from django.utils import timezone
+
+        _redis_keys_delete(f"berth:livesim:{args.db_name}:*")
+        now = timezone.now().replace(microsecond=0)
+        setup_t0 = time.perf_counter()
+        lab = lab_build(
+            nodes=args.nodes,
+            gpus_per_node=args.gpus_per_node,
+            running=args.running,
+            pending=args.pending,
+            history=args.history,
+            now=now,
+            seed=args.seed,
+        )
+        setup_s = time.perf_counter() - setup_t0
+        # A worker imports the forecasting app (pandas, for the headroom) once in its life,
+        # not once per round: the rounds measured here are a long-running worker's.
+        import forecasting.selectors  # noqa: F401
+
+        per_round = rounds_run(cluster_id=lab["cluster_id"], rounds=args.rounds, now=now, step_s=args.step_s)
+        check = state_check(cluster_id=lab["cluster_id"])
+        from django.db import connections
+
+        connections.close_all()
+    finally:
+        if not args.keep_db:
+            try:
+                _redis_keys_delete(f"berth:livesim:{args.db_name}:*")
+            except Exception as exc:  # Django never came up: nothing was written to Redis
+                print(f"note: simulator keys not cleared: {exc}", file=sys.stderr)
+            database_drop(base_url, args.db_name)
+
+    document: dict[str, Any] = {
+        **summarize(per_round),
+        "nodes": args.nodes,
+        "gpus_per_node": args.gpus_per_node,
+        "running": lab["running"],
+        "running_gpus": lab["running_gpus"],
+        "pending": lab["pending"],
+        "bookings": lab["bookings"],
+        "history": lab["history"],
+        "rounds": args.rounds,
+        "step_s": args.step_s,
+        "setup_s": setup_s,
+        "state": check,
+        "per_round": per_round,
+    }
+    write_json(args.out, document)
+    print(
+        f"{args.nodes}x{args.gpus_per_node} GPUs, {lab['running']} running ({lab['running_gpus']} GPUs),"
+        f" {lab['pending']} pending, {args.rounds} rounds (setup {setup_s:.1f} s)"
+    )
+    rows = [["round", document["round_ms_p50"], document["round_ms_p99"]]]
+    rows += [[phase, document["phases_ms"][phase], document["phases_ms_p99"][phase]] for phase in PHASES]
+    print(format_table(["ms", "p50", "p99"], rows))
+    print("state:", ", ".join(f"{k} {v}" for k, v in check.items()))
+    return 0 if not any(check.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
