@@ -12,7 +12,9 @@ from __future__ import annotations
 import ipaddress
 import logging
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -22,6 +24,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from notifications.models import Delivery, EventKind, Preference, Webhook
@@ -62,20 +65,47 @@ def _delivery_key(event_key: str, channel: str, recipient: str) -> str:
     return f"{event_key}|{channel}|{recipient}"[:300]
 
 
+_deferred: ContextVar[list[Event] | None] = ContextVar("notifications_deferred", default=None)
+
+
+@contextmanager
+def events_deferred() -> Iterator[None]:
+    """Collect every `event_emit` inside the block and record them together at its end, in a few
+    queries whatever their number (an engine round that starts or finishes hundreds of jobs)."""
+    outer = _deferred.get()
+    if outer is not None:  # already deferring: the outer block records them
+        yield
+        return
+    token = _deferred.set([])
+    try:
+        yield
+        pending = _deferred.get() or []
+    finally:
+        _deferred.reset(token)
+    events_emit(pending)
+
+
 def event_emit(event: Event) -> list[int]:
-    """Record the deliveries of ``event`` and send them after the commit; returns the new delivery ids.
+    """Record the deliveries of ``event`` and send them after the commit; returns the new delivery ids
+    (none yet inside `events_deferred`, which records it at the block's end).
 
     Recipients: the owner by mail when their preferences want this kind (and they have an
     address); the owner's own active webhooks subscribed to the kind; the active webhooks of
     the event's project subscribed to it.  Deliveries that exist already (same key) are left
     alone, so re-emitting sends nothing twice.
     """
-    user = User.objects.filter(pk=event.user_id, is_active=True).only("id", "email").first()
-    if user is None:
+    pending = _deferred.get()
+    if pending is not None:
+        pending.append(event)
         return []
+    return events_emit([event])
+
+
+def _delivery_rows(
+    event: Event, user: User, pref: Preference | None, hooks: Sequence[Webhook]
+) -> list[Delivery]:
     payload = {"event": event.kind, "key": event.key, "at": event.at.isoformat(), **event.data}
     rows: list[Delivery] = []
-    pref = _preference(user.pk)
     wants_mail = pref is None or (pref.is_email_enabled and event.kind in pref.email_events)
     if wants_mail and user.email:
         rows.append(
@@ -91,10 +121,11 @@ def event_emit(event: Event) -> list[int]:
                 created_at=event.at,
             )
         )
-    hooks = Webhook.objects.filter(is_active=True, events__contains=[event.kind], owner__is_active=True)
-    own = hooks.filter(owner_id=user.pk, project__isnull=True)
-    project = hooks.filter(project_id=event.project_id) if event.project_id is not None else hooks.none()
-    for hook in (own | project).distinct():
+    for hook in hooks:
+        is_own = hook.owner_id == user.pk and hook.project_id is None
+        is_project = event.project_id is not None and hook.project_id == event.project_id
+        if event.kind not in hook.events or not (is_own or is_project):
+            continue
         rows.append(
             Delivery(
                 key=_delivery_key(event.key, Delivery.Channel.WEBHOOK, str(hook.pk)),
@@ -109,11 +140,36 @@ def event_emit(event: Event) -> list[int]:
                 created_at=event.at,
             )
         )
+    return rows
+
+
+def events_emit(events: Sequence[Event]) -> list[int]:
+    """`event_emit` for many events at once: a fixed number of queries, whatever their number."""
+    if not events:
+        return []
+    user_ids = {e.user_id for e in events}
+    project_ids = {e.project_id for e in events if e.project_id is not None}
+    users = {u.pk: u for u in User.objects.filter(pk__in=user_ids, is_active=True).only("id", "email")}
+    if not users:
+        return []
+    prefs = {p.user_id: p for p in Preference.objects.filter(user_id__in=list(users))}
+    hooks = list(
+        Webhook.objects.filter(
+            is_active=True, owner__is_active=True, events__overlap=list({e.kind for e in events})
+        )
+        .filter(Q(owner_id__in=list(users), project__isnull=True) | Q(project_id__in=list(project_ids)))
+        .order_by("pk")
+    )
+    rows: dict[str, Delivery] = {}
+    for event in events:
+        user = users.get(event.user_id)
+        if user is not None:
+            for row in _delivery_rows(event, user, prefs.get(user.pk), hooks):
+                rows.setdefault(row.key, row)
     if not rows:
         return []
-    keys = [r.key for r in rows]
-    existing = set(Delivery.objects.filter(key__in=keys).values_list("key", flat=True))
-    fresh = [r for r in rows if r.key not in existing]
+    existing = set(Delivery.objects.filter(key__in=list(rows)).values_list("key", flat=True))
+    fresh = [r for key, r in rows.items() if key not in existing]
     # A concurrent emitter may insert the same key between the read and the write: ignore it.
     Delivery.objects.bulk_create(fresh, ignore_conflicts=True)
     ids = list(Delivery.objects.filter(key__in=[r.key for r in fresh]).values_list("id", flat=True))

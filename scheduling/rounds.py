@@ -55,6 +55,7 @@ from django.utils import timezone
 
 from notifications.events import booking_event_emit, job_event_emit, jobs_cannot_start_emit
 from notifications.models import EventKind
+from notifications.services import events_deferred
 from scheduling import metrics
 from scheduling.backends.base import ActionResult, BackendError, ClusterBackend, ObservedCluster, ObservedJob
 from scheduling.backends.base import ObservedState as OS
@@ -1126,10 +1127,16 @@ def _apply_and_record(
     for failure in failures:
         metrics.backend_error_count(cluster=cluster.name, operation=failure.action)
 
-    with transaction.atomic(), audit_events_deferred():
+    with transaction.atomic(), audit_events_deferred(), events_deferred():
         # No answer for a start: the next round's reconcile decides from what really runs.
         answered = [int(a.job_id) for a in persisted.starts if a.job_id in start_results]
-        locked = {j.pk: j for j in Job.objects.select_for_update().filter(pk__in=answered).order_by("id")}
+        locked = {
+            j.pk: j
+            for j in Job.objects.select_for_update(of=("self",))
+            .filter(pk__in=answered)
+            .select_related("project", "cluster")  # the start notices name them
+            .order_by("id")
+        }
         confirmed: list[Job] = []
         for action in persisted.starts:
             r = start_results.get(action.job_id)
@@ -1276,7 +1283,7 @@ def engine_round_run(*, cluster_id: int, now: datetime | None = None) -> RoundRe
             return result
         phases["backend_snapshot"], mark = _elapsed_ms(mark), time.perf_counter()
 
-        with transaction.atomic(durable=True), audit_events_deferred():
+        with transaction.atomic(durable=True), audit_events_deferred(), events_deferred():
             if cluster.is_degraded:
                 _set_degraded(cluster, is_degraded=False, message="", now=now)
             _sync_nodes(cluster, observed)
@@ -1308,7 +1315,7 @@ def engine_round_run(*, cluster_id: int, now: datetime | None = None) -> RoundRe
         plan_ms = phases["plan"] = _elapsed_ms(plan_t0)
 
         mark = time.perf_counter()
-        with transaction.atomic(durable=True), audit_events_deferred():
+        with transaction.atomic(durable=True), audit_events_deferred(), events_deferred():
             idle = Counter(reason.value for _, reason in plan.idle)
             round_row = EngineRound.objects.create(
                 cluster=cluster,
