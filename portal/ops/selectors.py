@@ -537,6 +537,19 @@ def idle_get(*, cluster_id: int, rng: Range, now: datetime | None = None) -> Tab
     )
 
 
+def _indexes(values: Sequence[int]) -> str:
+    """GPU indexes as short ranges: ``0-3, 6``."""
+    out: list[str] = []
+    for value in sorted(values):
+        if out and "-" not in out[-1].split(", ")[-1] and int(out[-1]) == value - 1:
+            out[-1] = f"{out[-1]}-{value}"
+        elif out and "-" in out[-1] and int(out[-1].split("-")[1]) == value - 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{value}"
+        else:
+            out.append(str(value))
+    return ", ".join(out) or "none free"
+
+
 @dataclass(frozen=True, slots=True)
 class IdleDrill:
     round_id: int | None
@@ -572,13 +585,33 @@ def idle_drill_get(*, cluster_id: int, start_at: datetime, end_at: datetime) -> 
         .exclude(state=Allocation.State.RELEASED)
         .values_list("gpu_id", flat=True)
     )
-    gpus = [
-        (f"{node}:{index}", type_name, status)
-        for gid, node, index, type_name, status in Gpu.objects.filter(node__cluster_id=cluster_id)
+    free_by_node: dict[str, list[int]] = defaultdict(list)
+    node_info: dict[str, tuple[str, str]] = {}
+    for gid, node, index, type_name, status in (
+        Gpu.objects.filter(node__cluster_id=cluster_id)
         .order_by("node__name", "index")
         .values_list("id", "node__name", "index", "node__gpu_type__name", "node__status")
-        if gid not in busy
-    ]
+    ):
+        node_info[node] = (type_name, status)
+        if gid not in busy:
+            free_by_node[node].append(index)
+    # One row per node and idle reason: the round's own per-node counts where it stored them
+    # (rounds since per-node counts exist, and the last replayed round of each hour), else the
+    # node's free GPUs under "not recorded".
+    by_node = (decisions or {}).get("idle_nodes")
+    groups: list[tuple[Any, ...]] = []
+    if isinstance(by_node, dict) and by_node:
+        for node in sorted(by_node):
+            type_name, status = node_info.get(node, ("?", "?"))
+            free = free_by_node.get(node, [])
+            for reason, count in sorted(by_node[node].items(), key=lambda kv: (-kv[1], kv[0])):
+                groups.append((node, type_name, status, reason, count, _indexes(free)))
+    else:
+        for node in sorted(free_by_node):
+            type_name, status = node_info[node]
+            free = free_by_node[node]
+            groups.append((node, type_name, status, "not recorded", len(free), _indexes(free)))
+    total = sum(g[4] for g in groups)
     pending = (
         Job.objects.filter(cluster_id=cluster_id, submitted_at__lte=at)
         .filter(Q(started_at__isnull=True) | Q(started_at__gt=at))
@@ -594,9 +627,9 @@ def idle_drill_get(*, cluster_id: int, start_at: datetime, end_at: datetime) -> 
         dict((decisions or {}).get("idle", {})),
         Table(
             name="idle-gpus",
-            caption=f"{len(gpus)} GPU(s) without an allocation at the round",
-            headers=("GPU", "Type", "Node state"),
-            rows=tuple(gpus),
+            caption=f"{total} idle GPU(s) on {len({g[0] for g in groups})} node(s), by node and reason",
+            headers=("Node", "Type", "Node state", "Reason", "Idle GPUs", "Free GPU indexes"),
+            rows=tuple(groups),
         ),
         Table(
             name="idle-jobs",

@@ -43,6 +43,7 @@ from portal.ops.selectors import Table
 
 UNPROCESSABLE = 422
 AUDIT_PAGE_SIZE = 50
+IDLE_DRILL_PAGE_SIZE = 20
 
 
 class HtmxHttpRequest(HttpRequest):
@@ -173,11 +174,23 @@ def idle_drill(request: HtmxHttpRequest) -> HttpResponse:
     drill = selectors.idle_drill_get(cluster_id=cluster_id, start_at=start, end_at=start + rng.step)
     if (response := _csv_or_none(request, [drill.gpus, drill.jobs])) is not None:
         return response
+    # A page of node groups at a time (a large cluster has hundreds of idle GPUs); the CSV has all.
+    page = Paginator(drill.gpus.rows, IDLE_DRILL_PAGE_SIZE).get_page(request.GET.get("page"))
+    jobs_page = Paginator(drill.jobs.rows, IDLE_DRILL_PAGE_SIZE).get_page(request.GET.get("jobs_page"))
+    drill_query = f"{_query(form)}&period={quote(raw)}"
     context = {
         "drill": drill,
+        "gpus_table": Table(
+            name=drill.gpus.name, caption=drill.gpus.caption, headers=drill.gpus.headers, rows=tuple(page)
+        ),
+        "jobs_table": Table(
+            name=drill.jobs.name, caption=drill.jobs.caption, headers=drill.jobs.headers, rows=tuple(jobs_page)
+        ),
+        "page": page,
+        "jobs_page": jobs_page,
         "period": raw,
         "query": _query(form),
-        "drill_query": f"{_query(form)}&period={quote(raw)}",
+        "drill_query": drill_query,
     }
     return _render(request, "ops/idle_drill.html", "idle-drill", context)
 
