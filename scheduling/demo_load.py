@@ -125,7 +125,9 @@ def _poisson(rng: random.Random, mean: float) -> int:
         k += 1
 
 
-def demo_load_tick(*, cluster_id: int, now: datetime | None = None, tick_s: float | None = None) -> TickResult:
+def demo_load_tick(
+    *, cluster_id: int, now: datetime | None = None, tick_s: float | None = None
+) -> TickResult:
     """Submit this tick's arrivals on ``cluster_id`` (see the module docstring); a no-op when off."""
     from django.contrib.auth import get_user_model
 
@@ -202,7 +204,9 @@ def demo_load_tick(*, cluster_id: int, now: datetime | None = None, tick_s: floa
         gpu_type = max(types.values(), key=lambda t: t.nodes.filter(cluster=cluster).count())
         note = f"{LOAD_SOURCE} {tick}"
         if user is not None and project is not None and not cluster.bookings.filter(note=note).exists():
-            start_at = (now + timedelta(minutes=rng.choice((15, 30, 60, 120)))).replace(second=0, microsecond=0)
+            start_at = (now + timedelta(minutes=rng.choice((15, 30, 60, 120)))).replace(
+                second=0, microsecond=0
+            )
             try:
                 booking = booking_create(
                     user,

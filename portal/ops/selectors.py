@@ -196,17 +196,22 @@ def _span_text(rng: Range, now: datetime) -> str:
 
 def no_work_reason(*, cluster_id: int, rng: Range, now: datetime) -> str:
     """Why no GPU-hours fall in the range, in words: no work ever, work only before or after it."""
-    held = Allocation.objects.filter(gpu__node__cluster_id=cluster_id).exclude(state=Allocation.State.RELEASED)
+    held = Allocation.objects.filter(gpu__node__cluster_id=cluster_id).exclude(
+        state=Allocation.State.RELEASED
+    )
     first = held.order_by("period").values_list("period", flat=True).first()
     if first is None:
         return "This cluster has run no work yet: no job or booking has held one of its GPUs."
     last = held.order_by("-period").values_list("period", flat=True).first()
     if first.lower is not None and first.lower >= min(rng.end_at, now):
-        return f"No GPU was busy {_span_text(rng, now)}: the cluster's first work started {first.lower:%Y-%m-%d %H:%M} UTC."
+        return (
+            f"No GPU was busy {_span_text(rng, now)}: the cluster's first work started "
+            f"{first.lower:%Y-%m-%d %H:%M} UTC."
+        )
     if last is not None and last.lower is not None and last.lower < rng.start_at:
         return (
-            f"No GPU was busy {_span_text(rng, now)}: the latest work started {last.lower:%Y-%m-%d %H:%M} UTC. "
-            "Choose more days to see it."
+            f"No GPU was busy {_span_text(rng, now)}: the latest work started "
+            f"{last.lower:%Y-%m-%d %H:%M} UTC. Choose more days to see it."
         )
     return f"No GPU was busy {_span_text(rng, now)}."
 
@@ -260,7 +265,9 @@ def utilization_get(*, cluster_id: int, rng: Range, now: datetime | None = None)
     # is nothing to colour, and a wall of empty columns hides the part that says something.
     if periods:
         first = min(p.lower for p in periods)
-        heat_rng = Range(heat_rng.start_at + heat_rng.index(first) * heat_rng.step, heat_rng.end_at, heat_rng.bucket)
+        heat_rng = Range(
+            heat_rng.start_at + heat_rng.index(first) * heat_rng.step, heat_rng.end_at, heat_rng.bucket
+        )
     heat_labels = [_label(s, heat_rng.bucket) for s in heat_rng.starts()]
     heat_step_h = heat_rng.step.total_seconds() / 3600.0
     nodes = list(Node.objects.filter(cluster_id=cluster_id).order_by("name").values_list("name", "gpu_count"))
@@ -277,7 +284,10 @@ def utilization_get(*, cluster_id: int, rng: Range, now: datetime | None = None)
         chart="heatmap",
         extra={
             # column heads short enough for narrow cells; the full labels are in the CSV
-            "short_labels": [s.strftime("%m-%d") if heat_rng.bucket == "day" else s.strftime("%d %Hh") for s in heat_rng.starts()],
+            "short_labels": [
+                s.strftime("%m-%d") if heat_rng.bucket == "day" else s.strftime("%d %Hh")
+                for s in heat_rng.starts()
+            ],
             "from": _label(heat_rng.start_at, heat_rng.bucket),
         },
         empty_reason=reason or "This cluster has no nodes.",
@@ -348,7 +358,8 @@ def fairness_get(*, cluster_id: int, rng: Range, now: datetime | None = None) ->
     no_share = (
         ""
         if periods
-        else no_work_reason(cluster_id=cluster_id, rng=rng, now=now) + " With no GPU-hours there are no shares."
+        else no_work_reason(cluster_id=cluster_id, rng=rng, now=now)
+        + " With no GPU-hours there are no shares."
     )
     summary = Table(
         name="fairness-summary",

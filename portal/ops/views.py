@@ -184,7 +184,10 @@ def idle_drill(request: HtmxHttpRequest) -> HttpResponse:
             name=drill.gpus.name, caption=drill.gpus.caption, headers=drill.gpus.headers, rows=tuple(page)
         ),
         "jobs_table": Table(
-            name=drill.jobs.name, caption=drill.jobs.caption, headers=drill.jobs.headers, rows=tuple(jobs_page)
+            name=drill.jobs.name,
+            caption=drill.jobs.caption,
+            headers=drill.jobs.headers,
+            rows=tuple(jobs_page),
         ),
         "page": page,
         "jobs_page": jobs_page,
@@ -257,7 +260,8 @@ def _capacity_context(cluster_id: int | None) -> dict[str, Any]:
                     + (
                         f"the first forecast is {fitting}: this chart fills when it is stored."
                         if fitting
-                        else "no forecast is stored yet: the hourly refresh or “Refresh forecasts now” fits one."
+                        else "no forecast is stored yet: the hourly refresh or “Refresh forecasts now” "
+                        "fits one."
                     )
                 ),
             )
@@ -444,8 +448,8 @@ def _whatif_notes(state: dict[str, Any]) -> list[str]:
         else:
             notes.append(
                 "Utilization fell although GPUs were removed: the same work ran over a longer span "
-                f"({what.get('span_h', 0):.1f} h against {base.get('span_h', 0):.1f} h), with GPUs idle while "
-                f"jobs waited for a whole {what.get('policy')} slot."
+                f"({what.get('span_h', 0):.1f} h against {base.get('span_h', 0):.1f} h), with GPUs idle "
+                f"while jobs waited for a whole {what.get('policy')} slot."
             )
     return notes
 

@@ -697,7 +697,9 @@ def _build_history(
             job.payload = {
                 **job.payload,
                 "command": f"python run.py --trace-job {key}",
-                "sim_runtime_s": round(max(60.0, work_s - done_s - (horizon_s - current.start_s if current else 0)), 1),
+                "sim_runtime_s": round(
+                    max(60.0, work_s - done_s - (horizon_s - current.start_s if current else 0)), 1
+                ),
             }
             job.exit_code = None
             job.status_message = ""
@@ -744,7 +746,9 @@ def _build_history(
         for job, run, _ in live_runs:
             upper = None
             if job.requested_s:
-                upper = max(when(run.start_s) + timedelta(seconds=job.requested_s), now + timedelta(minutes=10))
+                upper = max(
+                    when(run.start_s) + timedelta(seconds=job.requested_s), now + timedelta(minutes=10)
+                )
             allocations.extend(
                 Allocation(
                     gpu_id=gpu,
@@ -811,7 +815,9 @@ def _build_history(
         report.history_to = max(j.ended_at for j in jobs if j.ended_at)
 
 
-def _hand_over_running(cluster: Cluster, live_runs: list[tuple[Job, Any, float]], *, report: DemoLabReport) -> None:
+def _hand_over_running(
+    cluster: Cluster, live_runs: list[tuple[Job, Any, float]], *, report: DemoLabReport
+) -> None:
     """Start the jobs the replay runs at "now" on the cluster's backend, on the same GPUs, with
     the work they have left (``sim_runtime_s``), through the backend's own ``apply``: the first
     live round then finds them running.  A backend that cannot take them leaves them to the
@@ -851,7 +857,9 @@ def _hand_over_running(cluster: Cluster, live_runs: list[tuple[Job, Any, float]]
         else:
             results = backend.apply(plan)
     except BackendError as exc:
-        report.skipped.append(f"running jobs not handed to the backend ({exc}); the first round requeues them")
+        report.skipped.append(
+            f"running jobs not handed to the backend ({exc}); the first round requeues them"
+        )
         return
     refused = [r for r in results if r.action == "start" and not r.is_ok]
     if refused:

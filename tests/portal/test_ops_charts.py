@@ -30,7 +30,9 @@ def staff_web(client: Client, staff: User) -> Client:
     return client
 
 
-def _ran(project: Project, cluster: Cluster, gpu_type: GpuType, node: Node, start: datetime, hours: float) -> Job:
+def _ran(
+    project: Project, cluster: Cluster, gpu_type: GpuType, node: Node, start: datetime, hours: float
+) -> Job:
     job = JobFactory(
         project=project,
         cluster=cluster,
@@ -100,7 +102,9 @@ def test_an_empty_range_after_the_history_names_when_the_work_was(
     assert by_type.blank_reason == ""
 
 
-def test_idle_chart_of_a_fully_busy_cluster_says_nothing_was_idle(cluster: Cluster, nodes: list[Node]) -> None:
+def test_idle_chart_of_a_fully_busy_cluster_says_nothing_was_idle(
+    cluster: Cluster, nodes: list[Node]
+) -> None:
     EngineRound.objects.create(cluster=cluster, started_at=DAY + timedelta(hours=3), decisions={"idle": {}})
     table = selectors.idle_get(cluster_id=cluster.pk, rng=_week(), now=DAY + timedelta(days=2))
     assert table.is_blank
@@ -178,10 +182,24 @@ def test_idle_drill_groups_by_node_and_reason_and_pages(
 def test_whatif_explains_utilization_relative_to_its_own_gpus() -> None:
     state = {
         "results": {
-            "baseline": {"policy": "fifo", "gpus": 104, "utilization": 0.081, "useful_gpu_hours": 900.0,
-                         "span_h": 106.0, "unfinished_jobs": 0, "too_large_jobs": 0},
-            "whatif": {"policy": "fifo", "gpus": 8, "utilization": 0.025, "useful_gpu_hours": 21.0,
-                       "span_h": 105.0, "unfinished_jobs": 40, "too_large_jobs": 38},
+            "baseline": {
+                "policy": "fifo",
+                "gpus": 104,
+                "utilization": 0.081,
+                "useful_gpu_hours": 900.0,
+                "span_h": 106.0,
+                "unfinished_jobs": 0,
+                "too_large_jobs": 0,
+            },
+            "whatif": {
+                "policy": "fifo",
+                "gpus": 8,
+                "utilization": 0.025,
+                "useful_gpu_hours": 21.0,
+                "span_h": 105.0,
+                "unfinished_jobs": 40,
+                "too_large_jobs": 38,
+            },
         }
     }
     notes = _whatif_notes(state)
@@ -206,8 +224,9 @@ def test_whatif_replay_reports_jobs_too_large_for_the_smaller_cluster(
     for k in range(6):
         job = _ran(project, cluster, a100, nodes[k % 2], base + timedelta(hours=k), 1)
         Job.objects.filter(pk=job.pk).update(gpu_count=8 if k == 0 else 1)
-    state = services.whatif_create(cluster=cluster, gpu_type="A100", gpu_delta=-4, policy="fifo", user=staff,
-                                   enqueue=False)
+    state = services.whatif_create(
+        cluster=cluster, gpu_type="A100", gpu_delta=-4, policy="fifo", user=staff, enqueue=False
+    )
     done = services.whatif_execute(whatif_id=state["id"])
     what, baseline = done["results"]["whatif"], done["results"]["baseline"]
     assert what["gpus"] == 4

@@ -8,18 +8,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from unittest import mock
-
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from django.db.models import Max, Min, Sum
 from django.test import Client
-from django.utils import timezone
 
 from portal.accounts.models import Membership, Project, Quota
 from scheduling.management.demo_lab import (
@@ -273,7 +271,9 @@ def test_jobs_running_at_now_stay_running_on_the_live_simulator(tmp_path: Path, 
     for row in by_type.rows:
         assert sum(v for v in row[1:-1]) > 0, row
     # Jobs that had not started by now wait in the queue with what is left of their work.
-    pending = Job.objects.filter(cluster=cluster, status=Job.Status.PENDING, payload__source="pwa_kth_sp2_1996")
+    pending = Job.objects.filter(
+        cluster=cluster, status=Job.Status.PENDING, payload__source="pwa_kth_sp2_1996"
+    )
     assert all(j.started_at is None and j.payload["command"] for j in pending)
 
 
