@@ -131,7 +131,7 @@ def demo_load_tick(
     """Submit this tick's arrivals on ``cluster_id`` (see the module docstring); a no-op when off."""
     from django.contrib.auth import get_user_model
 
-    from portal.accounts.models import Project
+    from portal.accounts.models import Project, Quota
     from scheduling.services import BookingConflictError, booking_create, job_submit
 
     result = TickResult(is_enabled=bool(settings.BERTH_DEMO_LOAD))
@@ -158,13 +158,21 @@ def demo_load_tick(
     users = {u.pk: u for u in get_user_model().objects.filter(pk__in={s.user_id for s in samples})}
     projects = {p.pk: p for p in Project.objects.filter(pk__in={s.project_id for s in samples})}
     types = {t.pk: t for t in GpuType.objects.filter(nodes__cluster=cluster).distinct()}
+    quotas = {
+        (project_id, type_id): gpus
+        for project_id, type_id, gpus in Quota.objects.filter(project_id__in=projects).values_list(
+            "project_id", "gpu_type_id", "guaranteed_gpus"
+        )
+    }
     for i in range(count):
         sample = rng.choice(samples)
         user, project = users.get(sample.user_id), projects.get(sample.project_id)
         if user is None or project is None:
             continue
         is_session = sample.kind == Job.Kind.INTERACTIVE
-        is_preemptible = not is_session and rng.random() < 0.5
+        # Above the project's guarantee only preemptible work runs (the portal says so at submit).
+        guaranteed = quotas.get((sample.project_id, sample.gpu_type_id), 0)
+        is_preemptible = not is_session and (rng.random() < 0.5 or sample.gpu_count > guaranteed)
         is_checkpointable = is_preemptible and rng.random() < 0.5
         name = f"{'session' if is_session else project.slug}-live-{tick}-{i}"
         if Job.objects.filter(cluster=cluster, name=name).exists():

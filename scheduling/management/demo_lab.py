@@ -627,6 +627,12 @@ def _build_history(
     # stored running on their GPUs (and handed to the live simulator) or pending, so demand does
     # not fall to zero in the last hours before now and the live demo starts with a busy cluster.
     live_runs: list[tuple[Job, Any, float]] = []
+    guarantee = {
+        (project_id, type_id): gpus
+        for project_id, type_id, gpus in Quota.objects.filter(
+            project__in=list(projects.values())
+        ).values_list("project_id", "gpu_type_id", "guaranteed_gpus")
+    }
     for key in sorted(set(replayed.runs) | set(specs)):
         runs = [run for run in replayed.runs.get(key, []) if run.start_s < horizon_s]
         past = [run for run in runs if run.end_s is not None and run.end_s <= horizon_s]
@@ -693,6 +699,12 @@ def _build_history(
             job.ended_at = when(last.end_s)
         else:
             # Not over at "now": what the live simulator runs from here is the work left.
+            # Work above its project's guarantee runs only as preemptible (DESIGN §3.4): the
+            # portal tells its owner so at submit, and the lab's people follow that advice, so
+            # the live queue holds no job that the quotas never let start.
+            above = job.gpu_count > guarantee.get((job.project_id, job.gpu_type_id), 0)
+            if job.kind == Job.Kind.BATCH and job.gpu_type is not None and above:
+                job.is_preemptible = True
             done_s = sum((run.end_s or horizon_s) - run.start_s for run in past)
             job.payload = {
                 **job.payload,

@@ -275,6 +275,11 @@ def test_jobs_running_at_now_stay_running_on_the_live_simulator(tmp_path: Path, 
         cluster=cluster, status=Job.Status.PENDING, payload__source="pwa_kth_sp2_1996"
     )
     assert all(j.started_at is None and j.payload["command"] for j in pending)
+    # None of them is one the quotas never let start: above its project's guarantee it is preemptible.
+    guarantee = {(q.project_id, q.gpu_type_id): q.guaranteed_gpus for q in Quota.objects.all()}
+    for job in [*pending, *running]:
+        if job.kind == Job.Kind.BATCH and job.gpu_count > guarantee.get((job.project_id, job.gpu_type_id), 0):
+            assert job.is_preemptible, job
 
 
 @pytest.mark.django_db

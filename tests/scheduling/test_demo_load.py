@@ -156,3 +156,15 @@ def test_beat_schedule_has_the_demo_load_only_when_it_is_on(monkeypatch: pytest.
         assert fresh.CELERY_BEAT_SCHEDULE["demo-load"]["task"] == "scheduling.tasks.demo_load_dispatch"
     finally:
         sys.modules["portal.settings"] = saved
+
+
+def test_work_above_the_guarantee_is_submitted_preemptible(
+    load_on: Any, history: list[Job], cluster: Cluster, project: Project, a100: GpuType
+) -> None:
+    from portal.accounts.models import Quota
+
+    Quota.objects.create(project=project, gpu_type=a100, guaranteed_gpus=1, borrow_limit_gpus=8)
+    result = demo_load_tick(cluster_id=cluster.pk, now=NOW, tick_s=3600)
+    two = Job.objects.filter(pk__in=result.jobs, gpu_count=2)
+    assert two.exists()
+    assert all(job.is_preemptible for job in two)  # never a job the quota never lets start
