@@ -20,7 +20,8 @@ pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
 
 def test_demo_lab_queue_is_placed_explained_and_run(engine_redis_url, run_round, t0: datetime) -> None:
-    demo_lab_build(traces_dir=None, history_days=14, now=t0)
+    # The fast path: a few days of history and no forecast fit (the e2e demo test fits them).
+    demo_lab_build(traces_dir=None, history_days=3, now=t0, make_forecasts=False)
     cluster = Cluster.objects.get(name=CLUSTER_NAME)
     queued = list(Job.objects.filter(cluster=cluster, status=Job.Status.PENDING))
     assert queued
