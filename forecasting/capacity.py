@@ -105,9 +105,12 @@ class WaitPoint:
     nodes: int
     wait_p95_s: float
     wait_mean_s: float
-    utilization: float
+    utilization: float  # useful GPU-hours / (these GPUs x the replay's span): its own capacity
     unfinished_jobs: int
     wall_s: float
+    useful_gpu_hours: float = 0.0
+    span_h: float = 0.0  # first arrival to last completion
+    too_large_jobs: int = 0  # jobs asking for more GPUs than these nodes have: they never run
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -252,14 +255,18 @@ def wait_replay(
     )
     wall = time.perf_counter() - started
     metrics = compute_metrics(record)
+    gpus = nodes * gpus_per_node
     return WaitPoint(
-        gpus=nodes * gpus_per_node,
+        gpus=gpus,
         nodes=nodes,
         wait_p95_s=float(metrics["wait_p95_s"]),
         wait_mean_s=float(metrics["wait_mean_s"]),
         utilization=float(metrics["utilization"]),
         unfinished_jobs=int(metrics["unfinished_jobs"]),
         wall_s=wall,
+        useful_gpu_hours=float(metrics["useful_gpu_hours"]),
+        span_h=max(record.span_end - record.span_start, 0.0) / 3600.0,
+        too_large_jobs=sum(1 for job in trace.jobs if job.gpu_count > gpus),
     )
 
 

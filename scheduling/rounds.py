@@ -61,6 +61,7 @@ from scheduling.backends.base import ActionResult, BackendError, ClusterBackend,
 from scheduling.backends.base import ObservedState as OS
 from scheduling.backends.registry import backend_for_cluster
 from scheduling.engine import plan_round
+from scheduling.engine.explain import idle_by_node
 from scheduling.engine.placement import constraint_key
 from scheduling.engine.startability import Unstartable, enforces_guarantees, unstartable_jobs
 from scheduling.engine.types import (
@@ -1329,6 +1330,7 @@ def engine_round_run(*, cluster_id: int, now: datetime | None = None) -> RoundRe
                     "pending": len(plan.pending),
                     "running": len(snapshot.running),
                     "idle": dict(idle),
+                    "idle_nodes": idle_by_node(snapshot.nodes, plan.idle),
                     "notes": list(plan.notes)[:20],
                     "plan_ms": round(plan_ms, 3),
                     "next_round_at": plan.next_round_at,

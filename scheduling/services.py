@@ -813,6 +813,21 @@ def _extension_limit(*, gpu_ids: Sequence[int], after: datetime, exclude_booking
     return min(lowers, default=None)
 
 
+def booking_require_extendable(booking: Booking, *, now: datetime | None = None) -> None:
+    """Raise a ``status`` `ValidationError` that says why ``booking`` cannot be extended (it
+    was cancelled, it is over, it failed); nothing when it is upcoming or running.  The API asks
+    this before it parses the new end, so a cancelled booking is told so, not "end_at required"."""
+    now = _now(now)
+    if booking.status == Booking.Status.CANCELLED:
+        raise ValidationError(
+            {"status": "This booking was cancelled, so it cannot be extended. Book a new window instead."}
+        )
+    if booking.status not in Booking.OPEN_STATUSES or booking.end_at <= now:
+        raise ValidationError(
+            {"status": "This booking has already ended, so it cannot be extended. Book a new window instead."}
+        )
+
+
 def booking_extend(
     booking: Booking,
     *,
@@ -836,10 +851,7 @@ def booking_extend(
         _lock_nodes(gpu_type=booking.gpu_type, cluster_ids=[booking.cluster_id])
         booking = _lock_booking(booking)
         _require_can_manage(user, owner_id=booking.user_id, project_id=booking.project_id)
-        if booking.status not in Booking.OPEN_STATUSES:
-            raise ValidationError({"status": f"This booking is already {booking.status}."})
-        if booking.end_at <= now:
-            raise ValidationError({"status": "This booking has already ended."})
+        booking_require_extendable(booking, now=now)
         if end_at <= booking.end_at:
             raise ValidationError({"end_at": "The new end must be after the current end."})
         max_duration = timedelta(seconds=settings.BERTH_BOOKING_MAX_DURATION_S)

@@ -4,6 +4,8 @@
   message to be redelivered), time-limited, retried with backoff when the backend is unreachable.
 * `engine_rounds_dispatch()`: beat sends it every 15 s; it enqueues a round per active cluster,
   at most one queued per cluster (a Redis key with a TTL), so slow rounds do not pile up.
+* `demo_load_dispatch()`: beat sends it every ``BERTH_DEMO_LOAD_TICK_S`` while the demo's load
+  generator is on (`scheduling.demo_load`); one tick of arrivals per active simulator cluster.
 * `engine_round_trigger(cluster_id)`: not a task.  Services call it after a submit, cancel,
   booking change or job end; after the commit it enqueues a round, debounced so that a burst
   of changes costs one round.
@@ -135,3 +137,26 @@ def engine_round_trigger(cluster_id: int) -> None:
     a missed trigger only delays the change to the next beat round.
     """
     transaction.on_commit(lambda: _enqueue_debounced(cluster_id))
+
+
+@shared_task(  # type: ignore[untyped-decorator]  # celery ships no types
+    name="scheduling.tasks.demo_load_dispatch",
+    acks_late=True,
+    soft_time_limit=30,
+    time_limit=45,
+    ignore_result=True,
+)
+def demo_load_dispatch() -> list[dict[str, Any]]:
+    """One tick of the live demo's arrivals on every active simulator cluster (off: nothing)."""
+    from scheduling.demo_load import demo_load_tick
+
+    if not settings.BERTH_DEMO_LOAD:
+        return []
+    out = []
+    for cluster_id in Cluster.objects.filter(is_active=True, backend=Cluster.Backend.SIMULATOR).values_list(
+        "id", flat=True
+    ):
+        result = demo_load_tick(cluster_id=cluster_id)
+        logger.info("demo load cluster=%s %s", cluster_id, result.as_dict())
+        out.append({"cluster_id": cluster_id, **result.as_dict()})
+    return out

@@ -45,7 +45,7 @@ from scheduling.forms import (
     booking_form_initial,
     next_quarter_hour,
 )
-from scheduling.models import Booking, GpuType, Job
+from scheduling.models import Booking, Cluster, GpuType, Job
 from scheduling.selectors import (
     Alternative,
     availability_get,
@@ -409,9 +409,21 @@ def availability_timeline(request: HtmxHttpRequest) -> HttpResponse:
             "outlook_has_forecast": any(
                 h.forecast is not None for view in outlook for h in view.type_outlook.hours
             ),
+            "outlook_fitting": _forecast_fitting(),
         }
     )
     return render(request, TIMELINE_TEMPLATE, context)
+
+
+def _forecast_fitting() -> bool:
+    """A demand-forecast fit is queued or running on some active cluster (the page says so)."""
+    from forecasting.services import forecast_refresh_state_get
+
+    return any(
+        (state := forecast_refresh_state_get(cluster_id=cid)) is not None
+        and state.get("status") in ("queued", "running")
+        for cid in Cluster.objects.filter(is_active=True).values_list("id", flat=True)
+    )
 
 
 OUTLOOK_DAY_CHOICES = (1, 3, 7)

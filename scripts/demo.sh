@@ -24,6 +24,9 @@ export C_FORCE_ROOT=${C_FORCE_ROOT:-1}
 # The demo cluster is simulated at wall-clock speed, so ETAs, runtimes and lost work mean what they say
 # (README "One clock"); BERTH_SIM_SPEEDUP=30 speeds simulated work up and the pages then say so.
 export BERTH_SIM_SPEEDUP=${BERTH_SIM_SPEEDUP:-1}
+# New work keeps arriving while the demo runs (scheduling.demo_load: jobs, sessions and bookings at the
+# demo history's own rate, bounded); BERTH_DEMO_LOAD=0 make demo keeps the cluster to what is there.
+export BERTH_DEMO_LOAD=${BERTH_DEMO_LOAD:-1}
 # Web and worker share one cache (what-if progress, login lockouts): Redis, as in production.
 export BERTH_CACHE_URL=${BERTH_CACHE_URL:-$REDIS_URL}
 HOOKS_PORT=${HOOKS_PORT:-8098}
@@ -135,8 +138,10 @@ start() {
   "$BIN/python" manage.py collectstatic --noinput -v 0
   echo "==> demo lab"
   # The logins are printed once, at the end, beside the URL.
+  # The forecasts are fitted by a Celery task queued here and run by the worker started below, so
+  # the portal answers at once; the pages say "fitting…" until it is done (DEMO_ARGS may override).
   # shellcheck disable=SC2086  # DEMO_ARGS is a list of flags on purpose
-  "$BIN/python" manage.py demo_lab ${DEMO_ARGS:-} | tee "$RUN/demo_lab.log" | sed '/^Logins/,$d'
+  "$BIN/python" manage.py demo_lab --forecasts queue ${DEMO_ARGS:-} | tee "$RUN/demo_lab.log" | sed '/^Logins/,$d'
 
   trap 'echo; echo "==> stopping"; stop_all; exit 0' INT TERM
   echo "==> starting web, worker, beat and the webhook receiver (logs in .run/demo/)"

@@ -44,6 +44,23 @@ class Table:
     # How ops.js draws it: "stacked" (bars), "line", "heatmap" or "" (table only).
     chart: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # Said in words in place of the chart when `is_blank` (why there is nothing to draw).
+    empty_reason: str = ""
+
+    @property
+    def is_blank(self) -> bool:
+        """No value to draw: every charted cell is empty or zero (a blank axis says nothing)."""
+        columns = self.extra.get("data_columns") or self.extra.get("only") or range(1, len(self.headers))
+        if self.extra.get("skip_last") and not (self.extra.get("only") or self.extra.get("data_columns")):
+            columns = list(columns)[:-1]
+        return not any(row[i] for row in self.rows for i in columns if i < len(row))
+
+    @property
+    def blank_reason(self) -> str:
+        """The sentence shown instead of an empty chart ("" while there is something to draw)."""
+        if not self.is_blank:
+            return ""
+        return self.empty_reason or "Nothing to draw in this range."
 
     @property
     def chart_id(self) -> str:
@@ -172,6 +189,33 @@ def _capacity_gpus(cluster_id: int) -> dict[str, int]:
     return dict(cap)
 
 
+def _span_text(rng: Range, now: datetime) -> str:
+    stop = min(rng.end_at, now)
+    return f"between {rng.start_at:%Y-%m-%d %H:%M} and {stop:%Y-%m-%d %H:%M} UTC"
+
+
+def no_work_reason(*, cluster_id: int, rng: Range, now: datetime) -> str:
+    """Why no GPU-hours fall in the range, in words: no work ever, work only before or after it."""
+    held = Allocation.objects.filter(gpu__node__cluster_id=cluster_id).exclude(
+        state=Allocation.State.RELEASED
+    )
+    first = held.order_by("period").values_list("period", flat=True).first()
+    if first is None:
+        return "This cluster has run no work yet: no job or booking has held one of its GPUs."
+    last = held.order_by("-period").values_list("period", flat=True).first()
+    if first.lower is not None and first.lower >= min(rng.end_at, now):
+        return (
+            f"No GPU was busy {_span_text(rng, now)}: the cluster's first work started "
+            f"{first.lower:%Y-%m-%d %H:%M} UTC."
+        )
+    if last is not None and last.lower is not None and last.lower < rng.start_at:
+        return (
+            f"No GPU was busy {_span_text(rng, now)}: the latest work started "
+            f"{last.lower:%Y-%m-%d %H:%M} UTC. Choose more days to see it."
+        )
+    return f"No GPU was busy {_span_text(rng, now)}."
+
+
 def utilization_get(*, cluster_id: int, rng: Range, now: datetime | None = None) -> list[Table]:
     """Busy GPU-hours per bucket by GPU type and by project (stacked), and per node busy fraction."""
     now = now or timezone.now()
@@ -189,6 +233,7 @@ def utilization_get(*, cluster_id: int, rng: Range, now: datetime | None = None)
         busy = [round(by_type[t][i], 2) if t in by_type else 0.0 for t in types]
         util = round(100.0 * sum(busy) / (total_gpus * step_h), 1) if total_gpus else 0.0
         type_rows.append((label, *busy, util))
+    reason = "" if periods else no_work_reason(cluster_id=cluster_id, rng=rng, now=now)
     by_type_table = Table(
         name="utilization-by-type",
         caption="Busy GPU-hours by GPU type",
@@ -196,6 +241,7 @@ def utilization_get(*, cluster_id: int, rng: Range, now: datetime | None = None)
         rows=tuple(type_rows),
         chart="stacked",
         extra={"skip_last": True},
+        empty_reason=reason or "This cluster has no GPUs.",
     )
 
     by_project = _spread(periods, rng, key=lambda p: p.project)
@@ -209,11 +255,19 @@ def utilization_get(*, cluster_id: int, rng: Range, now: datetime | None = None)
         headers=("Period", *projects),
         rows=tuple(project_rows),
         chart="stacked",
+        empty_reason=reason,
     )
 
     # Node x time heatmap: busy fraction = busy GPU-hours / (GPUs on the node x bucket length).
     # More than a week of hours would be thousands of cells per node: those go per day.
     heat_rng = rng if len(starts) <= HEATMAP_MAX_COLUMNS else Range(rng.start_at, rng.end_at, "day")
+    # Columns start at the bucket of the first busy period: before the cluster's history there
+    # is nothing to colour, and a wall of empty columns hides the part that says something.
+    if periods:
+        first = min(p.lower for p in periods)
+        heat_rng = Range(
+            heat_rng.start_at + heat_rng.index(first) * heat_rng.step, heat_rng.end_at, heat_rng.bucket
+        )
     heat_labels = [_label(s, heat_rng.bucket) for s in heat_rng.starts()]
     heat_step_h = heat_rng.step.total_seconds() / 3600.0
     nodes = list(Node.objects.filter(cluster_id=cluster_id).order_by("name").values_list("name", "gpu_count"))
@@ -228,6 +282,15 @@ def utilization_get(*, cluster_id: int, rng: Range, now: datetime | None = None)
         headers=("Node", *heat_labels),
         rows=tuple(heat_rows),
         chart="heatmap",
+        extra={
+            # column heads short enough for narrow cells; the full labels are in the CSV
+            "short_labels": [
+                s.strftime("%m-%d") if heat_rng.bucket == "day" else s.strftime("%d %Hh")
+                for s in heat_rng.starts()
+            ],
+            "from": _label(heat_rng.start_at, heat_rng.bucket),
+        },
+        empty_reason=reason or "This cluster has no nodes.",
     )
     return [by_type_table, by_project_table, heatmap]
 
@@ -292,6 +355,12 @@ def fairness_get(*, cluster_id: int, rng: Range, now: datetime | None = None) ->
 
     totals = {s: sum(weighted[s]) if s in weighted else 0.0 for s in slugs}
     grand = sum(totals.values())
+    no_share = (
+        ""
+        if periods
+        else no_work_reason(cluster_id=cluster_id, rng=rng, now=now)
+        + " With no GPU-hours there are no shares."
+    )
     summary = Table(
         name="fairness-summary",
         caption="Share of value-weighted GPU-hours against entitlement over the whole range (%)",
@@ -313,7 +382,8 @@ def fairness_get(*, cluster_id: int, rng: Range, now: datetime | None = None) ->
             for s in slugs
         ),
         chart="bar",
-        extra={"only": [2, 3, 4]},
+        extra={"only": [2, 3, 4], "data_columns": [2]},
+        empty_reason=no_share or "No project is active.",
     )
     shares_table = Table(
         name="fairness-shares",
@@ -321,6 +391,7 @@ def fairness_get(*, cluster_id: int, rng: Range, now: datetime | None = None) ->
         headers=("Period", *slugs),
         rows=tuple(share_rows),
         chart="line",
+        empty_reason=no_share,
     )
     jain_table = Table(
         name="fairness-jain",
@@ -328,6 +399,8 @@ def fairness_get(*, cluster_id: int, rng: Range, now: datetime | None = None) ->
         headers=("Period", "Jain index"),
         rows=tuple(jain_rows),
         chart="line",
+        empty_reason=no_share
+        or "No project with a fair-share entitlement ran anything in this range, so there is no index.",
     )
 
     waits: dict[tuple[str, str], list[float]] = defaultdict(list)
@@ -350,7 +423,8 @@ def fairness_get(*, cluster_id: int, rng: Range, now: datetime | None = None) ->
             for (slug, kind), w in sorted(waits.items())
         ),
         chart="bar",
-        extra={"only": [2, 3]},
+        extra={"only": [2, 3], "data_columns": [1]},
+        empty_reason=f"No job started {_span_text(rng, now)}, so there are no waits to show.",
     )
     return [summary, shares_table, jain_table, wait_table]
 
@@ -394,7 +468,12 @@ def runtime_accuracy_get(*, cluster_id: int, rng: Range) -> Table:
         headers=("Project", "Jobs", "Within 2x %", "Runtime <= p90 %", "Ran > 2x p50 %"),
         rows=tuple((slug, len(jobs), *_shares(jobs)) for slug, jobs in sorted(rows.items())),
         chart="bar",
-        extra={"only": [2, 3, 4]},
+        extra={"only": [2, 3, 4], "data_columns": [1]},
+        empty_reason=(
+            "No job with a stored runtime prediction completed in this range. Berth stores a "
+            "prediction when a job is submitted through the portal; jobs of the imported or replayed "
+            "history have none, so this chart fills as jobs submitted here complete."
+        ),
     )
 
 
@@ -460,7 +539,26 @@ def idle_get(*, cluster_id: int, rng: Range, now: datetime | None = None) -> Tab
         ),
         chart="stacked",
         extra={"drill": True},
+        empty_reason=(
+            f"No engine round was recorded {_span_text(rng, now)} (the engine loop was not running), "
+            "so nothing says which GPUs were idle or why."
+            if not rounds
+            else f"No GPU was idle {_span_text(rng, now)}: every round found every GPU in use."
+        ),
     )
+
+
+def _indexes(values: Sequence[int]) -> str:
+    """GPU indexes as short ranges: ``0-3, 6``."""
+    out: list[str] = []
+    for value in sorted(values):
+        if out and "-" not in out[-1].split(", ")[-1] and int(out[-1]) == value - 1:
+            out[-1] = f"{out[-1]}-{value}"
+        elif out and "-" in out[-1] and int(out[-1].split("-")[1]) == value - 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{value}"
+        else:
+            out.append(str(value))
+    return ", ".join(out) or "none free"
 
 
 @dataclass(frozen=True, slots=True)
@@ -498,13 +596,33 @@ def idle_drill_get(*, cluster_id: int, start_at: datetime, end_at: datetime) -> 
         .exclude(state=Allocation.State.RELEASED)
         .values_list("gpu_id", flat=True)
     )
-    gpus = [
-        (f"{node}:{index}", type_name, status)
-        for gid, node, index, type_name, status in Gpu.objects.filter(node__cluster_id=cluster_id)
+    free_by_node: dict[str, list[int]] = defaultdict(list)
+    node_info: dict[str, tuple[str, str]] = {}
+    for gid, node, index, type_name, status in (
+        Gpu.objects.filter(node__cluster_id=cluster_id)
         .order_by("node__name", "index")
         .values_list("id", "node__name", "index", "node__gpu_type__name", "node__status")
-        if gid not in busy
-    ]
+    ):
+        node_info[node] = (type_name, status)
+        if gid not in busy:
+            free_by_node[node].append(index)
+    # One row per node and idle reason: the round's own per-node counts where it stored them
+    # (rounds since per-node counts exist, and the last replayed round of each hour), else the
+    # node's free GPUs under "not recorded".
+    by_node = (decisions or {}).get("idle_nodes")
+    groups: list[tuple[Any, ...]] = []
+    if isinstance(by_node, dict) and by_node:
+        for node in sorted(by_node):
+            type_name, status = node_info.get(node, ("?", "?"))
+            free = free_by_node.get(node, [])
+            for reason, count in sorted(by_node[node].items(), key=lambda kv: (-kv[1], kv[0])):
+                groups.append((node, type_name, status, reason, count, _indexes(free)))
+    else:
+        for node in sorted(free_by_node):
+            type_name, status = node_info[node]
+            free = free_by_node[node]
+            groups.append((node, type_name, status, "not recorded", len(free), _indexes(free)))
+    total = sum(g[4] for g in groups)
     pending = (
         Job.objects.filter(cluster_id=cluster_id, submitted_at__lte=at)
         .filter(Q(started_at__isnull=True) | Q(started_at__gt=at))
@@ -520,9 +638,9 @@ def idle_drill_get(*, cluster_id: int, start_at: datetime, end_at: datetime) -> 
         dict((decisions or {}).get("idle", {})),
         Table(
             name="idle-gpus",
-            caption=f"{len(gpus)} GPU(s) without an allocation at the round",
-            headers=("GPU", "Type", "Node state"),
-            rows=tuple(gpus),
+            caption=f"{total} idle GPU(s) on {len({g[0] for g in groups})} node(s), by node and reason",
+            headers=("Node", "Type", "Node state", "Reason", "Idle GPUs", "Free GPU indexes"),
+            rows=tuple(groups),
         ),
         Table(
             name="idle-jobs",

@@ -43,6 +43,7 @@ from portal.ops.selectors import Table
 
 UNPROCESSABLE = 422
 AUDIT_PAGE_SIZE = 50
+IDLE_DRILL_PAGE_SIZE = 20
 
 
 class HtmxHttpRequest(HttpRequest):
@@ -173,11 +174,26 @@ def idle_drill(request: HtmxHttpRequest) -> HttpResponse:
     drill = selectors.idle_drill_get(cluster_id=cluster_id, start_at=start, end_at=start + rng.step)
     if (response := _csv_or_none(request, [drill.gpus, drill.jobs])) is not None:
         return response
+    # A page of node groups at a time (a large cluster has hundreds of idle GPUs); the CSV has all.
+    page = Paginator(drill.gpus.rows, IDLE_DRILL_PAGE_SIZE).get_page(request.GET.get("page"))
+    jobs_page = Paginator(drill.jobs.rows, IDLE_DRILL_PAGE_SIZE).get_page(request.GET.get("jobs_page"))
+    drill_query = f"{_query(form)}&period={quote(raw)}"
     context = {
         "drill": drill,
+        "gpus_table": Table(
+            name=drill.gpus.name, caption=drill.gpus.caption, headers=drill.gpus.headers, rows=tuple(page)
+        ),
+        "jobs_table": Table(
+            name=drill.jobs.name,
+            caption=drill.jobs.caption,
+            headers=drill.jobs.headers,
+            rows=tuple(jobs_page),
+        ),
+        "page": page,
+        "jobs_page": jobs_page,
         "period": raw,
         "query": _query(form),
-        "drill_query": f"{_query(form)}&period={quote(raw)}",
+        "drill_query": drill_query,
     }
     return _render(request, "ops/idle_drill.html", "idle-drill", context)
 
@@ -185,13 +201,24 @@ def idle_drill(request: HtmxHttpRequest) -> HttpResponse:
 # ---- capacity planning ----
 
 
+def _fitting_text(refresh: dict[str, Any] | None) -> str:
+    """'fitting…' while a forecast refresh is queued or running ("" otherwise)."""
+    if not refresh or refresh.get("status") not in ("queued", "running"):
+        return ""
+    if refresh.get("status") == "queued":
+        return "fitting… (queued for a worker)"
+    return f"fitting… ({refresh.get('done', 0)} of {refresh.get('total', 0)} series)"
+
+
 def _capacity_context(cluster_id: int | None) -> dict[str, Any]:
     from forecasting.models import ForecastRun
     from forecasting.selectors import cluster_capacity_by_type, forecast_band_get
+    from forecasting.services import forecast_refresh_state_get
 
     if cluster_id is None:
         return {"bands": [], "gpu_types": []}
     now = timezone.now()
+    fitting = _fitting_text(forecast_refresh_state_get(cluster_id=cluster_id))
     capacity = cluster_capacity_by_type(cluster_id=cluster_id)
     bands = []
     for type_name in sorted(capacity):
@@ -218,16 +245,28 @@ def _capacity_context(cluster_id: int | None) -> dict[str, Any]:
                 name=f"forecast-{type_name}",
                 caption=f"{type_name}: demand (GPUs), forecast with its 80% band, and capacity"
                 + (
-                    f" (model {band.run.model_name}, issued {band.run.issued_at:%Y-%m-%d %H:%M} UTC)"
+                    f" (model {band.run.model_name}, issued {band.run.issued_at:%Y-%m-%d %H:%M} UTC"
+                    + (f"; {fitting}" if fitting else "")
+                    + ")"
                     if band.run
-                    else " (no forecast stored yet)"
+                    else f" ({fitting or 'no forecast stored yet'})"
                 ),
                 headers=("Hour (UTC)", "Actual", "Forecast", "Lower 80%", "Upper 80%", "Capacity"),
                 rows=tuple(rows),
                 chart="band",
+                extra={"data_columns": [1, 2]},
+                empty_reason=(
+                    f"No {type_name} demand in the last 3 days (no job ran or waited on this type) and "
+                    + (
+                        f"the first forecast is {fitting}: this chart fills when it is stored."
+                        if fitting
+                        else "no forecast is stored yet: the hourly refresh or “Refresh forecasts now” "
+                        "fits one."
+                    )
+                ),
             )
         )
-    return {"bands": bands, "gpu_types": sorted(capacity)}
+    return {"bands": bands, "gpu_types": sorted(capacity), "fitting": fitting}
 
 
 _VERDICTS = {
@@ -405,7 +444,7 @@ def whatif(request: HtmxHttpRequest, whatif_id: str) -> HttpResponse:
     if state is None:
         raise Http404("Unknown or expired what-if")
     compare = _whatif_table(state)
-    context = {"state": state, "compare": compare}
+    context = {"state": state, "compare": compare, "notes": _whatif_notes(state)}
     if (response := _csv_or_none(request, [compare])) is not None:
         return response
     if request.htmx:
@@ -429,9 +468,43 @@ def _whatif_table(state: dict[str, Any]) -> Table:
             ("GPUs", base.get("gpus"), what.get("gpus")),
             ("Wait p95 (min)", fmt(base, "wait_p95_s", 1 / 60), fmt(what, "wait_p95_s", 1 / 60)),
             ("Wait mean (min)", fmt(base, "wait_mean_s", 1 / 60), fmt(what, "wait_mean_s", 1 / 60)),
-            ("Utilization %", fmt(base, "utilization", 100), fmt(what, "utilization", 100)),
+            ("Utilization % (of its own GPUs)", fmt(base, "utilization", 100), fmt(what, "utilization", 100)),
+            ("Useful GPU-hours", fmt(base, "useful_gpu_hours"), fmt(what, "useful_gpu_hours")),
+            ("Replay span (h)", fmt(base, "span_h"), fmt(what, "span_h")),
+            ("Jobs that never ran", base.get("unfinished_jobs"), what.get("unfinished_jobs")),
+            ("Jobs larger than these GPUs", base.get("too_large_jobs"), what.get("too_large_jobs")),
         ),
     )
+
+
+def _whatif_notes(state: dict[str, Any]) -> list[str]:
+    """Sentences that explain the comparison: what utilization is relative to, and why it can
+    fall when GPUs are removed (work that no longer fits never runs, so it is not counted)."""
+    results = state.get("results", {})
+    base, what = results.get("baseline", {}), results.get("whatif", {})
+    if "utilization" not in base or "utilization" not in what:
+        return []
+    notes = [
+        "Utilization is each replay's useful GPU-hours over its own GPUs times its span (first "
+        "arrival to last completion), so the two columns are each relative to their own capacity."
+    ]
+    fewer = what.get("gpus", 0) < base.get("gpus", 0)
+    if fewer and what["utilization"] < base["utilization"]:
+        lost_jobs = int(what.get("unfinished_jobs") or 0) - int(base.get("unfinished_jobs") or 0)
+        lost_h = float(base.get("useful_gpu_hours") or 0.0) - float(what.get("useful_gpu_hours") or 0.0)
+        if lost_jobs > 0:
+            notes.append(
+                f"Utilization fell although GPUs were removed because {lost_jobs} job(s) never ran in the "
+                f"what-if ({what.get('too_large_jobs', 0)} ask for more than its {what.get('gpus')} GPUs): "
+                f"their {lost_h:.1f} GPU-hours are missing from the busy time, while the span stays as long."
+            )
+        else:
+            notes.append(
+                "Utilization fell although GPUs were removed: the same work ran over a longer span "
+                f"({what.get('span_h', 0):.1f} h against {base.get('span_h', 0):.1f} h), with GPUs idle "
+                f"while jobs waited for a whole {what.get('policy')} slot."
+            )
+    return notes
 
 
 # ---- quotas and policy ----

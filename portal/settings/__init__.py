@@ -395,6 +395,18 @@ BERTH_RUNTIME_PREDICTOR_REBUILD_S = env.int("BERTH_RUNTIME_PREDICTOR_REBUILD_S",
 BERTH_CAPACITY_MAX_JOBS = env.int("BERTH_CAPACITY_MAX_JOBS", default=5_000)
 BERTH_CAPACITY_MAX_REPLAYS = env.int("BERTH_CAPACITY_MAX_REPLAYS", default=10)
 BERTH_CAPACITY_TIME_BUDGET_S = env.int("BERTH_CAPACITY_TIME_BUDGET_S", default=900)
+# The live demo's load generator (scheduling.demo_load): `make demo` turns it on; off elsewhere.
+BERTH_DEMO_LOAD = env.bool("BERTH_DEMO_LOAD", default=False)
+BERTH_DEMO_LOAD_TICK_S = env.int("BERTH_DEMO_LOAD_TICK_S", default=60)
+BERTH_DEMO_LOAD_SCALE = env.float("BERTH_DEMO_LOAD_SCALE", default=1.0)  # times the history's rate
+BERTH_DEMO_LOAD_MAX_PER_TICK = env.int("BERTH_DEMO_LOAD_MAX_PER_TICK", default=5)
+BERTH_DEMO_LOAD_MAX_PENDING = env.int("BERTH_DEMO_LOAD_MAX_PENDING", default=200)
+if BERTH_DEMO_LOAD:
+    CELERY_BEAT_SCHEDULE["demo-load"] = {
+        "task": "scheduling.tasks.demo_load_dispatch",
+        "schedule": timedelta(seconds=BERTH_DEMO_LOAD_TICK_S),
+        "options": {"expires": max(1, BERTH_DEMO_LOAD_TICK_S - 1)},
+    }
 CELERY_BEAT_SCHEDULE.update(
     {
         "forecast-refresh": {

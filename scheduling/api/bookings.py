@@ -326,9 +326,11 @@ class BookingExtendApi(APIView):
         responses={200: BookingOutputSerializer, **errors(400, 401, 403, 404, 409)},
     )
     def post(self, request: Request, booking_id: int) -> Response:
+        booking = selectors.booking_get(request.user, booking_id=booking_id)
+        # A booking that cannot be extended at all says so before its new end is asked for.
+        services.booking_require_extendable(booking)
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        booking = selectors.booking_get(request.user, booking_id=booking_id)
         services.booking_extend(
             booking,
             user=request_user(request),

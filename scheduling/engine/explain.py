@@ -22,6 +22,7 @@ from scheduling.engine.scheduler import Scheduler, fmt_s
 from scheduling.engine.types import (
     IdleReason,
     JobRequest,
+    Node,
     NodeStatus,
     PendingExplanation,
     PendingReason,
@@ -360,3 +361,20 @@ def build_plan(sched: Scheduler, queue: list[JobRequest], *, is_strict_order: bo
         notes=tuple(out.notes),
         next_round_at=out.next_round_at,
     )
+
+
+def idle_by_node(
+    nodes: Collection[Node], idle: Collection[tuple[int, IdleReason]], *, skip: Collection[int] = ()
+) -> dict[str, dict[str, int]]:
+    """Idle GPUs per node and reason, ``{node id: {reason: count}}`` (nodes without idle GPUs
+    left out); GPUs in ``skip`` (started this round) are not idle.  What a round stores so that
+    an idle period can be drilled into by node, not only by reason."""
+    node_of = {gpu: node.id for node in nodes for gpu in node.gpu_ids}
+    skipped = set(skip)
+    out: dict[str, dict[str, int]] = {}
+    for gpu, reason in idle:
+        if gpu in skipped or gpu not in node_of:
+            continue
+        counts = out.setdefault(node_of[gpu], {})
+        counts[reason.value] = counts.get(reason.value, 0) + 1
+    return out

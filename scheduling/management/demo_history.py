@@ -15,6 +15,7 @@ sees it running (a completion or a preemption kill always triggers a round at it
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -23,6 +24,7 @@ from datetime import UTC, datetime, timedelta
 
 from scheduling.engine import plan_round
 from scheduling.engine import types as et
+from scheduling.engine.explain import idle_by_node
 from scheduling.sim.inventory import Inventory
 from scheduling.sim.overlays import OverlayConfig, build_overlay
 from scheduling.sim.replay import Replay, ReplayOptions
@@ -67,6 +69,7 @@ class ReplayedRound:
     pending: int
     running: int
     idle: dict[str, int]
+    idle_nodes: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +118,14 @@ class _Recorder:
             )
         started = {g for s in plan.starts for g in s.gpu_ids}
         idle = Counter(reason.value for gpu, reason in plan.idle if gpu not in started)
+        # Per node only on the last round of each hour (what the drill-down shows): the
+        # replay has thousands of rounds and the others would only fill the table.
+        hour = int(now // 3600)
+        if self.history.rounds and int(self.history.rounds[-1].at_s // 3600) == hour:
+            last = self.history.rounds[-1]
+            self.history.rounds[-1] = ReplayedRound(
+                last.at_s, last.plan_ms, last.starts, last.preemptions, last.pending, last.running, last.idle
+            )
         self.history.rounds.append(
             ReplayedRound(
                 at_s=now,
@@ -124,6 +135,7 @@ class _Recorder:
                 pending=len(snapshot.pending) - len(plan.starts),
                 running=len(snapshot.running),
                 idle=dict(idle),
+                idle_nodes=idle_by_node(snapshot.nodes, plan.idle, skip=started),
             )
         )
         return plan
@@ -143,12 +155,15 @@ def history_replay(
     origin: datetime,
     interactive_share: float = 0.05,
     seed: int = 0,
+    stop_at_s: float = math.inf,
 ) -> ReplayedHistory:
     """Replay ``jobs`` (plus seeded on-demand sessions worth ``interactive_share`` of their
     GPU-hours, half the batch jobs preemptible, half of those checkpointing) on ``nodes``
     under ``policy``, with the runtime predictor the portal ships; deterministic for a seed.
 
     GPU ids of ``nodes`` are kept as they are, so a recorded run names the database's GPUs.
+    ``stop_at_s`` (seconds after ``origin``) ends the replay there: runs still going then have
+    no ``end_s``, and jobs not started yet have no run.
     """
     trace = Trace(
         name="demo-history",
@@ -184,7 +199,7 @@ def history_replay(
         policy=policy.name,
         plan_fn=recorder,
         predictor=default_predictor(),
-        options=ReplayOptions(),
+        options=ReplayOptions(stop_at_s=stop_at_s),
         config=policy,
         seed=seed,
     ).run()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import csv
 import gzip
 import hashlib
+import inspect
 import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
@@ -161,8 +162,11 @@ class DemoLabReport:
     replay_rounds: int = 0
     replay_wall_s: float = 0.0
     arrival_compression: float = 1.0
+    running_at_now: int = 0
+    pending_at_now: int = 0
     forecasts_created: int = 0
     forecast_s: float = 0.0
+    forecasts_queued: bool = False
     skipped: list[str] = field(default_factory=list)
     logins: list[tuple[str, str, str]] = field(default_factory=list)
 
@@ -311,7 +315,7 @@ def demo_lab_build(
     make_bookings: bool = True,
     make_queue: bool = True,
     load: float | None = DEFAULT_LOAD,
-    make_forecasts: bool = True,
+    make_forecasts: bool | str = True,
     log: Callable[[str], None] = lambda _msg: None,
 ) -> DemoLabReport:
     """Create what is missing of the demo lab and report what is there.
@@ -320,7 +324,9 @@ def demo_lab_build(
     already holds a quarter of them, which is accounted for).  ``history_days`` bounds the job
     history, which ends at ``now``; ``load`` is the offered load the history's arrivals are
     brought to (`_trace_window`; None: the log's own pace).  The history is replayed through
-    the cluster's engine (`demo_history`).  Running it again creates nothing new.
+    the cluster's engine (`demo_history`).  ``make_forecasts``: True or "now" fits the demand
+    forecasts here, "queue" leaves them to a Celery task (`forecast_refresh_request`, progress
+    shown on the pages), False or "skip" does neither.  Running it again creates nothing new.
     """
     now = now or timezone.now()
     report = DemoLabReport()
@@ -343,7 +349,9 @@ def demo_lab_build(
         _build_bookings(cluster, users, projects, now=now, report=report)
     if make_queue:
         _build_queue(cluster, users, projects, now=now, report=report)
-    if make_forecasts:
+    if make_forecasts == "queue":
+        _queue_forecasts(cluster, now=now, report=report, log=log)
+    elif make_forecasts and make_forecasts != "skip":
         _build_forecasts(cluster, now=now, report=report, log=log)
     report.logins = [(ADMIN_USERNAME, ADMIN_PASSWORD, "staff: Django admin and every page")] + [
         (username, RESEARCHER_PASSWORD, ", ".join(p.name for p in PROJECTS if username in p.members))
@@ -496,7 +504,8 @@ def _trace_window(
         kept = []
         for r in rows:
             submit_at = end_at - timedelta(seconds=(trace_end - r.submit_s) / compression)
-            if submit_at >= window_start and submit_at + timedelta(seconds=r.end_s - r.submit_s) <= now:
+            # Jobs still running (or waiting) at ``now`` are kept: the replay runs them into the present.
+            if window_start <= submit_at < now:
                 kept.append(r)
         return kept
 
@@ -605,6 +614,7 @@ def _build_history(
         gpu_types=engine_types,
         policy=policy,
         origin=origin,
+        stop_at_s=(now - origin).total_seconds(),
     )
     horizon_s = (now - origin).total_seconds()
 
@@ -613,14 +623,28 @@ def _build_history(
 
     jobs: list[Job] = []
     runs_of: list[tuple[Job, list[Any], list[Any]]] = []
-    for key, runs in replayed.runs.items():
-        if not runs or any(run.end_s is None for run in runs) or runs[-1].end_s > horizon_s:
-            continue  # still running or waiting at "now": not part of the past
-        notes = replayed.preemptions.get(key, [])
+    # Jobs the replay still runs (or still queues) at "now" are part of the present: they are
+    # stored running on their GPUs (and handed to the live simulator) or pending, so demand does
+    # not fall to zero in the last hours before now and the live demo starts with a busy cluster.
+    live_runs: list[tuple[Job, Any, float]] = []
+    guarantee = {
+        (project_id, type_id): gpus
+        for project_id, type_id, gpus in Quota.objects.filter(
+            project__in=list(projects.values())
+        ).values_list("project_id", "gpu_type_id", "guaranteed_gpus")
+    }
+    for key in sorted(set(replayed.runs) | set(specs)):
+        runs = [run for run in replayed.runs.get(key, []) if run.start_s < horizon_s]
+        past = [run for run in runs if run.end_s is not None and run.end_s <= horizon_s]
+        current = next((run for run in runs if run.end_s is None or run.end_s > horizon_s), None)
+        is_finished = current is None and bool(past) and len(past) == len(replayed.runs.get(key, []))
+        notes = [n for n in replayed.preemptions.get(key, []) if n.signal_s < horizon_s]
         if key in specs:
             r, project, type_name, gpu_count = specs[key]
-            is_completed = r.status == "completed"
             submit_s = max(0.0, rel(r.submit_s))
+            if submit_s >= horizon_s:
+                continue
+            is_completed = r.status == "completed"
             job = Job(
                 user=users[user_of[r.user]],
                 project=project,
@@ -636,9 +660,12 @@ def _build_history(
                 exit_code=0 if is_completed else 1,
                 status_message="" if is_completed else "Exited with a non-zero status (from the trace).",
             )
+            work_s = float(max(1, r.end_s - r.start_s))
         elif key in replayed.sessions:
-            username, slug, submit_s, _duration, gpu_count = replayed.sessions[key]
-            if username not in users or slug not in projects:
+            if not is_finished and current is None:
+                continue  # a session still waiting at "now" is given up (the overlay's patience)
+            username, slug, submit_s, duration_s, gpu_count = replayed.sessions[key]
+            if username not in users or slug not in projects or not runs:
                 continue
             job = Job(
                 user=users[username],
@@ -655,19 +682,49 @@ def _build_history(
                 status=Job.Status.COMPLETED,
                 exit_code=0,
             )
+            work_s = float(duration_s)
         else:
             continue
-        last = runs[-1]
-        job.attempt = len(runs) - 1
+        job.attempt = len(past)
         job.first_submitted_at = when(submit_s)
         # a requeued job's latest submit is its requeue (the engine's view); the first is kept above
-        job.submitted_at = (
-            when(runs[-2].end_s) if len(runs) > 1 and runs[-2].end_s is not None else when(submit_s)
-        )
-        job.started_at = when(last.start_s)
-        job.ended_at = when(last.end_s)
+        job.submitted_at = when(past[-1].end_s) if past and past[-1].end_s is not None else when(submit_s)
+        if is_finished:
+            last = past[-1]
+            job.attempt = len(past) - 1
+            job.submitted_at = (
+                when(past[-2].end_s) if len(past) > 1 and past[-2].end_s is not None else when(submit_s)
+            )
+            job.started_at = when(last.start_s)
+            job.ended_at = when(last.end_s)
+        else:
+            # Not over at "now": what the live simulator runs from here is the work left.
+            # Work above its project's guarantee runs only as preemptible (DESIGN §3.4): the
+            # portal tells its owner so at submit, and the lab's people follow that advice, so
+            # the live queue holds no job that the quotas never let start.
+            above = job.gpu_count > guarantee.get((job.project_id, job.gpu_type_id), 0)
+            if job.kind == Job.Kind.BATCH and job.gpu_type is not None and above:
+                job.is_preemptible = True
+            done_s = sum((run.end_s or horizon_s) - run.start_s for run in past)
+            job.payload = {
+                **job.payload,
+                "command": f"python run.py --trace-job {key}",
+                "sim_runtime_s": round(
+                    max(60.0, work_s - done_s - (horizon_s - current.start_s if current else 0)), 1
+                ),
+            }
+            job.exit_code = None
+            job.status_message = ""
+            if current is not None:
+                job.status = Job.Status.RUNNING
+                job.started_at = when(current.start_s)
+                live_runs.append((job, current, horizon_s))
+            else:
+                job.status = Job.Status.PENDING
+                job.started_at = None
+        job.ended_at = job.ended_at if is_finished else None
         jobs.append(job)
-        runs_of.append((job, runs, notes))
+        runs_of.append((job, past, notes))
 
     with transaction.atomic():
         Job.objects.bulk_create(jobs, batch_size=2000)
@@ -686,7 +743,7 @@ def _build_history(
                     )
                     for gpu in run.gpu_ids
                 )
-                if i < len(runs) - 1:
+                if i < len(runs) - 1 or job.ended_at is None:  # a later run followed: preempted
                     note = next((n for n in notes if run.start_s <= n.signal_s <= run.end_s), None)
                     signal_s = note.signal_s if note else run.end_s
                     preemptions.append(
@@ -698,6 +755,22 @@ def _build_history(
                             reason=(note.reason if note else "Preempted (replayed history).")[:500],
                         )
                     )
+        for job, run, _ in live_runs:
+            upper = None
+            if job.requested_s:
+                upper = max(
+                    when(run.start_s) + timedelta(seconds=job.requested_s), now + timedelta(minutes=10)
+                )
+            allocations.extend(
+                Allocation(
+                    gpu_id=gpu,
+                    job=job,
+                    period=DateTimeTZRange(when(run.start_s), upper, "[)"),
+                    is_preemptible=run.is_preemptible,
+                    state=Allocation.State.ACTIVE,
+                )
+                for gpu in run.gpu_ids
+            )
         Allocation.objects.bulk_create(allocations, batch_size=5000)
         Preemption.objects.bulk_create(preemptions, batch_size=2000)
         rounds = [r for r in replayed.rounds if r.at_s <= horizon_s]
@@ -714,6 +787,7 @@ def _build_history(
                         "pending": r.pending,
                         "running": r.running,
                         "idle": r.idle,
+                        **({"idle_nodes": r.idle_nodes} if r.idle_nodes else {}),
                         "plan_ms": round(r.plan_ms, 3),
                         "replayed": True,
                         # nothing happens between replayed rounds: the state holds until the next
@@ -740,7 +814,10 @@ def _build_history(
             },
             at=now,
         )
+    _hand_over_running(cluster, live_runs, report=report)
     report.jobs_created = report.jobs_total = sum(1 for j in jobs if j.kind == Job.Kind.BATCH)
+    report.running_at_now = sum(1 for j in jobs if j.status == Job.Status.RUNNING)
+    report.pending_at_now = sum(1 for j in jobs if j.status == Job.Status.PENDING)
     report.sessions_created = sum(1 for j in jobs if j.kind == Job.Kind.INTERACTIVE)
     report.replay_rounds = len(rounds)
     report.replay_wall_s = replayed.wall_s
@@ -748,6 +825,57 @@ def _build_history(
     if jobs:
         report.history_from = min(j.first_submitted_at for j in jobs if j.first_submitted_at)
         report.history_to = max(j.ended_at for j in jobs if j.ended_at)
+
+
+def _hand_over_running(
+    cluster: Cluster, live_runs: list[tuple[Job, Any, float]], *, report: DemoLabReport
+) -> None:
+    """Start the jobs the replay runs at "now" on the cluster's backend, on the same GPUs, with
+    the work they have left (``sim_runtime_s``), through the backend's own ``apply``: the first
+    live round then finds them running.  A backend that cannot take them leaves them to the
+    round, which requeues them as lost (said in the report)."""
+    if not live_runs:
+        return
+    from scheduling.backends.base import BackendError
+    from scheduling.backends.registry import backend_for_cluster
+    from scheduling.engine.types import Plan, StartAction
+
+    plan = Plan(
+        starts=tuple(
+            StartAction(
+                job_id=str(job.pk),
+                gpu_ids=tuple(run.gpu_ids),
+                node_ids=(),
+                is_preemptible=run.is_preemptible,
+                expected_end_at=float("inf"),
+            )
+            for job, run, _ in live_runs
+        )
+    )
+    payloads = {
+        str(job.pk): {
+            **job.payload,
+            "requested_s": job.requested_s,
+            "is_preemptible": job.is_preemptible,
+            "is_checkpointable": job.is_checkpointable,
+            "checkpoint_interval_s": job.checkpoint_interval_s,
+        }
+        for job, _, _ in live_runs
+    }
+    try:
+        backend = backend_for_cluster(cluster)
+        if "payloads" in inspect.signature(backend.apply).parameters:
+            results = backend.apply(plan, payloads=payloads)  # type: ignore[call-arg]
+        else:
+            results = backend.apply(plan)
+    except BackendError as exc:
+        report.skipped.append(
+            f"running jobs not handed to the backend ({exc}); the first round requeues them"
+        )
+        return
+    refused = [r for r in results if r.action == "start" and not r.is_ok]
+    if refused:
+        report.skipped.append(f"{len(refused)} running job(s) refused by the backend: {refused[0].message}")
 
 
 def et_gpu_type(gpu_type: GpuType) -> Any:
@@ -887,3 +1015,19 @@ def _build_forecasts(
     if result.failed:
         report.skipped.append(f"forecasts: {result.failed} series failed to fit (see the log)")
     log(f"forecasts: {result.created} stored in {report.forecast_s:.1f} s")
+
+
+def _queue_forecasts(
+    cluster: Cluster, *, now: datetime, report: DemoLabReport, log: Callable[[str], None]
+) -> None:
+    """Queue this hour's forecast fit for the Celery worker (what `make demo` does at start-up:
+    the web server answers at once and the pages say "fitting" until the worker is done)."""
+    from forecasting.models import ForecastRun
+    from forecasting.selectors import hour_floor
+    from forecasting.services import forecast_refresh_request
+
+    if ForecastRun.objects.filter(cluster=cluster, issued_at=hour_floor(now)).exists():
+        return
+    forecast_refresh_request(cluster_id=cluster.pk)
+    report.forecasts_queued = True
+    log("forecasts: queued for the worker")

@@ -99,6 +99,9 @@ class ReplayOptions:
     # fallback); "portal": the portal's assignment is final.
     booking_gpus: str = "portal"
     max_idle_rounds: int = 3  # stop when only ticks remain and this many rounds changed nothing
+    # Stop at this simulated instant (what is running or queued then stays so in the record);
+    # the demo lab's history replay ends at "now".  inf: until every job is done.
+    stop_at_s: float = math.inf
 
 
 @dataclass(slots=True)
@@ -262,7 +265,7 @@ class Replay:
             t_driver = self._events[0][0] if self._events else math.inf
             t_backend = backend.next_event_at()
             t = min(t_driver, t_backend if t_backend is not None else math.inf)
-            if t == math.inf:
+            if t == math.inf or t > self.options.stop_at_s:
                 break
             self._accrue(t)
             freed = self._handle_transitions(t)

@@ -6,16 +6,18 @@ them), against the real PostgreSQL test database and the real booking service.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from django.db.models import Max, Min, Sum
 from django.test import Client
-from django.utils import timezone
 
 from portal.accounts.models import Membership, Project, Quota
 from scheduling.management.demo_lab import (
@@ -33,6 +35,33 @@ from scheduling.management.demo_lab import (
 from scheduling.models import Allocation, Booking, Cluster, Gpu, GpuType, Job, Node
 from scheduling.services import booking_create
 from tests.factories import MembershipFactory
+
+
+@pytest.fixture
+def sim_state() -> Iterator[None]:
+    """The live simulator's state of this test database (real Redis), removed afterwards."""
+    from django.conf import settings
+    from django.db import connection
+
+    from scheduling.backends.registry import engine_redis
+
+    client = engine_redis(settings.BERTH_ENGINE_REDIS_URL)
+    pattern = f"berth:livesim:{connection.settings_dict['NAME']}:*"
+    yield
+    keys = list(client.scan_iter(match=pattern, count=500))
+    if keys:
+        client.delete(*keys)
+
+
+@contextlib.contextmanager
+def mock_apply_async() -> Iterator[list[Any]]:
+    """Records the forecast task's messages instead of sending them: no worker runs in this test
+    (the Celery integration tests run a real one); what is checked is that one is queued."""
+    from forecasting.tasks import forecast_refresh_now
+
+    sent: list[Any] = []
+    with mock.patch.object(forecast_refresh_now, "apply_async", lambda args, **_: sent.append(args)):
+        yield sent
 
 
 def _nodes(spec: dict[tuple[str, int], int]) -> list[NodeRow]:
@@ -124,13 +153,18 @@ def fast_hasher(settings: Any) -> None:
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
+# The fast path of the command for tests: a week of history, no forecast fit (the e2e demo test
+# fits them), and a pinned "now" so that two builds replay exactly the same history.
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+FAST = ["--scale", "0.01", "--history-days", "7", "--forecasts", "skip", "--now", NOW.isoformat()]
+
+
 @pytest.mark.django_db
 @pytest.mark.usefixtures("fast_hasher")
 def test_demo_lab_builds_from_the_shipped_samples_and_is_idempotent(
-    tmp_path: Path, nodes: list[Node], a100: GpuType, soon: datetime
+    tmp_path: Path, nodes: list[Node], a100: GpuType, soon: datetime, sim_state: None
 ) -> None:
-    args = ["--traces", str(tmp_path), "--scale", "0.01", "--history-days", "30"]
-    started = timezone.now()
+    args = ["--traces", str(tmp_path), *FAST]
     call_command("demo_lab", *args, stdout=open(tmp_path / "out.txt", "w"))  # noqa: SIM115
     output = (tmp_path / "out.txt").read_text()
 
@@ -146,30 +180,38 @@ def test_demo_lab_builds_from_the_shipped_samples_and_is_idempotent(
     assert counts["projects"] == len(PROJECTS)
     assert counts["memberships"] == sum(len(p.members) for p in PROJECTS)
 
-    jobs = Job.objects.filter(cluster=cluster, payload__source="pwa_kth_sp2_1996")
-    assert jobs.count() > 100
-    assert set(jobs.values_list("status", flat=True)) <= {Job.Status.COMPLETED, Job.Status.FAILED}
-    span = jobs.aggregate(first=Min("submitted_at"), last=Max("ended_at"))
-    assert span["first"] >= started - timedelta(days=30, minutes=5)
-    assert span["last"] <= timezone.now()
-    assert span["last"] >= started - timedelta(days=2)  # the history reaches (nearly) now
-    assert set(jobs.values_list("user__username", flat=True)) <= {u for u, _, _ in RESEARCHERS}
+    history = Job.objects.filter(cluster=cluster, payload__source="pwa_kth_sp2_1996")
+    finished = history.filter(status__in=[Job.Status.COMPLETED, Job.Status.FAILED])
+    assert finished.count() > 50
+    assert set(history.values_list("status", flat=True)) <= {
+        Job.Status.COMPLETED,
+        Job.Status.FAILED,
+        Job.Status.RUNNING,
+        Job.Status.PENDING,
+    }
+    span = finished.aggregate(first=Min("first_submitted_at"), last=Max("ended_at"))
+    assert span["first"] >= NOW - timedelta(days=7)
+    assert span["last"] <= NOW
+    assert span["last"] >= NOW - timedelta(days=1)  # the history reaches (nearly) now
+    assert set(history.values_list("user__username", flat=True)) <= {u for u, _, _ in RESEARCHERS}
     # No job asks for more GPUs of its type than the demo cluster has.
     capacity: dict[int, int] = {}
     for type_id, gpu_count in Node.objects.filter(cluster=cluster).values_list("gpu_type_id", "gpu_count"):
         capacity[type_id] = capacity.get(type_id, 0) + gpu_count
-    for type_id, gpu_count in jobs.values_list("gpu_type_id", "gpu_count"):
+    for type_id, gpu_count in history.exclude(gpu_type=None).values_list("gpu_type_id", "gpu_count"):
         assert 1 <= gpu_count <= capacity[type_id]
     # Upcoming bookings went through booking_create: each holds one allocation per GPU.
     assert counts["bookings"] >= 3
     for booking in Booking.objects.filter(cluster=cluster):
         assert booking.allocations.count() == booking.gpu_count
-        assert booking.start_at > started
+        assert booking.start_at > NOW
 
     # A few jobs wait for the engine, queued through job_submit like any other job.
-    queued = Job.objects.filter(cluster=cluster, status=Job.Status.PENDING)
+    queued = Job.objects.filter(cluster=cluster, status=Job.Status.PENDING).exclude(
+        payload__source="pwa_kth_sp2_1996"
+    )
     assert 3 <= queued.count() <= 6
-    assert counts["jobs"] == jobs.count() + queued.count()
+    assert counts["jobs"] == history.count() + queued.count()
 
     call_command("demo_lab", *args, stdout=open(tmp_path / "again.txt", "w"))  # noqa: SIM115
     assert _counts() == counts
@@ -191,14 +233,75 @@ def test_demo_lab_builds_from_the_shipped_samples_and_is_idempotent(
     assert not Booking.objects.filter(pk=elsewhere.pk).exists()
     assert Node.objects.filter(pk=nodes[0].pk).exists()  # other clusters and projects stay
     assert Project.objects.filter(pk=other_project.pk).exists()
-    rebuilt = _counts()
-    assert rebuilt["nodes"] == counts["nodes"]
-    assert rebuilt["bookings"] == counts["bookings"]
-    assert abs(rebuilt["jobs"] - counts["jobs"]) <= 5  # "now" moved a few seconds
+    # The same pinned "now" replays the same history: every count is equal, not "about".
+    assert _counts() == counts
     assert Cluster.objects.filter(name=CLUSTER_NAME).count() == 1
     # The printed logins work.
     assert Client().login(username="admin", password="berth-admin")
     assert Client().login(username="ada", password="berth-demo")
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("fast_hasher")
+def test_jobs_running_at_now_stay_running_on_the_live_simulator(tmp_path: Path, sim_state: None) -> None:
+    """Replayed jobs still running at "now" are running jobs with allocations open at now, and the
+    live simulator runs them; demand does not drop to zero in the hours before now."""
+    from scheduling.backends.registry import backend_for_cluster
+
+    call_command("demo_lab", "--traces", str(tmp_path), *FAST, stdout=open(tmp_path / "o.txt", "w"))  # noqa: SIM115
+    cluster = Cluster.objects.get(name=CLUSTER_NAME)
+    running = list(Job.objects.filter(cluster=cluster, status=Job.Status.RUNNING))
+    assert running, "a busy lab has work running at now"
+    records = backend_for_cluster(cluster).records()
+    for job in running:
+        active = list(job.allocations.filter(state=Allocation.State.ACTIVE))
+        assert len(active) == job.gpu_count
+        for allocation in active:
+            assert allocation.period.lower <= NOW
+            assert allocation.period.upper is None or allocation.period.upper > NOW
+        record = records[str(job.pk)]
+        assert record["state"] == "running"
+        assert sorted(record["gpu_ids"]) == sorted(a.gpu_id for a in active)
+        assert job.payload["sim_runtime_s"] > 0
+    # Busy GPU-hours in each of the last 6 hours before now: the running jobs keep them up.
+    from portal.ops.selectors import Range, utilization_get
+
+    rng = Range(start_at=NOW - timedelta(hours=6), end_at=NOW, bucket="hour")
+    by_type = utilization_get(cluster_id=cluster.pk, rng=rng, now=NOW)[0]
+    for row in by_type.rows:
+        assert sum(v for v in row[1:-1]) > 0, row
+    # Jobs that had not started by now wait in the queue with what is left of their work.
+    pending = Job.objects.filter(
+        cluster=cluster, status=Job.Status.PENDING, payload__source="pwa_kth_sp2_1996"
+    )
+    assert all(j.started_at is None and j.payload["command"] for j in pending)
+    # None of them is one the quotas never let start: above its project's guarantee it is preemptible.
+    guarantee = {(q.project_id, q.gpu_type_id): q.guaranteed_gpus for q in Quota.objects.all()}
+    for job in [*pending, *running]:
+        if job.kind == Job.Kind.BATCH and job.gpu_count > guarantee.get((job.project_id, job.gpu_type_id), 0):
+            assert job.is_preemptible, job
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("fast_hasher")
+def test_forecasts_queue_leaves_the_fit_to_a_worker_and_says_fitting(
+    tmp_path: Path, settings: Any, sim_state: None, django_capture_on_commit_callbacks: Any
+) -> None:
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    args = ["--traces", str(tmp_path), "--scale", "0.01", "--history-days", "1"]
+    args += ["--forecasts", "queue", "--now", NOW.isoformat()]
+    with mock_apply_async() as sent, django_capture_on_commit_callbacks(execute=True):
+        call_command("demo_lab", *args, "--no-queue", stdout=open(tmp_path / "o.txt", "w"))  # noqa: SIM115
+    cluster = Cluster.objects.get(name=CLUSTER_NAME)
+    assert sent == [[cluster.pk]]
+    assert "queued for the Celery worker" in (tmp_path / "o.txt").read_text()
+    from forecasting.models import ForecastRun
+
+    assert not ForecastRun.objects.filter(cluster=cluster).exists()
+    client = Client()
+    assert client.login(username="admin", password="berth-admin")
+    page = client.get(f"/ops/capacity/?cluster={cluster.pk}").content.decode()
+    assert "fitting… (queued for a worker)" in page
 
 
 @pytest.mark.django_db

@@ -20,7 +20,8 @@ pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
 
 def test_demo_lab_queue_is_placed_explained_and_run(engine_redis_url, run_round, t0: datetime) -> None:
-    demo_lab_build(traces_dir=None, history_days=14, now=t0)
+    # The fast path: a few days of history and no forecast fit (the e2e demo test fits them).
+    demo_lab_build(traces_dir=None, history_days=3, now=t0, make_forecasts=False)
     cluster = Cluster.objects.get(name=CLUSTER_NAME)
     queued = list(Job.objects.filter(cluster=cluster, status=Job.Status.PENDING))
     assert queued
@@ -43,5 +44,11 @@ def test_demo_lab_queue_is_placed_explained_and_run(engine_redis_url, run_round,
     assert statuses <= {Job.Status.RUNNING, Job.Status.COMPLETED, Job.Status.PENDING}
     assert Job.Status.COMPLETED in statuses
     assert not EngineRound.objects.filter(cluster=cluster).exclude(error="").exists()
-    slowest = max(EngineRound.objects.filter(cluster=cluster).values_list("duration_ms", flat=True))
-    assert slowest < 5_000
+    # The live rounds (the replayed history's rounds carry the replay's plan times, not these).
+    live = EngineRound.objects.filter(cluster=cluster).exclude(decisions__has_key="replayed")
+    assert live.count() == 25
+    durations = list(live.order_by("started_at", "id").values_list("duration_ms", flat=True))
+    # The first round places the queue the history left at "now" (dozens of starts persisted in
+    # one transaction); the later ones are the steady state.
+    assert durations[0] < 15_000, durations[0]
+    assert max(durations[1:]) < 5_000, durations

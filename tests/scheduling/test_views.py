@@ -761,6 +761,24 @@ def test_extend_moves_the_end_an_hour_later_on_the_same_gpus(
     assert all(a.period.upper == booking.end_at for a in booking.allocations.all())
 
 
+def test_extending_a_cancelled_booking_in_the_browser_says_it_was_cancelled(
+    member_web: Client, member: User, project: Project, nodes: list[Node], a100: GpuType, soon: datetime
+) -> None:
+    booking = booking_create(
+        member, project=project, gpu_type=a100, gpu_count=1, start_at=soon, end_at=soon + timedelta(hours=1)
+    )
+    member_web.post(reverse("booking-cancel", kwargs={"booking_id": booking.pk}), **HTMX)
+    url = reverse("booking-extend", kwargs={"booking_id": booking.pk})
+
+    response = member_web.post(url, **HTMX)
+    assert response.status_code == 200
+    assert "This booking was cancelled, so it cannot be extended." in response.content.decode()
+    followed = member_web.post(url, follow=True)  # without JavaScript: a message on the list
+    assert "This booking was cancelled, so it cannot be extended." in followed.content.decode()
+    booking.refresh_from_db()
+    assert booking.end_at == soon + timedelta(hours=1)
+
+
 def test_extend_into_someone_elses_window_says_how_far_it_can_go(
     member_web: Client, member: User, project: Project, nodes: list[Node], a100: GpuType, soon: datetime
 ) -> None:

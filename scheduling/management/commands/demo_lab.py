@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from argparse import ArgumentParser
+from argparse import ArgumentParser, ArgumentTypeError
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,16 @@ from scheduling.management.demo_lab import (
     demo_lab_build,
     demo_lab_reset,
 )
+
+
+def _aware_datetime(raw: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(raw)
+    except ValueError as exc:
+        raise ArgumentTypeError(f"not an ISO 8601 instant: {raw!r}") from exc
+    if value.tzinfo is None:
+        raise ArgumentTypeError("give a time zone (e.g. 2026-12-01T12:00:00+00:00)")
+    return value
 
 
 class Command(BaseCommand):
@@ -55,7 +66,20 @@ class Command(BaseCommand):
         parser.add_argument("--reset", action="store_true", help="delete the demo lab first, then rebuild")
         parser.add_argument("--no-bookings", action="store_true", help="skip the upcoming demo bookings")
         parser.add_argument(
-            "--no-forecasts", action="store_true", help="skip fitting the demand forecasts at load time"
+            "--forecasts",
+            choices=("now", "queue", "skip"),
+            default="now",
+            help="fit the demand forecasts here ('now', the default), leave them to a Celery task "
+            "queued for the worker ('queue': what `make demo` does; the pages say 'fitting' until it "
+            "is done), or not at all ('skip')",
+        )
+        parser.add_argument("--no-forecasts", action="store_true", help="same as --forecasts skip")
+        parser.add_argument(
+            "--now",
+            type=_aware_datetime,
+            default=None,
+            help="the instant the history ends at (ISO 8601 with a zone; default: the clock). A pinned "
+            "value makes two builds identical (the tests use it).",
         )
         parser.add_argument("--no-queue", action="store_true", help="skip the queued demo jobs")
         parser.add_argument(
@@ -90,7 +114,8 @@ class Command(BaseCommand):
                 make_bookings=not options["no_bookings"],
                 make_queue=not options["no_queue"],
                 load=options["load"] or None,
-                make_forecasts=not options["no_forecasts"],
+                make_forecasts="skip" if options["no_forecasts"] else options["forecasts"],
+                now=options["now"],
                 log=self.stdout.write,
             )
         except DemoLabError as exc:
@@ -114,7 +139,11 @@ class Command(BaseCommand):
             )
         out(f"Upcoming bookings created now: {report.bookings_created}")
         out(f"Queued jobs created now: {report.queued_jobs_created}")
-        out(f"Demand forecasts stored now: {report.forecasts_created} ({report.forecast_s:.1f} s)")
+        out(f"Running at now: {report.running_at_now} jobs; pending at now: {report.pending_at_now}")
+        if report.forecasts_queued:
+            out("Demand forecasts: queued for the Celery worker (the pages say 'fitting' until done)")
+        else:
+            out(f"Demand forecasts stored now: {report.forecasts_created} ({report.forecast_s:.1f} s)")
         for reason in report.skipped:
             out(f"  skipped: {reason}")
         out(f"Done in {time.monotonic() - started:.1f} s")

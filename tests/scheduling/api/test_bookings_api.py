@@ -88,6 +88,19 @@ def test_extend_and_end(member_client, project, nodes, soon):
     assert "status" in ended.json()["fields"]
 
 
+@pytest.mark.parametrize("body", [{}, {"end_at": "tomorrow"}, {"end_at": "2099-01-01T00:00:00Z"}])
+def test_extending_a_cancelled_booking_says_it_was_cancelled(member_client, project, nodes, soon, body):
+    booking = member_client.post(URL, _body(project, soon), format="json").json()
+    assert member_client.post(f"{URL}{booking['id']}/cancel/").status_code == 200
+    response = member_client.post(f"{URL}{booking['id']}/extend/", body, format="json")
+    assert response.status_code == 400
+    data = response.json()
+    # What is wrong is the booking, whatever the body: not "end_at: This field is required."
+    assert set(data["fields"]) == {"status"}
+    assert "cancelled, so it cannot be extended" in data["fields"]["status"][0]
+    assert "end_at" not in json.dumps(data)
+
+
 def test_end_a_running_booking(member_client, project, nodes):
     start = timezone.now()
     body = _body(project, start, end_at=(start + timedelta(hours=2)).isoformat())
