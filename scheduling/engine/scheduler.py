@@ -27,8 +27,15 @@ from scheduling.engine.headroom import headroom_need, may_use_headroom
 from scheduling.engine.outcome import Outcome
 from scheduling.engine.overdue import correct_overdue
 from scheduling.engine.placement import INF, FreePool, Hold, constraint_key
-from scheduling.engine.pool import PoolForecast
-from scheduling.engine.preemption import Reclaim, is_consenting, is_reclaimable, kill_time, plan_reclaim
+from scheduling.engine.pool import PoolForecast, ends_before_rise
+from scheduling.engine.preemption import (
+    Reclaim,
+    is_cheap_to_reclaim,
+    is_costly_start,
+    is_reclaimable,
+    kill_time,
+    plan_reclaim,
+)
 from scheduling.engine.startability import Unstartable, never_startable
 from scheduling.engine.types import (
     Booking,
@@ -134,11 +141,12 @@ class Scheduler:
         self._predicted_end: dict[str, float] = {}
         # berth: the interactive pool over time (None: only ``interactive_headroom`` for now)
         self.pool_forecast = PoolForecast.of(policy) if knobs.can_lend else None
-        # GPUs per type held by work sessions cannot take back (batch work without consent)
+        # GPUs per type held by work sessions cannot take back cheaply (batch work without
+        # consent, and restartable work: `preemption.is_cheap_to_reclaim`)
         self.pinned_by_type: dict[str, int] = {}
         if self.pool_forecast is not None:
             for running in state.snapshot.running:
-                if running.job.kind == JobKind.BATCH and not is_consenting(running):
+                if running.job.kind == JobKind.BATCH and not is_cheap_to_reclaim(running):
                     for gpu in running.gpu_ids:
                         name = state.gpu_type.get(gpu, "")
                         self.pinned_by_type[name] = self.pinned_by_type.get(name, 0) + 1
@@ -258,7 +266,7 @@ class Scheduler:
         if running is None:
             return INF
         end = self.state.end_hold[running.job.id]
-        if self.knobs.can_preempt and is_reclaimable(running, excluded=set()):
+        if self.knobs.can_preempt and is_reclaimable(running, excluded=set()) and is_cheap_to_reclaim(running):
             end = min(end, kill_time(self.state, running, is_high_class=True))
         return end
 
@@ -452,7 +460,7 @@ class Scheduler:
         if (
             self.pool_forecast is not None
             and job.kind == JobKind.BATCH
-            and not (is_lent or job.is_preemptible)
+            and not (job.is_checkpointable and (is_lent or job.is_preemptible))
         ):
             name = state.gpu_type[gpus[0]]
             self.pinned_by_type[name] = self.pinned_by_type.get(name, 0) + len(gpus)
@@ -490,10 +498,11 @@ class Scheduler:
         """Earliest time a lent start of this job could be off its GPUs again.
 
         Checkpointable work loses little when reclaimed, so it may borrow for as long as its
-        minimum runtime; other work only where its median runtime fits before the need.
+        minimum runtime; restartable work only where its planning estimate (the p90 under berth)
+        fits before the need.
         """
         policy = self.policy
-        held = policy.min_runtime_s if job.is_checkpointable else max(estimate.p50_s, policy.min_runtime_s)
+        held = policy.min_runtime_s if job.is_checkpointable else max(estimate.hold_s, policy.min_runtime_s)
         return self.now + held + policy.grace_s
 
     def try_start(self, job: JobRequest, types: Sequence[str], estimate: Estimate) -> bool:
@@ -540,8 +549,8 @@ class Scheduler:
         )
         if (
             gpus is not None
-            and not (must_lend or job.is_preemptible)
-            and not self._pool_admits(job, gpus, estimate)
+            and is_costly_start(job)
+            and not self._pool_admits(job, gpus, estimate, is_preemptible=must_lend or job.is_preemptible)
         ):
             if chooser is not None:
                 chooser.is_lendable = False
@@ -568,12 +577,17 @@ class Scheduler:
             chooser.is_lendable = False
         return False
 
-    def _pool_admits(self, job: JobRequest, gpus: tuple[int, ...], estimate: Estimate) -> bool:
-        """Berth with a pool forecast: non-preemptible batch work starts only if the GPUs such
+    def _pool_admits(
+        self, job: JobRequest, gpus: tuple[int, ...], estimate: Estimate, *, is_preemptible: bool = False
+    ) -> bool:
+        """Berth with a pool forecast: batch work sessions cannot take back cheaply (non-
+        preemptible or restartable, `preemption.is_costly_start`) starts only if the GPUs such
         work holds stay within capacity minus the pool's forecast peak until its p90 end.
 
-        Sessions cannot take that work back, so a start at night that runs into the office
-        peak would make sessions wait.  A refused job waits with the earliest window of low
+        Sessions cannot take non-preemptible work back, and taking restartable work back throws
+        away all it did, so a start at night that runs into the office peak would make sessions
+        wait or waste the work.  Restartable (``is_preemptible``) work predicted to end (p90)
+        before the pool's next demand rise is admitted anyway (`pool.ends_before_rise`).  A refused job waits with the earliest window of low
         demand that would admit it as its ETA; a job that no window in the forecast admits (wider
         than the cluster minus the lowest level) is not held back, or it could never run.
         """
@@ -593,15 +607,20 @@ class Scheduler:
         peak_type = forecast.peak([name], self.now, end, only_named=True)
         if peak_all <= room_all and peak_type <= room_type:
             return True
+        if is_preemptible and ends_before_rise(forecast, [name], self.now, end):
+            return True
         window = forecast.low_window(everything, self.now, estimate.hold_s, room_all)
         if window is None:
             return True
         self.out.wait(
             job.id,
             PendingReason.HEADROOM,
-            f"It is not preemptible and would still run when on-demand sessions are forecast to "
-            f"need {peak_all} GPUs; {max(room_all, 0)} GPUs stay free of non-preemptible work until "
-            f"its estimated end. Marking it preemptible lets it start now; otherwise it waits for "
+            ("It restarts from scratch if reclaimed" if is_preemptible else "It is not preemptible")
+            + " and would still run when on-demand sessions are forecast to "
+            f"need {peak_all} GPUs; {max(room_all, 0)} GPUs stay free of such work until "
+            f"its estimated end. "
+            + ("Checkpointing it" if is_preemptible else "Marking it preemptible and checkpointing")
+            + " lets it start now; otherwise it waits for "
             f"demand to fall (from about +{fmt_s(max(window - self.now, 0.0))}).",
             max(window, self.now),
         )
