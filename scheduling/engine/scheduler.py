@@ -28,6 +28,7 @@ from scheduling.engine.outcome import Outcome
 from scheduling.engine.overdue import correct_overdue
 from scheduling.engine.placement import INF, FreePool, Hold, constraint_key
 from scheduling.engine.pool import PoolForecast, ends_before_rise
+from scheduling.engine.quota import type_limit
 from scheduling.engine.preemption import (
     Reclaim,
     is_cheap_to_reclaim,
@@ -404,10 +405,18 @@ class Scheduler:
         self.shares = {share.name: share for share in state.snapshot.projects}
         self.used: dict[str, int] = {}
         self.guaranteed_used: dict[tuple[str, str], int] = {}
-        has_quotas = any(share.guaranteed or share.borrow_limit is not None for share in self.shares.values())
+        # (project, GPU type) -> GPUs it runs, lent or not (per-type limits, `engine.quota`)
+        self.used_by_type: dict[tuple[str, str], int] = {}
+        has_quotas = any(
+            share.guaranteed or share.borrow_limit is not None or share.borrow_limits
+            for share in self.shares.values()
+        )
         for running in state.snapshot.running:
             project = running.job.project
             self.used[project] = self.used.get(project, 0) + len(running.gpu_ids)
+            for gpu in running.gpu_ids:
+                key = (project, state.gpu_type.get(gpu, ""))
+                self.used_by_type[key] = self.used_by_type.get(key, 0) + 1
             if has_quotas and not running.is_preemptible:
                 for gpu in running.gpu_ids:
                     key = (project, state.gpu_type.get(gpu, ""))
@@ -422,10 +431,33 @@ class Scheduler:
     def _guarantee_left(self, project: str, gpu_type: str) -> int | None:
         """Guaranteed GPUs of a type not yet used by non-preemptible work (None: no quota)."""
         share = self.shares.get(project)
-        if share is None or (not share.guaranteed and share.borrow_limit is None):
+        if share is None or (not share.guaranteed and share.borrow_limit is None and not share.borrow_limits):
             return None
         total = sum(n for t, n in share.guaranteed if t in (gpu_type, "*"))
         return total - self.guaranteed_used.get((project, gpu_type), 0)
+
+    def _within_type_limits(self, job: JobRequest, types: Sequence[str]) -> Sequence[str]:
+        """The job's types on which its project stays within guarantee + borrowing limit
+        (`quota.type_limit`, every policy: a Slurm QOS GrpTRES per GPU type does the same); when
+        none is left, records why it waits."""
+        share = self.shares.get(job.project)
+        if share is None or not share.borrow_limits:
+            return types
+        kept = [
+            t
+            for t in types
+            if (limit := type_limit(share, t)) is None
+            or self.used_by_type.get((job.project, t), 0) + job.gpu_count <= limit
+        ]
+        if not kept:
+            limits = ", ".join(f"{type_limit(share, t)} {t}" for t in types)
+            self.out.wait(
+                job.id,
+                PendingReason.QUOTA,
+                f"Project {job.project} runs as many GPUs as its guarantee and borrowing limit allow "
+                f"({limits}); this job needs {job.gpu_count} more and starts when the project's work ends.",
+            )
+        return kept
 
     def is_over_limit(self, job: JobRequest) -> bool:
         limit = self._limit(job.project)
@@ -457,6 +489,8 @@ class Scheduler:
             )
         )
         self.used[job.project] = self.used.get(job.project, 0) + len(gpus)
+        type_key = (job.project, state.gpu_type[gpus[0]])
+        self.used_by_type[type_key] = self.used_by_type.get(type_key, 0) + len(gpus)
         if (
             self.pool_forecast is not None
             and job.kind == JobKind.BATCH
@@ -512,20 +546,16 @@ class Scheduler:
         # a booking is honoured on the user's own limit: predictions are not promises
         strict_until = self.now + max(estimate.hold_s, job.requested_s or 0.0)
         must_lend = False
+        types = self._within_type_limits(job, types)
+        if not types:
+            return False
         if self.knobs.enforces_guarantees and job.kind == JobKind.BATCH:
             left = [self._guarantee_left(job.project, t) for t in types]
             is_within_guarantee = any(x is not None and x >= job.gpu_count for x in left)
             if not is_within_guarantee and all(x is not None for x in left):
-                # the project has quotas and this job is above its guarantee
+                # the project has quotas and this job is above its guarantee: it borrows, as
+                # preemptible work (Kueue), whether or not its owner marked it preemptible
                 must_lend = True
-                if not job.is_preemptible:
-                    self.out.wait(
-                        job.id,
-                        PendingReason.QUOTA,
-                        f"Project {job.project} has used its guaranteed GPUs and this job is not "
-                        f"preemptible, so it cannot run on borrowed capacity; it needs {job.gpu_count} GPUs.",
-                    )
-                    return False
             elif (
                 self.knobs.preempts_by_consent
                 and job.is_preemptible
@@ -799,12 +829,14 @@ class Scheduler:
         is_quota_claim: bool,
     ) -> Callable[[RunningJob], bool] | None:
         """Which reclaimable jobs a demand may take: sessions any, a quota claim other projects'
-        preemptible work, the top job what `_suspendable_for` allows."""
+        borrowed work (started above their guarantee or on lent capacity: a project's own
+        guarantee is never taken by another's claim), the top job what `_suspendable_for`
+        allows."""
         if job.kind == JobKind.INTERACTIVE:
             return None
         if is_quota_claim:
             project = job.project
-            return lambda running: running.job.project != project
+            return lambda running: running.is_preemptible and running.job.project != project
         return self._suspendable_for(job, types, estimate, single)
 
     def is_within_guarantee(self, job: JobRequest, types: Sequence[str]) -> bool:
