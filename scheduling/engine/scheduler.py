@@ -36,6 +36,7 @@ from scheduling.engine.preemption import (
     is_reclaimable,
     kill_time,
     plan_reclaim,
+    demand_may_take,
 )
 from scheduling.engine.startability import Unstartable, never_startable
 from scheduling.engine.types import (
@@ -828,15 +829,19 @@ class Scheduler:
         *,
         is_quota_claim: bool,
     ) -> Callable[[RunningJob], bool] | None:
-        """Which reclaimable jobs a demand may take: sessions any, a quota claim other projects'
-        borrowed work (started above their guarantee or on lent capacity: a project's own
-        guarantee is never taken by another's claim), the top job what `_suspendable_for`
-        allows."""
+        """Which reclaimable jobs a demand may take: sessions checkpointing work and restartable
+        work losing at most what they ask for (`preemption.demand_may_take`); a quota claim the
+        same, of other projects' borrowed work only (started above their guarantee or on lent
+        capacity: a project's own guarantee is never taken by another's claim); the top job
+        what `_suspendable_for` allows."""
         if job.kind == JobKind.INTERACTIVE:
-            return None
+            return demand_may_take(self.state, demand_gpu_s=estimate.hold_s * job.gpu_count)
         if is_quota_claim:
             project = job.project
-            return lambda running: running.is_preemptible and running.job.project != project
+            affordable = demand_may_take(self.state, demand_gpu_s=estimate.hold_s * job.gpu_count)
+            return lambda running: (
+                running.is_preemptible and running.job.project != project and affordable(running)
+            )
         return self._suspendable_for(job, types, estimate, single)
 
     def is_within_guarantee(self, job: JobRequest, types: Sequence[str]) -> bool:
