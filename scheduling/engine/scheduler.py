@@ -28,16 +28,16 @@ from scheduling.engine.outcome import Outcome
 from scheduling.engine.overdue import correct_overdue
 from scheduling.engine.placement import INF, FreePool, Hold, constraint_key
 from scheduling.engine.pool import PoolForecast, ends_before_rise
-from scheduling.engine.quota import type_limit
 from scheduling.engine.preemption import (
     Reclaim,
+    demand_may_take,
     is_cheap_to_reclaim,
     is_costly_start,
     is_reclaimable,
     kill_time,
     plan_reclaim,
-    demand_may_take,
 )
+from scheduling.engine.quota import type_limit
 from scheduling.engine.startability import Unstartable, never_startable
 from scheduling.engine.types import (
     Booking,
@@ -268,7 +268,11 @@ class Scheduler:
         if running is None:
             return INF
         end = self.state.end_hold[running.job.id]
-        if self.knobs.can_preempt and is_reclaimable(running, excluded=set()) and is_cheap_to_reclaim(running):
+        if (
+            self.knobs.can_preempt
+            and is_reclaimable(running, excluded=set())
+            and is_cheap_to_reclaim(running)
+        ):
             end = min(end, kill_time(self.state, running, is_high_class=True))
         return end
 
@@ -618,9 +622,10 @@ class Scheduler:
         Sessions cannot take non-preemptible work back, and taking restartable work back throws
         away all it did, so a start at night that runs into the office peak would make sessions
         wait or waste the work.  Restartable (``is_preemptible``) work predicted to end (p90)
-        before the pool's next demand rise is admitted anyway (`pool.ends_before_rise`).  A refused job waits with the earliest window of low
-        demand that would admit it as its ETA; a job that no window in the forecast admits (wider
-        than the cluster minus the lowest level) is not held back, or it could never run.
+        before the pool's next demand rise is admitted anyway (`pool.ends_before_rise`).  A
+        refused job waits with the earliest window of low demand that would admit it as its
+        ETA; a job that no window in the forecast admits (wider than the cluster minus the
+        lowest level) is not held back, or it could never run.
         """
         forecast = self.pool_forecast
         if forecast is None or job.kind != JobKind.BATCH:

@@ -57,7 +57,10 @@ def test_portal_and_replay_build_the_same_project_shares_from_the_same_history()
             running.append((project.slug, value, at - started_h * 3_600.0))
         else:
             ledger.add(
-                project.slug, gpu_value=value, start_at=at - started_h * 3_600.0, end_at=at - ended_h * 3_600.0
+                project.slug,
+                gpu_value=value,
+                start_at=at - started_h * 3_600.0,
+                end_at=at - ended_h * 3_600.0,
             )
     specs = [
         inputs.ProjectSpec(

@@ -57,7 +57,13 @@ def _replay(policy: str, *, is_no_show: bool) -> tuple[dict[str, Any], dict[str,
         gpu_ids=(1,),
     )
     session = InteractiveSession(
-        id="int-000000", user="v", project="p", submit_at=100.0, duration_s=3_600.0, gpu_count=1, requested_s=3_600.0
+        id="int-000000",
+        user="v",
+        project="p",
+        submit_at=100.0,
+        duration_s=3_600.0,
+        gpu_count=1,
+        requested_s=3_600.0,
     )
     overlay = Overlay(
         sessions=(session,),
