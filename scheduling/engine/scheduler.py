@@ -27,8 +27,17 @@ from scheduling.engine.headroom import headroom_need, may_use_headroom
 from scheduling.engine.outcome import Outcome
 from scheduling.engine.overdue import correct_overdue
 from scheduling.engine.placement import INF, FreePool, Hold, constraint_key
-from scheduling.engine.pool import PoolForecast
-from scheduling.engine.preemption import Reclaim, is_consenting, is_reclaimable, kill_time, plan_reclaim
+from scheduling.engine.pool import PoolForecast, ends_before_rise
+from scheduling.engine.preemption import (
+    Reclaim,
+    demand_may_take,
+    is_cheap_to_reclaim,
+    is_costly_start,
+    is_reclaimable,
+    kill_time,
+    plan_reclaim,
+)
+from scheduling.engine.quota import type_limit
 from scheduling.engine.startability import Unstartable, never_startable
 from scheduling.engine.types import (
     Booking,
@@ -134,11 +143,12 @@ class Scheduler:
         self._predicted_end: dict[str, float] = {}
         # berth: the interactive pool over time (None: only ``interactive_headroom`` for now)
         self.pool_forecast = PoolForecast.of(policy) if knobs.can_lend else None
-        # GPUs per type held by work sessions cannot take back (batch work without consent)
+        # GPUs per type held by work sessions cannot take back cheaply (batch work without
+        # consent, and restartable work: `preemption.is_cheap_to_reclaim`)
         self.pinned_by_type: dict[str, int] = {}
         if self.pool_forecast is not None:
             for running in state.snapshot.running:
-                if running.job.kind == JobKind.BATCH and not is_consenting(running):
+                if running.job.kind == JobKind.BATCH and not is_cheap_to_reclaim(running):
                     for gpu in running.gpu_ids:
                         name = state.gpu_type.get(gpu, "")
                         self.pinned_by_type[name] = self.pinned_by_type.get(name, 0) + 1
@@ -258,7 +268,11 @@ class Scheduler:
         if running is None:
             return INF
         end = self.state.end_hold[running.job.id]
-        if self.knobs.can_preempt and is_reclaimable(running, excluded=set()):
+        if (
+            self.knobs.can_preempt
+            and is_reclaimable(running, excluded=set())
+            and is_cheap_to_reclaim(running)
+        ):
             end = min(end, kill_time(self.state, running, is_high_class=True))
         return end
 
@@ -396,10 +410,18 @@ class Scheduler:
         self.shares = {share.name: share for share in state.snapshot.projects}
         self.used: dict[str, int] = {}
         self.guaranteed_used: dict[tuple[str, str], int] = {}
-        has_quotas = any(share.guaranteed or share.borrow_limit is not None for share in self.shares.values())
+        # (project, GPU type) -> GPUs it runs, lent or not (per-type limits, `engine.quota`)
+        self.used_by_type: dict[tuple[str, str], int] = {}
+        has_quotas = any(
+            share.guaranteed or share.borrow_limit is not None or share.borrow_limits
+            for share in self.shares.values()
+        )
         for running in state.snapshot.running:
             project = running.job.project
             self.used[project] = self.used.get(project, 0) + len(running.gpu_ids)
+            for gpu in running.gpu_ids:
+                key = (project, state.gpu_type.get(gpu, ""))
+                self.used_by_type[key] = self.used_by_type.get(key, 0) + 1
             if has_quotas and not running.is_preemptible:
                 for gpu in running.gpu_ids:
                     key = (project, state.gpu_type.get(gpu, ""))
@@ -414,10 +436,33 @@ class Scheduler:
     def _guarantee_left(self, project: str, gpu_type: str) -> int | None:
         """Guaranteed GPUs of a type not yet used by non-preemptible work (None: no quota)."""
         share = self.shares.get(project)
-        if share is None or (not share.guaranteed and share.borrow_limit is None):
+        if share is None or (not share.guaranteed and share.borrow_limit is None and not share.borrow_limits):
             return None
         total = sum(n for t, n in share.guaranteed if t in (gpu_type, "*"))
         return total - self.guaranteed_used.get((project, gpu_type), 0)
+
+    def _within_type_limits(self, job: JobRequest, types: Sequence[str]) -> Sequence[str]:
+        """The job's types on which its project stays within guarantee + borrowing limit
+        (`quota.type_limit`, every policy: a Slurm QOS GrpTRES per GPU type does the same); when
+        none is left, records why it waits."""
+        share = self.shares.get(job.project)
+        if share is None or not share.borrow_limits:
+            return types
+        kept = [
+            t
+            for t in types
+            if (limit := type_limit(share, t)) is None
+            or self.used_by_type.get((job.project, t), 0) + job.gpu_count <= limit
+        ]
+        if not kept:
+            limits = ", ".join(f"{type_limit(share, t)} {t}" for t in types)
+            self.out.wait(
+                job.id,
+                PendingReason.QUOTA,
+                f"Project {job.project} runs as many GPUs as its guarantee and borrowing limit allow "
+                f"({limits}); this job needs {job.gpu_count} more and starts when the project's work ends.",
+            )
+        return kept
 
     def is_over_limit(self, job: JobRequest) -> bool:
         limit = self._limit(job.project)
@@ -449,10 +494,12 @@ class Scheduler:
             )
         )
         self.used[job.project] = self.used.get(job.project, 0) + len(gpus)
+        type_key = (job.project, state.gpu_type[gpus[0]])
+        self.used_by_type[type_key] = self.used_by_type.get(type_key, 0) + len(gpus)
         if (
             self.pool_forecast is not None
             and job.kind == JobKind.BATCH
-            and not (is_lent or job.is_preemptible)
+            and not (job.is_checkpointable and (is_lent or job.is_preemptible))
         ):
             name = state.gpu_type[gpus[0]]
             self.pinned_by_type[name] = self.pinned_by_type.get(name, 0) + len(gpus)
@@ -490,10 +537,11 @@ class Scheduler:
         """Earliest time a lent start of this job could be off its GPUs again.
 
         Checkpointable work loses little when reclaimed, so it may borrow for as long as its
-        minimum runtime; other work only where its median runtime fits before the need.
+        minimum runtime; restartable work only where its planning estimate (the p90 under berth)
+        fits before the need.
         """
         policy = self.policy
-        held = policy.min_runtime_s if job.is_checkpointable else max(estimate.p50_s, policy.min_runtime_s)
+        held = policy.min_runtime_s if job.is_checkpointable else max(estimate.hold_s, policy.min_runtime_s)
         return self.now + held + policy.grace_s
 
     def try_start(self, job: JobRequest, types: Sequence[str], estimate: Estimate) -> bool:
@@ -503,20 +551,16 @@ class Scheduler:
         # a booking is honoured on the user's own limit: predictions are not promises
         strict_until = self.now + max(estimate.hold_s, job.requested_s or 0.0)
         must_lend = False
+        types = self._within_type_limits(job, types)
+        if not types:
+            return False
         if self.knobs.enforces_guarantees and job.kind == JobKind.BATCH:
             left = [self._guarantee_left(job.project, t) for t in types]
             is_within_guarantee = any(x is not None and x >= job.gpu_count for x in left)
             if not is_within_guarantee and all(x is not None for x in left):
-                # the project has quotas and this job is above its guarantee
+                # the project has quotas and this job is above its guarantee: it borrows, as
+                # preemptible work (Kueue), whether or not its owner marked it preemptible
                 must_lend = True
-                if not job.is_preemptible:
-                    self.out.wait(
-                        job.id,
-                        PendingReason.QUOTA,
-                        f"Project {job.project} has used its guaranteed GPUs and this job is not "
-                        f"preemptible, so it cannot run on borrowed capacity; it needs {job.gpu_count} GPUs.",
-                    )
-                    return False
             elif (
                 self.knobs.preempts_by_consent
                 and job.is_preemptible
@@ -540,8 +584,8 @@ class Scheduler:
         )
         if (
             gpus is not None
-            and not (must_lend or job.is_preemptible)
-            and not self._pool_admits(job, gpus, estimate)
+            and is_costly_start(job)
+            and not self._pool_admits(job, gpus, estimate, is_preemptible=must_lend or job.is_preemptible)
         ):
             if chooser is not None:
                 chooser.is_lendable = False
@@ -568,14 +612,20 @@ class Scheduler:
             chooser.is_lendable = False
         return False
 
-    def _pool_admits(self, job: JobRequest, gpus: tuple[int, ...], estimate: Estimate) -> bool:
-        """Berth with a pool forecast: non-preemptible batch work starts only if the GPUs such
+    def _pool_admits(
+        self, job: JobRequest, gpus: tuple[int, ...], estimate: Estimate, *, is_preemptible: bool = False
+    ) -> bool:
+        """Berth with a pool forecast: batch work sessions cannot take back cheaply (non-
+        preemptible or restartable, `preemption.is_costly_start`) starts only if the GPUs such
         work holds stay within capacity minus the pool's forecast peak until its p90 end.
 
-        Sessions cannot take that work back, so a start at night that runs into the office
-        peak would make sessions wait.  A refused job waits with the earliest window of low
-        demand that would admit it as its ETA; a job that no window in the forecast admits (wider
-        than the cluster minus the lowest level) is not held back, or it could never run.
+        Sessions cannot take non-preemptible work back, and taking restartable work back throws
+        away all it did, so a start at night that runs into the office peak would make sessions
+        wait or waste the work.  Restartable (``is_preemptible``) work predicted to end (p90)
+        before the pool's next demand rise is admitted anyway (`pool.ends_before_rise`).  A
+        refused job waits with the earliest window of low demand that would admit it as its
+        ETA; a job that no window in the forecast admits (wider than the cluster minus the
+        lowest level) is not held back, or it could never run.
         """
         forecast = self.pool_forecast
         if forecast is None or job.kind != JobKind.BATCH:
@@ -593,15 +643,20 @@ class Scheduler:
         peak_type = forecast.peak([name], self.now, end, only_named=True)
         if peak_all <= room_all and peak_type <= room_type:
             return True
+        if is_preemptible and ends_before_rise(forecast, [name], self.now, end):
+            return True
         window = forecast.low_window(everything, self.now, estimate.hold_s, room_all)
         if window is None:
             return True
         self.out.wait(
             job.id,
             PendingReason.HEADROOM,
-            f"It is not preemptible and would still run when on-demand sessions are forecast to "
-            f"need {peak_all} GPUs; {max(room_all, 0)} GPUs stay free of non-preemptible work until "
-            f"its estimated end. Marking it preemptible lets it start now; otherwise it waits for "
+            ("It restarts from scratch if reclaimed" if is_preemptible else "It is not preemptible")
+            + " and would still run when on-demand sessions are forecast to "
+            f"need {peak_all} GPUs; {max(room_all, 0)} GPUs stay free of such work until "
+            f"its estimated end. "
+            + ("Checkpointing it" if is_preemptible else "Marking it preemptible and checkpointing")
+            + " lets it start now; otherwise it waits for "
             f"demand to fall (from about +{fmt_s(max(window - self.now, 0.0))}).",
             max(window, self.now),
         )
@@ -779,13 +834,19 @@ class Scheduler:
         *,
         is_quota_claim: bool,
     ) -> Callable[[RunningJob], bool] | None:
-        """Which reclaimable jobs a demand may take: sessions any, a quota claim other projects'
-        preemptible work, the top job what `_suspendable_for` allows."""
+        """Which reclaimable jobs a demand may take: sessions checkpointing work and restartable
+        work losing at most what they ask for (`preemption.demand_may_take`); a quota claim the
+        same, of other projects' borrowed work only (started above their guarantee or on lent
+        capacity: a project's own guarantee is never taken by another's claim); the top job
+        what `_suspendable_for` allows."""
         if job.kind == JobKind.INTERACTIVE:
-            return None
+            return demand_may_take(self.state, demand_gpu_s=estimate.hold_s * job.gpu_count)
         if is_quota_claim:
             project = job.project
-            return lambda running: running.job.project != project
+            affordable = demand_may_take(self.state, demand_gpu_s=estimate.hold_s * job.gpu_count)
+            return lambda running: (
+                running.is_preemptible and running.job.project != project and affordable(running)
+            )
         return self._suspendable_for(job, types, estimate, single)
 
     def is_within_guarantee(self, job: JobRequest, types: Sequence[str]) -> bool:

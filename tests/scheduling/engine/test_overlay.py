@@ -115,12 +115,14 @@ def test_berth_session_on_a_full_cluster_starts_within_grace() -> None:
     assert started(plan) == {"s": next(r.gpu_ids for r in runs if r.job.id == "young")}
 
 
-def test_berth_headroom_counts_running_sessions_and_reclaimable_work_in_reach() -> None:
-    """A forecast level of 3 session GPUs: one session runs and one lent job can be reclaimed
-    within a grace, so only one GPU is held idle and non-preemptible work gets the other."""
+def test_berth_headroom_counts_running_sessions_and_checkpointing_work_in_reach() -> None:
+    """A forecast level of 3 session GPUs: one session runs and one lent checkpointing job can
+    be reclaimed within a grace, so only one GPU is held idle and non-preemptible work gets the
+    other."""
     policy = PolicyConfig(name="berth", grace_s=30, min_runtime_s=300, interactive_headroom=(("*", 3),))
     session = running(job("s0", 1, kind=JobKind.INTERACTIVE), (0,), started_at=NOW - 100)
-    lent = running(job("lent", 1, is_preemptible=True), (1,), started_at=NOW - 1_000, is_preemptible=True)
+    ckpt = {"is_preemptible": True, "is_checkpointable": True, "checkpoint_interval_s": 600.0}
+    lent = running(job("lent", 1, **ckpt), (1,), started_at=NOW - 1_000, is_preemptible=True)
     snap = snapshot(
         make_nodes(4, 1),
         running_jobs=[session, lent],
@@ -129,11 +131,11 @@ def test_berth_headroom_counts_running_sessions_and_reclaimable_work_in_reach() 
     plan = plan_round(snap, policy, NOW)
     assert len(plan.starts) == 1
     # a session's minimum runtime is at most the grace: a job that just started is in reach too
-    fresh = running(job("lent", 1, is_preemptible=True), (1,), started_at=NOW - 10, is_preemptible=True)
+    fresh = running(job("lent", 1, **ckpt), (1,), started_at=NOW - 10, is_preemptible=True)
     plan = plan_round(snapshot(snap.nodes, running_jobs=[session, fresh], pending=snap.pending), policy, NOW)
     assert len(plan.starts) == 1
     # consent counts however the job started: preemptible by its owner, started normally
-    consenting = running(job("lent", 1, is_preemptible=True), (1,), started_at=NOW - 10)
+    consenting = running(job("lent", 1, **ckpt), (1,), started_at=NOW - 10)
     plan = plan_round(
         snapshot(snap.nodes, running_jobs=[session, consenting], pending=snap.pending), policy, NOW
     )
@@ -142,6 +144,23 @@ def test_berth_headroom_counts_running_sessions_and_reclaimable_work_in_reach() 
     pinned = running(job("lent", 1), (1,), started_at=NOW - 1_000)
     plan = plan_round(snapshot(snap.nodes, running_jobs=[session, pinned], pending=snap.pending), policy, NOW)
     assert plan.starts == ()
+
+
+def test_berth_headroom_holds_idle_gpus_rather_than_count_on_restartable_work() -> None:
+    """Restartable work would lose everything it did if a session took it back, so it is not
+    capacity in reach: with it running, both free GPUs stay held for the forecast level."""
+    policy = PolicyConfig(name="berth", grace_s=30, min_runtime_s=300, interactive_headroom=(("*", 3),))
+    session = running(job("s0", 1, kind=JobKind.INTERACTIVE), (0,), started_at=NOW - 100)
+    pending = [job("a", 1, requested_s=100_000), job("b", 1, submit_at=1, requested_s=100_000)]
+    for restartable in (
+        running(job("r", 1, is_preemptible=True), (1,), started_at=NOW - 1_000),
+        running(job("r", 1, is_preemptible=True), (1,), started_at=NOW - 1_000, is_preemptible=True),
+    ):
+        plan = plan_round(
+            snapshot(make_nodes(4, 1), running_jobs=[session, restartable], pending=pending), policy, NOW
+        )
+        assert plan.starts == ()
+        assert {gpu for gpu, _reason in plan.idle} == {2, 3}
 
 
 # ---- berth: future bookings waste least ----
@@ -185,3 +204,21 @@ def test_berth_lets_a_head_job_wider_than_cluster_minus_headroom_use_the_headroo
     # a job that fits beside the headroom leaves it alone
     snap = snapshot(make_nodes(4, 1), pending=[job("a", 2), job("b", 2, submit_at=1)])
     assert len(plan_round(snap, policy, NOW).starts) == 1
+
+
+def test_berth_session_never_throws_away_more_restartable_work_than_it_asks_for() -> None:
+    """Every GPU busy: a 1-h session may evict checkpointing work, or restartable work that has
+    run less than an hour; restartable work that ran 10 h is left alone (the session waits)."""
+    policy = PolicyConfig(name="berth", grace_s=30, min_runtime_s=300)
+    session = job("s", 1, submit_at=NOW - 5, kind=JobKind.INTERACTIVE, requested_s=3_600)
+    old = running(job("old", 1, is_preemptible=True, requested_s=100_000), (0,), started_at=NOW - 36_000)
+    plan = plan_round(snapshot(make_nodes(1, 1), running_jobs=[old], pending=[session]), policy, NOW)
+    assert plan.preemptions == ()
+    assert plan.starts == ()
+    young = running(job("young", 1, is_preemptible=True, requested_s=100_000), (0,), started_at=NOW - 1_800)
+    plan = plan_round(snapshot(make_nodes(1, 1), running_jobs=[young], pending=[session]), policy, NOW)
+    assert [p.job_id for p in plan.preemptions] == ["young"]
+    ckpt = {"is_preemptible": True, "is_checkpointable": True, "checkpoint_interval_s": 1_800.0}
+    saved = running(job("saved", 1, requested_s=100_000, **ckpt), (0,), started_at=NOW - 36_000)
+    plan = plan_round(snapshot(make_nodes(1, 1), running_jobs=[saved], pending=[session]), policy, NOW)
+    assert [p.job_id for p in plan.preemptions] == ["saved"]
