@@ -278,8 +278,7 @@ class Round:
     def is_within_guarantee(self, job: JobRequest, types: Sequence[str]) -> bool:
         """Whether the job's project has a guarantee of a fitting type that covers it."""
         return any(
-            (left := self.guarantee_left(job.project, t)) is not None and left >= job.gpu_count
-            for t in types
+            (left := self.guarantee_left(job.project, t)) is not None and left >= job.gpu_count for t in types
         )
 
     # ---- actions ----

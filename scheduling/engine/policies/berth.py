@@ -44,7 +44,9 @@ from scheduling.engine.types import ClusterSnapshot, Plan, PolicyConfig
 BERTH = Composition(
     # Shadow times from the users' limits of running work: predictions of running jobs are
     # optimistic for the long tail, and a too-early shadow blocks backfill that would have fitted.
-    model=Model(is_predicted=True, is_running_predicted=False, corrects_overdue=True, prefers_cheap_types=True),
+    model=Model(
+        is_predicted=True, is_running_predicted=False, corrects_overdue=True, prefers_cheap_types=True
+    ),
     # Work above a guarantee runs preemptible; checkpointing preemptible work outside any
     # guarantee starts lent (any consenting work is reclaimable by sessions and bookings anyway).
     admit=Admit(enforces_guarantees=True, lends_consenting=True),

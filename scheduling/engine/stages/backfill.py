@@ -31,14 +31,18 @@ if TYPE_CHECKING:
 class Pass(Protocol):
     """A pass over the queue (priority order, and the backfill order when the order has one)."""
 
-    def run(self, rnd: Round, queue: Sequence[JobRequest], backfill_order: Sequence[JobRequest] | None) -> None: ...
+    def run(
+        self, rnd: Round, queue: Sequence[JobRequest], backfill_order: Sequence[JobRequest] | None
+    ) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
 class EasyPass:
     """EASY with the composition's admit, place, reclaim and reserve stages (module docstring)."""
 
-    def run(self, rnd: Round, queue: Sequence[JobRequest], backfill_order: Sequence[JobRequest] | None) -> None:
+    def run(
+        self, rnd: Round, queue: Sequence[JobRequest], backfill_order: Sequence[JobRequest] | None
+    ) -> None:
         """Start, reserve and backfill ``queue`` (already in priority order)."""
         composition = rnd.composition
         admit = composition.admit
@@ -60,7 +64,9 @@ class EasyPass:
                 continue  # waits on quota
             if reclaim is not None:
                 single = rnd.is_single_node(types, job.gpu_count)
-                if job.kind == JobKind.INTERACTIVE and reclaim.for_demand(rnd, job, types, estimate, single=single):
+                if job.kind == JobKind.INTERACTIVE and reclaim.for_demand(
+                    rnd, job, types, estimate, single=single
+                ):
                     continue
                 if (
                     job.kind == JobKind.BATCH
@@ -95,7 +101,9 @@ class EasyPass:
             if (
                 reclaim is not None
                 and job.kind == JobKind.INTERACTIVE
-                and reclaim.for_demand(rnd, job, types, estimate, single=rnd.is_single_node(types, job.gpu_count))
+                and reclaim.for_demand(
+                    rnd, job, types, estimate, single=rnd.is_single_node(types, job.gpu_count)
+                )
             ):
                 continue
             explain_blocked(rnd, job, types, estimate)
@@ -147,7 +155,9 @@ class StrictPass:
     window on its user estimate does not fit).
     """
 
-    def run(self, rnd: Round, queue: Sequence[JobRequest], backfill_order: Sequence[JobRequest] | None) -> None:
+    def run(
+        self, rnd: Round, queue: Sequence[JobRequest], backfill_order: Sequence[JobRequest] | None
+    ) -> None:
         """One strict pass over ``queue`` (``backfill_order`` is ignored: nothing backfills)."""
         composition = rnd.composition
         admit = composition.admit
@@ -156,7 +166,9 @@ class StrictPass:
         for index, job in enumerate(queue):
             types = rnd.types_for(job)
             if not types:
-                rnd.out.wait(job.id, PendingReason.CONSTRAINT, "No GPU in the cluster satisfies its constraints.")
+                rnd.out.wait(
+                    job.id, PendingReason.CONSTRAINT, "No GPU in the cluster satisfies its constraints."
+                )
                 continue  # can never run; skipping it cannot reorder anything that could
             if admit.is_never_startable(rnd, job):
                 continue  # likewise (too wide for the inventory or its project's limit)
@@ -188,7 +200,9 @@ class SplitPass:
     so the batch pass runs first; the two sides use disjoint GPUs otherwise.
     """
 
-    def run(self, rnd: Round, queue: Sequence[JobRequest], backfill_order: Sequence[JobRequest] | None) -> None:
+    def run(
+        self, rnd: Round, queue: Sequence[JobRequest], backfill_order: Sequence[JobRequest] | None
+    ) -> None:
         """The batch pass, then the session pass with its own top job."""
         easy = EasyPass()
         interactive = [job for job in queue if job.kind == JobKind.INTERACTIVE]

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 from scheduling.engine.backfill import Shadow, earliest_start
 from scheduling.engine.outcome import fmt_s
 from scheduling.engine.placement import INF
-from scheduling.engine.preemption import Reclaim as ReclaimPlan, is_reclaimable, kill_time, plan_reclaim
+from scheduling.engine.preemption import Reclaim as ReclaimPlan
+from scheduling.engine.preemption import is_reclaimable, kill_time, plan_reclaim
 from scheduling.engine.types import JobKind, JobRequest, PendingReason, RunningJob
 
 if TYPE_CHECKING:
@@ -54,7 +55,9 @@ class Reclaim:
                     continue
                 rnd.out.promised.update(running.gpu_ids)
                 if is_reclaimable(running, excluded=rnd.out.preempted):
-                    rnd.preempt(running, for_id=booking.id, why=f"booking {booking.id} starts", is_high_class=True)
+                    rnd.preempt(
+                        running, for_id=booking.id, why=f"booking {booking.id} starts", is_high_class=True
+                    )
                 elif running.grace_until is None and running.job.id not in rnd.out.preempted:
                     rnd.out.notes.append(
                         f"Booking {booking.id}: GPU {gpu} is still running non-preemptible job "
@@ -204,7 +207,13 @@ class Reclaim:
         return may_take
 
     def is_worth_it(
-        self, rnd: Round, job: JobRequest, types: Sequence[str], estimate: Estimate, reclaim: ReclaimPlan, single: bool
+        self,
+        rnd: Round,
+        job: JobRequest,
+        types: Sequence[str],
+        estimate: Estimate,
+        reclaim: ReclaimPlan,
+        single: bool,
     ) -> bool:
         """Suspend for the top job only if it gains more than the victims lose.
 

@@ -95,7 +95,9 @@ def place_bookings(rnd: Round, free: set[int]) -> None:
             types = state.booking_types(booking)
             single = rnd.is_single_node(types, booking.gpu_count)
             # with reclaim: GPUs that waste least until the booking (see booking_fit)
-            cheapest = cheapest_booking_gpus(rnd, booking, types, blocked, free) if rnd.is_reclaiming else None
+            cheapest = (
+                cheapest_booking_gpus(rnd, booking, types, blocked, free) if rnd.is_reclaiming else None
+            )
             shadow = (
                 Shadow(booking.start_at, cheapest)
                 if cheapest is not None
@@ -109,13 +111,17 @@ def place_bookings(rnd: Round, free: set[int]) -> None:
                 )
             )
             if shadow is None:
-                rnd.out.notes.append(f"Booking {booking.id}: no {booking.gpu_count} GPUs of a fitting type exist.")
+                rnd.out.notes.append(
+                    f"Booking {booking.id}: no {booking.gpu_count} GPUs of a fitting type exist."
+                )
                 continue
             gpus = shadow.gpu_ids
             taken.append((booking, gpus))
         rnd.booking_gpus[booking.id] = gpus
         rnd.out.reservations.append(
-            ReserveAction(holder_id=booking.id, gpu_ids=gpus, start_at=booking.start_at, end_at=booking.end_at)
+            ReserveAction(
+                holder_id=booking.id, gpu_ids=gpus, start_at=booking.start_at, end_at=booking.end_at
+            )
         )
         if booking.start_at <= now:
             for gpu in gpus:
@@ -229,7 +235,8 @@ class Reserve:
         free_total = sum(pool.free_count(t) for t in types)
         # fragmentation only if the free GPUs could not host it even ignoring holds (bookings)
         rnd.top_fragmented = (
-            free_total >= job.gpu_count and pool.find(types, job.gpu_count, until=-INF, strict_until=-INF) is None
+            free_total >= job.gpu_count
+            and pool.find(types, job.gpu_count, until=-INF, strict_until=-INF) is None
         )
         # The top job's drain is lent to checkpointing work for as long as it lasts: that work
         # is suspended for the top job once its other GPUs are ready (`reclaim.suspendable_for`:
