@@ -63,6 +63,15 @@ def _has_quotas(share: ProjectShare | None) -> bool:
     return share is not None and (bool(share.guaranteed) or share.borrow_limit is not None)
 
 
+def type_capacity(nodes: Iterable[Node]) -> dict[str, int]:
+    """GPUs per type on nodes that are not down (what `never_startable` counts)."""
+    capacity: dict[str, int] = {}
+    for node in nodes:
+        if node.status != NodeStatus.DOWN:
+            capacity[node.gpu_type] = capacity.get(node.gpu_type, 0) + len(node.gpu_ids)
+    return capacity
+
+
 def never_startable(
     job: JobRequest,
     *,
@@ -70,18 +79,19 @@ def never_startable(
     nodes: Iterable[Node],
     share: ProjectShare | None,
     is_guarantee_enforced: bool,
+    capacity_by_type: Mapping[str, int] | None = None,
 ) -> Unstartable | None:
     """`Unstartable` when ``job`` can never start on this inventory under this quota, else None.
 
     ``share`` is the job's project (None: no quotas known); ``is_guarantee_enforced``: the
-    policy runs work above a guarantee only as preemptible (`enforces_guarantees`).
+    policy runs work above a guarantee only as preemptible (`enforces_guarantees`);
+    ``capacity_by_type``: `type_capacity` of ``nodes`` when the caller has it (a round asks
+    for many jobs on one inventory), else it is counted here.
     """
     key = constraint_key(job)
     fitting = [t.name for t in gpu_types if type_satisfies(t, key)]
-    capacity: dict[str, int] = dict.fromkeys(fitting, 0)
-    for node in nodes:
-        if node.status != NodeStatus.DOWN and node.gpu_type in capacity:
-            capacity[node.gpu_type] += len(node.gpu_ids)
+    totals = type_capacity(nodes) if capacity_by_type is None else capacity_by_type
+    capacity: dict[str, int] = {name: totals.get(name, 0) for name in fitting}
     count = job.gpu_count
     largest = max(capacity.values(), default=0)
     if largest < count:

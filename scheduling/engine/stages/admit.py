@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from scheduling.engine.outcome import fmt_s
 from scheduling.engine.placement import constraint_key
-from scheduling.engine.startability import Unstartable, never_startable
+from scheduling.engine.startability import Unstartable, never_startable, type_capacity
 from scheduling.engine.types import JobKind, JobRequest, PendingReason
 
 if TYPE_CHECKING:
@@ -74,17 +74,32 @@ class Admit:
         return True
 
     def never_startable_of(self, rnd: Round, job: JobRequest) -> Unstartable | None:
-        """`startability.never_startable` on this round's inventory, memoised per job shape."""
-        key = (constraint_key(job), job.gpu_count, job.project, job.kind, job.is_preemptible)
+        """`startability.never_startable` on this round's inventory, memoised per job shape
+        (the project counts only when it has quotas: without, the answer does not depend on it)."""
+        share = rnd.shares.get(job.project)
+        has_quotas = share is not None and (bool(share.guaranteed) or share.borrow_limit is not None)
+        key = (
+            constraint_key(job),
+            job.gpu_count,
+            job.project if has_quotas else None,
+            job.kind,
+            job.is_preemptible,
+        )
         cache = rnd.never_cache
         if key not in cache:
             snapshot = rnd.state.snapshot
+            # capacity per type depends on the nodes alone: kept on the (shared) topology
+            derived = rnd.state.topology.derived
+            capacity = derived.get(("type_capacity",))
+            if capacity is None:
+                capacity = derived[("type_capacity",)] = type_capacity(snapshot.nodes)
             cache[key] = never_startable(
                 job,
                 gpu_types=snapshot.gpu_types,
                 nodes=snapshot.nodes,
-                share=rnd.shares.get(job.project),
+                share=share,
                 is_guarantee_enforced=self.enforces_guarantees,
+                capacity_by_type=capacity,
             )
         return cache[key]
 
