@@ -7,13 +7,18 @@ grace period without waiting:
 
 * GPUs that running sessions (and sessions started this round) already use: they are part of
   the level, not on top of it;
-* GPUs of preemptible work that a session can reclaim within one grace period: batch work its
-  owner or its quota marked preemptible that is not already being reclaimed (a session's
-  minimum runtime is at most the grace, `preemption.min_runtime_s`).
+* GPUs of checkpointing work that a session can reclaim within one grace period: batch work
+  its owner or its quota marked preemptible, that resumes from a checkpoint
+  (`preemption.is_cheap_to_reclaim`: the reclaim loses at most a checkpoint interval plus the
+  restore) and that is not already being reclaimed (a session's minimum runtime is at most
+  the grace, `preemption.min_runtime_s`).
 
-Only the rest is held idle (lendable to checkpointing work).  This keeps enough reclaimable
-work "in reach" instead of holding the whole forecast idle on top of it, which on a busy
-cluster wastes the GPUs twice over.
+Restartable work is not counted as in reach even when its owner consented: a session taking
+it back throws away everything it did, so an idle pool GPU is the cheaper promise (a session
+still reclaims restartable work as a last resort, least work lost first).  Only the rest is
+held idle (lendable to checkpointing work, and to restartable work predicted to be gone before
+the pool's next demand rise).  This keeps cheap reclaimable work "in reach" instead of holding
+the whole forecast idle on top of it, which on a busy cluster wastes the GPUs twice over.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING
 
-from scheduling.engine.preemption import is_reclaimable, kill_time
+from scheduling.engine.preemption import is_cheap_to_reclaim, is_reclaimable, kill_time
 from scheduling.engine.types import JobKind, JobRequest, StartAction
 
 if TYPE_CHECKING:  # round.py and the stages import this module
@@ -41,6 +46,7 @@ def headroom_need(sched: Round, types: Collection[str], count: int) -> int:
         is_session = running.job.kind == JobKind.INTERACTIVE
         if is_session or (
             is_reclaimable(running, excluded=excluded)
+            and is_cheap_to_reclaim(running)
             and kill_time(state, running, is_high_class=True) <= in_reach_by
         ):
             covered += len(running.gpu_ids)

@@ -97,3 +97,10 @@ class PoolForecast:
             if self.peak(types, start, start + duration_s) <= room:
                 return start
         return None
+
+
+def ends_before_rise(forecast: PoolForecast, types: Collection[str], now: float, end_at: float) -> bool:
+    """Whether work expected to end at ``end_at`` (its p90 under berth) is gone before the
+    pool's next demand rise after ``now``: restartable work may then take pool GPUs (or run
+    into the forecast peak's room), since no session is expected to need them before it ends."""
+    return end_at <= forecast.next_rise(types, now)

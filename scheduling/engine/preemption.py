@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from scheduling.engine.cluster import RoundState
-from scheduling.engine.types import JobKind, PolicyConfig, RunningJob
+from scheduling.engine.types import JobKind, JobRequest, PolicyConfig, RunningJob
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +67,21 @@ def victim_of(state: RoundState, running: RunningJob, *, is_high_class: bool = F
 def is_consenting(running: RunningJob) -> bool:
     """Whether the owner or the quota marked a running job preemptible."""
     return running.is_preemptible or running.job.is_preemptible
+
+
+def is_cheap_to_reclaim(running: RunningJob) -> bool:
+    """Consenting work that resumes from a checkpoint: a reclaim loses at most a checkpoint
+    interval plus the restore, so sessions may count on it being taken back (restartable work
+    would lose everything it did, so it is a last resort, not capacity in reach)."""
+    return running.job.is_checkpointable and is_consenting(running)
+
+
+def is_costly_start(job: JobRequest) -> bool:
+    """Batch work that sessions cannot take back cheaply once it runs: non-preemptible work,
+    and restartable work (a reclaim restarts it from scratch).  Such a start must leave the
+    interactive pool's forecast peak free (`scheduler.Scheduler._pool_admits`) unless it is
+    predicted to be gone before demand rises."""
+    return job.kind == JobKind.BATCH and not (job.is_preemptible and job.is_checkpointable)
 
 
 def is_reclaimable(running: RunningJob, *, excluded: set[str]) -> bool:

@@ -20,7 +20,7 @@ from scheduling.engine.outcome import Outcome, fmt_s
 from scheduling.engine.overdue import correct_overdue
 from scheduling.engine.placement import FreePool
 from scheduling.engine.pool import PoolForecast
-from scheduling.engine.preemption import is_consenting, is_reclaimable, kill_time
+from scheduling.engine.preemption import is_cheap_to_reclaim, is_reclaimable, kill_time
 from scheduling.engine.types import (
     Booking,
     ClusterSnapshot,
@@ -96,11 +96,12 @@ class Round:
         self._predicted_end: dict[str, float] = {}
         # the interactive pool over time (None: only ``interactive_headroom`` for now)
         self.pool_forecast = PoolForecast.of(policy) if composition.pool is not None else None
-        # GPUs per type held by work sessions cannot take back (batch work without consent)
+        # GPUs per type held by work sessions cannot take back cheaply (batch work without
+        # consent, and restartable work: `preemption.is_cheap_to_reclaim`)
         self.pinned_by_type: dict[str, int] = {}
         if self.pool_forecast is not None:
             for running in state.snapshot.running:
-                if running.job.kind == JobKind.BATCH and not is_consenting(running):
+                if running.job.kind == JobKind.BATCH and not is_cheap_to_reclaim(running):
                     for gpu in running.gpu_ids:
                         name = state.gpu_type.get(gpu, "")
                         self.pinned_by_type[name] = self.pinned_by_type.get(name, 0) + 1
@@ -246,10 +247,18 @@ class Round:
         self.shares = {share.name: share for share in state.snapshot.projects}
         self.used: dict[str, int] = {}
         self.guaranteed_used: dict[tuple[str, str], int] = {}
-        has_quotas = any(share.guaranteed or share.borrow_limit is not None for share in self.shares.values())
+        # (project, GPU type) -> GPUs it runs, lent or not (per-type limits, `engine.quota`)
+        self.used_by_type: dict[tuple[str, str], int] = {}
+        has_quotas = any(
+            share.guaranteed or share.borrow_limit is not None or share.borrow_limits
+            for share in self.shares.values()
+        )
         for running in state.snapshot.running:
             project = running.job.project
             self.used[project] = self.used.get(project, 0) + len(running.gpu_ids)
+            for gpu in running.gpu_ids:
+                key = (project, state.gpu_type.get(gpu, ""))
+                self.used_by_type[key] = self.used_by_type.get(key, 0) + 1
             if has_quotas and not running.is_preemptible:
                 for gpu in running.gpu_ids:
                     key = (project, state.gpu_type.get(gpu, ""))
@@ -265,7 +274,7 @@ class Round:
     def guarantee_left(self, project: str, gpu_type: str) -> int | None:
         """Guaranteed GPUs of a type not yet used by non-preemptible work (None: no quota)."""
         share = self.shares.get(project)
-        if share is None or (not share.guaranteed and share.borrow_limit is None):
+        if share is None or (not share.guaranteed and share.borrow_limit is None and not share.borrow_limits):
             return None
         total = sum(n for t, n in share.guaranteed if t in (gpu_type, "*"))
         return total - self.guaranteed_used.get((project, gpu_type), 0)
@@ -314,10 +323,12 @@ class Round:
             )
         )
         self.used[job.project] = self.used.get(job.project, 0) + len(gpus)
+        type_key = (job.project, state.gpu_type[gpus[0]])
+        self.used_by_type[type_key] = self.used_by_type.get(type_key, 0) + len(gpus)
         if (
             self.pool_forecast is not None
             and job.kind == JobKind.BATCH
-            and not (is_lent or job.is_preemptible)
+            and not (job.is_checkpointable and (is_lent or job.is_preemptible))
         ):
             name = state.gpu_type[gpus[0]]
             self.pinned_by_type[name] = self.pinned_by_type.get(name, 0) + len(gpus)

@@ -11,9 +11,13 @@ A job can never start when, with every GPU of the cluster free and its project r
 * no GPU type that is not down satisfies its type, memory and precision constraints with at
   least ``gpu_count`` GPUs (a job runs on one GPU type);
 * its project has a total limit (guaranteed + borrowable) smaller than ``gpu_count``;
-* under a policy that enforces guarantees (work above a project's guarantee runs only as
-  preemptible, DESIGN §3.4), it is a non-preemptible batch job and no fitting type's guarantee
-  covers ``gpu_count`` GPUs.
+* every fitting type with enough GPUs has a per-type limit (guarantee + borrowing limit,
+  `quota.type_limit`) smaller than ``gpu_count``: the job cannot run even by borrowing.
+
+Being above its project's guarantee is not a reason: under a policy that enforces guarantees
+such work starts as preemptible (borrowed capacity, reclaimable when the owning project
+reclaims its guarantee or higher-class demand comes; DESIGN §3.4, Kueue's borrowing), and under
+the others a guarantee limits nothing.  So the verdict is the same under every policy.
 """
 
 from __future__ import annotations
@@ -22,10 +26,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from scheduling.engine.placement import constraint_key, type_satisfies
+from scheduling.engine.quota import borrow_limit_of, guarantee_of, type_limit
 from scheduling.engine.types import (
     ClusterSnapshot,
     GpuType,
-    JobKind,
     JobRequest,
     Node,
     NodeStatus,
@@ -55,12 +59,10 @@ def enforces_guarantees(policy_name: str) -> bool:
     return policy_name in GUARANTEE_POLICIES
 
 
-def _guarantee_of(share: ProjectShare, gpu_type: str) -> int:
-    return sum(n for t, n in share.guaranteed if t in (gpu_type, "*"))
-
-
 def _has_quotas(share: ProjectShare | None) -> bool:
-    return share is not None and (bool(share.guaranteed) or share.borrow_limit is not None)
+    return share is not None and (
+        bool(share.guaranteed) or share.borrow_limit is not None or bool(share.borrow_limits)
+    )
 
 
 def type_capacity(nodes: Iterable[Node]) -> dict[str, int]:
@@ -83,11 +85,14 @@ def never_startable(
 ) -> Unstartable | None:
     """`Unstartable` when ``job`` can never start on this inventory under this quota, else None.
 
-    ``share`` is the job's project (None: no quotas known); ``is_guarantee_enforced``: the
-    policy runs work above a guarantee only as preemptible (`enforces_guarantees`);
+    ``share`` is the job's project (None: no quotas known).  ``is_guarantee_enforced`` (the
+    policy runs work above a guarantee only as preemptible, `enforces_guarantees`) does not
+    change the verdict: such work borrows instead of waiting (see the module docstring); it
+    stays in the signature so every caller states the policy it asks for.
     ``capacity_by_type``: `type_capacity` of ``nodes`` when the caller has it (a round asks
     for many jobs on one inventory), else it is counted here.
     """
+    del is_guarantee_enforced
     key = constraint_key(job)
     fitting = [t.name for t in gpu_types if type_satisfies(t, key)]
     totals = type_capacity(nodes) if capacity_by_type is None else capacity_by_type
@@ -122,19 +127,20 @@ def never_startable(
                 f"(guaranteed + borrowable) and this job needs {count}.",
                 f"Ask for at most {limit} GPUs or ask an admin to raise the project's quota.",
             )
-    if is_guarantee_enforced and job.kind == JobKind.BATCH and not job.is_preemptible:
-        usable = [t for t in fitting if capacity[t] >= count]
-        best = max((_guarantee_of(share, t) for t in usable), default=0)
-        if best < count:
-            types = "/".join(usable) or "fitting"
-            return Unstartable(
-                PendingReason.QUOTA,
-                f"Cannot start: project {share.name} is guaranteed {best} {types} GPUs, this "
-                f"non-preemptible job needs {count}, and work above a guarantee runs only "
-                "as preemptible.",
-                "Mark it preemptible (it then runs on borrowed GPUs and may be reclaimed) or "
-                "ask an admin to raise the project's guarantee.",
-            )
+    usable = [t for t in fitting if capacity[t] >= count]
+    limits = {t: type_limit(share, t) for t in usable}
+    if usable and all(limit is not None and limit < count for limit in limits.values()):
+        name = max(usable, key=lambda t: (limits[t] or 0, t))
+        guaranteed = guarantee_of(share, name)
+        borrow = borrow_limit_of(share, name) or 0
+        return Unstartable(
+            PendingReason.QUOTA,
+            f"Cannot start: project {share.name} is guaranteed {guaranteed} {name} GPUs and may "
+            f"borrow {borrow} more, so it may run at most {guaranteed + borrow} at once, and this "
+            f"job needs {count}.",
+            f"Ask for at most {guaranteed + borrow} GPUs, allow another GPU type, or ask an admin "
+            "to raise the project's guarantee or borrowing limit.",
+        )
     return None
 
 

@@ -132,7 +132,10 @@ class ProjectShare:
     weight: float = 1.0
     decayed_usage: float = 0.0  # value-weighted GPU-hours, exponentially decayed
     guaranteed: tuple[tuple[str, int], ...] = ()  # (gpu_type, GPUs) never preempted
-    borrow_limit: int | None = None  # extra GPUs above guaranteed, always preemptible
+    borrow_limit: int | None = None  # extra GPUs above guaranteed (all types), always preemptible
+    # (gpu_type or "*", GPUs) a type may borrow above its guarantee (Kueue ``borrowingLimit``);
+    # a type without an entry has no per-type limit (see `engine.quota`)
+    borrow_limits: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

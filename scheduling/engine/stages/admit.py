@@ -2,12 +2,14 @@
 
 * `Admit.__call__`: a job is skipped (with its reason) when no GPU type satisfies it, when no
   amount of waiting can start it (`startability`, no ETA), or when its project is at its limit;
-* `Admit.run_mode`: with ``enforces_guarantees``, work above its project's guaranteed quota runs
-  only preemptible (Kueue and Run:ai do this): a non-preemptible batch job above it waits, a
-  preemptible one starts lent; with ``lends_consenting``, checkpointing preemptible work that no
-  guarantee covers starts lent too (bookings and sessions get its GPUs back within a grace);
-* `pool_admits`: with a pool forecast, non-preemptible batch work starts only if it leaves the
-  interactive pool's forecast peak free until its p90 end.
+* `within_type_limits`: under every policy a project never runs more of a GPU type than its
+  guarantee plus borrowing limit (`quota.type_limit`, like a Slurm QOS GrpTRES per type);
+* `Admit.must_lend`: with ``enforces_guarantees``, work above its project's guaranteed quota
+  borrows, as preemptible work, whether or not its owner marked it preemptible (Kueue and
+  Run:ai do this); with ``lends_consenting``, checkpointing preemptible work that no guarantee
+  covers starts lent too (bookings and sessions get its GPUs back within a grace);
+* `pool_admits`: with a pool forecast, batch work sessions cannot take back cheaply starts only
+  if it leaves the interactive pool's forecast peak free until its p90 end.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from typing import TYPE_CHECKING
 
 from scheduling.engine.outcome import fmt_s
 from scheduling.engine.placement import constraint_key
+from scheduling.engine.pool import ends_before_rise
+from scheduling.engine.quota import type_limit
 from scheduling.engine.startability import Unstartable, never_startable, type_capacity
 from scheduling.engine.types import JobKind, JobRequest, PendingReason
 
@@ -77,7 +81,9 @@ class Admit:
         """`startability.never_startable` on this round's inventory, memoised per job shape
         (the project counts only when it has quotas: without, the answer does not depend on it)."""
         share = rnd.shares.get(job.project)
-        has_quotas = share is not None and (bool(share.guaranteed) or share.borrow_limit is not None)
+        has_quotas = share is not None and (
+            bool(share.guaranteed) or share.borrow_limit is not None or bool(share.borrow_limits)
+        )
         key = (
             constraint_key(job),
             job.gpu_count,
@@ -103,23 +109,15 @@ class Admit:
             )
         return cache[key]
 
-    def run_mode(self, rnd: Round, job: JobRequest, types: Sequence[str]) -> bool | None:
-        """How a batch job may start under its project's quota: None when it may not (its
-        verdict recorded), True when only lent (reclaimable), False when normally."""
+    def must_lend(self, rnd: Round, job: JobRequest, types: Sequence[str]) -> bool:
+        """Whether a job may start only lent (reclaimable) under its project's quota."""
         if not self.enforces_guarantees or job.kind != JobKind.BATCH:
             return False
         left = [rnd.guarantee_left(job.project, t) for t in types]
         is_within_guarantee = any(x is not None and x >= job.gpu_count for x in left)
         if not is_within_guarantee and all(x is not None for x in left):
-            # the project has quotas and this job is above its guarantee
-            if not job.is_preemptible:
-                rnd.out.wait(
-                    job.id,
-                    PendingReason.QUOTA,
-                    f"Project {job.project} has used its guaranteed GPUs and this job is not "
-                    f"preemptible, so it cannot run on borrowed capacity; it needs {job.gpu_count} GPUs.",
-                )
-                return None
+            # the project has quotas and this job is above its guarantee: it borrows, as
+            # preemptible work (Kueue), whether or not its owner marked it preemptible
             return True
         # no guarantee covers it and it checkpoints on request: it runs reclaimable, so
         # bookings and sessions can have its GPUs back within a grace at little loss
@@ -136,14 +134,44 @@ def hold_pool(rnd: Round) -> None:
     rnd.headroom_done = True
 
 
-def pool_admits(rnd: Round, job: JobRequest, gpus: tuple[int, ...], estimate: Estimate) -> bool:
-    """With a pool forecast: non-preemptible batch work starts only if the GPUs such work holds
-    stay within capacity minus the pool's forecast peak until its p90 end.
+def within_type_limits(rnd: Round, job: JobRequest, types: Sequence[str]) -> Sequence[str]:
+    """The job's types on which its project stays within guarantee + borrowing limit
+    (`quota.type_limit`, every policy: a Slurm QOS GrpTRES per GPU type does the same); when
+    none is left, records why it waits."""
+    share = rnd.shares.get(job.project)
+    if share is None or not share.borrow_limits:
+        return types
+    kept = [
+        t
+        for t in types
+        if (limit := type_limit(share, t)) is None
+        or rnd.used_by_type.get((job.project, t), 0) + job.gpu_count <= limit
+    ]
+    if not kept:
+        limits = ", ".join(f"{type_limit(share, t)} {t}" for t in types)
+        rnd.out.wait(
+            job.id,
+            PendingReason.QUOTA,
+            f"Project {job.project} runs as many GPUs as its guarantee and borrowing limit allow "
+            f"({limits}); this job needs {job.gpu_count} more and starts when the project's work ends.",
+        )
+    return kept
 
-    Sessions cannot take that work back, so a start at night that runs into the office peak
-    would make sessions wait.  A refused job waits with the earliest window of low demand that
-    would admit it as its ETA; a job that no window in the forecast admits (wider than the
-    cluster minus the lowest level) is not held back, or it could never run.
+
+def pool_admits(
+    rnd: Round, job: JobRequest, gpus: tuple[int, ...], estimate: Estimate, *, is_preemptible: bool = False
+) -> bool:
+    """With a pool forecast: batch work sessions cannot take back cheaply (non-preemptible or
+    restartable, `preemption.is_costly_start`) starts only if the GPUs such work holds stay
+    within capacity minus the pool's forecast peak until its p90 end.
+
+    Sessions cannot take non-preemptible work back, and taking restartable work back throws
+    away all it did, so a start at night that runs into the office peak would make sessions
+    wait or waste the work.  Restartable (``is_preemptible``) work predicted to end (p90) before
+    the pool's next demand rise is admitted anyway (`pool.ends_before_rise`).  A refused job
+    waits with the earliest window of low demand that would admit it as its ETA; a job that no
+    window in the forecast admits (wider than the cluster minus the lowest level) is not held
+    back, or it could never run.
     """
     forecast = rnd.pool_forecast
     if forecast is None or job.kind != JobKind.BATCH:
@@ -162,15 +190,20 @@ def pool_admits(rnd: Round, job: JobRequest, gpus: tuple[int, ...], estimate: Es
     peak_type = forecast.peak([name], now, end, only_named=True)
     if peak_all <= room_all and peak_type <= room_type:
         return True
+    if is_preemptible and ends_before_rise(forecast, [name], now, end):
+        return True
     window = forecast.low_window(everything, now, estimate.hold_s, room_all)
     if window is None:
         return True
     rnd.out.wait(
         job.id,
         PendingReason.HEADROOM,
-        f"It is not preemptible and would still run when on-demand sessions are forecast to "
-        f"need {peak_all} GPUs; {max(room_all, 0)} GPUs stay free of non-preemptible work until "
-        f"its estimated end. Marking it preemptible lets it start now; otherwise it waits for "
+        ("It restarts from scratch if reclaimed" if is_preemptible else "It is not preemptible")
+        + " and would still run when on-demand sessions are forecast to "
+        f"need {peak_all} GPUs; {max(room_all, 0)} GPUs stay free of such work until "
+        f"its estimated end. "
+        + ("Checkpointing it" if is_preemptible else "Marking it preemptible and checkpointing")
+        + " lets it start now; otherwise it waits for "
         f"demand to fall (from about +{fmt_s(max(window - now, 0.0))}).",
         max(window, now),
     )

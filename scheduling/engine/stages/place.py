@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 
 from scheduling.engine.headroom import may_use_headroom
 from scheduling.engine.placement import INF
-from scheduling.engine.stages.admit import pool_admits
+from scheduling.engine.preemption import is_costly_start
+from scheduling.engine.stages.admit import pool_admits, within_type_limits
 from scheduling.engine.types import JobKind, JobRequest
 
 if TYPE_CHECKING:
@@ -38,10 +39,11 @@ class Place:
         """Earliest time a lent start of this job could be off its GPUs again.
 
         Checkpointable work loses little when reclaimed, so it may borrow for as long as its
-        minimum runtime; other work only where its median runtime fits before the need.
+        minimum runtime; restartable work only where its planning estimate (the p90 under berth)
+        fits before the need.
         """
         policy = rnd.policy
-        held = policy.min_runtime_s if job.is_checkpointable else max(estimate.p50_s, policy.min_runtime_s)
+        held = policy.min_runtime_s if job.is_checkpointable else max(estimate.hold_s, policy.min_runtime_s)
         return rnd.now + held + policy.grace_s
 
     def try_start(self, rnd: Round, job: JobRequest, types: Sequence[str], estimate: Estimate) -> bool:
@@ -56,10 +58,10 @@ class Place:
         until = now + (estimate.p50_s if self.fits_on_p50 else estimate.hold_s)
         # a booking is honoured on the user's own limit: predictions are not promises
         strict_until = now + max(estimate.hold_s, job.requested_s or 0.0)
-        mode = rnd.composition.admit.run_mode(rnd, job, types)
-        if mode is None:
+        types = within_type_limits(rnd, job, types)
+        if not types:
             return False
-        must_lend = mode
+        must_lend = rnd.composition.admit.must_lend(rnd, job, types)
         prefer = rnd.composition.model.prefers_cheap_types
         chooser = rnd.drain_chooser
         if chooser is not None:
@@ -74,8 +76,8 @@ class Place:
         )
         if (
             gpus is not None
-            and not (must_lend or job.is_preemptible)
-            and not pool_admits(rnd, job, gpus, estimate)
+            and is_costly_start(job)
+            and not pool_admits(rnd, job, gpus, estimate, is_preemptible=must_lend or job.is_preemptible)
         ):
             if chooser is not None:
                 chooser.is_lendable = False

@@ -153,12 +153,14 @@ class Reclaim:
         is_quota_claim: bool,
     ) -> Callable[[RunningJob], bool] | None:
         """Which reclaimable jobs a demand may take: sessions any, a quota claim other projects'
-        preemptible work, the top job what `suspendable_for` allows."""
+        borrowed work (started above their guarantee or on lent capacity: a project's own
+        guarantee is never taken by another's claim), the top job what `suspendable_for`
+        allows."""
         if job.kind == JobKind.INTERACTIVE:
             return None
         if is_quota_claim:
             project = job.project
-            return lambda running: running.job.project != project
+            return lambda running: running.is_preemptible and running.job.project != project
         return self.suspendable_for(rnd, job, types, estimate, single)
 
     def suspendable_for(

@@ -23,7 +23,7 @@ from scheduling.engine.fragmentation import reclaim_for_wide
 from scheduling.engine.headroom import headroom_need
 from scheduling.engine.outcome import fmt_s
 from scheduling.engine.placement import INF, Hold
-from scheduling.engine.preemption import is_reclaimable, kill_time
+from scheduling.engine.preemption import is_cheap_to_reclaim, is_reclaimable, kill_time
 from scheduling.engine.types import Booking, JobRequest, PendingReason, ReserveAction
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ def _booking_availability(rnd: Round, gpu: int, free: set[int]) -> float:
     if running is None:
         return INF
     end = rnd.state.end_hold[running.job.id]
-    if rnd.is_reclaiming and is_reclaimable(running, excluded=set()):
+    if rnd.is_reclaiming and is_reclaimable(running, excluded=set()) and is_cheap_to_reclaim(running):
         end = min(end, kill_time(rnd.state, running, is_high_class=True))
     return end
 

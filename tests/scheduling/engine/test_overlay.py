@@ -115,12 +115,14 @@ def test_berth_session_on_a_full_cluster_starts_within_grace() -> None:
     assert started(plan) == {"s": next(r.gpu_ids for r in runs if r.job.id == "young")}
 
 
-def test_berth_headroom_counts_running_sessions_and_reclaimable_work_in_reach() -> None:
-    """A forecast level of 3 session GPUs: one session runs and one lent job can be reclaimed
-    within a grace, so only one GPU is held idle and non-preemptible work gets the other."""
+def test_berth_headroom_counts_running_sessions_and_checkpointing_work_in_reach() -> None:
+    """A forecast level of 3 session GPUs: one session runs and one lent checkpointing job can
+    be reclaimed within a grace, so only one GPU is held idle and non-preemptible work gets the
+    other."""
     policy = PolicyConfig(name="berth", grace_s=30, min_runtime_s=300, interactive_headroom=(("*", 3),))
     session = running(job("s0", 1, kind=JobKind.INTERACTIVE), (0,), started_at=NOW - 100)
-    lent = running(job("lent", 1, is_preemptible=True), (1,), started_at=NOW - 1_000, is_preemptible=True)
+    ckpt = {"is_preemptible": True, "is_checkpointable": True, "checkpoint_interval_s": 600.0}
+    lent = running(job("lent", 1, **ckpt), (1,), started_at=NOW - 1_000, is_preemptible=True)
     snap = snapshot(
         make_nodes(4, 1),
         running_jobs=[session, lent],
@@ -129,11 +131,11 @@ def test_berth_headroom_counts_running_sessions_and_reclaimable_work_in_reach() 
     plan = plan_round(snap, policy, NOW)
     assert len(plan.starts) == 1
     # a session's minimum runtime is at most the grace: a job that just started is in reach too
-    fresh = running(job("lent", 1, is_preemptible=True), (1,), started_at=NOW - 10, is_preemptible=True)
+    fresh = running(job("lent", 1, **ckpt), (1,), started_at=NOW - 10, is_preemptible=True)
     plan = plan_round(snapshot(snap.nodes, running_jobs=[session, fresh], pending=snap.pending), policy, NOW)
     assert len(plan.starts) == 1
     # consent counts however the job started: preemptible by its owner, started normally
-    consenting = running(job("lent", 1, is_preemptible=True), (1,), started_at=NOW - 10)
+    consenting = running(job("lent", 1, **ckpt), (1,), started_at=NOW - 10)
     plan = plan_round(
         snapshot(snap.nodes, running_jobs=[session, consenting], pending=snap.pending), policy, NOW
     )
@@ -142,6 +144,23 @@ def test_berth_headroom_counts_running_sessions_and_reclaimable_work_in_reach() 
     pinned = running(job("lent", 1), (1,), started_at=NOW - 1_000)
     plan = plan_round(snapshot(snap.nodes, running_jobs=[session, pinned], pending=snap.pending), policy, NOW)
     assert plan.starts == ()
+
+
+def test_berth_headroom_holds_idle_gpus_rather_than_count_on_restartable_work() -> None:
+    """Restartable work would lose everything it did if a session took it back, so it is not
+    capacity in reach: with it running, both free GPUs stay held for the forecast level."""
+    policy = PolicyConfig(name="berth", grace_s=30, min_runtime_s=300, interactive_headroom=(("*", 3),))
+    session = running(job("s0", 1, kind=JobKind.INTERACTIVE), (0,), started_at=NOW - 100)
+    pending = [job("a", 1, requested_s=100_000), job("b", 1, submit_at=1, requested_s=100_000)]
+    for restartable in (
+        running(job("r", 1, is_preemptible=True), (1,), started_at=NOW - 1_000),
+        running(job("r", 1, is_preemptible=True), (1,), started_at=NOW - 1_000, is_preemptible=True),
+    ):
+        plan = plan_round(
+            snapshot(make_nodes(4, 1), running_jobs=[session, restartable], pending=pending), policy, NOW
+        )
+        assert plan.starts == ()
+        assert {gpu for gpu, _reason in plan.idle} == {2, 3}
 
 
 # ---- berth: future bookings waste least ----

@@ -438,12 +438,23 @@ def test_berth_runs_work_above_the_guarantee_preemptible_and_reclaims_it_for_a_g
     )
     (start,) = plan.starts
     assert start.is_preemptible
+    # a job its owner did not mark preemptible borrows too, as preemptible work (Kueue)
     solid = job("solid", 3, project="borrower")
     plan = plan_round(
         snapshot(nodes, running_jobs=[own], pending=[solid], projects=projects),
         PolicyConfig(name="berth"),
         NOW,
     )
+    (start,) = plan.starts
+    assert start.job_id == "solid"
+    assert start.is_preemptible
+    # ... within the project's limit (guarantee 1 + borrowing 3): one more GPU waits on quota
+    plan = plan_round(
+        snapshot(nodes, running_jobs=[own], pending=[job("solid", 4, project="borrower")], projects=projects),
+        PolicyConfig(name="berth"),
+        NOW,
+    )
+    assert plan.starts == ()
     assert reason_of(plan, "solid") == PendingReason.QUOTA
     # the owner claims its guarantee back from the borrowed work
     borrowed = running(more, (1, 2, 3), started_at=NOW - 1_000, is_preemptible=True)

@@ -37,7 +37,9 @@ def test_forecast_levels_peak_next_rise_and_low_window() -> None:
 def test_non_preemptible_work_is_kept_out_of_the_forecast_peak() -> None:
     """4 GPUs, sessions forecast to need 3 from the next hour: a 2-GPU non-preemptible job
     running 2 h would leave only 2 for them, so it waits (with the low-demand window as its
-    ETA); the same job marked preemptible starts, and so does a 1-GPU one."""
+    ETA); so does the same job marked preemptible but restartable (a session taking it back
+    would throw away all it did); marked preemptible with checkpoints it starts, and so does a
+    1-GPU one."""
     nodes = make_nodes(4, 1)
     policy = PolicyConfig(name="berth", interactive_pool=_pool(0, 3, 3, 0, 0, 0))
     wide = job("wide", 2, requested_s=2 * H)
@@ -46,7 +48,12 @@ def test_non_preemptible_work_is_kept_out_of_the_forecast_peak() -> None:
     assert _reason(plan, "wide") == PendingReason.HEADROOM
     (explanation,) = plan.pending
     assert explanation.eta_p50_at == NOW + 3 * H
-    consenting = job("wide", 2, requested_s=2 * H, is_preemptible=True)
+    restartable = job("wide", 2, requested_s=2 * H, is_preemptible=True)
+    plan = plan_round(snapshot(nodes, pending=[restartable]), policy, NOW)
+    assert plan.starts == ()
+    assert _reason(plan, "wide") == PendingReason.HEADROOM
+    assert "restarts from scratch" in plan.pending[0].sentence
+    consenting = job("wide", 2, requested_s=2 * H, is_preemptible=True, is_checkpointable=True)
     assert [s.job_id for s in plan_round(snapshot(nodes, pending=[consenting]), policy, NOW).starts] == [
         "wide"
     ]
