@@ -91,7 +91,14 @@ class Reclaim:
         for gpu in rnd.round_promised:
             incoming.pop(gpu, None)
         is_high_class = job.kind == JobKind.INTERACTIVE or is_quota_claim
-        may_take = self._may_take_for(rnd, job, types, estimate, single, is_quota_claim=is_quota_claim)
+        # the top job's shadow without reclaim, computed at most once per call: nothing this
+        # call reads changes before it decides
+        shadow_memo: list[Shadow | None] = []
+        may_take = self._may_take_for(
+            rnd, job, types, estimate, single, shadow_memo, is_quota_claim=is_quota_claim
+        )
+        if may_take is not None:
+            may_take = _memoised(may_take)
         if not incoming and not any(
             is_reclaimable(running, excluded=out.preempted) and (may_take is None or may_take(running))
             for running in state.snapshot.running
@@ -110,7 +117,9 @@ class Reclaim:
         )
         if reclaim is None or (not reclaim.victims and not reclaim.incoming_gpus):
             return False
-        if not is_high_class and not self.is_worth_it(rnd, job, types, estimate, reclaim, single):
+        if not is_high_class and not self.is_worth_it(
+            rnd, job, types, estimate, reclaim, single, shadow_memo
+        ):
             return False
         for victim in reclaim.victims:
             rnd.preempt(
@@ -149,6 +158,7 @@ class Reclaim:
         types: Sequence[str],
         estimate: Estimate,
         single: bool,
+        shadow_memo: list[Shadow | None],
         *,
         is_quota_claim: bool,
     ) -> Callable[[RunningJob], bool] | None:
@@ -161,10 +171,16 @@ class Reclaim:
         if is_quota_claim:
             project = job.project
             return lambda running: running.is_preemptible and running.job.project != project
-        return self.suspendable_for(rnd, job, types, estimate, single)
+        return self.suspendable_for(rnd, job, types, estimate, single, shadow_memo)
 
     def suspendable_for(
-        self, rnd: Round, job: JobRequest, types: Sequence[str], estimate: Estimate, single: bool
+        self,
+        rnd: Round,
+        job: JobRequest,
+        types: Sequence[str],
+        estimate: Estimate,
+        single: bool,
+        shadow_memo: list[Shadow | None] | None = None,
     ) -> Callable[[RunningJob], bool]:
         """Which running work the top job may suspend to start now (preemptive slowdown order).
 
@@ -182,7 +198,11 @@ class Reclaim:
           stay short and never come back to the job that suspended it;
         * work lent (started reclaimable) after the top job was queued: it borrowed the top
           job's drain (`Reserve.top`) and gives it back.
+
+        ``shadow_memo``: holds the top job's shadow without reclaim once computed (shared with
+        `is_worth_it`).
         """
+        memo: list[Shadow | None] = [] if shadow_memo is None else shadow_memo
         latest_kill = rnd.now + rnd.policy.grace_s
         state = rnd.state
         end_hold = state.end_hold
@@ -191,7 +211,7 @@ class Reclaim:
 
         def in_way_after() -> float:
             if not in_way:
-                shadow = regular_shadow(rnd, job, types, estimate, single)
+                shadow = _shadow_once(memo, rnd, job, types, estimate, single)
                 in_way.append(-INF if shadow is None else shadow.start_at)
             return in_way[0]
 
@@ -216,6 +236,7 @@ class Reclaim:
         estimate: Estimate,
         reclaim: ReclaimPlan,
         single: bool,
+        shadow_memo: list[Shadow | None] | None = None,
     ) -> bool:
         """Suspend for the top job only if it gains more than the victims lose.
 
@@ -225,7 +246,7 @@ class Reclaim:
         """
         if not reclaim.victims:
             return True
-        shadow = regular_shadow(rnd, job, types, estimate, single)
+        shadow = _shadow_once([] if shadow_memo is None else shadow_memo, rnd, job, types, estimate, single)
         if shadow is None:
             return True
         gained = (shadow.start_at - reclaim.ready_at) * len(reclaim.free_gpus)
@@ -245,3 +266,31 @@ def regular_shadow(
         duration_s=estimate.hold_s,
         windows=rnd.windows,
     )
+
+
+def _shadow_once(
+    memo: list[Shadow | None],
+    rnd: Round,
+    job: JobRequest,
+    types: Sequence[str],
+    estimate: Estimate,
+    single: bool,
+) -> Shadow | None:
+    """`regular_shadow`, kept in ``memo`` after the first call."""
+    if not memo:
+        memo.append(regular_shadow(rnd, job, types, estimate, single))
+    return memo[0]
+
+
+def _memoised(may_take: Callable[[RunningJob], bool]) -> Callable[[RunningJob], bool]:
+    """``may_take`` asked once per running job (it is asked per node and again by the
+    pre-check; its answer depends only on the job within one reclaim)."""
+    answers: dict[str, bool] = {}
+
+    def memoised(running: RunningJob) -> bool:
+        answer = answers.get(running.job.id)
+        if answer is None:
+            answer = answers[running.job.id] = may_take(running)
+        return answer
+
+    return memoised
