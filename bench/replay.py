@@ -62,9 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--guaranteed-share",
         type=float,
         default=OverlayConfig().guaranteed_share,
-        help="share of capacity split over projects as guaranteed GPUs (default 0: no quotas, because "
-        "the engine still makes a job above its project's guarantee wait instead of running it "
-        "preemptible)",
+        help="share of capacity split over projects as guaranteed GPUs (default 0.5; 0: no quotas); "
+        "under berth work above a project's guarantee borrows as preemptible work (Kueue)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--limit-jobs", type=int, default=None, help="replay only the first N jobs")

@@ -108,6 +108,7 @@ class ProjectSpec:
     weight: float = 1.0
     guaranteed: tuple[tuple[str, int], ...] = ()  # (gpu_type, GPUs)
     borrow_limit: int | None = None
+    borrow_limits: tuple[tuple[str, int], ...] = ()  # (gpu_type, GPUs) above its guarantee
 
 
 def project_shares(specs: Sequence[ProjectSpec], *, usage: Mapping[str, float]) -> tuple[ProjectShare, ...]:
@@ -119,6 +120,7 @@ def project_shares(specs: Sequence[ProjectSpec], *, usage: Mapping[str, float]) 
             decayed_usage=usage.get(spec.name, 0.0),
             guaranteed=spec.guaranteed,
             borrow_limit=spec.borrow_limit,
+            borrow_limits=spec.borrow_limits,
         )
         for spec in sorted(specs, key=lambda s: s.name)
     )

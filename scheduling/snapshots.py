@@ -277,9 +277,12 @@ def project_shares(*, cluster: Cluster, now: datetime, half_life_s: float) -> tu
         half_life_s=half_life_s,
     )
     guaranteed: dict[int, list[tuple[str, int]]] = defaultdict(list)
+    type_borrow: dict[int, list[tuple[str, int]]] = defaultdict(list)
     borrow: dict[int, int | None] = {}
     for quota in Quota.objects.select_related("gpu_type").order_by("gpu_type__name"):
         guaranteed[quota.project_id].append((quota.gpu_type.name, quota.guaranteed_gpus))
+        if quota.borrow_limit_gpus is not None:
+            type_borrow[quota.project_id].append((quota.gpu_type.name, quota.borrow_limit_gpus))
         if quota.borrow_limit_gpus is None:
             borrow[quota.project_id] = None
         elif quota.project_id not in borrow or borrow[quota.project_id] is not None:
@@ -290,6 +293,7 @@ def project_shares(*, cluster: Cluster, now: datetime, half_life_s: float) -> tu
             weight=project.fair_share_weight,
             guaranteed=tuple(guaranteed.get(project.pk, ())),
             borrow_limit=borrow.get(project.pk),
+            borrow_limits=tuple(type_borrow.get(project.pk, ())),
         )
         for project in Project.objects.filter(is_active=True)
     ]
@@ -299,6 +303,7 @@ def project_shares(*, cluster: Cluster, now: datetime, half_life_s: float) -> tu
 def project_quota_share(*, project: Project) -> et.ProjectShare:
     """One project's quotas as the engine sees them (no usage: that is what a round adds)."""
     guaranteed: list[tuple[str, int]] = []
+    type_borrow: list[tuple[str, int]] = []
     borrow: int | None = 0
     has_unlimited = False
     quotas = Quota.objects.filter(project=project).select_related("gpu_type").order_by("gpu_type__name")
@@ -308,10 +313,15 @@ def project_quota_share(*, project: Project) -> et.ProjectShare:
             has_unlimited = True
         else:
             borrow = (borrow or 0) + quota.borrow_limit_gpus
+            type_borrow.append((quota.gpu_type.name, quota.borrow_limit_gpus))
     if has_unlimited or not guaranteed:
         borrow = None
     return et.ProjectShare(
-        name=project.slug, weight=project.fair_share_weight, guaranteed=tuple(guaranteed), borrow_limit=borrow
+        name=project.slug,
+        weight=project.fair_share_weight,
+        guaranteed=tuple(guaranteed),
+        borrow_limit=borrow,
+        borrow_limits=tuple(type_borrow),
     )
 
 

@@ -84,6 +84,24 @@ def is_costly_start(job: JobRequest) -> bool:
     return job.kind == JobKind.BATCH and not (job.is_preemptible and job.is_checkpointable)
 
 
+def demand_may_take(state: RoundState, *, demand_gpu_s: float) -> Callable[[RunningJob], bool]:
+    """Which reclaimable work a session or a guaranteed-quota claim may take: checkpointing
+    work always (it loses at most an interval plus the restore), restartable work only while
+    the work it would throw away (`RoundState.lost_work_s` x its GPUs) is at most the GPU-time
+    the demand asks for (``demand_gpu_s``).  Past that, evicting it destroys more GPU-time than
+    serving the demand now uses, and the requeued job must redo it all on a cluster that is
+    already full; the demand waits for GPUs to come free instead (for sessions the pool holds
+    idle GPUs at the forecast level, `headroom.headroom_need`, so this is the overflow beyond
+    the forecast)."""
+
+    def may_take(running: RunningJob) -> bool:
+        if running.job.is_checkpointable:
+            return True
+        return state.lost_work_s(running) * len(running.gpu_ids) <= demand_gpu_s
+
+    return may_take
+
+
 def is_reclaimable(running: RunningJob, *, excluded: set[str]) -> bool:
     """Consenting batch work (see `is_consenting`) that is not already being reclaimed."""
     return (

@@ -125,7 +125,8 @@ def never_startable(
                 PendingReason.QUOTA,
                 f"Cannot start: project {share.name} may use at most {limit} GPUs at once "
                 f"(guaranteed + borrowable) and this job needs {count}.",
-                f"Ask for at most {limit} GPUs or ask an admin to raise the project's quota.",
+                f"Ask for at most {limit} GPUs or ask an admin to raise the project's guarantee "
+                "or borrowing limit.",
             )
     usable = [t for t in fitting if capacity[t] >= count]
     limits = {t: type_limit(share, t) for t in usable}

@@ -444,6 +444,13 @@ def _build_people(report: DemoLabReport) -> dict[str, Any]:
     return users
 
 
+# Quotas that differ from the rule in `_build_projects`, as (guaranteed, borrowing limit): the
+# climate project may not use the V100M32 GPUs at all (neither guaranteed nor borrowed; another
+# group's partition), which makes its queued non-preemptible "era5-emulator" job the demo's
+# honest never-startable example: above its guarantee it could borrow, but not past a limit of 0.
+QUOTA_OVERRIDES: dict[tuple[str, str], tuple[int, int]] = {("climate", "V100M32"): (0, 0)}
+
+
 def _build_projects(users: dict[str, Any], cluster: Cluster, report: DemoLabReport) -> dict[str, Project]:
     projects: dict[str, Project] = {}
     capacity = dict(report.gpus_by_type)  # GPUs per type in the demo cluster
@@ -466,10 +473,11 @@ def _build_projects(users: dict[str, Any], cluster: Cluster, report: DemoLabRepo
             # Guarantees add up to 60% of each type by fair-share weight, leaving room to lend;
             # anyone may borrow up to half of a type on top, always preemptibly.
             guaranteed = math.floor(gpus * 0.6 * spec.fair_share_weight / total_weight)
+            guaranteed, borrow = QUOTA_OVERRIDES.get((spec.slug, type_name), (guaranteed, max(1, gpus // 2)))
             Quota.objects.get_or_create(
                 project=project,
                 gpu_type=gpu_types[type_name],
-                defaults={"guaranteed_gpus": guaranteed, "borrow_limit_gpus": max(1, gpus // 2)},
+                defaults={"guaranteed_gpus": guaranteed, "borrow_limit_gpus": borrow},
             )
     report.projects = len(projects)
     return projects

@@ -18,10 +18,15 @@
   when it is empty).  A project's guaranteed GPUs are ``guaranteed_share`` of the cluster's
   capacity split in proportion to the project's share of the trace's GPU-hours (rounded down,
   so small projects get none), per GPU type in proportion to the type's capacity; its booking
-  cap is ``max(8, booking_cap_share x capacity)`` GPUs of a type.  ``guaranteed_share`` 0 sets
-  no quotas (no project has a guarantee, so nothing runs preemptible for exceeding one).  As on
-  Kueue or Run:ai, work above a project's guarantee runs preemptible: the engine marks such
-  starts, and the simulator lets them be preempted.
+  cap is ``max(8, booking_cap_share x capacity)`` GPUs of a type.  The default
+  ``guaranteed_share`` 0.5 guarantees half the capacity (a Kueue cohort whose nominal quotas
+  cover half the cluster, the other half shared borrowing room; projects with little history
+  get none) and sets no borrowing limit; 0 sets no quotas at all.  As on Kueue or Run:ai, work
+  above a project's guarantee runs preemptible (berth: it borrows, whether or not its owner
+  marked it preemptible, and the owning project reclaims it): the engine marks such starts, and
+  the simulator lets them be preempted.  ``easy`` has no borrowing (Slurm has none): a
+  guarantee + borrowing limit acts as a QOS ``GrpTRES`` cap per GPU type, and without a
+  borrowing limit (as here) quotas change nothing for it but its fair share.
 * **Batch flags**: a seeded ``preemptible_share`` of batch jobs consents to preemption (restartable
   work), and ``checkpointable_share`` of those checkpoint every ``checkpoint_interval_s``, at a
   cost of ``checkpoint_overhead_s`` of extra run time per checkpoint; a resume from a checkpoint
@@ -68,10 +73,9 @@ class OverlayConfig:
     booking_late_share: float = 0.30  # owner comes 2-20 min late
     booking_early_end_share: float = 0.40  # owner ends after 40-95 % of the rest of the window
     booking_grace_s: float = 600.0  # a booking whose owner has not come by start + this is released
-    # Of capacity, split over projects as guaranteed GPUs.  0 (no quotas) by default for now: the
-    # engine makes a non-preemptible job above its project's guarantee wait instead of running it
-    # preemptible as Kueue does, so quotas starve berth until the engine does that.
-    guaranteed_share: float = 0.0
+    # Of capacity, split over projects as guaranteed GPUs (0: no quotas); work above a guarantee
+    # borrows as preemptible work (Kueue), see the module docstring.
+    guaranteed_share: float = 0.5
     booking_cap_share: float = 0.10  # per-project booking cap: this share of a type's capacity (>= 8)
     seed: int = 0
 

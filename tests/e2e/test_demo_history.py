@@ -94,8 +94,9 @@ def test_a_fresh_demo_lab_shows_its_history_forecasts_and_an_honest_unstartable_
         assert ForecastRun.objects.filter(cluster=cluster, kind="gpu_type", key=type_name).exists()
     page.screenshot(path=str(ARTIFACTS / "e2e-demo-capacity.png"), full_page=True)
 
-    # The never-startable demo job: katherine's non-preemptible 2 x V100M32 for a project with no
-    # V100M32 guarantee (the demo's quotas), if this inventory has that type.
+    # The never-startable demo job: katherine's non-preemptible 2 x V100M32 for a project that
+    # may neither be guaranteed nor borrow V100M32 (`demo_lab.QUOTA_OVERRIDES`), if this
+    # inventory has that type.
     job = Job.objects.filter(cluster=cluster, name="era5-emulator").first()
     if job is None:
         pytest.skip("this scaled inventory has no V100M32 (no never-startable demo job)")
@@ -104,7 +105,7 @@ def test_a_fresh_demo_lab_shows_its_history_forecasts_and_an_honest_unstartable_
     _login(page, base, "katherine", RESEARCHER_PASSWORD, "/")
     row = page.locator("tr", has_text="era5-emulator").first
     expect(row).to_contain_text("Cannot start")
-    expect(row).to_contain_text("Mark it preemptible")
+    expect(row).to_contain_text("borrowing limit")
     expect(row).not_to_contain_text("Likely start")
     expect(row).not_to_contain_text("Expected start")
     page.screenshot(path=str(ARTIFACTS / "e2e-demo-dashboard.png"), full_page=True)

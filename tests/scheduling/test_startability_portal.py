@@ -22,9 +22,17 @@ t0 = loop.t0
 pytestmark = [pytest.mark.django_db]
 
 
-def _no_a100_guarantee(project) -> Quota:
+def _one_a100(project) -> Quota:
+    """Guaranteed 1 A100 and no borrowing: the project never runs more than 1 A100 at once."""
     return QuotaFactory(
-        project=project, gpu_type=GpuType.objects.get(name="A100"), guaranteed_gpus=0, borrow_limit_gpus=8
+        project=project, gpu_type=GpuType.objects.get(name="A100"), guaranteed_gpus=1, borrow_limit_gpus=0
+    )
+
+
+def _borrowing_a100(project) -> Quota:
+    """Guaranteed 1 A100, up to 1 more borrowed (as preemptible work)."""
+    return QuotaFactory(
+        project=project, gpu_type=GpuType.objects.get(name="A100"), guaranteed_gpus=1, borrow_limit_gpus=1
     )
 
 
@@ -33,13 +41,15 @@ def test_round_stores_the_reason_and_no_eta_and_submit_warns(
 ) -> None:
     cluster = make_cluster(nodes=2, gpus_per_node=4)
     user, project = make_member()
-    _no_a100_guarantee(project)
-    solid = submit(user, project, cluster, gpus=2, runtime_s=600, now=t0, name="solid")
-    lent = submit(user, project, cluster, gpus=2, runtime_s=600, now=t0, name="lent", is_preemptible=True)
+    _borrowing_a100(project)
+    # 3 A100 > guarantee 1 + borrowing 1: never, preemptible or not
+    solid = submit(user, project, cluster, gpus=3, runtime_s=600, now=t0, name="solid", is_preemptible=True)
+    # 2 A100, not preemptible, above the guarantee: it borrows (Kueue), no warning
+    lent = submit(user, project, cluster, gpus=2, runtime_s=600, now=t0, name="lent")
     # at submit already: the reason, what unblocks it, no ETA
     solid.refresh_from_db()
     assert solid.pending_reason == Job.PendingReason.QUOTA
-    assert "Mark it preemptible" in solid.pending_sentence
+    assert "borrowing limit" in solid.pending_sentence
     assert job_warnings(solid)
     assert "Cannot start" in job_warnings(solid)[0]
     assert job_warnings(lent) == []
@@ -48,7 +58,7 @@ def test_round_stores_the_reason_and_no_eta_and_submit_warns(
     assert result.status == "ok"
     solid.refresh_from_db()
     lent.refresh_from_db()
-    assert lent.status == Job.Status.RUNNING  # preemptible work runs on borrowed GPUs
+    assert lent.status == Job.Status.RUNNING  # above its guarantee it runs on borrowed GPUs
     assert solid.status == Job.Status.PENDING
     assert solid.pending_reason == Job.PendingReason.QUOTA
     assert solid.pending_sentence.startswith("Cannot start:")
@@ -62,7 +72,7 @@ def test_api_answers_201_with_warnings_and_requires_a_command(engine_redis_url, 
 
     cluster = make_cluster(nodes=1, gpus_per_node=4)
     user, project = make_member()
-    _no_a100_guarantee(project)
+    _one_a100(project)
     client = APIClient()
     client.force_authenticate(user)
     body = {
@@ -77,10 +87,14 @@ def test_api_answers_201_with_warnings_and_requires_a_command(engine_redis_url, 
     assert response.status_code == 201, response.content
     data = response.json()
     assert data["warnings"]
-    assert "Mark it preemptible" in data["warnings"][0]
+    assert "borrowing limit" in data["warnings"][0]
     assert data["eta_p50_at"] is None
     assert data["pending_reason"] == "quota"
-    ok = client.post("/api/v1/jobs/", {**body, "is_preemptible": True}, format="json")
+    # preemptible does not help past a borrowing limit of 0; within the guarantee it is fine
+    still = client.post("/api/v1/jobs/", {**body, "is_preemptible": True}, format="json")
+    assert still.status_code == 201
+    assert still.json()["warnings"]
+    ok = client.post("/api/v1/jobs/", {**body, "gpu_count": 1}, format="json")
     assert ok.status_code == 201
     assert ok.json()["warnings"] == []
     # no command: refused like the form refuses it
@@ -95,7 +109,7 @@ def test_api_answers_201_with_warnings_and_requires_a_command(engine_redis_url, 
 def test_form_warns_after_submitting_a_never_startable_job(engine_redis_url, client) -> None:
     cluster = make_cluster(nodes=1, gpus_per_node=4)
     user, project = make_member()
-    _no_a100_guarantee(project)
+    _one_a100(project)
     client.force_login(user)
     form = {
         "project": project.slug,
@@ -109,5 +123,5 @@ def test_form_warns_after_submitting_a_never_startable_job(engine_redis_url, cli
     assert response.status_code == 200
     text = response.content.decode()
     assert "cannot start as it is" in text
-    assert "Mark it preemptible" in text
+    assert "borrowing limit" in text
     assert Job.objects.filter(name="era5", cluster=cluster).exists()

@@ -20,7 +20,7 @@ from scheduling.engine.backfill import Shadow, earliest_start
 from scheduling.engine.outcome import fmt_s
 from scheduling.engine.placement import INF
 from scheduling.engine.preemption import Reclaim as ReclaimPlan
-from scheduling.engine.preemption import is_reclaimable, kill_time, plan_reclaim
+from scheduling.engine.preemption import demand_may_take, is_reclaimable, kill_time, plan_reclaim
 from scheduling.engine.types import JobKind, JobRequest, PendingReason, RunningJob
 
 if TYPE_CHECKING:
@@ -162,15 +162,19 @@ class Reclaim:
         *,
         is_quota_claim: bool,
     ) -> Callable[[RunningJob], bool] | None:
-        """Which reclaimable jobs a demand may take: sessions any, a quota claim other projects'
-        borrowed work (started above their guarantee or on lent capacity: a project's own
-        guarantee is never taken by another's claim), the top job what `suspendable_for`
-        allows."""
+        """Which reclaimable jobs a demand may take: sessions checkpointing work and restartable
+        work losing at most what they ask for (`preemption.demand_may_take`); a quota claim the
+        same, of other projects' borrowed work only (started above their guarantee or on lent
+        capacity: a project's own guarantee is never taken by another's claim); the top job
+        what `suspendable_for` allows."""
         if job.kind == JobKind.INTERACTIVE:
-            return None
+            return demand_may_take(rnd.state, demand_gpu_s=estimate.hold_s * job.gpu_count)
         if is_quota_claim:
             project = job.project
-            return lambda running: running.is_preemptible and running.job.project != project
+            affordable = demand_may_take(rnd.state, demand_gpu_s=estimate.hold_s * job.gpu_count)
+            return lambda running: (
+                running.is_preemptible and running.job.project != project and affordable(running)
+            )
         return self.suspendable_for(rnd, job, types, estimate, single, shadow_memo)
 
     def suspendable_for(

@@ -204,3 +204,21 @@ def test_berth_lets_a_head_job_wider_than_cluster_minus_headroom_use_the_headroo
     # a job that fits beside the headroom leaves it alone
     snap = snapshot(make_nodes(4, 1), pending=[job("a", 2), job("b", 2, submit_at=1)])
     assert len(plan_round(snap, policy, NOW).starts) == 1
+
+
+def test_berth_session_never_throws_away_more_restartable_work_than_it_asks_for() -> None:
+    """Every GPU busy: a 1-h session may evict checkpointing work, or restartable work that has
+    run less than an hour; restartable work that ran 10 h is left alone (the session waits)."""
+    policy = PolicyConfig(name="berth", grace_s=30, min_runtime_s=300)
+    session = job("s", 1, submit_at=NOW - 5, kind=JobKind.INTERACTIVE, requested_s=3_600)
+    old = running(job("old", 1, is_preemptible=True, requested_s=100_000), (0,), started_at=NOW - 36_000)
+    plan = plan_round(snapshot(make_nodes(1, 1), running_jobs=[old], pending=[session]), policy, NOW)
+    assert plan.preemptions == ()
+    assert plan.starts == ()
+    young = running(job("young", 1, is_preemptible=True, requested_s=100_000), (0,), started_at=NOW - 1_800)
+    plan = plan_round(snapshot(make_nodes(1, 1), running_jobs=[young], pending=[session]), policy, NOW)
+    assert [p.job_id for p in plan.preemptions] == ["young"]
+    ckpt = {"is_preemptible": True, "is_checkpointable": True, "checkpoint_interval_s": 1_800.0}
+    saved = running(job("saved", 1, requested_s=100_000, **ckpt), (0,), started_at=NOW - 36_000)
+    plan = plan_round(snapshot(make_nodes(1, 1), running_jobs=[saved], pending=[session]), policy, NOW)
+    assert [p.job_id for p in plan.preemptions] == ["saved"]

@@ -475,3 +475,29 @@ def test_berth_runs_work_above_the_guarantee_preemptible_and_reclaims_it_for_a_g
         ).preemptions
         == ()
     )
+
+
+def test_berth_guarantee_claim_takes_only_borrowed_work_and_never_more_than_it_asks_for() -> None:
+    """Kueue reclaim: the owner's claim takes another project's borrowed work, not its
+    consenting work within its own guarantee, and not restartable borrowed work whose lost work
+    exceeds the claim's GPU-time."""
+    nodes = make_nodes(1, 2)
+    projects = (
+        ProjectShare("owner", guaranteed=(("A100", 1),)),
+        ProjectShare("other", guaranteed=(("A100", 1),)),
+    )
+    claim = job("claim", 1, project="owner", requested_s=3_600)
+    within = running(job("within", 1, project="other", is_preemptible=True), (0,), started_at=NOW - 600)
+    borrowed = running(job("borrowed", 1, project="other"), (1,), started_at=NOW - 600, is_preemptible=True)
+
+    def preempted(*runs) -> list[str]:  # type: ignore[no-untyped-def]
+        plan = plan_round(
+            snapshot(nodes, running_jobs=list(runs), pending=[claim], projects=projects),
+            PolicyConfig(name="berth"),
+            NOW,
+        )
+        return [p.job_id for p in plan.preemptions]
+
+    assert preempted(within, borrowed) == ["borrowed"]
+    old = running(job("borrowed", 1, project="other"), (1,), started_at=NOW - 36_000, is_preemptible=True)
+    assert preempted(within, old) == []

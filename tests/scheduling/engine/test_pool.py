@@ -104,3 +104,19 @@ def test_restartable_work_borrows_the_pool_only_before_the_next_rise() -> None:
     busy = running(job("b", 1, is_preemptible=True, requested_s=50_000), (1,), started_at=NOW - 5_000)
     plan = plan_round(snapshot(nodes, running_jobs=[lent, busy, solid], pending=[session]), late_rise, NOW)
     assert [p.job_id for p in plan.preemptions] == ["r"]  # it lost less work
+
+
+def test_restartable_work_predicted_to_end_before_the_rise_may_run_into_the_room() -> None:
+    """4 GPUs, sessions forecast at 3 now and 5 later: a 2-GPU job leaves only 2, so
+    non-preemptible work waits, but restartable work whose p90 ends before the rise starts."""
+    nodes = make_nodes(4, 1)
+    policy = PolicyConfig(name="berth", interactive_pool=_pool(3, 3, 5, 5, 0, 0, 0, 0))
+    short = {"requested_s": 0.5 * H, "predicted_p50_s": 0.3 * H, "predicted_p90_s": 0.5 * H}
+    solid = job("solid", 2, **short)
+    assert plan_round(snapshot(nodes, pending=[solid]), policy, NOW).starts == ()
+    restartable = job("restartable", 2, is_preemptible=True, **short)
+    (start,) = plan_round(snapshot(nodes, pending=[restartable]), policy, NOW).starts
+    assert start.job_id == "restartable"
+    # the same job running past the rise waits
+    long = job("restartable", 2, is_preemptible=True, requested_s=3 * H)
+    assert plan_round(snapshot(nodes, pending=[long]), policy, NOW).starts == ()

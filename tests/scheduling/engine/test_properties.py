@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from scheduling.engine import POLICIES, plan_round
 from scheduling.engine.placement import constraint_key, type_satisfies
+from scheduling.engine.startability import enforces_guarantees
 from scheduling.engine.types import (
     Booking,
     ClusterSnapshot,
@@ -214,8 +215,15 @@ def check_invariants(case: Case, plan: Plan) -> None:
         max_node = max(len(n.gpu_ids) for n in snap.nodes if n.gpu_type == gpu_type)
         if job.gpu_count <= max_node:
             assert len(nodes) == 1, "a gang that fits one node was split"
-        if start.is_preemptible:
-            assert job.is_preemptible, "non-preemptible work started as preemptible"
+        if start.is_preemptible and not job.is_preemptible:
+            # only the quota makes work preemptible that its owner did not mark so: above its
+            # project's guarantee, under a policy that enforces guarantees (Kueue borrowing)
+            assert enforces_guarantees(policy.name), "non-preemptible work started as preemptible"
+            assert any(
+                share.name == job.project
+                and (share.guaranteed or share.borrow_limit is not None or share.borrow_limits)
+                for share in snap.projects
+            ), "non-preemptible work started as preemptible"
         if policy.name == "static" and policy.interactive_partition:
             on_partition = {n.id for n in nodes} <= set(policy.interactive_partition)
             off_partition = not ({n.id for n in nodes} & set(policy.interactive_partition))

@@ -47,7 +47,9 @@ def test_a_job_above_its_types_guarantee_and_borrowing_limit_can_never_start() -
     assert "borrowing limit" in verdict.unblock
     assert "ask an admin" in verdict.unblock
     # preemptible or not, it cannot borrow past the limit, under every policy
-    assert _check(job("era5", 2, project="climate", gpu_type="V100M32", is_preemptible=True), share) is not None
+    assert (
+        _check(job("era5", 2, project="climate", gpu_type="V100M32", is_preemptible=True), share) is not None
+    )
     assert _check(job("era5", 2, project="climate", gpu_type="V100M32"), share, enforced=False) is not None
     # what unblocks it does unblock it: a guarantee or a borrowing limit that covers it
     raised = ProjectShare("climate", guaranteed=(("V100M32", 2),), borrow_limits=(("V100M32", 0),))
@@ -97,7 +99,10 @@ def test_unstartable_jobs_matches_the_engine_which_never_starts_them() -> None:
     """Whatever the verdict says can never start, the engine does not start on an empty cluster."""
     shares = (
         ProjectShare(
-            "climate", guaranteed=(("V100M32", 0), ("A100", 2)), borrow_limit=8, borrow_limits=(("V100M32", 1),)
+            "climate",
+            guaranteed=(("V100M32", 0), ("A100", 2)),
+            borrow_limit=8,
+            borrow_limits=(("V100M32", 1),),
         ),
     )
     pending = [
@@ -123,7 +128,10 @@ def test_unstartable_jobs_matches_the_engine_which_never_starts_them() -> None:
 def test_quota_blocked_idle_gpus_are_only_as_many_as_the_blocked_jobs_could_use() -> None:
     shares = (
         ProjectShare(
-            "climate", guaranteed=(("V100M32", 1), ("A100", 0)), borrow_limit=16, borrow_limits=(("V100M32", 1),)
+            "climate",
+            guaranteed=(("V100M32", 1), ("A100", 0)),
+            borrow_limit=16,
+            borrow_limits=(("V100M32", 1),),
         ),
     )
     busy = running(job("r", 2, project="climate", gpu_type="V100M32", requested_s=50_000), (0, 1))
@@ -156,7 +164,9 @@ def test_never_startable_jobs_never_start_even_on_an_empty_cluster(
     guarantee: int, count: int, is_preemptible: bool, borrow: int | None, type_borrow: int | None
 ) -> None:
     limits = () if type_borrow is None else (("A100", type_borrow),)
-    shares = (ProjectShare("p", guaranteed=(("A100", guarantee),), borrow_limit=borrow, borrow_limits=limits),)
+    shares = (
+        ProjectShare("p", guaranteed=(("A100", guarantee),), borrow_limit=borrow, borrow_limits=limits),
+    )
     request = job("j", count, gpu_type="A100", is_preemptible=is_preemptible)
     snap = snapshot(_inventory(), pending=[request], projects=shares, gpu_types=TYPES)
     never = unstartable_jobs(snap, [request], is_guarantee_enforced=True)
@@ -173,7 +183,10 @@ def test_the_engine_explains_a_never_startable_job_with_the_verdict_and_no_eta()
     startability verdict, with no ETA, under every policy that can never start the job."""
     shares = (
         ProjectShare(
-            "climate", guaranteed=(("V100M32", 0), ("A100", 2)), borrow_limit=8, borrow_limits=(("V100M32", 0),)
+            "climate",
+            guaranteed=(("V100M32", 0), ("A100", 2)),
+            borrow_limit=8,
+            borrow_limits=(("V100M32", 0),),
         ),
     )
     pending = [

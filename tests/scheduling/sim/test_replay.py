@@ -279,3 +279,16 @@ def test_engine_easy_never_waits_longer_than_fifo(engine_metrics: dict[str, Any]
 def test_engine_berth_honors_bookings(engine_metrics: dict[str, Any]) -> None:
     assert engine_metrics["berth"]["record"].bookings
     assert engine_metrics["berth"]["bookings_honored"] == 1.0
+
+
+def test_engine_no_policy_beats_the_session_floor(engine_metrics: dict[str, Any], trace: Trace) -> None:
+    """The session floor (every batch job evicted instantly) bounds every policy from below on
+    the same seeded workload: interactive wait p95 and the share waiting > 60 s."""
+    from scheduling.sim import bounds
+
+    short = dataclasses.replace(trace, jobs=trace.jobs[:120])
+    floor = bounds.session_floor(overlay_for(short), capacity_gpus=100)
+    assert floor["interactive_wait_p95_s"] >= 0.0
+    for name, m in engine_metrics.items():
+        assert m["interactive_wait_p95_s"] >= floor["interactive_wait_p95_s"] - 1e-6, name
+        assert m["interactive_over_60s_share"] >= floor["interactive_over_60s_share"] - 1e-9, name
