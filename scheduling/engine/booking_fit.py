@@ -30,14 +30,14 @@ from typing import TYPE_CHECKING
 from scheduling.engine.preemption import is_reclaimable, min_runtime_s
 from scheduling.engine.types import Booking
 
-if TYPE_CHECKING:  # scheduler.py imports this module
-    from scheduling.engine.scheduler import Scheduler
+if TYPE_CHECKING:  # round.py and the stages import this module
+    from scheduling.engine.round import Round
 
 _MARGIN = 2  # candidates per GPU the booking needs (see the module docstring)
 
 
 def cheapest_booking_gpus(
-    sched: Scheduler, booking: Booking, types: Sequence[str], blocked: Collection[int], free: Collection[int]
+    sched: Round, booking: Booking, types: Sequence[str], blocked: Collection[int], free: Collection[int]
 ) -> tuple[int, ...] | None:
     """The cheapest GPUs for a future booking, or None to use the earliest-free rule."""
     state = sched.state

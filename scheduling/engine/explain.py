@@ -15,10 +15,9 @@ first read (see `_LazyPlan`); reason codes and idle reasons are computed at once
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from scheduling.engine.outcome import Verdict
-from scheduling.engine.scheduler import Scheduler, fmt_s
+from scheduling.engine.outcome import Verdict, fmt_s
 from scheduling.engine.types import (
     IdleReason,
     JobRequest,
@@ -29,8 +28,11 @@ from scheduling.engine.types import (
     Plan,
 )
 
+if TYPE_CHECKING:
+    from scheduling.engine.round import Round
 
-def _profiles(sched: Scheduler) -> dict[str, tuple[list[float], list[float], int, float, float]]:
+
+def _profiles(sched: Round) -> dict[str, tuple[list[float], list[float], int, float, float]]:
     """Per type: sorted expected free times (p50, planning) of its usable GPUs, capacity, and
     the GPU-seconds still to run on them (p50, planning)."""
     by_type = sched.state.topology.by_type
@@ -50,7 +52,7 @@ def _profiles(sched: Scheduler) -> dict[str, tuple[list[float], list[float], int
 
 
 def explain_pending(
-    sched: Scheduler, queue: list[JobRequest], *, is_strict_order: bool = False
+    sched: Round, queue: list[JobRequest], *, is_strict_order: bool = False
 ) -> tuple[PendingExplanation, ...]:
     """One explanation per job of ``queue`` not started this round, in queue order.
 
@@ -135,7 +137,7 @@ def explain_pending(
     return tuple(explanations)
 
 
-def _still_fragmented(sched: Scheduler, job: JobRequest) -> bool:
+def _still_fragmented(sched: Round, job: JobRequest) -> bool:
     """Whether enough fitting GPUs are still free for the job after this round's starts: a job
     blocked by fragmentation when it was considered may have lost that to later backfill, and
     then the GPUs left idle are not idle because of fragmentation (DESIGN §3.5)."""
@@ -146,7 +148,7 @@ def _still_fragmented(sched: Scheduler, job: JobRequest) -> bool:
 Kind = tuple[tuple[str, ...], PendingReason]  # (eligible types, reason code) of a waiting job
 
 
-def waiting_kinds(sched: Scheduler, queue: list[JobRequest]) -> set[Kind]:
+def waiting_kinds(sched: Round, queue: list[JobRequest]) -> set[Kind]:
     """The distinct (eligible types, reason code) of the jobs of ``queue`` not started this
     round, reasons as `explain_pending` gives them: all idle reasons need to know of the queue
     (a few pairs, however long the queue)."""
@@ -170,7 +172,7 @@ def waiting_kinds(sched: Scheduler, queue: list[JobRequest]) -> set[Kind]:
     return kinds
 
 
-def fragmented_types(sched: Scheduler, queue: list[JobRequest], kinds: Collection[Kind]) -> set[str]:
+def fragmented_types(sched: Round, queue: list[JobRequest], kinds: Collection[Kind]) -> set[str]:
     """GPU types of waiting jobs that fragmentation blocks and that still have enough fitting
     GPUs free in total after this round's starts (`_still_fragmented`); one pass over the queue
     only when some job waits for that reason."""
@@ -189,7 +191,7 @@ def fragmented_types(sched: Scheduler, queue: list[JobRequest], kinds: Collectio
 
 
 def quota_demand(
-    sched: Scheduler, queue: list[JobRequest], kinds: Collection[Kind]
+    sched: Round, queue: list[JobRequest], kinds: Collection[Kind]
 ) -> dict[tuple[str, ...], int]:
     """GPUs that quota-blocked waiting jobs could use, per tuple of types they could use them
     on (fitting types with enough GPUs for the whole job): a 2-GPU job held back by its
@@ -212,7 +214,7 @@ def quota_demand(
 
 
 def idle_reasons(
-    sched: Scheduler,
+    sched: Round,
     kinds: Collection[Kind],
     fragmented: Collection[str],
     quota_wanted: dict[tuple[str, ...], int] | None = None,
@@ -310,7 +312,7 @@ class _LazyPlan(Plan):
 
     It is a `Plan` in every other respect: fields, equality (between plans of this class),
     ``dataclasses.replace``, pickling and ``asdict`` all read ``pending`` and so compute it.
-    The explainer reads only the finished round's scheduler, which nothing changes any more.
+    The explainer reads only the finished `Round`, which nothing changes any more.
     """
 
     __slots__ = ("_explain",)
@@ -341,15 +343,15 @@ class _LazyPlan(Plan):
         _PENDING.__set__(self, value)
 
 
-def _idle(sched: Scheduler, queue: list[JobRequest]) -> tuple[tuple[int, IdleReason], ...]:
+def _idle(sched: Round, queue: list[JobRequest]) -> tuple[tuple[int, IdleReason], ...]:
     kinds = waiting_kinds(sched, queue)
     return idle_reasons(
         sched, kinds, fragmented_types(sched, queue, kinds), quota_demand(sched, queue, kinds)
     )
 
 
-def build_plan(sched: Scheduler, queue: list[JobRequest], *, is_strict_order: bool = False) -> Plan:
-    """Freeze a scheduler's decisions into a `Plan`; explanations are computed when read."""
+def build_plan(sched: Round, queue: list[JobRequest], *, is_strict_order: bool = False) -> Plan:
+    """Freeze a round's decisions into a `Plan`; explanations are computed when read."""
     out = sched.out
     return _LazyPlan(
         lambda: explain_pending(sched, queue, is_strict_order=is_strict_order),

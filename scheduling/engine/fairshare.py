@@ -39,9 +39,10 @@ def fairshare_factors(
     for share in snapshot.projects:
         weights[share.name] = max(share.weight, 0.0)
         usage[share.name] = max(share.decayed_usage, 0.0)
-    for job in snapshot.pending:
-        weights.setdefault(job.project, 1.0)
-        usage.setdefault(job.project, 0.0)
+    # each project once, in order of first appearance (a queue has far more jobs than projects)
+    for project in dict.fromkeys([job.project for job in snapshot.pending]):
+        weights.setdefault(project, 1.0)
+        usage.setdefault(project, 0.0)
     gpu_value = {name: t.value for name, t in gpu_types.items()}
     is_uniform = all(value == 1.0 for value in gpu_value.values())
     for running in snapshot.running:

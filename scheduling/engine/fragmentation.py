@@ -37,12 +37,13 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from scheduling.engine.cluster import Estimate, RoundState, running_ends
+from scheduling.engine.outcome import fmt_s
 from scheduling.engine.placement import FreePool
 from scheduling.engine.preemption import is_consenting, kill_time, plan_reclaim
 from scheduling.engine.types import Booking, JobRequest, PendingReason
 
 if TYPE_CHECKING:
-    from scheduling.engine.scheduler import Scheduler
+    from scheduling.engine.round import Round
 
 # Per query, at most this many nodes of a type are scored (tightest fits first, see
 # `FreePool.candidates`): it bounds a round's placement cost on large clusters, and the nodes
@@ -65,11 +66,11 @@ class DrainAwareChooser:
     __slots__ = ("_drain", "_gpu_node", "_node_gpus", "_now", "_pinned", "is_lendable")
 
     def __init__(self, state: RoundState, active_bookings: Mapping[int, Booking]) -> None:
-        """Drain times from the snapshot; the scheduler reports its own starts (`note_start`)."""
+        """Drain times from the snapshot; the round reports its own starts (`note_start`)."""
         self._now = now = state.now
         self._gpu_node = state.gpu_node
         self._node_gpus = [node.gpu_ids for node in state.nodes]
-        # the job being placed may run lent (set by the scheduler around each query)
+        # the job being placed may run lent (set by the place stage around each query)
         self.is_lendable = False
         # nodes running work that cannot be reclaimed: they drain only when it ends
         self._pinned: set[int] = set()
@@ -184,7 +185,7 @@ class DrainAwareChooser:
         return any(self.node_cost(node, count, until) > 0 for node, count in per_node.items())
 
 
-def reclaim_for_wide(sched: Scheduler, job: JobRequest, types: Sequence[str], estimate: Estimate) -> bool:
+def reclaim_for_wide(sched: Round, job: JobRequest, types: Sequence[str], estimate: Estimate) -> bool:
     """Berth: get a whole node for a blocked multi-GPU job by reclaiming lent work on it.
 
     Only work started lent (preemptible, on capacity that delayed a node's drain, see
@@ -192,8 +193,6 @@ def reclaim_for_wide(sched: Scheduler, job: JobRequest, types: Sequence[str], es
     job waits only the grace), and only when the job gains more GPU-time than the victims lose:
     the free GPUs of the node would otherwise idle until the node's expected drain.
     """
-    from scheduling.engine.scheduler import fmt_s  # here: the scheduler imports this module
-
     chooser = sched.drain_chooser
     if chooser is None or job.gpu_count < 2 or not sched.is_single_node(types, job.gpu_count):
         return False

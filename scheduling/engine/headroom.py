@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING
 from scheduling.engine.preemption import is_cheap_to_reclaim, is_reclaimable, kill_time
 from scheduling.engine.types import JobKind, JobRequest, StartAction
 
-if TYPE_CHECKING:  # scheduler.py imports this module
-    from scheduling.engine.scheduler import Scheduler
+if TYPE_CHECKING:  # round.py and the stages import this module
+    from scheduling.engine.round import Round
 
 
-def headroom_need(sched: Scheduler, types: Collection[str], count: int) -> int:
+def headroom_need(sched: Round, types: Collection[str], count: int) -> int:
     """GPUs of ``types`` still to hold idle for a forecast level of ``count`` session GPUs."""
     state = sched.state
     gpu_type = state.gpu_type
@@ -59,14 +59,14 @@ def headroom_need(sched: Scheduler, types: Collection[str], count: int) -> int:
     return count - covered
 
 
-def may_use_headroom(sched: Scheduler, job: JobRequest, types: Sequence[str]) -> bool:
+def may_use_headroom(sched: Round, job: JobRequest, types: Sequence[str]) -> bool:
     """Whether a batch job at the head of the queue may start on headroom GPUs.
 
     A gang wider than the cluster minus the headroom could otherwise never start: the headroom
     is held again every round, long after sessions stop arriving.  Such a job, once it heads the
     queue, may take headroom GPUs; sessions still reclaim lent work meanwhile.
     """
-    if job.kind != JobKind.BATCH or not sched.knobs.can_lend or sched.top is not None:
+    if job.kind != JobKind.BATCH or not sched.composition.pool is not None or sched.top is not None:
         return False
     wanted = set(types)
     level = sum(count for name, count in sched.headroom_levels() if name == "*" or name in wanted)

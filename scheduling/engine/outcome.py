@@ -12,6 +12,27 @@ from scheduling.engine.types import (
     StartAction,
 )
 
+_FMT_CACHE: dict[tuple[int, int], str] = {}
+
+
+def fmt_s(seconds: float) -> str:
+    """A duration for humans: 45 s, 12 min, 3.5 h, 2.1 d (memoised: explanations call it a lot)."""
+    if seconds < 90:
+        key = (0, round(max(seconds, 0.0)))
+    elif seconds < 5_400:
+        key = (1, round(seconds / 60))
+    elif seconds < 172_800:
+        key = (2, round(seconds / 360))
+    else:
+        key = (3, round(seconds / 8_640))
+    text = _FMT_CACHE.get(key)
+    if text is None:
+        unit, value = key
+        text = (f"{value} s", f"{value} min", f"{value / 10:.1f} h", f"{value / 10:.1f} d")[unit]
+        if len(_FMT_CACHE) < 100_000:
+            _FMT_CACHE[key] = text
+    return text
+
 
 @dataclass(slots=True)
 class Verdict:
@@ -26,6 +47,8 @@ class Verdict:
 
 @dataclass(slots=True)
 class Outcome:
+    """What one round decided so far: actions, verdicts, and the GPUs claimed or promised."""
+
     starts: list[StartAction] = field(default_factory=list)
     preemptions: list[PreemptAction] = field(default_factory=list)
     reservations: list[ReserveAction] = field(default_factory=list)

@@ -79,7 +79,7 @@ def is_cheap_to_reclaim(running: RunningJob) -> bool:
 def is_costly_start(job: JobRequest) -> bool:
     """Batch work that sessions cannot take back cheaply once it runs: non-preemptible work,
     and restartable work (a reclaim restarts it from scratch).  Such a start must leave the
-    interactive pool's forecast peak free (`scheduler.Scheduler._pool_admits`) unless it is
+    interactive pool's forecast peak free (`stages.admit.pool_admits`) unless it is
     predicted to be gone before demand rises."""
     return job.kind == JobKind.BATCH and not (job.is_preemptible and job.is_checkpointable)
 

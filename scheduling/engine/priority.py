@@ -47,9 +47,10 @@ def priority_scores(state: RoundState) -> dict[str, float]:
 
 
 def _ordered(jobs: tuple[JobRequest, ...], score: dict[str, float]) -> list[JobRequest]:
-    keyed = [(-score[job.id], submitted_at(job), job.id, job) for job in jobs]
-    keyed.sort(key=lambda item: item[:3])
-    return [item[3] for item in keyed]
+    # the position breaks ties of equal ids, so tuples never compare the jobs themselves
+    keyed = [(-score[job.id], submitted_at(job), job.id, i, job) for i, job in enumerate(jobs)]
+    keyed.sort()
+    return [item[4] for item in keyed]
 
 
 def priority_order(state: RoundState) -> list[JobRequest]:
@@ -99,35 +100,45 @@ def slowdown_orders(state: RoundState, order: SlowdownOrder) -> tuple[list[JobRe
     floor = order.runtime_floor_s
     starve = order.starvation_s
     fs_weight = policy.fairshare_weight
-    keyed: list[tuple[float, float, float, float, str, JobRequest]] = []
-    for job in state.snapshot.pending:
-        submitted = submitted_at(job)
+    interactive_priority = policy.interactive_priority
+    # the fair-share multiplier of each project, computed once per project
+    boost: dict[str, float] = {}
+    p50: dict[str, float] = {}
+    keyed: list[tuple[float, float, float, float, str, int, JobRequest]] = []
+    for index, job in enumerate(state.snapshot.pending):
+        submitted = job.first_submit_at if job.first_submit_at is not None else job.submit_at
         age = max(0.0, now - submitted)
         # suspended and requeued: its slowdown from here is that of its remaining work, waiting
         # since the requeue (the starvation bound still counts from the first submit)
         wait = max(0.0, now - job.submit_at) if job.attempt > 0 else age
-        runtime = max(estimate(job).p50_s, floor)
+        job_p50 = p50[job.id] = estimate(job).p50_s
+        runtime = max(job_p50, floor)
         expansion = (wait + runtime) / runtime
-        expansion *= math.pow(2.0, fs_weight * (2.0 * factors.get(job.project, 1.0) - 1.0))
+        factor = boost.get(job.project)
+        if factor is None:
+            factor = boost[job.project] = math.pow(
+                2.0, fs_weight * (2.0 * factors.get(job.project, 1.0) - 1.0)
+            )
+        expansion *= factor
         tier = 0.0
         if job.kind == JobKind.INTERACTIVE:
-            tier = policy.interactive_priority
+            tier = interactive_priority
         tier += 10.0 * job.priority
         is_starved = 1.0 if age >= starve else 0.0
         # starved jobs rank by age alone (earliest submit first), the others by expansion
-        keyed.append((-tier, -is_starved, submitted if is_starved else -expansion, submitted, job.id, job))
-    keyed.sort(key=lambda item: item[:5])
-    queue = [item[5] for item in keyed]
+        keyed.append(
+            (-tier, -is_starved, submitted if is_starved else -expansion, submitted, job.id, index, job)
+        )
+    # the position breaks ties of equal ids (as a stable sort would), so tuples never compare jobs
+    keyed.sort()
+    queue = [item[6] for item in keyed]
     if policy.short_job_weight <= 0:
         return queue, list(queue)
-    rank = {job.id: i for i, job in enumerate(queue)}
-    backfill = sorted(
-        queue,
-        key=lambda job: (
-            job.kind != JobKind.INTERACTIVE,
-            -job.priority,
-            estimate(job).p50_s * job.gpu_count,
-            rank[job.id],
-        ),
-    )
+    backfill = [
+        item[4]
+        for item in sorted(
+            (job.kind != JobKind.INTERACTIVE, -job.priority, p50[job.id] * job.gpu_count, rank, job)
+            for rank, job in enumerate(queue)
+        )
+    ]
     return queue, backfill

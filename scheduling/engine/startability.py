@@ -65,6 +65,15 @@ def _has_quotas(share: ProjectShare | None) -> bool:
     )
 
 
+def type_capacity(nodes: Iterable[Node]) -> dict[str, int]:
+    """GPUs per type on nodes that are not down (what `never_startable` counts)."""
+    capacity: dict[str, int] = {}
+    for node in nodes:
+        if node.status != NodeStatus.DOWN:
+            capacity[node.gpu_type] = capacity.get(node.gpu_type, 0) + len(node.gpu_ids)
+    return capacity
+
+
 def never_startable(
     job: JobRequest,
     *,
@@ -72,6 +81,7 @@ def never_startable(
     nodes: Iterable[Node],
     share: ProjectShare | None,
     is_guarantee_enforced: bool,
+    capacity_by_type: Mapping[str, int] | None = None,
 ) -> Unstartable | None:
     """`Unstartable` when ``job`` can never start on this inventory under this quota, else None.
 
@@ -79,14 +89,14 @@ def never_startable(
     policy runs work above a guarantee only as preemptible, `enforces_guarantees`) does not
     change the verdict: such work borrows instead of waiting (see the module docstring); it
     stays in the signature so every caller states the policy it asks for.
+    ``capacity_by_type``: `type_capacity` of ``nodes`` when the caller has it (a round asks
+    for many jobs on one inventory), else it is counted here.
     """
     del is_guarantee_enforced
     key = constraint_key(job)
     fitting = [t.name for t in gpu_types if type_satisfies(t, key)]
-    capacity: dict[str, int] = dict.fromkeys(fitting, 0)
-    for node in nodes:
-        if node.status != NodeStatus.DOWN and node.gpu_type in capacity:
-            capacity[node.gpu_type] += len(node.gpu_ids)
+    totals = type_capacity(nodes) if capacity_by_type is None else capacity_by_type
+    capacity: dict[str, int] = {name: totals.get(name, 0) for name in fitting}
     count = job.gpu_count
     largest = max(capacity.values(), default=0)
     if largest < count:

@@ -16,7 +16,7 @@ Order of a round:
    pool's forecast peak free until its p90 end;
 5. the EASY pass: jobs start in that order until one does not fit; it becomes the top job and
    suspends checkpointing work in its way that is past its minimum runtime and either predicted
-   to run on more than `scheduler.SUSPEND_RATIO` times its runtime or lent on its drain, when
+   to run on more than `stages.reclaim.SUSPEND_RATIO` times its runtime or lent on its drain, when
    that saves more idle GPU-time than it loses; else it gets a shadow reservation, whose drain
    is lent to checkpointing work.  The shadow time comes from the users' limits of running
    work (as Slurm sees it), except that a job already past its limit is expected to run on in
@@ -31,40 +31,40 @@ Order of a round:
 
 from __future__ import annotations
 
-from scheduling.engine.explain import build_plan
-from scheduling.engine.priority import SlowdownOrder, slowdown_orders
-from scheduling.engine.scheduler import Knobs, Scheduler
+from scheduling.engine.stages.admit import Admit
+from scheduling.engine.stages.backfill import EasyPass
+from scheduling.engine.stages.compose import Composition, Model, plan_with
+from scheduling.engine.stages.explain import Explain
+from scheduling.engine.stages.order import SlowdownFirst
+from scheduling.engine.stages.place import Place
+from scheduling.engine.stages.reclaim import Reclaim
+from scheduling.engine.stages.reserve import InteractivePool, Reserve
 from scheduling.engine.types import ClusterSnapshot, Plan, PolicyConfig
 
-BERTH = Knobs(
-    is_predicted=True,
-    can_preempt=True,
-    can_lend=True,
-    prefers_cheap_types=True,
-    enforces_guarantees=True,
+BERTH = Composition(
+    # Shadow times from the users' limits of running work: predictions of running jobs are
+    # optimistic for the long tail, and a too-early shadow blocks backfill that would have fitted.
+    model=Model(
+        is_predicted=True, is_running_predicted=False, corrects_overdue=True, prefers_cheap_types=True
+    ),
+    # Work above a guarantee runs preemptible; checkpointing preemptible work outside any
+    # guarantee starts lent (any consenting work is reclaimable by sessions and bookings anyway).
+    admit=Admit(enforces_guarantees=True, lends_consenting=True),
+    order=SlowdownFirst(),
+    pool=InteractivePool(),
+    reserve=Reserve(),
+    backfill=EasyPass(),
+    reclaim=Reclaim(),
     # Backfill when the median fits before the top job's shadow time: the shadow comes from
     # the users' limits, which overestimate, so the median is the better bet of when the GPUs
     # are really needed (on the full KTH replay it beat the p90 on wait, slowdown and
     # utilization; the first 4,000 jobs alone, with one 60-hour job predicted at a few hours
     # holding a 94-GPU reservation, favoured the p90).
-    fits_on_p50=True,
-    # The shadow time from the users' limits: predictions of running jobs are optimistic for
-    # the long tail, and a too-early shadow blocks backfill that would have fitted.
-    shadow_on_requested=True,
-    drain_aware=True,
-    corrects_overdue=True,
-    # checkpointing preemptible work outside any guarantee starts lent (outside the project's
-    # guaranteed count); any consenting work is reclaimable by sessions and bookings anyway
-    preempts_by_consent=True,
+    place=Place(fits_on_p50=True, lends=True, is_drain_aware=True),
+    explain=Explain(),
 )
-
-ORDER = SlowdownOrder()
 
 
 def plan_berth(snapshot: ClusterSnapshot, policy: PolicyConfig, now: float) -> Plan:
     """One berth round (see the module docstring)."""
-    sched = Scheduler(snapshot, policy, now, BERTH)
-    sched.reclaim_for_bookings()
-    queue, backfill = slowdown_orders(sched.state, ORDER)
-    sched.easy_pass(queue, interactive_first=True, backfill_order=backfill)
-    return build_plan(sched, queue)
+    return plan_with(BERTH, snapshot, policy, now)

@@ -9,17 +9,26 @@ No preemption ever.
 
 from __future__ import annotations
 
-from scheduling.engine.explain import build_plan
-from scheduling.engine.priority import priority_order
-from scheduling.engine.scheduler import Knobs, Scheduler
+from scheduling.engine.stages.admit import Admit
+from scheduling.engine.stages.backfill import EasyPass
+from scheduling.engine.stages.compose import Composition, Model, plan_with
+from scheduling.engine.stages.explain import Explain
+from scheduling.engine.stages.order import MultifactorOrder
+from scheduling.engine.stages.place import Place
+from scheduling.engine.stages.reserve import Reserve
 from scheduling.engine.types import ClusterSnapshot, Plan, PolicyConfig
 
-EASY = Knobs()
+EASY = Composition(
+    model=Model(),
+    admit=Admit(),
+    order=MultifactorOrder(),
+    reserve=Reserve(),
+    backfill=EasyPass(),
+    place=Place(),
+    explain=Explain(),
+)
 
 
 def plan_easy(snapshot: ClusterSnapshot, policy: PolicyConfig, now: float) -> Plan:
     """One EASY-backfill round over the whole cluster."""
-    sched = Scheduler(snapshot, policy, now, EASY)
-    queue = priority_order(sched.state)
-    sched.easy_pass(queue, interactive_first=False)
-    return build_plan(sched, queue)
+    return plan_with(EASY, snapshot, policy, now)

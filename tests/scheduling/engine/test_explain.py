@@ -9,8 +9,9 @@ import pytest
 
 from scheduling.engine import plan_round
 from scheduling.engine.explain import explain_pending, waiting_kinds
-from scheduling.engine.priority import priority_order
-from scheduling.engine.scheduler import Knobs, Scheduler
+from scheduling.engine.policies.easy import EASY
+from scheduling.engine.round import Round
+from scheduling.engine.stages.compose import schedule
 from scheduling.engine.types import ClusterSnapshot, Plan, PolicyConfig
 from tests.scheduling.engine.conftest import job, make_nodes, running, snapshot
 
@@ -52,9 +53,8 @@ def test_a_plan_reads_like_an_eager_one(policy: str) -> None:
 
 def test_reason_codes_match_the_explanations() -> None:
     snap = _snapshot()
-    sched = Scheduler(snap, PolicyConfig(name="easy"), NOW, Knobs())
-    queue = priority_order(sched.state)
-    sched.easy_pass(queue, interactive_first=False)
+    sched = Round(snap, PolicyConfig(name="easy"), NOW, EASY)
+    queue = schedule(sched)
     by_id = {job.id: job for job in queue}
     explained = {
         (sched.state.eligible_types(by_id[e.job_id]), e.reason) for e in explain_pending(sched, queue)

@@ -1,0 +1,217 @@
+"""Backfill: the passes over the queue that start, reserve and backfill jobs.
+
+* `EasyPass` (easy, berth): jobs start in queue order until one does not fit; that one becomes
+  the *top job* (reclaim, or a shadow reservation: `reserve.Reserve.top`).  The rest are
+  backfill candidates, at most ``PolicyConfig.backfill_depth`` of them, taken in the order's
+  backfill order when it gives one (berth: shortest predicted work first, which leaves the top
+  job itself chosen by age and fair share, so its reservation stays put from round to round);
+  they start only where they leave held GPUs in time (`place`), sessions may reclaim;
+* `StrictPass` (fifo): start in arrival order, stop at the first job that does not fit;
+* `SplitPass` (static): an `EasyPass` over the batch jobs, then one over the sessions, each
+  side with its own top job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from scheduling.engine.outcome import Verdict, fmt_s
+from scheduling.engine.placement import INF
+from scheduling.engine.stages.admit import hold_pool
+from scheduling.engine.stages.reserve import HEADROOM
+from scheduling.engine.types import JobKind, JobRequest, PendingReason
+
+if TYPE_CHECKING:
+    from scheduling.engine.cluster import Estimate
+    from scheduling.engine.round import Round
+
+
+class Pass(Protocol):
+    """A pass over the queue (priority order, and the backfill order when the order has one)."""
+
+    def run(
+        self, rnd: Round, queue: Sequence[JobRequest], backfill_order: Sequence[JobRequest] | None
+    ) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class EasyPass:
+    """EASY with the composition's admit, place, reclaim and reserve stages (module docstring)."""
+
+    def run(
+        self, rnd: Round, queue: Sequence[JobRequest], backfill_order: Sequence[JobRequest] | None
+    ) -> None:
+        """Start, reserve and backfill ``queue`` (already in priority order)."""
+        composition = rnd.composition
+        admit = composition.admit
+        try_start = composition.place.try_start
+        reclaim = composition.reclaim
+        state = rnd.state
+        out = rnd.out
+        position = 0
+        while position < len(queue) and rnd.top is None:
+            job = queue[position]
+            position += 1
+            if not admit(rnd, job):
+                continue
+            types = rnd.types_for(job)
+            estimate = state.estimate(job)
+            if try_start(rnd, job, types, estimate):
+                continue
+            if job.id in out.verdicts:
+                continue  # waits on quota
+            if reclaim is not None:
+                single = rnd.is_single_node(types, job.gpu_count)
+                if job.kind == JobKind.INTERACTIVE and reclaim.for_demand(
+                    rnd, job, types, estimate, single=single
+                ):
+                    continue
+                if (
+                    job.kind == JobKind.BATCH
+                    and rnd.is_within_guarantee(job, types)
+                    and reclaim.for_demand(rnd, job, types, estimate, single=single, is_quota_claim=True)
+                ):
+                    continue
+            composition.reserve.top(rnd, job, types, estimate)
+        rest: Sequence[JobRequest] = queue[position:]
+        if backfill_order is not None and rest:
+            waiting = {job.id for job in rest}
+            rest = [job for job in backfill_order if job.id in waiting]
+        scanned = 0
+        depth = rnd.policy.backfill_depth
+        for job in rest:
+            if not admit(rnd, job):
+                continue
+            scanned += 1
+            if scanned > depth:
+                out.wait(
+                    job.id,
+                    PendingReason.PRIORITY,
+                    f"{depth} other jobs are considered first; it is beyond this round's backfill window.",
+                )
+                continue
+            types = rnd.types_for(job)
+            estimate = state.estimate(job)
+            if try_start(rnd, job, types, estimate):
+                continue
+            if job.id in out.verdicts:
+                continue
+            if (
+                reclaim is not None
+                and job.kind == JobKind.INTERACTIVE
+                and reclaim.for_demand(
+                    rnd, job, types, estimate, single=rnd.is_single_node(types, job.gpu_count)
+                )
+            ):
+                continue
+            explain_blocked(rnd, job, types, estimate)
+        if not rnd.headroom_done:
+            hold_pool(rnd)
+
+
+def explain_blocked(rnd: Round, job: JobRequest, types: Sequence[str], estimate: Estimate) -> None:
+    """Record why a backfill candidate did not start: held GPUs, fragments, or too few free."""
+    pool = rnd.pool_for(job)
+    free = sum(pool.free_count(t) for t in types)
+    top = rnd.top
+    if free >= job.gpu_count:
+        ignoring_holds = pool.find(types, job.gpu_count, until=-INF, strict_until=-INF)
+        if ignoring_holds is not None:
+            holder = pool.hold_of(ignoring_holds[0])
+            what = holder.holder if holder is not None else "a reservation"
+            whom = (
+                "interactive headroom"
+                if what == HEADROOM
+                else ("the top job " + what if top is not None and what == top.id else "booking " + what)
+            )
+            rnd.out.wait(
+                job.id,
+                PendingReason.RESERVATION,
+                f"{free} fitting GPUs are free, but they are held for {whom} and this job's "
+                f"estimated {fmt_s(estimate.hold_s)} would run into that.",
+            )
+            return
+        rnd.out.wait(
+            job.id,
+            PendingReason.FRAGMENTATION,
+            f"{free} fitting GPUs are free in total, but no node has {job.gpu_count} of them together.",
+        )
+        return
+    ahead = f"; top job {top.id} holds the next free GPUs" if top is not None else ""
+    rnd.out.wait(
+        job.id,
+        PendingReason.RESOURCES if top is None or top.id == job.id else PendingReason.PRIORITY,
+        f"Needs {job.gpu_count} GPUs of type {'/'.join(types)}; {free} are free{ahead}.",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StrictPass:
+    """Start jobs in queue order until one does not fit; everyone behind it waits.
+
+    Bookings are still honoured as reservations (a start that would run into a booking's
+    window on its user estimate does not fit).
+    """
+
+    def run(
+        self, rnd: Round, queue: Sequence[JobRequest], backfill_order: Sequence[JobRequest] | None
+    ) -> None:
+        """One strict pass over ``queue`` (``backfill_order`` is ignored: nothing backfills)."""
+        composition = rnd.composition
+        admit = composition.admit
+        blocker: str | None = None
+        behind = len(queue)  # index of the first job behind the blocker
+        for index, job in enumerate(queue):
+            types = rnd.types_for(job)
+            if not types:
+                rnd.out.wait(
+                    job.id, PendingReason.CONSTRAINT, "No GPU in the cluster satisfies its constraints."
+                )
+                continue  # can never run; skipping it cannot reorder anything that could
+            if admit.is_never_startable(rnd, job):
+                continue  # likewise (too wide for the inventory or its project's limit)
+            if rnd.is_over_limit(job):
+                rnd.out.wait(job.id, PendingReason.QUOTA, f"Project {job.project} is at its GPU limit.")
+                blocker, behind = job.id, index + 1
+                break
+            estimate = rnd.state.estimate(job)
+            if composition.place.try_start(rnd, job, types, estimate):
+                continue
+            blocker, behind = job.id, index + 1
+            # the head job waits for GPUs to free up; what is free now waits with it
+            composition.reserve.top(rnd, job, types, estimate)
+            break
+        if blocker is not None:
+            # everyone behind it waits for it (one sentence for a queue that can be long)
+            sentence = f"Strict arrival order: job {blocker}, submitted earlier, does not fit yet."
+            verdicts = rnd.out.verdicts
+            for job in queue[behind:]:
+                if job.id not in verdicts:
+                    verdicts[job.id] = Verdict(PendingReason.PRIORITY, sentence)
+
+
+@dataclass(frozen=True, slots=True)
+class SplitPass:
+    """EASY on the batch nodes and, separately, on the interactive partition (static).
+
+    A wide batch job's reservation (`partition`) must be in place before sessions are placed,
+    so the batch pass runs first; the two sides use disjoint GPUs otherwise.
+    """
+
+    def run(
+        self, rnd: Round, queue: Sequence[JobRequest], backfill_order: Sequence[JobRequest] | None
+    ) -> None:
+        """The batch pass, then the session pass with its own top job."""
+        easy = EasyPass()
+        interactive = [job for job in queue if job.kind == JobKind.INTERACTIVE]
+        batch = [job for job in queue if job.kind != JobKind.INTERACTIVE]
+        easy.run(rnd, batch, None)
+        batch_top = (rnd.top, rnd.top_shadow, rnd.top_fragmented)
+        # each side has its own top job: the batch one must not block the partition's pass
+        rnd.top = None
+        rnd.top_shadow = None
+        rnd.top_fragmented = False
+        easy.run(rnd, interactive, None)
+        rnd.top, rnd.top_shadow, rnd.top_fragmented = batch_top

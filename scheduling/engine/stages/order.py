@@ -1,0 +1,55 @@
+"""Order: the queue in priority order, and the order backfill candidates are taken in.
+
+* `ArrivalOrder` (fifo): submit order (requeues keep their age), ties by id;
+* `MultifactorOrder` (easy, static): Slurm-style age + fair share + class (`priority`);
+* `SlowdownFirst` (berth): sessions, classes, starved jobs, then expected slowdown x fair
+  share; backfill candidates shortest predicted GPU-time first (`priority.slowdown_orders`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from scheduling.engine.priority import SlowdownOrder, fifo_order, priority_order, slowdown_orders
+from scheduling.engine.types import JobRequest
+
+if TYPE_CHECKING:
+    from scheduling.engine.round import Round
+
+Orders = tuple[list[JobRequest], list[JobRequest] | None]
+
+
+class Order(Protocol):
+    """(priority order, backfill order or None for the same order) of a round's pending jobs."""
+
+    def __call__(self, rnd: Round) -> Orders: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ArrivalOrder:
+    """Strict arrival order."""
+
+    def __call__(self, rnd: Round) -> Orders:
+        """The pending jobs by first submit time, then id."""
+        return fifo_order(rnd.state.snapshot.pending), None
+
+
+@dataclass(frozen=True, slots=True)
+class MultifactorOrder:
+    """Multifactor priority, highest first (`priority.priority_scores`)."""
+
+    def __call__(self, rnd: Round) -> Orders:
+        """The pending jobs by score, then first submit time, then id."""
+        return priority_order(rnd.state), None
+
+
+@dataclass(frozen=True, slots=True)
+class SlowdownFirst:
+    """Berth's expected-slowdown order with its parameters (`priority.SlowdownOrder`)."""
+
+    params: SlowdownOrder = field(default_factory=SlowdownOrder)
+
+    def __call__(self, rnd: Round) -> Orders:
+        """(priority order, backfill order) from `priority.slowdown_orders`."""
+        return slowdown_orders(rnd.state, self.params)
