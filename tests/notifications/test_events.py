@@ -94,8 +94,9 @@ def test_a_never_startable_job_is_told_once_per_attempt(engine_redis_url, run_ro
     cluster = make_cluster(nodes=1, gpus_per_node=4)
     user, project = make_member()
     QuotaFactory(
-        project=project, gpu_type=GpuType.objects.get(name="A100"), guaranteed_gpus=0, borrow_limit_gpus=8
+        project=project, gpu_type=GpuType.objects.get(name="A100"), guaranteed_gpus=0, borrow_limit_gpus=1
     )
+    # Above the guarantee + borrowing limit (0 + 1): it can never start; the 1-GPU job borrows.
     job = submit(user, project, cluster, gpus=2, runtime_s=600, now=t0, name="solid")
     fine = submit(user, project, cluster, gpus=1, runtime_s=600, now=t0, name="fine", is_preemptible=True)
 
@@ -106,7 +107,7 @@ def test_a_never_startable_job_is_told_once_per_attempt(engine_redis_url, run_ro
     assert [d.event_key for d in told] == [f"job:{job.pk}:cannot_start:0"]
     assert told[0].payload["job"]["reason"] == "quota"
     assert told[0].payload["job"]["sentence"].startswith("Cannot start:")
-    assert "Mark it preemptible" in told[0].payload["text"]
+    assert "borrowing limit" in told[0].payload["text"]
     assert not Delivery.objects.filter(event=EventKind.JOB_CANNOT_START, event_key__contains=f":{fine.pk}:")
 
 
