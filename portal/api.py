@@ -133,13 +133,13 @@ def _unexpected_error_response(exc: Exception, context: dict[str, Any]) -> Respo
     both in the documented shape (never Django's HTML page)."""
     from rest_framework.views import set_rollback
 
-    from portal.outage import is_database_down
+    from portal.outage import describe_database_error, is_database_down
 
     request = context.get("request")
     where = f"{request.method} {request.path}" if request is not None else "API"
     set_rollback()
     if is_database_down(exc):
-        logger.warning("database unreachable: %s answered 503", where)
+        logger.warning("database unreachable: %s answered 503: %s", where, describe_database_error(exc))
         unavailable = Response(
             {
                 "message": "The service is briefly unavailable (its database is unreachable); retry shortly.",

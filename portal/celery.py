@@ -4,6 +4,10 @@ import os
 
 from celery import Celery
 
+from portal import broker
+
+broker.install()  # a Redis outage must not kill the worker (portal/broker.py)
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
 app = Celery("berth")

@@ -48,6 +48,15 @@ def is_database_down(exc: BaseException | None) -> bool:
     return False
 
 
+def describe_database_error(exc: BaseException) -> str:
+    """One log line for a database error: the driver's class, SQLSTATE and first message line
+    (no parameters, no connection string), so a 503 in the logs says what failed."""
+    cause = exc.__cause__ or exc
+    sqlstate = getattr(cause, "sqlstate", None) or "-"
+    first_line = (str(cause).strip().splitlines() or [""])[0][:200]
+    return f"{type(cause).__name__} (SQLSTATE {sqlstate}): {first_line}"
+
+
 def database_down_response(request: HttpRequest) -> HttpResponse:
     """503 with ``Retry-After``: JSON under the API, the maintenance page elsewhere."""
     retry_after = str(settings.BERTH_OUTAGE_RETRY_AFTER_S)
@@ -117,7 +126,12 @@ class OutageMiddleware:
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
         if is_database_down(exception):
-            logger.warning("database unreachable: %s %s answered 503", request.method, request.path_info)
+            logger.warning(
+                "database unreachable: %s %s answered 503: %s",
+                request.method,
+                request.path_info,
+                describe_database_error(exception),
+            )
             return database_down_response(request)
         return None
 

@@ -182,7 +182,12 @@ def _db_hit(key: str, *, window_s: int) -> int:
         )
         count = int(cursor.fetchone()[0])
         if count == 1:  # a new window: drop what has expired so the table stays small
-            cursor.execute("DELETE FROM accounts_ratecounter WHERE expires_at < now()")
+            # SKIP LOCKED: rows another request holds are left for the next sweep, so concurrent
+            # sweeps and upserts never wait on each other (no deadlock under load).
+            cursor.execute(
+                "DELETE FROM accounts_ratecounter WHERE key IN (SELECT key FROM accounts_ratecounter"
+                " WHERE expires_at < now() LIMIT 1000 FOR UPDATE SKIP LOCKED)"
+            )
     return count
 
 
@@ -269,7 +274,7 @@ def is_locked_out(username: str, ip: str) -> bool:
     except CACHE_DOWN_ERRORS:
         _cache_down("read")
         failures = _db_count(key)
-    return failures >= settings.BERTH_LOGIN_LOCKOUT_ATTEMPTS
+    return bool(failures >= settings.BERTH_LOGIN_LOCKOUT_ATTEMPTS)
 
 
 def login_failure_record(*, username: str, ip: str) -> int:
@@ -355,6 +360,17 @@ def _clear_login_failures(sender: Any, request: Any, user: Any, **kwargs: Any) -
 # ---- API write throttle ----
 
 
+def _parsed_rate(throttle: throttling.SimpleRateThrottle) -> tuple[int | None, int | None]:
+    """The ``(num_requests, duration)`` DRF parsed from the throttle's rate in ``__init__``
+    (attributes its type stubs do not declare)."""
+    num_requests = getattr(throttle, "num_requests", None)
+    duration = getattr(throttle, "duration", None)
+    return (
+        int(num_requests) if num_requests is not None else None,
+        int(duration) if duration is not None else None,
+    )
+
+
 class WriteRateThrottle(throttling.UserRateThrottle):
     """Per-user limit on unsafe API methods (reads are not throttled); rate ``api-write``.
 
@@ -369,12 +385,13 @@ class WriteRateThrottle(throttling.UserRateThrottle):
         if request.method not in _UNSAFE_METHODS or self.rate is None:
             return True
         key = self.get_cache_key(request, view)
-        if key is None or self.num_requests is None or self.duration is None:
+        num_requests, duration = _parsed_rate(self)
+        if key is None or num_requests is None or duration is None:
             return True
         now = time.time()
-        window = int(now // self.duration)
-        self._retry_after = (window + 1) * self.duration - now
-        return _hit(f"{key}:{window}", window_s=self.duration) <= self.num_requests
+        window = int(now // duration)
+        self._retry_after = (window + 1) * duration - now
+        return _hit(f"{key}:{window}", window_s=duration) <= num_requests
 
     def wait(self) -> float | None:
         return getattr(self, "_retry_after", None)
@@ -420,12 +437,13 @@ class ScopedRateThrottle(throttling.ScopedRateThrottle):
             return bool(super().allow_request(request, view))
         except CACHE_DOWN_ERRORS:
             _cache_down("hit")
-        if self.key is None or self.num_requests is None or self.duration is None:
+        num_requests, duration = _parsed_rate(self)
+        if self.key is None or num_requests is None or duration is None:
             return True
         now = time.time()
-        window = int(now // self.duration)
-        self._fallback_wait = (window + 1) * self.duration - now
-        return _db_hit(f"{self.key}:{window}", window_s=self.duration) <= self.num_requests
+        window = int(now // duration)
+        self._fallback_wait = (window + 1) * duration - now
+        return _db_hit(f"{self.key}:{window}", window_s=duration) <= num_requests
 
     def wait(self) -> float | None:
         fallback = getattr(self, "_fallback_wait", None)

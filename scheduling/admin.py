@@ -28,7 +28,7 @@ from scheduling.models import (
 from scheduling.services import node_gpus_sync
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
+class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """Viewable and searchable, but every change goes through a service (with an audit event)."""
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -42,7 +42,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 
 @admin.register(GpuType)
-class GpuTypeAdmin(admin.ModelAdmin):
+class GpuTypeAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = ["name", "memory_gib", "precisions", "relative_speed", "value"]
     search_fields = ["name"]
 
@@ -64,7 +64,7 @@ class NodeForm(forms.ModelForm):  # type: ignore[type-arg]
         return count
 
 
-class NodeInline(admin.TabularInline):
+class NodeInline(admin.TabularInline):  # type: ignore[type-arg]
     model = Node
     form = NodeForm
     extra = 0
@@ -73,7 +73,7 @@ class NodeInline(admin.TabularInline):
 
 
 @admin.register(Cluster)
-class ClusterAdmin(admin.ModelAdmin):
+class ClusterAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = ["name", "backend", "is_active", "is_degraded", "status_message"]
     list_filter = ["backend", "is_active", "is_degraded"]
     search_fields = ["name"]
@@ -87,7 +87,7 @@ class ClusterAdmin(admin.ModelAdmin):
                 node_gpus_sync(obj)
 
 
-class GpuInline(admin.TabularInline):
+class GpuInline(admin.TabularInline):  # type: ignore[type-arg]
     """GPU rows follow the node's gpu_count (``node_gpus_sync``): shown, not edited."""
 
     model = Gpu
@@ -101,7 +101,7 @@ class GpuInline(admin.TabularInline):
 
 
 @admin.register(Node)
-class NodeAdmin(admin.ModelAdmin):
+class NodeAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     form = NodeForm
     list_display = ["name", "cluster", "gpu_type", "gpu_count", "status", "domain"]
     list_filter = ["cluster", "gpu_type", "status"]
@@ -115,14 +115,14 @@ class NodeAdmin(admin.ModelAdmin):
 
 
 @admin.register(Gpu)
-class GpuAdmin(admin.ModelAdmin):
+class GpuAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = ["id", "node", "index"]
     list_filter = ["node__cluster", "node__gpu_type"]
     search_fields = ["node__name"]
     list_select_related = ["node__cluster"]
 
 
-class AllocationInline(admin.TabularInline):
+class AllocationInline(admin.TabularInline):  # type: ignore[type-arg]
     model = Allocation
     extra = 0
     fields = ["gpu", "period", "state", "is_preemptible"]

@@ -36,7 +36,10 @@ class LoginForm(AuthenticationForm):
     def clean(self) -> dict[str, Any]:
         username = self.cleaned_data.get("username")
         was_locked = (
-            bool(username) and self.request is not None and is_locked_out(username, client_ip(self.request))
+            isinstance(username, str)
+            and bool(username)
+            and self.request is not None
+            and is_locked_out(username, client_ip(self.request))
         )
         try:
             return super().clean()

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -241,6 +241,7 @@ class Outcome:
     body: str
     retry_after: str | None
     note: str = ""
+    started: float = 0.0  # when the request was sent (``at``: when its answer came)
 
 
 @dataclass
@@ -269,8 +270,11 @@ class Load:
             self._counter += 1
             return self._counter
 
-    def _record(self, kind: str, response: requests.Response | None, note: str = "") -> None:
+    def _record(
+        self, kind: str, response: requests.Response | None, note: str = "", *, started: float
+    ) -> None:
         outcome = Outcome(
+            started=started,
             at=time.monotonic(),
             kind=kind,
             status=response.status_code if response is not None else 0,
@@ -331,11 +335,12 @@ class Load:
                     )
                 )
             for kind, method, path, body in calls:
+                started = time.monotonic()
                 try:
                     response = session.request(method, url + path, json=body, timeout=15)
                 except requests.RequestException:
                     response = None
-                self._record(kind, response, note if kind in ("booking", "job") else "")
+                self._record(kind, response, note if kind in ("booking", "job") else "", started=started)
             time.sleep(0.05)
 
     def __enter__(self) -> Load:
@@ -351,18 +356,29 @@ class Load:
             thread.join(timeout=30)
 
     def between(self, t0: float, t1: float) -> list[Outcome]:
+        """Outcomes answered in [t0, t1)."""
         with self._lock:
             return [o for o in self.outcomes if t0 <= o.at < t1]
 
+    def sent_between(self, t0: float, t1: float) -> list[Outcome]:
+        """Outcomes of requests sent and answered within [t0, t1)."""
+        with self._lock:
+            return [o for o in self.outcomes if t0 <= o.started and o.at < t1]
 
-def assert_no_server_error(outcomes: list[Outcome], *, allow_503: bool) -> None:
-    """No answer is a 500 (or any 5xx but a JSON 503 with Retry-After when allowed); every answer came."""
+
+def assert_no_server_error(
+    outcomes: list[Outcome], *, allow_503: bool, detail: Callable[[], str] | None = None
+) -> None:
+    """No answer is a 500 (or any 5xx but a JSON 503 with Retry-After when allowed); every answer came.
+
+    ``detail`` (the stack's log tails) is added to a failure: the server logs say why it answered so.
+    """
     missing = [o for o in outcomes if o.status == 0]
     assert not missing, f"{len(missing)} requests got no answer: {missing[:3]}"
     for o in outcomes:
         if o.status < 500:
             continue
-        assert allow_503, (o.kind, o.status, o.body[:300])
+        assert allow_503, (o.kind, o.status, o.body[:300], detail() if detail else "")
         assert o.status == 503, (o.kind, o.status, o.body[:300])
         assert o.content_type.startswith("application/json"), o
         assert set(json.loads(o.body)) == {"message", "fields"}, o.body
