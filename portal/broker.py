@@ -16,21 +16,22 @@ visibility timeout redelivers them.  Any other use of ``_connparams`` is unchang
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from kombu.transport import redis as kombu_redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-_original_connparams = kombu_redis.Channel._connparams
+_original_connparams: Callable[..., dict[str, Any]] = kombu_redis.Channel._connparams
 
 
 def _connparams(self: Any, asynchronous: bool = False) -> dict[str, Any]:
     if getattr(self.connection, "client", None) is None:
         raise RedisConnectionError("the broker connection is already closed")
-    return _original_connparams(self, asynchronous=asynchronous)  # type: ignore[no-any-return]
+    return _original_connparams(self, asynchronous=asynchronous)
 
 
 def install() -> None:
     """Install the guard once (idempotent)."""
     if kombu_redis.Channel._connparams is not _connparams:
-        kombu_redis.Channel._connparams = _connparams
+        kombu_redis.Channel._connparams = _connparams  # type: ignore[method-assign]

@@ -1,6 +1,7 @@
-"""Request-level security: Content-Security-Policy, /metrics access, login lockout, API write throttle.
+"""Request-level security: /metrics access, login lockout, API write throttle, headers.
 
-- ``SecurityHeadersMiddleware`` adds the CSP (``BERTH_CSP``) and Permissions-Policy to every
+- The Content-Security-Policy is django-csp's ``CSPMiddleware`` (policy from ``BERTH_CSP``).
+- ``SecurityHeadersMiddleware`` adds Permissions-Policy and ``Cache-Control`` to every
   response that has none, and guards ``/metrics`` (staff session, a bearer token, or a direct
   request from an allowed address; see docs/security.md).
 - ``LockoutBackend`` (Django's ModelBackend, in ``AUTHENTICATION_BACKENDS``) refuses a username from a client
@@ -82,7 +83,7 @@ def _metrics_allowed(request: HttpRequest) -> bool:
 
 
 class SecurityHeadersMiddleware:
-    """CSP, Permissions-Policy and ``Cache-Control: private, no-store`` (unless set; not on static
+    """Permissions-Policy and ``Cache-Control: private, no-store`` (unless set; not on static
     files) on every response; ``/metrics`` only for its allowed callers.
 
     Place after ``AuthenticationMiddleware`` (the staff check reads ``request.user``).
@@ -104,8 +105,6 @@ class SecurityHeadersMiddleware:
         # them unless a view says otherwise.  Static files keep their own caching.
         if "Cache-Control" not in response and not request.path_info.startswith(self.static_prefix):
             response["Cache-Control"] = "private, no-store"
-        if settings.BERTH_CSP and "Content-Security-Policy" not in response:
-            response["Content-Security-Policy"] = settings.BERTH_CSP
         response.setdefault("Permissions-Policy", _PERMISSIONS_POLICY)
         return response
 

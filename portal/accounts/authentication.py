@@ -19,6 +19,7 @@ import threading
 import time
 from typing import Any
 
+from cachetools import TLRUCache
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
@@ -26,11 +27,19 @@ from django.db.models.signals import post_delete, post_save
 from rest_framework.authentication import TokenAuthentication
 from rest_framework.authtoken.models import Token
 
-# Entries beyond this are not worth keeping: the cache is emptied rather than grown.
+# Entries beyond this are evicted least recently used first.
 _MAX_ENTRIES = 10_000
 
-_lock = threading.Lock()
-_cache: dict[str, tuple[float, Any, Token]] = {}  # key -> (expires at, user, token)
+
+def _expires_at(_key: str, value: tuple[float, Any, Token], now: float) -> float:
+    return now + value[0]  # each entry keeps the TTL in force when it was cached
+
+
+_lock = threading.Lock()  # cachetools caches are not thread-safe; gunicorn threads share this one
+# key -> (ttl, user, token), expiring on time.monotonic().
+_cache: TLRUCache[str, tuple[float, Any, Token]] = TLRUCache(
+    maxsize=_MAX_ENTRIES, ttu=_expires_at, timer=lambda: time.monotonic()
+)
 
 
 def token_cache_clear() -> None:
@@ -45,7 +54,7 @@ def _forget(*, key: str | None = None, user_id: int | None = None) -> None:
             _cache.pop(key, None)
         if user_id is not None:
             for k in [k for k, (_, user, _) in _cache.items() if user.pk == user_id]:
-                del _cache[k]
+                _cache.pop(k, None)
 
 
 class CachedTokenAuthentication(TokenAuthentication):
@@ -55,16 +64,14 @@ class CachedTokenAuthentication(TokenAuthentication):
         ttl = float(settings.BERTH_API_TOKEN_CACHE_S)
         if ttl <= 0:
             return super().authenticate_credentials(key)
-        now = time.monotonic()
-        hit = _cache.get(key)
-        if hit is not None and hit[0] > now:
+        with _lock:
+            hit = _cache.get(key)
+        if hit is not None:
             # A copy per request: a view may set attributes on request.user.
             return copy.copy(hit[1]), hit[2]
         user, token = super().authenticate_credentials(key)  # raises for unknown keys / inactive users
         with _lock:
-            if len(_cache) >= _MAX_ENTRIES:
-                _cache.clear()
-            _cache[key] = (now + ttl, copy.copy(user), token)
+            _cache[key] = (ttl, copy.copy(user), token)
         return user, token
 
 

@@ -77,6 +77,7 @@ MIDDLEWARE = [
     "portal.security.LoginRateLimitMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "portal.security.SecurityHeadersMiddleware",
+    "csp.middleware.CSPMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
@@ -180,12 +181,26 @@ SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
-# Content-Security-Policy on every response (portal.security); scripts only from 'self'.
+# Content-Security-Policy on every response (django-csp's middleware); scripts only from 'self'.
+# BERTH_CSP overrides the whole policy in the header's own notation ("directive value ...; ...").
 BERTH_CSP = env.str("BERTH_CSP", default="") or (
     "default-src 'self'; script-src 'self'; style-src 'self'; style-src-attr 'unsafe-inline'; "
     "img-src 'self' data:; font-src 'self'; connect-src 'self'; object-src 'none'; "
     "base-uri 'self'; form-action 'self'; frame-ancestors 'none'"
 )
+
+
+def _csp_directives(policy: str) -> dict[str, list[str]]:
+    """``"default-src 'self'; img-src 'self' data:"`` -> django-csp's ``DIRECTIVES`` mapping."""
+    directives: dict[str, list[str]] = {}
+    for part in policy.split(";"):
+        name, *values = part.split()
+        if part.strip():
+            directives[name.lower()] = values
+    return directives
+
+
+CONTENT_SECURITY_POLICY = {"DIRECTIVES": _csp_directives(BERTH_CSP)}
 # /metrics: staff sessions, "Authorization: Bearer <BERTH_METRICS_TOKEN>", or direct (not
 # proxied) requests from these networks (loopback by default; none in production).
 BERTH_METRICS_TOKEN = env.str("BERTH_METRICS_TOKEN", default="")

@@ -89,6 +89,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+import hostlist
 import requests
 
 from scheduling.backends.base import (
@@ -260,38 +261,15 @@ def load_json(text: str, *, doing: str) -> dict[str, Any]:
 
 
 def expand_hostlist(text: str) -> list[str]:
-    """Expand a Slurm hostlist (``n[1-3,5],gpu-a[01-02]``) into names, in order, keeping zero padding."""
-    parts: list[str] = []
-    depth = 0
-    start = 0
-    for i, ch in enumerate(text):
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    parts.append(text[start:])
-    names: list[str] = []
-    for part in (p.strip() for p in parts):
-        if part and part not in {"(null)", "None"}:
-            names.extend(_expand_one(part))
-    return names
-
-
-def _expand_one(pattern: str) -> list[str]:
-    match = re.search(r"\[([^\]]*)\]", pattern)
-    if match is None:
-        return [pattern]
-    head, tail = pattern[: match.start()], pattern[match.end() :]
-    out: list[str] = []
-    for item in match.group(1).split(","):
-        lo, _, hi = item.partition("-")
-        width = len(lo)
-        for n in range(int(lo), int(hi or lo) + 1):
-            out.extend(_expand_one(f"{head}{n:0{width}d}{tail}"))
-    return out
+    """Expand a Slurm hostlist (``n[1-3,5],gpu-a[01-02]``) into names, in order, keeping zero
+    padding (python-hostlist, the parser Slurm sites use); Slurm's ``(null)`` is no host."""
+    text = text.strip()
+    if not text or text in {"(null)", "None"}:
+        return []
+    try:
+        return [str(name) for name in hostlist.expand_hostlist(text)]
+    except hostlist.BadHostlist as exc:
+        raise BackendError(f"Slurm reported a host list that cannot be read: {text[:200]!r} ({exc})") from exc
 
 
 def parse_index_list(text: str) -> tuple[int, ...]:

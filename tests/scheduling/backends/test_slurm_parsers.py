@@ -211,10 +211,16 @@ def test_berth_jobs_prefers_the_live_then_the_newest_job() -> None:
         ("n[1-2,5],gpu-a[08-10]", ["n1", "n2", "n5", "gpu-a08", "gpu-a09", "gpu-a10"]),
         ("", []),
         ("(null)", []),
+        ("gpu[1-2]-ib[0-1]", ["gpu1-ib0", "gpu1-ib1", "gpu2-ib0", "gpu2-ib1"]),  # two ranges in one name
     ],
 )
 def test_expand_hostlist(text: str, names: list[str]) -> None:
     assert expand_hostlist(text) == names
+
+
+def test_unreadable_hostlist_is_a_backend_error() -> None:
+    with pytest.raises(BackendError, match="host list"):
+        expand_hostlist("n[3-")
 
 
 def test_parse_gres_forms() -> None:
