@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import requests
+from cachetools import TLRUCache
 from django.contrib.auth import get_user_model
 from django.core.exceptions import SuspiciousOperation
 from django.db import IntegrityError
@@ -37,8 +38,17 @@ from portal.accounts.sso import (
 logger = logging.getLogger(__name__)
 
 _REQUIRED_ENDPOINTS = ("authorization_endpoint", "token_endpoint", "jwks_uri")
-_metadata_cache: dict[str, tuple[float, dict[str, str]]] = {}
-_metadata_lock = threading.Lock()
+
+
+def _metadata_expires_at(_url: str, value: tuple[float, dict[str, str]], now: float) -> float:
+    return now + value[0]  # the discovery_cache_s in force when the document was read
+
+
+# discovery URL -> (ttl, metadata); a handful of issuers at most.
+_metadata_cache: TLRUCache[str, tuple[float, dict[str, str]]] = TLRUCache(
+    maxsize=16, ttu=_metadata_expires_at, timer=lambda: time.monotonic()
+)
+_metadata_lock = threading.Lock()  # cachetools caches are not thread-safe
 SESSION_ID_TOKEN = "oidc_id_token"  # noqa: S105 (a session key, not a secret)
 
 
@@ -93,7 +103,7 @@ def provider_metadata(config: OidcConfig | None = None) -> dict[str, str]:
     url = f"{config.issuer}/.well-known/openid-configuration"
     with _metadata_lock:
         cached = _metadata_cache.get(url)
-        if cached is not None and cached[0] > time.monotonic():
+        if cached is not None:
             return {**cached[1], **explicit}
     try:
         response = requests.get(url, timeout=config.timeout_s, verify=config.verify_tls)
@@ -119,7 +129,7 @@ def provider_metadata(config: OidcConfig | None = None) -> dict[str, str]:
     }
     metadata["issuer"] = config.issuer
     with _metadata_lock:
-        _metadata_cache[url] = (time.monotonic() + config.discovery_cache_s, metadata)
+        _metadata_cache[url] = (float(config.discovery_cache_s), metadata)
     return {**metadata, **explicit}
 
 
