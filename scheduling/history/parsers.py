@@ -314,7 +314,8 @@ def parse_slurmdb_jobs(
                 )
             )
             continue
-        tres = job.get("tres") if isinstance(job.get("tres"), dict) else {}
+        tres_obj, time_obj = job.get("tres"), job.get("time")
+        tres: dict[str, Any] = tres_obj if isinstance(tres_obj, dict) else {}
         gpus = None
         for field in ("allocated", "requested"):
             found = gpus_from_tres(_tres_text(tres.get(field)))
@@ -324,7 +325,7 @@ def parse_slurmdb_jobs(
         if gpus is None or gpus[0] <= 0:
             skips.append(Skip(number, job_id, "no GPUs (CPU-only job)"))
             continue
-        times = job.get("time") if isinstance(job.get("time"), dict) else {}
+        times: dict[str, Any] = time_obj if isinstance(time_obj, dict) else {}
         submitted, started, ended = (_epoch_time(times.get(k)) for k in ("submission", "start", "end"))
         if started is None or ended is None:
             skips.append(Skip(number, job_id, "never started"))
