@@ -588,23 +588,32 @@ def test_id_token_issued_for_another_client_is_refused(client, settings, sso, pr
 def test_id_token_with_several_audiences_needs_berth_among_them(client, settings, sso):
     """``aud`` as a list: refused when Berth's client id is not in it (the token is signed with the
     provider's own key, read from the key file the test provider uses, with Berth's nonce)."""
-    import jwt
-    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import padding
 
     key = serialization.load_pem_private_key((sso.spec_path.parent / "key.pem").read_bytes(), password=None)
     jwks = requests.get(f"{sso.issuer}/.well-known/jwks.json", timeout=10).json()
     kid = jwks["keys"][0]["kid"]
 
+    def _b64(data: bytes) -> str:
+        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+    def _rs256(header: dict[str, Any], claims: dict[str, Any]) -> str:
+        """A compact JWS signed RS256 (RSASSA-PKCS1-v1_5 with SHA-256) with the provider's key."""
+        signing_input = f"{_b64(json.dumps(header).encode())}.{_b64(json.dumps(claims).encode())}"
+        signed = key.sign(signing_input.encode(), padding.PKCS1v15(), hashes.SHA256())
+        return f"{signing_input}.{_b64(signed)}"
+
     def attempt(audience: list[str]):
         start = client.get("/oidc/login/")
         query = parse_qs(urlsplit(start["Location"]).query)
         now = int(time.time())
-        id_token = jwt.encode(
+        id_token = _rs256(
+            {"alg": "RS256", "typ": "JWT", "kid": kid},
             {
                 "iss": sso.issuer, "sub": "77", "aud": audience, "iat": now, "exp": now + 300,
                 "nonce": query["nonce"][0], "preferred_username": "grace", "email": "grace@uni.example",
             },
-            key, algorithm="RS256", headers={"kid": kid},
         )  # fmt: skip
         with _token_endpoint({"id_token": id_token, "access_token": "", "token_type": "Bearer"}) as (url, _):
             settings.BERTH_OIDC_TOKEN_ENDPOINT = url
