@@ -30,6 +30,8 @@ export BERTH_DEMO_LOAD=${BERTH_DEMO_LOAD:-1}
 # Web and worker share one cache (what-if progress, login lockouts): Redis, as in production.
 export BERTH_CACHE_URL=${BERTH_CACHE_URL:-$REDIS_URL}
 HOOKS_PORT=${HOOKS_PORT:-8098}
+# Links in mails and webhooks point at this demo's own web server (the default is port 8000).
+export BERTH_PUBLIC_URL=${BERTH_PUBLIC_URL:-http://$HOST:$PORT}
 SERVICES=(web worker beat hooks)
 
 is_running() {  # is_running NAME: the pid file names a live process

@@ -196,7 +196,10 @@ start_rest() {
   is_running "$REST_PID" && return 0
   install -d -o "$REST_USER" -g "$REST_USER" -m 0755 /run/slurmrestd
   # SLURM_JWT=daemon, else every token is refused (gotcha 7); -u/-g drop root after binding (gotcha 5).
-  SLURM_JWT=daemon setsid slurmrestd -u "$REST_USER" -g "$REST_USER" -a rest_auth/jwt -s openapi/v0.0.38 \
+  # With slurmdbd, also serve the accounting API (/slurmdb/v0.0.38/..., the dbv0.0.38 plugin).
+  local spec=openapi/v0.0.38
+  if [ "$ACCOUNTING" = 1 ]; then spec=openapi/v0.0.38,openapi/dbv0.0.38; fi
+  SLURM_JWT=daemon setsid slurmrestd -u "$REST_USER" -g "$REST_USER" -a rest_auth/jwt -s "$spec" \
     "127.0.0.1:$REST_PORT" </dev/null >"$LOG/slurmrestd.log" 2>&1 &
   echo $! >"$REST_PID"
   for _ in $(seq 50); do

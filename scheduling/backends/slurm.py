@@ -68,6 +68,15 @@ Reservations (bookings)
     Slurm 22.05 reservations cannot hold GPUs without slurmdbd, so a reservation covers whole nodes.
     `ReleaseAction` deletes it.  Reservations that exist with the same nodes and end are success.
 
+Accounting (history)
+    `SlurmBackend.accounting_jobs` reads slurmdbd's job records through slurmrestd's accounting API
+    (``GET /slurmdb/v0.0.38/jobs``; slurmrestd must load the ``openapi/dbv0.0.38`` plugin and Slurm must
+    use ``accounting_storage/slurmdbd``), with the same JWT; "Nothing found" (9003) is an empty list.
+    `SlurmBackend.controller_jobs` is what slurmctld still remembers (``MinJobAge``): the history import
+    takes exit codes and user names from it, which 22.05's accounting API loses (see
+    ``scheduling.history.parsers.parse_slurmdb_jobs``).  A slurmrestd without the accounting plugin
+    answers 404: `SlurmEndpointMissingError`.
+
 Errors
     Everything raises `BackendError`.  Connection failures, timeouts, an unreachable controller (slurmrestd
     answers 500 after ~9 s of retries) and malformed answers raise it from `snapshot` and `apply` (the
@@ -112,6 +121,8 @@ from scheduling.engine.types import (
 )
 
 API = "/slurm/v0.0.38"
+DB_API = "/slurmdb/v0.0.38"  # the accounting API (slurmrestd's openapi/dbv0.0.38 plugin, needs slurmdbd)
+_NOTHING_FOUND = 9003  # slurmdbd: "Nothing found with query", an empty answer rather than an error
 SIGNAL_MARK = "berth:signalled_at="
 # Errors that mean "slurmctld/slurmrestd is not there" rather than "Slurm refused": below 2000 are
 # Slurm's communication and protocol errors, -1 is what slurmrestd says when it got no answer at all.
@@ -122,6 +133,10 @@ _UNREACHABLE_SCONTROL = ("Unable to contact slurm controller", "Socket timed out
 
 class SlurmRejectedError(BackendError):
     """Slurm understood the request and refused it (bad payload, unknown job, invalid node)."""
+
+
+class SlurmEndpointMissingError(BackendError):
+    """slurmrestd answered 404: it does not serve this API (e.g. no ``openapi/dbv0.0.38`` plugin)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,13 +239,18 @@ Runner = Callable[[Sequence[str]], str]
 # ---- pure parsers (tested on recorded slurmrestd answers) ----
 
 
-def check_errors(payload: Mapping[str, Any], *, doing: str) -> None:
+def check_errors(payload: Mapping[str, Any], *, doing: str, ignore: Iterable[int] = ()) -> None:
     """Raise when a slurmrestd answer carries a non-empty ``errors`` array.
 
     `SlurmRejectedError` when some error code is a request error (>= 2000), plain `BackendError`
-    otherwise (no controller, unknown failure).
+    otherwise (no controller, unknown failure).  Errors whose code is in ``ignore`` are not errors.
     """
-    errors = payload.get("errors") or []
+    skip = set(ignore)
+    errors = [
+        e
+        for e in payload.get("errors") or []
+        if not (isinstance(e, Mapping) and e.get("error_number", e.get("error_code")) in skip)
+    ]
     if not errors:
         return
     codes: list[int] = []
@@ -248,15 +268,15 @@ def check_errors(payload: Mapping[str, Any], *, doing: str) -> None:
     raise BackendError(message)
 
 
-def load_json(text: str, *, doing: str) -> dict[str, Any]:
-    """Parse one slurmrestd answer and check its ``errors`` array."""
+def load_json(text: str, *, doing: str, ignore: Iterable[int] = ()) -> dict[str, Any]:
+    """Parse one slurmrestd answer and check its ``errors`` array (codes in ``ignore`` pass)."""
     try:
         data = json.loads(text)
     except ValueError as exc:
         raise BackendError(f"{doing}: not JSON: {text[:200]!r}") from exc
     if not isinstance(data, dict):
         raise BackendError(f"{doing}: unexpected JSON {type(data).__name__}")
-    check_errors(data, doing=doing)
+    check_errors(data, doing=doing, ignore=ignore)
     return data
 
 
@@ -686,9 +706,17 @@ class SlurmBackend:
         self._token_expires_at = now + self.config.token_lifespan_s
 
     def _request(
-        self, method: str, path: str, *, doing: str, body: Any = None, params: Mapping[str, str] | None = None
+        self,
+        method: str,
+        path: str,
+        *,
+        doing: str,
+        body: Any = None,
+        params: Mapping[str, str] | None = None,
+        api: str = API,
+        ignore: Iterable[int] = (),
     ) -> dict[str, Any]:
-        url = self.config.url.rstrip("/") + API + path
+        url = self.config.url.rstrip("/") + api + path
         for attempt in (0, 1):
             try:
                 resp = self._session.request(
@@ -707,7 +735,11 @@ class SlurmBackend:
             break
         if resp.status_code == 401:
             raise BackendError(f"{doing}: slurmrestd refused the token for {self.config.user} (401)")
-        data = load_json(resp.text, doing=doing)
+        if resp.status_code == 404 and not resp.text.lstrip().startswith("{"):
+            raise SlurmEndpointMissingError(
+                f"{doing}: slurmrestd at {self.config.url} does not serve {api + path} (HTTP 404)"
+            )
+        data = load_json(resp.text, doing=doing, ignore=ignore)
         if resp.status_code >= 400:
             raise BackendError(f"{doing}: HTTP {resp.status_code}")
         return data
@@ -728,6 +760,34 @@ class SlurmBackend:
         if not isinstance(jobs, list):
             raise BackendError("list jobs: answer has no 'jobs' list")
         return berth_jobs(jobs, prefix=self.config.job_name_prefix)
+
+    def controller_jobs(self) -> dict[str, Mapping[str, Any]]:
+        """Every job slurmctld still knows (any name, finished ones for ``MinJobAge``), by job id."""
+        data = self._request("GET", "/jobs", doing="list jobs")
+        jobs = data.get("jobs")
+        if not isinstance(jobs, list):
+            raise BackendError("list jobs: answer has no 'jobs' list")
+        return {str(j["job_id"]): j for j in jobs if isinstance(j, Mapping) and "job_id" in j}
+
+    def accounting_jobs(
+        self, *, start_time: str | None = None, end_time: str | None = None, cluster: str | None = None
+    ) -> list[Mapping[str, Any]]:
+        """slurmdbd's job records from ``GET /slurmdb/v0.0.38/jobs`` (see "Accounting" above).
+
+        ``start_time``/``end_time`` are Slurm times in the slurmrestd host's zone
+        (``YYYY-MM-DDTHH:MM:SS``) and select, like ``sacct -S/-E``, the jobs eligible or running
+        in that window; ``cluster`` limits the answer to one Slurm cluster.
+        """
+        params = {
+            k: v for k, v in (("start_time", start_time), ("end_time", end_time), ("cluster", cluster)) if v
+        }
+        data = self._request(
+            "GET", "/jobs", doing="read accounting", params=params, api=DB_API, ignore=(_NOTHING_FOUND,)
+        )
+        jobs = data.get("jobs")
+        if not isinstance(jobs, list):
+            raise BackendError("read accounting: answer has no 'jobs' list")
+        return [j for j in jobs if isinstance(j, Mapping)]
 
     def reservations(self) -> dict[str, Mapping[str, Any]]:
         """Berth's reservations by name, from ``GET /reservations``."""

@@ -31,6 +31,10 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT_ID = "berth-portal"
 CLIENT_SECRET = "test-client-secret-" + "s" * 24
+# Another application at the same provider (its ID tokens carry aud=OTHER_CLIENT_ID).
+OTHER_CLIENT_ID = "other-app"
+OTHER_CLIENT_SECRET = "other-client-secret-" + "o" * 24
+OTHER_REDIRECT_URI = "http://127.0.0.1/other-app/callback/"
 PASSWORD = "provider-pass-1"
 
 USERS: dict[str, dict[str, Any]] = {
@@ -94,6 +98,14 @@ def oidc_provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Provider
             "redirect_uris": ["http://testserver/oidc/callback/", "http://127.0.0.1/oidc/callback/"],
             "post_logout_redirect_uris": ["http://testserver/login/", "http://127.0.0.1/login/"],
         },
+        "other_clients": [
+            {
+                "name": "Another application",
+                "client_id": OTHER_CLIENT_ID,
+                "client_secret": OTHER_CLIENT_SECRET,
+                "redirect_uris": [OTHER_REDIRECT_URI],
+            }
+        ],
     }
     spec_path = folder / "spec.json"
     spec_path.write_text(json.dumps(spec))

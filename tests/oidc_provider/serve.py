@@ -29,18 +29,20 @@ def main() -> None:
     for username, entry in data["users"].items():
         user = User.objects.create_user(username, email=entry.get("email", ""), password=entry["password"])
         user.save()
-    client = data["client"]
-    Application.objects.create(
-        name=client.get("name", "Berth"),
-        client_id=client["client_id"],
-        client_secret=client["client_secret"],
-        client_type=Application.CLIENT_CONFIDENTIAL,
-        authorization_grant_type=Application.GRANT_AUTHORIZATION_CODE,
-        redirect_uris=" ".join(client["redirect_uris"]),
-        post_logout_redirect_uris=" ".join(client["post_logout_redirect_uris"]),
-        algorithm=Application.RS256_ALGORITHM,
-        skip_authorization=False,
-    )
+    # Berth, then the other applications registered at the same provider (their ID tokens name
+    # them in "aud": the audience tests hand one of those to Berth).
+    for client in [data["client"], *data.get("other_clients", [])]:
+        Application.objects.create(
+            name=client.get("name", "Berth"),
+            client_id=client["client_id"],
+            client_secret=client["client_secret"],
+            client_type=Application.CLIENT_CONFIDENTIAL,
+            authorization_grant_type=Application.GRANT_AUTHORIZATION_CODE,
+            redirect_uris=" ".join(client["redirect_uris"]),
+            post_logout_redirect_uris=" ".join(client.get("post_logout_redirect_uris", [])),
+            algorithm=Application.RS256_ALGORITHM,
+            skip_authorization=False,
+        )
     print("ready", flush=True)
     run("127.0.0.1", port, get_wsgi_application(), ipv6=False, threading=True, server_cls=WSGIServer)
 

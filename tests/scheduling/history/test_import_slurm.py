@@ -5,19 +5,23 @@ By default this Slurm has no slurmdbd (``AccountingStorageType=accounting_storag
 nor accounts; the dump is taken with ``scontrol show job -o`` instead (finished jobs stay for
 ``MinJobAge``), and ``sacct -c`` is checked to be the gap the docs describe.  With
 ``BERTH_SLURM_ACCOUNTING=1`` (slurmdbd on MariaDB, started by ``scripts/slurm.sh``) a real
-``sacct --parsable2`` dump is imported too.  Skipped unless ``BERTH_SLURM=1``.
+``sacct --parsable2`` dump is imported too, and the same jobs are read straight from slurmrestd's
+accounting API (``history_import slurmrestd``, ``/slurmdb/v0.0.38/jobs``).  Skipped unless
+``BERTH_SLURM=1``.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import socket
 import subprocess
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from forecasting.selectors import job_engine_request, runtime_predict
@@ -213,3 +217,161 @@ def test_a_sacct_dump_of_the_real_slurmdbd_imports_the_same_jobs(tmp_path: Path)
                  "--default-project", "vision", "--tz", "UTC", stdout=again)  # fmt: skip
     assert "imported 0 job(s)" in again.getvalue()
     assert Job.objects.filter(cluster=cluster).count() == 3
+
+
+_NEEDS_SLURMDBD = pytest.mark.skipif(
+    os.environ.get("BERTH_SLURM_ACCOUNTING") != "1",
+    reason="needs slurmdbd: BERTH_SLURM_ACCOUNTING=1 scripts/slurm.sh start (apt: slurmdbd mariadb-server)",
+)
+REST_URL = os.environ.get("BERTH_SLURMRESTD_URL", "http://127.0.0.1:46820")
+
+
+def _association(account: str) -> None:
+    """The job user gets an association with ``account`` (as on a real cluster; idempotent): without
+    one slurmdbd stores the job with no user name and no account, which the accounting API then
+    reports as null (``sacct`` looks the uid up itself)."""
+    for args in (["add", "account", account], ["add", "user", JOB_USER, f"account={account}"]):
+        subprocess.run(["sacctmgr", "-i", *args], capture_output=True, text=True, timeout=30, check=False)
+    shown = subprocess.run(
+        ["sacctmgr", "-n", "-P", "show", "assoc", f"account={account}", "format=user"],
+        capture_output=True, text=True, timeout=30, check=True,
+    ).stdout.split()  # fmt: skip
+    assert JOB_USER in shown, f"sacctmgr did not create the association: {shown}"
+
+
+@_NEEDS_SLURMDBD
+def test_slurmrestd_accounting_imports_the_same_jobs_as_sacct(tmp_path: Path) -> None:
+    """``history_import slurmrestd``: GRES jobs run on the real Slurm are read from slurmdbd through
+    slurmrestd's accounting API with JWT and come back with the same fields as the ``sacct`` path
+    (user, account -> project, GPU type and count, state, exit code, limit, times); a re-import (from
+    either source: one key space) changes nothing; the runtime predictor then predicts for the user."""
+    _association("histlab")
+    a100, h100 = GpuTypeFactory(name="A100"), GpuTypeFactory(name="H100")
+    cluster = ClusterFactory(name="slurm-rest")
+    NodeFactory(cluster=cluster, gpu_type=a100, name="n1", gpu_count=4)
+    NodeFactory(cluster=cluster, gpu_type=h100, name="n3", gpu_count=8)
+    project = ProjectFactory(slug="vision")
+    user = MembershipFactory(project=project, user__username=JOB_USER).user
+    since = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=1)
+    runs = [
+        _sbatch("-J", "rest-a100", "-A", "histlab", "--gres=gpu:a100:2", "-t", "10", "--wrap", "'sleep 2'"),
+        _sbatch("-J", "rest-a100", "-A", "histlab", "--gres=gpu:a100:2", "-t", "10", "--wrap", "'sleep 3'"),
+        _sbatch(
+            "-J",
+            "rest-h100",
+            "-A",
+            "histlab",
+            "-p",
+            "h100",
+            "--gres=gpu:h100:4",
+            "-t",
+            "5",
+            "--wrap",
+            "'sleep 1; exit 3'",
+        ),
+        _sbatch("-J", "rest-cpu", "-A", "histlab", "-t", "5", "--wrap", "'sleep 1'"),
+    ]
+    dump = _accounted(runs)
+    assert "|histlab|" in dump
+
+    args = [
+        "history_import", "slurmrestd", "--cluster", cluster.name, "--url", REST_URL,
+        "--since", since.isoformat(), "--map-account", "histlab=vision",
+    ]  # fmt: skip
+    out = io.StringIO()
+    call_command(*args, stdout=out)
+
+    report = out.getvalue()
+    # Only this test's jobs started after `since`, but other tests' jobs may have run alongside.
+    jobs = {j.payload["import_key"]: j for j in Job.objects.filter(cluster=cluster)}
+    assert {f"sacct:{i}" for i in runs[:3]} <= set(jobs)
+    assert f"sacct:{runs[3]}" not in jobs
+    assert "no GPUs (CPU-only job)" in report
+    # The same records as the sacct path gives for these jobs, field by field.
+    from_sacct = {r.external_id: r for r in parse_sacct(dump).records}
+    assert sorted(from_sacct) == sorted(runs[:3])
+    for job_id, record in from_sacct.items():
+        job = jobs[f"sacct:{job_id}"]
+        assert job.user.username == record.user == JOB_USER
+        assert (job.payload["source_user"], job.payload["source_account"]) == (record.user, record.account)
+        assert job.project == project  # account histlab -> project vision
+        assert (job.name, job.gpu_count, job.gpu_type.name.lower(), job.status.lower(), job.exit_code) == (
+            record.name, record.gpu_count, record.gpu_type, record.status, record.exit_code,
+        )  # fmt: skip
+        assert (job.requested_s, job.submitted_at, job.started_at, job.ended_at) == (
+            record.requested_s, record.submitted_at, record.started_at, record.ended_at,
+        )  # fmt: skip
+    assert jobs[f"sacct:{runs[2]}"].exit_code == 3  # from slurmctld: 22.05's accounting API says 0
+    assert (jobs[f"sacct:{runs[0]}"].gpu_type, jobs[f"sacct:{runs[2]}"].gpu_type) == (a100, h100)
+    assert jobs[f"sacct:{runs[0]}"].user == user
+
+    request = job_engine_request(
+        job_id=-1, username=JOB_USER, project_slug="vision", name="rest-a100", gpu_count=2,
+        submitted_at=timezone.now(), requested_s=600, kind="batch", gpu_type="A100",
+    )  # fmt: skip
+    p50, _ = runtime_predict(cluster_id=cluster.pk, requests=[request])[0]
+    assert p50 < 60
+
+    count = Job.objects.filter(cluster=cluster).count()
+    again = io.StringIO()
+    call_command(*args, stdout=again)
+    assert "imported 0 job(s)" in again.getvalue()
+    assert "already imported" in again.getvalue()
+    path = tmp_path / "sacct.txt"
+    path.write_text(dump)
+    via_sacct = io.StringIO()
+    call_command("history_import", "sacct", str(path), "--cluster", cluster.name,
+                 "--map-account", "histlab=vision", stdout=via_sacct)  # fmt: skip
+    assert "imported 0 job(s)" in via_sacct.getvalue()
+    assert Job.objects.filter(cluster=cluster).count() == count
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_slurmrestd_unreachable_or_without_the_accounting_api_is_a_clear_error() -> None:
+    """No traceback: a CommandError that names the URL, and for a slurmrestd without the dbv0.0.38
+    plugin (a real one, started here without it) what to turn on."""
+    cluster = ClusterFactory(name="slurm-rest-errors")
+    with pytest.raises(
+        CommandError,
+        match=r"cannot read Slurm accounting from slurmrestd at http://127\.0\.0\.1:\d+: .*unreachable",
+    ):
+        call_command("history_import", "slurmrestd", "--cluster", cluster.name,
+                     "--url", f"http://127.0.0.1:{_free_port()}")  # fmt: skip
+
+    port = _free_port()
+    env = {**os.environ, "SLURM_JWT": "daemon"}
+    rest = subprocess.Popen(
+        ["slurmrestd", "-u", "slurmrest", "-g", "slurmrest", "-a", "rest_auth/jwt", "-s", "openapi/v0.0.38",
+         f"127.0.0.1:{port}"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "slurmrestd without dbv0.0.38 did not start"
+                time.sleep(0.1)
+        with pytest.raises(CommandError) as info:
+            call_command("history_import", "slurmrestd", "--cluster", cluster.name,
+                         "--url", f"http://127.0.0.1:{port}")  # fmt: skip
+        message = str(info.value)
+        assert (
+            f"slurmrestd at http://127.0.0.1:{port} does not serve /slurmdb/v0.0.38/jobs (HTTP 404)"
+            in message
+        )
+        assert "openapi/dbv0.0.38" in message
+    finally:
+        rest.terminate()
+        rest.wait(timeout=10)
+    with pytest.raises(CommandError, match="not a file"):
+        call_command("history_import", "slurmrestd", "dump.txt", "--cluster", cluster.name)
+    with pytest.raises(CommandError, match="--since 'yesterday'"):
+        call_command("history_import", "slurmrestd", "--cluster", cluster.name, "--since", "yesterday")

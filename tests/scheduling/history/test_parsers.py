@@ -165,3 +165,95 @@ def test_scontrol_show_job_lines_captured_from_the_real_slurm() -> None:
     assert (a100.ended_at - a100.started_at).total_seconds() == 3
     assert (h100.gpu_count, h100.gpu_type, h100.status, h100.exit_code) == (4, "h100", "failed", 3)
     assert [s.reason for s in parsed.skips] == ["no GPUs (CPU-only job)"]
+
+
+def test_slurmdb_jobs_captured_from_the_real_slurmrestd() -> None:
+    """``GET /slurmdb/v0.0.38/jobs`` of five jobs run on scripts/slurm.sh's Slurm with slurmdbd: jobs 1-4
+    by a uid without an association (user and account null), job 5 with ``-A histlab`` after
+    ``sacctmgr add user berth account=histlab``.  Job 2 exited 3 and job 5 exited 5 (sacct: ``3:0``,
+    ``5:0``), yet 22.05's dumper says ``SUCCESS``/0 for both: the code comes only from ``known``."""
+    import json
+    from pathlib import Path
+
+    from scheduling.history.parsers import parse_slurmdb_jobs
+
+    answer = json.loads((Path(__file__).parent / "slurmdb_jobs.json").read_text())
+    parsed = parse_slurmdb_jobs(answer["jobs"])
+    by_id = {r.external_id: r for r in parsed.records}
+    assert sorted(by_id) == ["1", "2", "4", "5"]
+    assert [(s.external_id, s.reason) for s in parsed.skips] == [("3", "no GPUs (CPU-only job)")]
+    one, two, four, five = by_id["1"], by_id["2"], by_id["4"], by_id["5"]
+    assert (one.source, one.user, one.account, one.name, one.gpu_count, one.gpu_type) == (
+        "sacct", "", "", "probe", 2, "a100",
+    )  # fmt: skip
+    assert (one.status, one.exit_code, one.requested_s) == ("completed", 0, 600)
+    assert (one.ended_at - one.started_at).total_seconds() == 3
+    assert one.started_at.tzinfo is UTC
+    assert one.submitted_at <= one.started_at
+    assert (two.gpu_count, two.gpu_type, two.status, two.exit_code, two.requested_s) == (
+        4,
+        "h100",
+        "failed",
+        None,
+        300,
+    )
+    assert (four.gpu_count, four.gpu_type) == (16, "h100")  # -N2 --gres=gpu:h100:8: 8 per node
+    assert (five.user, five.account, five.gpu_count, five.status, five.exit_code) == (
+        "berth",
+        "histlab",
+        1,
+        "failed",
+        None,
+    )
+
+    # What slurmctld still remembers fills a missing user and a failed job's exit code, never overrides.
+    known = {"1": ("berth", 0), "2": ("berth", 3), "5": ("someone", 5)}
+    filled = {r.external_id: r for r in parse_slurmdb_jobs(answer["jobs"], known=known).records}
+    assert (filled["1"].user, filled["2"].user, filled["2"].exit_code) == ("berth", "berth", 3)
+    assert (filled["5"].user, filled["5"].exit_code) == ("berth", 5)
+    assert filled["4"].user == ""
+
+
+def test_slurmdb_jobs_states_ids_and_limits() -> None:
+    from scheduling.history.parsers import parse_slurmdb_jobs
+
+    def job(job_id: int, state: str, **extra: object) -> dict[str, object]:
+        base: dict[str, object] = {
+            "job_id": job_id, "name": f"j{job_id}", "user": "ada", "account": "vis",
+            "state": {"current": state, "reason": "None"},
+            "time": {"submission": 1_700_000_000, "start": 1_700_000_010, "end": 1_700_000_070,
+                     "limit": 4294967295},
+            "exit_code": {"status": "SUCCESS", "return_code": 0},
+            "tres": {"allocated": [{"type": "gres", "name": "gpu", "id": 1001, "count": 2}], "requested": []},
+            "array": {"job_id": 0, "task_id": None}, "het": {"job_id": 0, "job_offset": None},
+        }  # fmt: skip
+        base.update(extra)
+        return base
+
+    parsed = parse_slurmdb_jobs(
+        [
+            job(10, "COMPLETED"),
+            job(11, "RUNNING"),
+            job(12, "CANCELLED", exit_code={"status": "SIGNALED", "signal": {"signal_id": 15}}),
+            job(13, "TIMEOUT", exit_code={"status": "ERROR", "return_code": 7}),
+            job(14, "COMPLETED", array={"job_id": 9, "task_id": 3}),
+            job(15, "COMPLETED", time={"submission": 1, "start": 0, "end": 0, "limit": 5}),
+            job(
+                16,
+                "COMPLETED",
+                tres={"allocated": [], "requested": [{"type": "gres", "name": "gpu:v100", "count": 1}]},
+            ),
+            "garbage",
+        ]
+    )
+    by_id = {r.external_id: r for r in parsed.records}
+    assert sorted(by_id) == ["10", "12", "13", "16", "9_3"]
+    assert (by_id["10"].gpu_count, by_id["10"].gpu_type, by_id["10"].requested_s) == (2, "", None)
+    assert (by_id["12"].status, by_id["12"].exit_code) == ("cancelled", None)
+    assert (by_id["13"].status, by_id["13"].exit_code) == ("failed", 7)
+    assert (by_id["16"].gpu_count, by_id["16"].gpu_type) == (1, "v100")  # requested when none allocated
+    assert {(s.external_id, s.reason) for s in parsed.skips} == {
+        ("11", "not finished (RUNNING)"),
+        ("15", "never started"),
+        ("", "not a job record"),
+    }
