@@ -15,6 +15,7 @@ sees it running (a completion or a preemption kill always triggers a round at it
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections import Counter
@@ -26,7 +27,7 @@ from scheduling.engine import plan_round
 from scheduling.engine import types as et
 from scheduling.engine.explain import idle_by_node
 from scheduling.sim.inventory import Inventory
-from scheduling.sim.overlays import OverlayConfig, build_overlay
+from scheduling.sim.overlays import OverlayConfig, ProjectQuota, build_overlay
 from scheduling.sim.replay import Replay, ReplayOptions
 from scheduling.sim.runtime import default_predictor
 from scheduling.sim.trace import Trace, TraceJob
@@ -91,19 +92,38 @@ class ReplayedHistory:
 
 
 class _Recorder:
-    """The replay's ``plan_fn``: plans with `plan_round` and records what each round saw."""
+    """The replay's ``plan_fn``: plans with `plan_round` and records what each round saw.
+
+    A run is opened from the plan's own start (the replay applies it at this round's instant)
+    and closed at the first later round whose snapshot no longer shows it running: every
+    completion and preemption kill triggers a round at its instant.  Opening runs from the
+    *next* snapshot instead would miss every job that starts and ends with no round in between
+    (most short jobs): they would look as if they never ran.  A start the simulator refused
+    leaves the job pending on the same attempt at the next round, and its run is dropped.
+    """
 
     def __init__(self, history: ReplayedHistory) -> None:
         self.history = history
         self.open: dict[str, Run] = {}
+        self.unconfirmed: dict[str, int] = {}  # job id -> attempt, started by the last plan
 
     def __call__(self, snapshot: et.ClusterSnapshot, *, policy: et.PolicyConfig, now: float) -> et.Plan:
         running = {r.job.id: r for r in snapshot.running}
+        pending = {p.id: p for p in snapshot.pending}
         for job_id, run in list(self.open.items()):
             seen = running.get(job_id)
-            if seen is None or seen.started_at != run.start_s:
-                run.end_s = now
-                del self.open[job_id]
+            if seen is not None and seen.started_at == run.start_s:
+                continue
+            del self.open[job_id]
+            waiting = pending.get(job_id)
+            attempt = self.unconfirmed.get(job_id)
+            if seen is None and waiting is not None and attempt is not None and waiting.attempt == attempt:
+                self.history.runs[job_id].remove(run)  # the start was refused: it never ran
+                if not self.history.runs[job_id]:
+                    del self.history.runs[job_id]
+                continue
+            run.end_s = now
+        self.unconfirmed.clear()
         for job_id, seen in running.items():
             if job_id not in self.open:
                 run = Run(seen.started_at, seen.gpu_ids, seen.is_preemptible)
@@ -112,6 +132,13 @@ class _Recorder:
         t0 = time.perf_counter()
         plan = plan_round(snapshot, policy, now)
         plan_ms = (time.perf_counter() - t0) * 1000.0
+        attempts = {p.id: p.attempt for p in snapshot.pending}
+        for start in plan.starts:
+            if start.job_id in attempts and start.job_id not in self.open:
+                run = Run(now, tuple(start.gpu_ids), start.is_preemptible)
+                self.open[start.job_id] = run
+                self.unconfirmed[start.job_id] = attempts[start.job_id]
+                self.history.runs.setdefault(start.job_id, []).append(run)
         for preempt in plan.preemptions:
             self.history.preemptions.setdefault(preempt.job_id, []).append(
                 PreemptionNote(preempt.signal_at, preempt.kill_at, preempt.reason)
@@ -133,7 +160,7 @@ class _Recorder:
                 starts=len(plan.starts),
                 preemptions=len(plan.preemptions),
                 pending=len(snapshot.pending) - len(plan.starts),
-                running=len(snapshot.running),
+                running=len(snapshot.running) + len(plan.starts),
                 idle=dict(idle),
                 idle_nodes=idle_by_node(snapshot.nodes, plan.idle, skip=started),
             )
@@ -156,6 +183,7 @@ def history_replay(
     interactive_share: float = 0.05,
     seed: int = 0,
     stop_at_s: float = math.inf,
+    projects: tuple[ProjectQuota, ...] | None = None,
 ) -> ReplayedHistory:
     """Replay ``jobs`` (plus seeded on-demand sessions worth ``interactive_share`` of their
     GPU-hours, half the batch jobs preemptible, half of those checkpointing) on ``nodes``
@@ -163,7 +191,8 @@ def history_replay(
 
     GPU ids of ``nodes`` are kept as they are, so a recorded run names the database's GPUs.
     ``stop_at_s`` (seconds after ``origin``) ends the replay there: runs still going then have
-    no ``end_s``, and jobs not started yet have no run.
+    no ``end_s``, and jobs not started yet have no run.  ``projects`` (weights and guarantees)
+    replace the overlay's own, so the replay plans under the portal's quotas.
     """
     trace = Trace(
         name="demo-history",
@@ -186,6 +215,8 @@ def history_replay(
         week_phase_s=week_phase_s(origin),
     )
     overlay = build_overlay(trace, OverlayConfig(interactive_share=interactive_share, seed=seed))
+    if projects is not None:
+        overlay = dataclasses.replace(overlay, projects=projects)
     history = ReplayedHistory()
     history.sessions = {
         s.id: (s.user, s.project, s.submit_at, s.duration_s, s.gpu_count) for s in overlay.sessions

@@ -16,6 +16,7 @@ past, not a state change a person or the engine made; upcoming bookings go throu
 from __future__ import annotations
 
 import csv
+import dataclasses
 import gzip
 import hashlib
 import inspect
@@ -57,12 +58,17 @@ SAMPLE_NODE_FRACTION = 0.25
 # KTH log time 0 is 1996-09-30 10:38:01 UTC (traces README); used to keep its weekly rhythm.
 KTH_EPOCH = datetime(1996, 9, 30, 10, 38, 1, tzinfo=UTC)
 HISTORY_SOURCE = "pwa_kth_sp2_1996"
+# The KTH SP2's size (the log's header: "MaxNodes: 100"); one node becomes one GPU.
+KTH_MAX_NODES = 100
+# The shipped job sample keeps one job in five (demo_samples_build.JOBS_SAMPLE_EVERY).
+SAMPLE_JOB_EVERY = 5
 
 CLUSTER_NAME = "demo"
 DEFAULT_SCALE = 0.025
 DEFAULT_HISTORY_DAYS = 28
-# Offered load of the history (GPU-hours asked for over GPU-hours there): a busy lab queues.
-DEFAULT_LOAD = 0.8
+# Offered load of the history (GPU-hours asked for over GPU-hours there); None: the log's own
+# load on its own machine (`trace_load`, about 0.7 for KTH SP2), so the lab is as busy as it was.
+DEFAULT_LOAD: float | None = None
 
 # Demo logins.  The lab is for a laptop or a loopback port: the passwords are printed on purpose.
 ADMIN_USERNAME = "admin"
@@ -161,7 +167,9 @@ class DemoLabReport:
     sessions_created: int = 0
     replay_rounds: int = 0
     replay_wall_s: float = 0.0
-    arrival_compression: float = 1.0
+    arrival_compression: float = 1.0  # uses per trace job (a thinned sample is laid more than once)
+    offered_load: float = 0.0
+    target_load: float = 0.0
     running_at_now: int = 0
     pending_at_now: int = 0
     forecasts_created: int = 0
@@ -491,46 +499,156 @@ def _build_projects(users: dict[str, Any], cluster: Cluster, report: DemoLabRepo
     return projects
 
 
-def _trace_window(
-    rows: list[TraceRow], *, now: datetime, history_days: int, load: float | None, capacity_gpus: int
-) -> tuple[list[TraceRow], float, timedelta]:
-    """The trace rows that fall in the history window, the time compression and the shift.
+@dataclass(frozen=True, slots=True)
+class PlacedRow:
+    """One use of a trace job in the demo history: its key, when it arrives, where it runs."""
 
-    Trace time ``s`` lands at ``KTH_EPOCH + shift + (s - end) / compression + end`` (the log's
-    end stays in place, earlier arrivals move closer to it).  ``load`` (offered GPU-hours over
-    the window's GPU-hours) picks the compression: the log's own pace when it already offers
-    that much, faster (at most 8x, and never so fast that the log covers only part of the
-    window) when it is lighter, so the demo lab queues as a busy lab
-    does; None keeps the log's pace.  The shift is whole weeks (`history_shift`).
+    row: TraceRow
+    key: str
+    copy: int
+    submit_at: datetime
+    gpu_type: str
+    gpu_count: int
+
+
+def trace_load(rows: list[TraceRow], *, sample_every: int, machine_nodes: int = KTH_MAX_NODES) -> float:
+    """The log's own busy fraction on its own machine: node-seconds over node-seconds there.
+
+    ``sample_every`` undoes a thinned sample (one job in N kept), so the shipped sample and the
+    full log give the same answer (0.72 and 0.70 for KTH SP2: its README says "about 70 %").
     """
+    if not rows:
+        return 0.0
+    span = max(r.end_s for r in rows) - min(r.submit_s for r in rows)
+    if span <= 0:
+        return 0.0
+    work = sum(r.gpu_count * (r.end_s - r.start_s) for r in rows)
+    return work * sample_every / (machine_nodes * span)
+
+
+def _fitting_types(gpu_count: int, limits: dict[str, int]) -> list[str]:
+    """The GPU types a trace job of ``gpu_count`` GPUs may go to: its project may hold some of
+    the type (``limits``: the type's GPUs capped at the project's guarantee plus borrowing
+    limit), and larger jobs only where that leaves room for them (8 GPUs, or the job)."""
+    choices = [name for name, gpus in limits.items() if gpus > 0]
+    return [name for name in choices if limits[name] >= min(gpu_count, 8)] or choices
+
+
+def _assign_types(
+    placed: list[PlacedRow],
+    *,
+    capacity: dict[str, int],
+    limits_of: Callable[[TraceRow], dict[str, int]] | None,
+    work_s: Callable[[PlacedRow], float],
+) -> list[PlacedRow]:
+    """Give each job, in arrival order, the fitting type whose offered GPU-hours so far are the
+    lowest share of its capacity (ties by a stable hash), and its GPU count capped at its
+    project's limit there: every type gets about the same load, as far as the job sizes
+    allow (most large jobs only fit the big pool), and the lab's people size their jobs to
+    their quotas, so no history job is one the quotas never let start."""
+    offered: Counter[str] = Counter()
+    out: list[PlacedRow] = []
+    for p in sorted(placed, key=lambda p: (p.submit_at, p.key)):
+        limits = limits_of(p.row) if limits_of else capacity
+        work = work_s(p)
+        pressure = {
+            name: (offered[name] + min(p.row.gpu_count, limits[name]) * work) / capacity[name]
+            for name in _fitting_types(p.row.gpu_count, limits)
+        }
+        type_name = min(pressure, key=lambda name: (pressure[name], _stable_index(f"{p.key}/{name}", 997)))
+        gpu_count = min(p.row.gpu_count, limits[type_name])
+        offered[type_name] += gpu_count * work
+        out.append(dataclasses.replace(p, gpu_type=type_name, gpu_count=gpu_count))
+    return out
+
+
+def _trace_window(
+    rows: list[TraceRow],
+    *,
+    now: datetime,
+    history_days: int,
+    load: float | None,
+    capacity: dict[str, int],
+    limits_of: Callable[[TraceRow], dict[str, int]] | None = None,
+    max_uses: int = 1,
+) -> tuple[list[PlacedRow], float, float]:
+    """The trace jobs of the history window, where they run, the load they offer and the target.
+
+    The log is laid over the window in whole weeks: its last ``P`` weeks (``P`` = the window
+    rounded up to weeks) land on the window as they are, the ``P`` weeks before them are moved
+    ``P`` weeks forward, and so on, so every job keeps its real hour of day and day of week
+    (what the demand forecasts learn) and its real size and runtime.  Layers are added, most
+    recent first, until the GPU-hours they ask for on the demo cluster reach ``load`` of the
+    GPU-hours there (the last layer is thinned by a stable hash to land on it).  ``load`` None
+    is the log's own load on its own machine (`trace_load`): the demo cluster is then as busy,
+    relative to its size, as the real one was.  When the log runs out, it is laid again from
+    its end, a day later each time (``copy``), at most ``max_uses`` times per job: a sample that
+    kept one job in N stands for the N jobs it left out.  ``load`` 0 takes the log's last
+    weeks once, at its own pace.  ``limits_of`` gives a job's per-type limits (`_assign_types`;
+    default the type capacities).  Returns (placed jobs, offered load, target load).
+    """
+    week = timedelta(weeks=1)
     trace_end = max(r.end_s for r in rows)
     shift = history_shift(trace_end_s=trace_end, now=now)
-    window_start = now - timedelta(days=history_days)
-    end_at = KTH_EPOCH + shift + timedelta(seconds=trace_end)
+    window = timedelta(days=history_days)
+    window_start = now - window
+    period = week * max(1, math.ceil(window / week))
+    capacity_gpus = sum(capacity.values())
+    window_gpu_s = capacity_gpus * window.total_seconds()
+    target = 0.0 if load == 0 else (load if load is not None else trace_load(rows, sample_every=max_uses))
+    # Each job's layer: how many periods back from "now" the log puts it.
+    layered: list[tuple[int, TraceRow, datetime]] = []
+    for r in rows:
+        at = KTH_EPOCH + shift + timedelta(seconds=r.submit_s)
+        if at >= now:
+            continue
+        layer = (now - at) // period
+        layered.append((layer, r, at + period * layer))
+    layers = 1 + max((layer for layer, _, _ in layered), default=0)
+    by_layer: dict[int, list[tuple[TraceRow, datetime]]] = defaultdict(list)
+    for layer, r, at in layered:
+        by_layer[layer].append((r, at))
 
-    def pick(compression: float) -> list[TraceRow]:
-        kept = []
-        for r in rows:
-            submit_at = end_at - timedelta(seconds=(trace_end - r.submit_s) / compression)
-            # Jobs still running (or waiting) at ``now`` are kept: the replay runs them into the present.
-            if window_start <= submit_at < now:
-                kept.append(r)
-        return kept
+    def use(copy: int, r: TraceRow, at: datetime) -> PlacedRow | None:
+        if copy:
+            # a later copy lands on a different week of the window (and a day later), wrapped in it
+            later = week * copy + timedelta(days=copy // max(1, period // week))
+            at = window_start + (at - window_start + later) % period
+        if not window_start <= at < now:
+            return None
+        key = f"t{r.job_id}" + (f".{copy}" if copy else "")
+        # the type is picked once the window's jobs are known (`_assign_types`); until then the
+        # job counts with the most its project may hold of any type
+        limits = limits_of(r) if limits_of else capacity
+        return PlacedRow(r, key, copy, at, "", min(r.gpu_count, max(limits.values(), default=0)))
 
-    window_s = history_days * 86_400.0
-    compression = 1.0
-    kept = pick(compression)
-    # never squeeze the log into part of the window: the history would start days late
-    most = max(1.0, min(8.0, (trace_end - min(r.submit_s for r in rows)) / window_s)) if window_s else 1.0
-    if load is not None and capacity_gpus > 0 and window_s > 0:
-        for _ in range(3):
-            offered = sum(min(r.gpu_count, capacity_gpus) * (r.end_s - r.start_s) for r in kept)
-            current = offered / (capacity_gpus * window_s)
-            if current <= 0 or abs(current - load) < 0.02 * load:
-                break
-            compression = min(most, max(1.0, compression * load / current))
-            kept = pick(compression)
-    return kept, compression, shift
+    def offered_gpu_s_per_gpu(p: PlacedRow) -> float:
+        # the work it asks for inside the window (a job arriving just before now asks little)
+        return min(float(p.row.end_s - p.row.start_s), (now - p.submit_at).total_seconds())
+
+    def offered_gpu_s(p: PlacedRow) -> float:
+        return p.gpu_count * offered_gpu_s_per_gpu(p)
+
+    placed: list[PlacedRow] = []
+    offered = 0.0
+    goal = target * window_gpu_s
+    for index in range(layers * max(1, max_uses)):
+        copy, layer = divmod(index, layers)
+        candidates = [p for r, at in by_layer.get(layer, []) if (p := use(copy, r, at)) is not None]
+        if not candidates:
+            continue
+        if index and offered >= goal:
+            break
+        batch = sum(offered_gpu_s(p) for p in candidates)
+        if goal > 0 and offered + batch > goal and batch > 0:
+            keep = (goal - offered) / batch
+            candidates = [p for p in candidates if _stable_index(p.key, 10_000) < keep * 10_000]
+            batch = sum(offered_gpu_s(p) for p in candidates)
+        placed.extend(candidates)
+        offered += batch
+    placed = _assign_types(placed, capacity=capacity, limits_of=limits_of, work_s=offered_gpu_s_per_gpu)
+    offered = sum(offered_gpu_s(p) for p in placed)
+    return placed, (offered / window_gpu_s if window_gpu_s else 0.0), target
 
 
 def _build_history(
@@ -547,6 +665,7 @@ def _build_history(
     """Replay the trace's arrivals through the cluster's engine and simulator and store the
     result (`demo_history`): finished jobs, allocations, preemptions and engine rounds."""
     from scheduling.management.demo_history import HistoryJob, history_replay
+    from scheduling.sim.overlays import ProjectQuota
     from scheduling.snapshots import engine_nodes_for_cluster, policy_config_for_cluster
 
     existing = Job.objects.filter(cluster=cluster, payload__source=HISTORY_SOURCE)
@@ -559,21 +678,12 @@ def _build_history(
     rows = read_trace(path)
     if not rows or history_days <= 0:
         return
-    kept, compression, shift = _trace_window(
-        rows, now=now, history_days=history_days, load=load, capacity_gpus=report.gpus
-    )
-    trace_end = max(r.end_s for r in rows)
     origin = now - timedelta(days=history_days)
-
-    def rel(seconds: int) -> float:
-        """Trace seconds -> seconds after ``origin``."""
-        landed = KTH_EPOCH + shift + timedelta(seconds=trace_end + (seconds - trace_end) / compression)
-        return (landed - origin).total_seconds()
-
-    # The busiest trace users become the first demo researchers, so each demo person has a
-    # believable, distinct history; each trace group maps to one of that person's projects.
+    # The busiest trace users (over the whole log) become the first demo researchers, so each
+    # demo person has a believable, distinct history; each trace group maps to one of that
+    # person's projects.
     activity: Counter[str] = Counter()
-    for r in kept:
+    for r in rows:
         activity[r.user] += r.gpu_count * (r.end_s - r.start_s)
     researchers = [u for u, _, _ in RESEARCHERS]
     user_of = {
@@ -583,29 +693,57 @@ def _build_history(
     projects_of = {
         username: [projects[p.slug] for p in PROJECTS if username in p.members] for username in researchers
     }
+
+    def project_of(r: TraceRow) -> Project:
+        own_projects = projects_of[user_of[r.user]]
+        return own_projects[_stable_index(f"{r.user}/{r.group}", len(own_projects))]
+
+    quotas = {
+        (q.project_id, q.gpu_type.name): q
+        for q in Quota.objects.filter(project__in=list(projects.values())).select_related("gpu_type")
+    }
+
+    def limits_of(r: TraceRow) -> dict[str, int]:
+        project = project_of(r)
+        out = {}
+        for type_name, gpus in report.gpus_by_type.items():
+            quota = quotas.get((project.pk, type_name))
+            if quota is None or quota.borrow_limit_gpus is None:
+                most = gpus
+            else:
+                most = quota.guaranteed_gpus + quota.borrow_limit_gpus
+            out[type_name] = min(gpus, most)
+        return out
+
+    placed, offered, target = _trace_window(
+        rows,
+        now=now,
+        history_days=history_days,
+        load=load,
+        capacity=dict(report.gpus_by_type),
+        limits_of=limits_of,
+        max_uses=SAMPLE_JOB_EVERY if path.parent == SAMPLES_DIR else 1,
+    )
+    report.offered_load = offered
+    report.target_load = target
+    report.arrival_compression = len(placed) / max(1, len({p.row.job_id for p in placed}))
     gpu_types = {t.name: t for t in GpuType.objects.filter(name__in=report.gpus_by_type)}
-    capacity = list(report.gpus_by_type.items())
-    specs: dict[str, tuple[TraceRow, Project, str, int]] = {}
+    specs: dict[str, tuple[PlacedRow, Project]] = {}
     history_jobs: list[HistoryJob] = []
-    for r in kept:
+    for p in placed:
+        r = p.row
         username = user_of[r.user]
-        own_projects = projects_of[username]
-        project = own_projects[_stable_index(f"{r.user}/{r.group}", len(own_projects))]
-        # Larger jobs only go where the type has room; the pick is weighted by the type's size.
-        fitting = [(name, gpus) for name, gpus in capacity if gpus >= min(r.gpu_count, 8)] or capacity
-        type_name = _weighted_pick(r.job_id, fitting)
-        gpu_count = min(r.gpu_count, report.gpus_by_type[type_name])
-        key = f"t{r.job_id}"
-        specs[key] = (r, project, type_name, gpu_count)
+        project = project_of(r)
+        specs[p.key] = (p, project)
         history_jobs.append(
             HistoryJob(
-                key=key,
+                key=p.key,
                 user=username,
                 project=project.slug,
-                submit_s=max(0.0, rel(r.submit_s)),
+                submit_s=max(0.0, (p.submit_at - origin).total_seconds()),
                 runtime_s=float(max(1, r.end_s - r.start_s)),
-                gpu_count=gpu_count,
-                gpu_type=type_name,
+                gpu_count=p.gpu_count,
+                gpu_type=p.gpu_type,
                 requested_s=float(r.requested_s) if r.requested_s else None,
                 status=r.status,
             )
@@ -623,6 +761,21 @@ def _build_history(
         policy=policy,
         origin=origin,
         stop_at_s=(now - origin).total_seconds(),
+        # the portal's own projects: fair-share weights and guarantees (the live engine's too)
+        projects=tuple(
+            ProjectQuota(
+                name=project.slug,
+                weight=project.fair_share_weight,
+                guaranteed=tuple(
+                    sorted(
+                        (type_name, quota.guaranteed_gpus)
+                        for (project_id, type_name), quota in quotas.items()
+                        if project_id == project.pk
+                    )
+                ),
+            )
+            for project in projects.values()
+        ),
     )
     horizon_s = (now - origin).total_seconds()
 
@@ -648,8 +801,9 @@ def _build_history(
         is_finished = current is None and bool(past) and len(past) == len(replayed.runs.get(key, []))
         notes = [n for n in replayed.preemptions.get(key, []) if n.signal_s < horizon_s]
         if key in specs:
-            r, project, type_name, gpu_count = specs[key]
-            submit_s = max(0.0, rel(r.submit_s))
+            placed_row, project = specs[key]
+            r, type_name, gpu_count = placed_row.row, placed_row.gpu_type, placed_row.gpu_count
+            submit_s = max(0.0, (placed_row.submit_at - origin).total_seconds())
             if submit_s >= horizon_s:
                 continue
             is_completed = r.status == "completed"
@@ -657,13 +811,18 @@ def _build_history(
                 user=users[user_of[r.user]],
                 project=project,
                 cluster=cluster,
-                name=f"{project.slug}-{r.job_id}",
+                name=f"{project.slug}-{key[1:]}",
                 kind=Job.Kind.BATCH,
                 gpu_count=gpu_count,
                 gpu_type=gpu_types[type_name],
                 requested_s=r.requested_s,
                 is_preemptible=any(run.is_preemptible for run in runs) or bool(notes),
-                payload={"source": HISTORY_SOURCE, "trace_job_id": r.job_id, "trace_user": r.user},
+                payload={
+                    "source": HISTORY_SOURCE,
+                    "trace_job_id": r.job_id,
+                    "trace_user": r.user,
+                    **({"trace_copy": placed_row.copy} if placed_row.copy else {}),
+                },
                 status=Job.Status.COMPLETED if is_completed else Job.Status.FAILED,
                 exit_code=0 if is_completed else 1,
                 status_message="" if is_completed else "Exited with a non-zero status (from the trace).",
@@ -816,7 +975,9 @@ def _build_history(
                 "jobs": len(jobs),
                 "source": path.name,
                 "history_days": history_days,
-                "arrival_compression": round(compression, 3),
+                "offered_load": round(offered, 3),
+                "target_load": round(target, 3),
+                "uses_per_trace_job": round(report.arrival_compression, 3),
                 "replay_rounds": len(rounds),
                 "replay_wall_s": round(replayed.wall_s, 1),
             },
@@ -829,7 +990,6 @@ def _build_history(
     report.sessions_created = sum(1 for j in jobs if j.kind == Job.Kind.INTERACTIVE)
     report.replay_rounds = len(rounds)
     report.replay_wall_s = replayed.wall_s
-    report.arrival_compression = compression
     if jobs:
         report.history_from = min(j.first_submitted_at for j in jobs if j.first_submitted_at)
         report.history_to = max(j.ended_at for j in jobs if j.ended_at)

@@ -60,8 +60,8 @@ class Command(BaseCommand):
             "--load",
             type=float,
             default=DEFAULT_LOAD,
-            help=f"offered load of the replayed history, GPU-hours asked / GPU-hours there (default "
-            f"{DEFAULT_LOAD}; 0 keeps the trace's own pace)",
+            help="offered load of the replayed history, GPU-hours asked / GPU-hours there (default: "
+            "the trace's own load on its own machine, about 0.7; 0 takes the log's last weeks once)",
         )
         parser.add_argument("--reset", action="store_true", help="delete the demo lab first, then rebuild")
         parser.add_argument("--no-bookings", action="store_true", help="skip the upcoming demo bookings")
@@ -94,7 +94,7 @@ class Command(BaseCommand):
         scale: float = options["scale"]
         if not 0 < scale <= 1:
             raise CommandError("--scale must be in (0, 1]")
-        if not 0 <= options["load"] <= 4:
+        if options["load"] is not None and not 0 <= options["load"] <= 4:
             raise CommandError("--load must be in [0, 4]")
         if options["history_days"] < 0:
             raise CommandError("--history-days must be >= 0")
@@ -113,7 +113,7 @@ class Command(BaseCommand):
                 history_days=options["history_days"],
                 make_bookings=not options["no_bookings"],
                 make_queue=not options["no_queue"],
-                load=options["load"] or None,
+                load=options["load"],
                 make_forecasts="skip" if options["no_forecasts"] else options["forecasts"],
                 now=options["now"],
                 log=self.stdout.write,
@@ -135,7 +135,8 @@ class Command(BaseCommand):
             out(
                 f"Replayed through the engine: {report.replay_rounds} rounds "
                 f"in {report.replay_wall_s:.1f} s, {report.sessions_created} interactive sessions, "
-                f"arrivals {report.arrival_compression:.2f}x the trace's pace"
+                f"offered load {report.offered_load:.2f} (target {report.target_load:.2f}), "
+                f"{report.arrival_compression:.2f} uses per trace job"
             )
         out(f"Upcoming bookings created now: {report.bookings_created}")
         out(f"Queued jobs created now: {report.queued_jobs_created}")
