@@ -43,6 +43,7 @@ from scheduling.engine.types import (
     PolicyConfig,
     RunningJob,
 )
+from scheduling.sim import bounds
 from scheduling.sim.forecast import SessionForecast
 from scheduling.sim.inventory import Inventory
 from scheduling.sim.metrics import UNEXPLAINED, BookingOutcome, JobOutcome, ReplayRecord, percentile
@@ -210,6 +211,7 @@ class Replay:
         self._running: dict[str, RunningJob] = {}
         self._meta: dict[str, _Meta] = {}
         self._feasible_pending = 0
+        self._pending_widths: Counter[int] = Counter()  # GPUs -> pending jobs of that size
         self._interactive_gpus = 0  # pending + running on-demand session GPUs
         self._bookings: dict[str, _BookingState] = {}
         self._waiting_owners: list[str] = []
@@ -306,9 +308,20 @@ class Replay:
         if dt > 0:
             if self._feasible_pending:
                 self.record.add_queue_window(self._last_t, t)
+                self.record.ceiling_gpu_s += self._ceiling_gpus() * dt
             for reason, count in self._idle_counts.items():
                 self.record.idle_gpu_s[reason] = self.record.idle_gpu_s.get(reason, 0.0) + count * dt
         self._last_t = t
+
+    def _ceiling_gpus(self) -> int:
+        """GPUs that could be busy right now: those in use plus the best fill of the free GPUs
+        with pending jobs (``bounds.instant_fill``); the per-instant term of
+        ``busy_util_ceiling``."""
+        free = self.backend.free_gpu_count
+        capacity = self.record.capacity_gpus
+        if free <= 0:
+            return capacity
+        return capacity - free + bounds.instant_fill(free, self._pending_widths)
 
     def _could_use_time(self) -> bool:
         """Whether waiting alone might let a round start something: GPUs are free and some
@@ -347,6 +360,7 @@ class Replay:
                 p50, p90 = max(p50 - meta.saved_s, 60.0), max(p90 - meta.saved_s, 60.0)
             request = dataclasses.replace(request, predicted_p50_s=p50, predicted_p90_s=p90)
         self._pending[request.id] = request
+        self._pending_widths[request.gpu_count] += 1
         if meta.fits:
             self._feasible_pending += 1
         if request.kind == JobKind.INTERACTIVE:
@@ -422,6 +436,7 @@ class Replay:
         if meta is None or request is None or meta.started_at is not None:
             return
         del self._pending[session_id]
+        self._pending_widths[request.gpu_count] -= 1
         if meta.fits:
             self._feasible_pending -= 1
         self._interactive_gpus -= request.gpu_count
@@ -620,6 +635,7 @@ class Replay:
             if result is None or not result.is_ok or request is None:
                 continue
             del self._pending[action.job_id]
+            self._pending_widths[request.gpu_count] -= 1
             meta = self._meta[action.job_id]
             if meta.fits:
                 self._feasible_pending -= 1
