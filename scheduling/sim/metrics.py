@@ -71,6 +71,8 @@ class ReplayRecord:
     segments: list[tuple[float, float, int]] = field(default_factory=list)
     # disjoint, sorted intervals during which some queued job could run on the empty cluster
     queue_windows: list[tuple[float, float]] = field(default_factory=list)
+    # GPU-seconds that could have been busy in the queue windows (``busy_util_ceiling``)
+    ceiling_gpu_s: float = 0.0
     useful_gpu_s_by_kind: dict[str, float] = field(default_factory=dict)  # batch / interactive / booking
     preemptions: int = 0
     lost_gpu_s: float = 0.0
@@ -175,6 +177,7 @@ def compute_metrics(record: ReplayRecord) -> dict[str, Any]:
     return {
         "utilization": useful_gpu_s / (capacity * span) if capacity and span else 0.0,
         "busy_utilization": useful_in_windows / (capacity * window_s) if capacity and window_s else 0.0,
+        "busy_util_ceiling": record.ceiling_gpu_s / (capacity * window_s) if capacity and window_s else 0.0,
         "wait_mean_s": mean(waits),
         "wait_p95_s": percentile(waits, 95),
         "jct_mean_s": mean(jcts),

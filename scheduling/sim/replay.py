@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Required, TypedDict, Unpack
 
-from scheduling import inputs
+from scheduling import admission, inputs
 from scheduling.backends.simulator import SimulatorBackend, TransitionKind
 from scheduling.engine.types import (
     Booking,
@@ -43,6 +43,7 @@ from scheduling.engine.types import (
     PolicyConfig,
     RunningJob,
 )
+from scheduling.sim import bounds
 from scheduling.sim.forecast import SessionForecast
 from scheduling.sim.inventory import Inventory
 from scheduling.sim.metrics import UNEXPLAINED, BookingOutcome, JobOutcome, ReplayRecord, percentile
@@ -83,6 +84,9 @@ _KIND_NAMES = (
     "engine_wake",
     "tick",
 )
+# the portal extends a running job's allocation this far ahead before it lapses
+# (`rounds._EXTEND_BY`), so an overrunning job blocks bookings only that long
+_EXTEND_S = 1_800.0
 HONORED_WITHIN_S = 60.0  # a booking owner served within this of arriving is honored
 
 
@@ -210,8 +214,13 @@ class Replay:
         self._running: dict[str, RunningJob] = {}
         self._meta: dict[str, _Meta] = {}
         self._feasible_pending = 0
+        self._pending_widths: Counter[int] = Counter()  # GPUs -> pending jobs of that size
         self._interactive_gpus = 0  # pending + running on-demand session GPUs
         self._bookings: dict[str, _BookingState] = {}
+        # the portal's booking admission state: booked windows per GPU, and when each running
+        # job's allocation ends (the start's expected end, extended while it overruns)
+        self._booked_windows: dict[int, list[tuple[float, float]]] = {}
+        self._alloc_end: dict[str, float] = {}
         self._waiting_owners: list[str] = []
         self._tick_gen = 0
         self._tick_interval = self.options.tick_s
@@ -306,9 +315,20 @@ class Replay:
         if dt > 0:
             if self._feasible_pending:
                 self.record.add_queue_window(self._last_t, t)
+                self.record.ceiling_gpu_s += self._ceiling_gpus() * dt
             for reason, count in self._idle_counts.items():
                 self.record.idle_gpu_s[reason] = self.record.idle_gpu_s.get(reason, 0.0) + count * dt
         self._last_t = t
+
+    def _ceiling_gpus(self) -> int:
+        """GPUs that could be busy right now: those in use plus the best fill of the free GPUs
+        with pending jobs (``bounds.instant_fill``); the per-instant term of
+        ``busy_util_ceiling``."""
+        free = self.backend.free_gpu_count
+        capacity = self.record.capacity_gpus
+        if free <= 0:
+            return capacity
+        return capacity - free + bounds.instant_fill(free, self._pending_widths)
 
     def _could_use_time(self) -> bool:
         """Whether waiting alone might let a round start something: GPUs are free and some
@@ -347,6 +367,7 @@ class Replay:
                 p50, p90 = max(p50 - meta.saved_s, 60.0), max(p90 - meta.saved_s, 60.0)
             request = dataclasses.replace(request, predicted_p50_s=p50, predicted_p90_s=p90)
         self._pending[request.id] = request
+        self._pending_widths[request.gpu_count] += 1
         if meta.fits:
             self._feasible_pending += 1
         if request.kind == JobKind.INTERACTIVE:
@@ -422,6 +443,7 @@ class Replay:
         if meta is None or request is None or meta.started_at is not None:
             return
         del self._pending[session_id]
+        self._pending_widths[request.gpu_count] -= 1
         if meta.fits:
             self._feasible_pending -= 1
         self._interactive_gpus -= request.gpu_count
@@ -436,6 +458,7 @@ class Replay:
         for tr in transitions:
             meta = self._meta[tr.job_id]
             running = self._running.pop(tr.job_id)
+            self._alloc_end.pop(tr.job_id, None)
             if meta.kind == JobKind.INTERACTIVE:
                 self._interactive_gpus -= running.job.gpu_count
             self._add_segment(meta.kind.value, tr.started_at, tr.started_at + tr.saved_s, len(tr.gpu_ids))
@@ -481,6 +504,10 @@ class Replay:
     def _create_booking(self, plan: BookingPlan, t: float) -> None:
         """The booking as the portal admitted it (`scheduling.sim.overlays`: the portal's rules)."""
         chosen = plan.gpu_ids
+        if self.options.booking_gpus == "portal" and chosen:
+            chosen = self._admission_gpus(plan, t) or chosen
+        for gpu in chosen:
+            self._booked_windows.setdefault(gpu, []).append((plan.start_at, plan.end_at))
         booking = Booking(
             id=plan.id,
             user=plan.user,
@@ -505,6 +532,38 @@ class Replay:
         if grace > 0 and plan.start_at + grace < plan.end_at:
             self._push(plan.start_at + grace, _BK_NO_SHOW, index)
         self._push(plan.end_at, _BK_END, index)
+
+    def _admission_gpus(self, plan: BookingPlan, t: float) -> tuple[int, ...] | None:
+        """The GPUs `booking_create` picks at ``t``: of the booking's type, with no blocking
+        allocation overlapping its window (other bookings, and running jobs until their
+        allocation's end: the start's expected end, or about ``_EXTEND_S`` ahead while the job
+        overruns it, as `rounds._extend_running` keeps it); None when none fit (the overlay's
+        admission, which counted capacity minus overlapping bookings, admitted it: its own
+        pick is kept, as the portal cannot see that the replay would have refused it)."""
+        start, end = plan.start_at, plan.end_at
+        busy_until: dict[int, float] = {}
+        for job_id, running in self._running.items():
+            alloc_end = max(self._alloc_end.get(job_id, math.inf), t + _EXTEND_S)
+            for gpu in running.gpu_ids:
+                busy_until[gpu] = alloc_end
+        free: list[admission.FreeNode] = []
+        for index, node in enumerate(self.inventory.nodes):
+            if plan.gpu_type is not None and node.gpu_type != plan.gpu_type:
+                continue
+            ids = []
+            for gpu in node.gpu_ids:
+                if busy_until.get(gpu, -math.inf) > start:
+                    continue
+                windows = self._booked_windows.get(gpu)
+                if windows:
+                    windows[:] = [w for w in windows if w[1] > t]
+                    if any(w_start < end and start < w_end for w_start, w_end in windows):
+                        continue
+                ids.append(gpu)
+            if ids:
+                free.append(admission.FreeNode(index, node.id, 0, tuple(ids)))
+        pick = admission.pick_gpus(free, gpu_count=plan.gpu_count)
+        return tuple(sorted(pick[0])) if pick is not None else None
 
     def _booking_event(self, kind: int, plan: BookingPlan, t: float) -> None:
         state = self._bookings.get(plan.id)
@@ -559,6 +618,11 @@ class Replay:
         elif state.plan.use_start_at is None or is_no_show:
             self.record.bookings.append(BookingOutcome(booking_id, is_honored=None))
         # The rest of the window is given back: the portal shortens the booking.
+        window = (state.plan.start_at, state.plan.end_at)
+        for gpu in state.gpu_ids:
+            windows = self._booked_windows.get(gpu)
+            if windows and window in windows:
+                windows.remove(window)
         del self._bookings[booking_id]
 
     def _add_segment(self, kind: str, start: float, useful_end: float, gpus: int) -> None:
@@ -620,6 +684,7 @@ class Replay:
             if result is None or not result.is_ok or request is None:
                 continue
             del self._pending[action.job_id]
+            self._pending_widths[request.gpu_count] -= 1
             meta = self._meta[action.job_id]
             if meta.fits:
                 self._feasible_pending -= 1
@@ -627,6 +692,11 @@ class Replay:
                 meta.started_at = t
                 if meta.kind == JobKind.INTERACTIVE:
                     self.record.interactive_waits_s.append(t - request.submit_at)
+            self._alloc_end[action.job_id] = (
+                action.expected_end_at
+                if math.isfinite(action.expected_end_at)
+                else t + (request.requested_s or math.inf)
+            )
             self._running[action.job_id] = RunningJob(
                 job=request,
                 gpu_ids=tuple(action.gpu_ids),

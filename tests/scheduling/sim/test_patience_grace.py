@@ -100,3 +100,45 @@ def test_an_owner_who_comes_keeps_the_booking_to_its_end() -> None:
     assert metrics["bookings_released_no_show"] == 0
     assert metrics["bookings_honored"] == 1.0
     assert started["waiter"] >= 9_000.0
+
+
+@pytest.mark.parametrize("overlay_pick", [(0,), (1,)])
+@pytest.mark.parametrize("policy", ["easy", "berth"])
+def test_a_booking_made_while_work_runs_avoids_its_gpus(policy: str, overlay_pick: tuple[int, ...]) -> None:
+    """As `booking_create` does, the replay books GPUs no running job's allocation holds over
+    the window: a booking made while a long preemptible job runs goes to the other GPU, so
+    the job is not restarted from scratch for it (whichever GPU the overlay's admission,
+    which sees no running work, had picked)."""
+    trace = Trace(
+        name="tiny",
+        jobs=(_job("long", 0.0, 20_000.0),),
+        skipped_no_runtime=0,
+        skipped_no_gpus=0,
+        week_phase_s=0.0,
+    )
+    booking = BookingPlan(
+        id="bk-000000",
+        user="owner",
+        project="p",
+        created_at=100.0,
+        start_at=3_600.0,
+        end_at=7_200.0,
+        gpu_count=1,
+        use_start_at=3_600.0,
+        use_end_at=7_200.0,
+        gpu_ids=overlay_pick,
+    )
+    overlay = Overlay(
+        sessions=(),
+        bookings=(booking,),
+        preemptible=frozenset({"long"}),
+        checkpointable=frozenset(),
+        checkpoint_interval_s=1_800.0,
+        config=OverlayConfig(booking_grace_s=GRACE_S),
+    )
+    record = Replay(trace, parse_cluster_spec("2x1"), overlay, policy=policy, plan_fn=plan_round).run()
+    metrics = compute_metrics(record)
+    assert metrics["preemptions"] == 0
+    assert metrics["lost_gpu_hours"] == 0.0
+    assert metrics["bookings_honored"] == 1.0
+    assert record.jobs[0].end_at == pytest.approx(20_000.0)
