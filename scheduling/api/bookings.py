@@ -15,7 +15,6 @@ from rest_framework.views import APIView
 from portal.accounts.models import Project
 from portal.security import refused_booking_record, refused_bookings_retry_after
 from scheduling import selectors, services
-from scheduling.api.idempotency import delegates_idempotent, idempotent
 from scheduling.api.common import (
     AwareDateTimeField,
     JsonNegotiation,
@@ -27,6 +26,7 @@ from scheduling.api.common import (
     short,
     validate,
 )
+from scheduling.api.idempotency import delegates_idempotent, idempotent
 from scheduling.models import Allocation, AuditEvent, Booking, Cluster, GpuType
 
 _MAX_GPUS = 4096  # an absurd count is a field error before it reaches the database

@@ -96,9 +96,7 @@ def _claim(user_id: int, key: str, fingerprint: str, request: Request) -> int | 
     with connection.cursor() as cursor:
         cursor.execute(_EXPIRE, [user_id, key, now - timedelta(seconds=settings.BERTH_IDEMPOTENCY_TTL_S)])
         for _ in range(3):  # a row deleted between the insert and the read is claimed again
-            cursor.execute(
-                _CLAIM, [user_id, key, fingerprint, request.method, request.path[:2000], now]
-            )
+            cursor.execute(_CLAIM, [user_id, key, fingerprint, request.method, request.path[:2000], now])
             row = cursor.fetchone()
             if row is not None:
                 return int(row[0])

@@ -12,8 +12,8 @@ from rest_framework.views import APIView
 
 from portal.accounts.models import Project
 from scheduling import selectors, services
-from scheduling.api.idempotency import idempotent
 from scheduling.api.common import PaginatedApi, SlugRelatedField, csv_values, errors, request_user
+from scheduling.api.idempotency import idempotent
 from scheduling.backends.base import BackendError
 from scheduling.models import AuditEvent, Cluster, GpuType, Job
 

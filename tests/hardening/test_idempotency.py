@@ -150,7 +150,9 @@ def test_a_malformed_key_is_a_400_naming_the_header(nodes, member_client, soon, 
     assert not Booking.objects.exists()
 
 
-def test_an_expired_key_is_new_again_and_the_cleaner_deletes_expired_rows(nodes, member_client, soon, settings):
+def test_an_expired_key_is_new_again_and_the_cleaner_deletes_expired_rows(
+    nodes, member_client, soon, settings
+):
     assert _post(member_client, "/api/v1/bookings/", _booking_body(soon)).status_code == 201
     old = timezone.now() - timedelta(seconds=settings.BERTH_IDEMPOTENCY_TTL_S + 60)
     IdempotencyKey.objects.update(created_at=old)
