@@ -935,13 +935,14 @@ def _write_explanations(
         seen += 1
         p = explanations[pk]
         never = unstartable.get(p.job_id)
+        row: tuple[int, str, str, float | None, float | None]
         if never is not None:
             cannot_start.append(pk)
             row = (pk, never.reason.value, never.message[:500], None, None)
         else:
             row = (
                 pk,
-                p.reason.value if p.reason.value in valid else Job.PendingReason.RESOURCES,
+                p.reason.value if p.reason.value in valid else str(Job.PendingReason.RESOURCES),
                 p.sentence[:500],
                 p.eta_p50_at,
                 p.eta_p90_at,
