@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import click
 import httpx
 
 from berth_cli import __version__
@@ -19,6 +23,22 @@ from berth_cli.errors import (
 
 API_PREFIX = "/api/v1"
 TIMEOUT_S = 30.0
+WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# A write whose answer was lost (no connection, time-out, 503) is sent again this many times,
+# with the same Idempotency-Key: the server answers a stored write instead of doing it twice.
+RETRIES = 3
+RETRY_WAIT_MAX_S = 10.0  # a longer Retry-After is cut to this between two tries
+
+
+def _retries() -> int:
+    try:
+        return max(0, int(os.environ.get("BERTH_RETRIES", RETRIES)))
+    except ValueError:
+        return RETRIES
+
+
+def _note(message: str) -> None:
+    click.echo(message, err=True)
 
 
 def _field_lines(fields: Any, prefix: str = "") -> list[str]:
@@ -73,11 +93,29 @@ def error_for(response: httpx.Response) -> BerthCliError:
     return BerthCliError(f"Unexpected answer HTTP {code}.", exit_code=EXIT_FAILED, body=body)
 
 
+def _retry_after(response: httpx.Response, *, default: float) -> float:
+    try:
+        wait_s = float(response.headers.get("Retry-After", default))
+    except ValueError:
+        wait_s = default
+    return min(RETRY_WAIT_MAX_S, max(0.0, wait_s))
+
+
 class Api:
     """A session against one Berth server (``url`` without the /api/v1 suffix)."""
 
-    def __init__(self, url: str, token: str | None, *, timeout_s: float = TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        *,
+        timeout_s: float = TIMEOUT_S,
+        retries: int | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.url = url.rstrip("/")
+        self.retries = _retries() if retries is None else retries
+        self.sleep = sleep
         headers = {"Accept": "application/json", "User-Agent": f"berth-cli/{__version__}"}
         if token:
             headers["Authorization"] = f"Token {token}"
@@ -87,9 +125,38 @@ class Api:
         self._http.close()
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        """The decoded JSON of a 2xx answer (``None`` for 204); else raises ``BerthCliError``."""
+        """The decoded JSON of a 2xx answer (``None`` for 204); else raises ``BerthCliError``.
+
+        A write carries a new ``Idempotency-Key`` and is retried with that same key when its
+        answer is lost (connection error, time-out) or is a 503: the server replays the stored
+        answer if the first try was written, so a retry never books or submits twice.
+        """
+        method = method.upper()
+        if method not in WRITE_METHODS:
+            return self._answer(self._send(method, path, **kwargs))
+        headers = {**kwargs.pop("headers", {}), "Idempotency-Key": str(uuid.uuid4())}
+        attempts = 1 + self.retries
+        for attempt in range(1, attempts + 1):
+            is_last = attempt == attempts
+            try:
+                response = self._send(method, path, headers=headers, **kwargs)
+            except BerthCliError as exc:
+                if is_last:
+                    raise
+                wait_s = min(RETRY_WAIT_MAX_S, 2.0 ** (attempt - 1))
+                _note(f"{exc.message.splitlines()[0]} Retrying in {wait_s:g} s ({attempt}/{attempts}).")
+                self.sleep(wait_s)
+                continue
+            if response.status_code != 503 or is_last:
+                return self._answer(response)
+            wait_s = _retry_after(response, default=2.0 ** (attempt - 1))
+            _note(f"The server is unavailable (HTTP 503); retrying in {wait_s:g} s ({attempt}/{attempts}).")
+            self.sleep(wait_s)
+        raise AssertionError("unreachable")  # the last attempt returns or raises
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
-            response = self._http.request(method, path, **kwargs)
+            return self._http.request(method, path, **kwargs)
         except httpx.TimeoutException as exc:
             raise BerthCliError(
                 f"The server at {self.url} did not answer in time ({exc.__class__.__name__}).",
@@ -101,6 +168,8 @@ class Api:
                 "Is it running? Set the address with BERTH_URL or `berth login --url`.",
                 exit_code=EXIT_UNAVAILABLE,
             ) from exc
+
+    def _answer(self, response: httpx.Response) -> Any:
         if response.status_code >= 400:
             raise error_for(response)
         if response.status_code == 204 or not response.content:

@@ -42,14 +42,17 @@ class UsageLedger:
 
     Finished runs are folded into one value per project as of the latest end seen, so a query
     costs one decay per project plus the running work: a replay can keep one ledger for its
-    whole run instead of re-reading history every round.
+    whole run instead of re-reading history every round.  A project's value is brought forward
+    to the latest end only when that project gets a run (or is read), so adding a run costs a
+    constant, not one decay per project (5,000 runs of 25 projects were 125,000 decays a round).
     """
 
-    __slots__ = ("_as_of", "_half_life_s", "_value")
+    __slots__ = ("_as_of", "_half_life_s", "_value", "_value_at")
 
     def __init__(self, *, half_life_s: float) -> None:
         self._half_life_s = half_life_s
         self._value: dict[str, float] = {}
+        self._value_at: dict[str, float] = {}  # when each project's value was last brought forward
         self._as_of = -math.inf
 
     def add(self, project: str, *, gpu_value: float, start_at: float, end_at: float) -> None:
@@ -57,15 +60,16 @@ class UsageLedger:
         if end_at <= start_at:
             return
         if end_at > self._as_of:
-            if self._as_of > -math.inf:
-                elapsed = end_at - self._as_of
-                for name, value in self._value.items():
-                    self._value[name] = decay_usage(value, elapsed_s=elapsed, half_life_s=self._half_life_s)
             self._as_of = end_at
+        value = self._value.get(project, 0.0)
+        at = self._value_at.get(project, self._as_of)
+        if at < self._as_of:
+            value = decay_usage(value, elapsed_s=self._as_of - at, half_life_s=self._half_life_s)
         hours = decayed_gpu_hours(
             start_at=start_at, end_at=end_at, now=self._as_of, half_life_s=self._half_life_s
         )
-        self._value[project] = self._value.get(project, 0.0) + gpu_value * hours
+        self._value[project] = value + gpu_value * hours
+        self._value_at[project] = self._as_of
 
     def usage_at(self, now: float, *, running: Iterable[tuple[str, float, float]] = ()) -> dict[str, float]:
         """Usage per project at ``now`` (>= every end added): finished runs plus ``running``
@@ -74,7 +78,8 @@ class UsageLedger:
         if self._value:
             elapsed = max(0.0, now - self._as_of)
             for name, value in self._value.items():
-                out[name] = decay_usage(value, elapsed_s=elapsed, half_life_s=self._half_life_s)
+                behind = self._as_of - self._value_at[name]
+                out[name] = decay_usage(value, elapsed_s=behind + elapsed, half_life_s=self._half_life_s)
         for project, gpu_value, started_at in running:
             hours = decayed_gpu_hours(start_at=started_at, end_at=now, now=now, half_life_s=self._half_life_s)
             out[project] = out.get(project, 0.0) + gpu_value * hours

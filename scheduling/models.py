@@ -399,3 +399,32 @@ class AuditEvent(models.Model):
         return (
             f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor_label} {self.verb} {self.entity_type}:{self.entity_id}"
         )
+
+
+class IdempotencyKey(models.Model):
+    """The stored answer of an API write sent with an ``Idempotency-Key`` header (docs/api.md).
+
+    Inserted in the same transaction as the write it answers, so a key is stored exactly when
+    its write is: a client that lost the answer (the connection, or PostgreSQL, died at the
+    COMMIT) retries with the same key and gets this answer back instead of writing twice.
+    ``(user, key)`` is unique: of two concurrent requests with one key, the second waits on the
+    first's row and then replays its answer.  Rows expire after ``BERTH_IDEMPOTENCY_TTL_S``
+    (``scheduling.tasks.idempotency_keys_clean`` deletes them).
+    """
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=255)
+    # sha256 of method, path and canonical JSON body: the same key with another request is refused.
+    fingerprint = models.CharField(max_length=64)
+    method = models.CharField(max_length=8)
+    path = models.CharField(max_length=2000)
+    status_code = models.PositiveSmallIntegerField()
+    # The JSON text answered, byte for byte (jsonb would reorder the keys).
+    body = models.TextField()
+    created_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "key"], name="idempotency_user_key")]
+
+    def __str__(self) -> str:
+        return f"{self.method} {self.path} key {self.key[:40]} ({self.status_code})"

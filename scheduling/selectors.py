@@ -291,12 +291,13 @@ SELECT a.gpu_id,
 """
 
 
-def _usable_connection() -> None:
-    """Django's connection, health-checked as its own cursors are (``CONN_HEALTH_CHECKS``).
+def _connection_ready() -> None:
+    """Django's connection, health-checked like ``connection.cursor()`` does it.
 
-    ``ensure_connection`` alone would hand a connection the server has dropped (PostgreSQL was
-    restarted) to the first raw query of a request: that request would fail with a 503 although
-    the database is up.  The health check runs at most once per request, like Django's.
+    ``ensure_connection()`` alone skips the per-request health check (``CONN_HEALTH_CHECKS``):
+    a persistent connection that died with a PostgreSQL restart was then used as is, and the
+    first request of each web thread whose first query came here (an availability read with a
+    cached token) answered 503 after the database was back.
     """
     connection.close_if_health_check_failed()
     connection.ensure_connection()
@@ -311,7 +312,7 @@ def prepared_fetchall(sql: str, params: Sequence[Any] | dict[str, Any]) -> list[
     It runs in Django's current transaction (if any), with Django's error translation, but
     outside Django's query log and execute wrappers: never use it for writes.
     """
-    _usable_connection()
+    _connection_ready()
     raw = connection.connection
     if raw is None or connection.vendor != "postgresql":  # pragma: no cover - Berth runs on PostgreSQL
         with connection.cursor() as cursor:
@@ -325,7 +326,7 @@ def prepared_fetchall(sql: str, params: Sequence[Any] | dict[str, Any]) -> list[
 def prepared_execute(sql: str, params: Sequence[Any] | dict[str, Any]) -> None:
     """``prepared_fetchall`` for a statement that returns no rows.  It bypasses the
     availability write watch: a caller writing allocations calls ``availability_write_noted``."""
-    _usable_connection()
+    _connection_ready()
     raw = connection.connection
     with connection.wrap_database_errors, psycopg.Cursor(raw) as cursor:
         cursor.execute(sql, params, prepare=True)

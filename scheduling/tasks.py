@@ -9,6 +9,7 @@
 * `engine_round_trigger(cluster_id)`: not a task.  Services call it after a submit, cancel,
   booking change or job end; after the commit it enqueues a round, debounced so that a burst
   of changes costs one round.
+* `idempotency_keys_clean()`: beat sends it hourly; deletes expired ``Idempotency-Key`` answers.
 """
 
 from __future__ import annotations
@@ -160,3 +161,26 @@ def demo_load_dispatch() -> list[dict[str, Any]]:
         logger.info("demo load cluster=%s %s", cluster_id, result.as_dict())
         out.append({"cluster_id": cluster_id, **result.as_dict()})
     return out
+
+
+@shared_task(  # type: ignore[untyped-decorator]  # celery ships no types
+    name="scheduling.tasks.idempotency_keys_clean",
+    acks_late=True,
+    soft_time_limit=120,
+    time_limit=180,
+    ignore_result=True,
+)
+def idempotency_keys_clean() -> int:
+    """Delete the stored answers of ``Idempotency-Key`` writes older than ``BERTH_IDEMPOTENCY_TTL_S``
+    (beat sends it hourly; an expired key is treated as new anyway, so this only bounds the table)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from scheduling.models import IdempotencyKey
+
+    cutoff = timezone.now() - timedelta(seconds=settings.BERTH_IDEMPOTENCY_TTL_S)
+    deleted, _ = IdempotencyKey.objects.filter(created_at__lt=cutoff).delete()
+    if deleted:
+        logger.info("idempotency keys: deleted %d expired", deleted)
+    return deleted

@@ -136,6 +136,8 @@ BERTH_OUTAGE_RETRY_AFTER_S = env.int("BERTH_OUTAGE_RETRY_AFTER_S", default=10)
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", default=256 * 1024)
 # API JSON bodies nest at most this deep (400 beyond; 2 KB of "[" was a RecursionError).
 BERTH_JSON_MAX_DEPTH = env.int("BERTH_JSON_MAX_DEPTH", default=32)
+# An API write's Idempotency-Key and its stored answer are kept this long (docs/api.md).
+BERTH_IDEMPOTENCY_TTL_S = env.int("BERTH_IDEMPOTENCY_TTL_S", default=24 * 3600)
 # Pending jobs one user, and one project, may have at once (400 beyond; 0: no limit).
 BERTH_MAX_PENDING_JOBS_PER_USER = env.int("BERTH_MAX_PENDING_JOBS_PER_USER", default=200)
 BERTH_MAX_PENDING_JOBS_PER_PROJECT = env.int("BERTH_MAX_PENDING_JOBS_PER_PROJECT", default=1_000)
@@ -465,6 +467,11 @@ BERTH_NOTIFY_BACKOFF_MAX_S = env.float("BERTH_NOTIFY_BACKOFF_MAX_S", default=360
 BERTH_WEBHOOK_TIMEOUT_S = env.float("BERTH_WEBHOOK_TIMEOUT_S", default=10.0)
 # Whether webhooks may use plain http and point at loopback/private addresses (tests, the demo).
 BERTH_WEBHOOK_ALLOW_PRIVATE = env.bool("BERTH_WEBHOOK_ALLOW_PRIVATE", default=not IS_PRODUCTION)
+CELERY_BEAT_SCHEDULE["idempotency-keys-clean"] = {
+    "task": "scheduling.tasks.idempotency_keys_clean",
+    "schedule": timedelta(hours=1),
+    "options": {"expires": 3000},
+}
 CELERY_BEAT_SCHEDULE["notifications-sweep"] = {
     "task": "notifications.tasks.notifications_sweep",
     "schedule": timedelta(seconds=env.int("BERTH_NOTIFY_SWEEP_S", default=60)),

@@ -26,6 +26,7 @@ from scheduling.api.common import (
     short,
     validate,
 )
+from scheduling.api.idempotency import delegates_idempotent, idempotent
 from scheduling.models import Allocation, AuditEvent, Booking, Cluster, GpuType
 
 _MAX_GPUS = 4096  # an absurd count is a field error before it reaches the database
@@ -269,6 +270,7 @@ class BookingListCreateApi(PaginatedApi):
         request=InputSerializer,
         responses={201: OutputSerializer, **errors(400, 401, 403, 409, 413)},
     )
+    @delegates_idempotent
     def post(self, request: Request) -> Response:
         user = request_user(request)
         wait_s = refused_bookings_retry_after(user.pk)
@@ -276,12 +278,17 @@ class BookingListCreateApi(PaginatedApi):
             raise exceptions.Throttled(
                 wait=wait_s, detail="Too many refused bookings; look at availability, then retry later."
             )
-        data = _resolve_refs(validate(self.InputSerializer, request.data))
         try:
-            booking = services.booking_create(user, **data, actor_label=AuditEvent.Actor.API)
+            return self._create(request)
         except services.BookingConflictError:
+            # Outside the write's transaction (an idempotent write rolls back on the 409).
             refused_booking_record(user.pk)
             raise
+
+    @idempotent
+    def _create(self, request: Request) -> Response:
+        data = _resolve_refs(validate(self.InputSerializer, request.data))
+        booking = services.booking_create(request_user(request), **data, actor_label=AuditEvent.Actor.API)
         # The service returns the booking with everything the response shows: no read back.
         return Response(booking_data(booking), status=status.HTTP_201_CREATED)
 
@@ -298,6 +305,7 @@ class BookingDetailApi(APIView):
         description="Cancel the booking (same as POST .../cancel/).",
         responses={200: OutputSerializer, **errors(400, 401, 403, 404)},
     )
+    @idempotent
     def delete(self, request: Request, booking_id: int) -> Response:
         booking = selectors.booking_get(request.user, booking_id=booking_id)
         services.booking_cancel(booking, user=request_user(request), actor_label=AuditEvent.Actor.API)
@@ -310,6 +318,7 @@ class BookingCancelApi(APIView):
         request=None,
         responses={200: BookingOutputSerializer, **errors(400, 401, 403, 404)},
     )
+    @idempotent
     def post(self, request: Request, booking_id: int) -> Response:
         booking = selectors.booking_get(request.user, booking_id=booking_id)
         services.booking_cancel(booking, user=request_user(request), actor_label=AuditEvent.Actor.API)
@@ -325,6 +334,7 @@ class BookingExtendApi(APIView):
         request=InputSerializer,
         responses={200: BookingOutputSerializer, **errors(400, 401, 403, 404, 409)},
     )
+    @idempotent
     def post(self, request: Request, booking_id: int) -> Response:
         booking = selectors.booking_get(request.user, booking_id=booking_id)
         # A booking that cannot be extended at all says so before its new end is asked for.
@@ -347,6 +357,7 @@ class BookingEndApi(APIView):
         request=None,
         responses={200: BookingOutputSerializer, **errors(400, 401, 403, 404)},
     )
+    @idempotent
     def post(self, request: Request, booking_id: int) -> Response:
         booking = selectors.booking_get(request.user, booking_id=booking_id)
         services.booking_end_early(booking, user=request_user(request), actor_label=AuditEvent.Actor.API)

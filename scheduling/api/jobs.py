@@ -13,6 +13,7 @@ from rest_framework.views import APIView
 from portal.accounts.models import Project
 from scheduling import selectors, services
 from scheduling.api.common import PaginatedApi, SlugRelatedField, csv_values, errors, request_user
+from scheduling.api.idempotency import idempotent
 from scheduling.backends.base import BackendError
 from scheduling.models import AuditEvent, Cluster, GpuType, Job
 
@@ -143,6 +144,7 @@ class JobListCreateApi(PaginatedApi):
         request=InputSerializer,
         responses={201: CreatedSerializer, **errors(400, 401, 403, 413)},
     )
+    @idempotent
     def post(self, request: Request) -> Response:
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -164,6 +166,7 @@ class JobDetailApi(APIView):
         description="Cancel the job (same as POST .../cancel/).",
         responses={200: JobOutputSerializer, **errors(400, 401, 403, 404)},
     )
+    @idempotent
     def delete(self, request: Request, job_id: int) -> Response:
         job = selectors.job_get(request.user, job_id=job_id)
         services.job_cancel(job, user=request_user(request), actor_label=AuditEvent.Actor.API)
@@ -176,6 +179,7 @@ class JobCancelApi(APIView):
         request=None,
         responses={200: JobOutputSerializer, **errors(400, 401, 403, 404)},
     )
+    @idempotent
     def post(self, request: Request, job_id: int) -> Response:
         job = selectors.job_get(request.user, job_id=job_id)
         services.job_cancel(job, user=request_user(request), actor_label=AuditEvent.Actor.API)

@@ -21,7 +21,7 @@ from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
 from portal.accounts.models import Project
-from scheduling.models import Booking, Cluster, Job
+from scheduling.models import Booking, Cluster, IdempotencyKey, Job
 from scheduling.rounds import engine_round_run
 from scheduling.services import booking_create
 from tests.berth_cli.conftest import Berth, make_berth
@@ -141,6 +141,8 @@ def test_book_then_list_extend_and_cancel(berth: Berth, member: User, sim_cluste
     assert (booking.user, booking.gpu_count, booking.start_at) == (member, 2, start)
     assert booking.end_at == start + timedelta(hours=2)
     assert booking.allocations.count() == 2
+    # The write carried an Idempotency-Key (the CLI retries lost answers with it).
+    assert IdempotencyKey.objects.filter(user=member, path="/api/v1/bookings/", status_code=201).count() == 1
 
     listed = berth("bookings")
     assert str(booking.pk) in listed.output

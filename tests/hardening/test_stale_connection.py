@@ -1,9 +1,9 @@
-"""A raw prepared read (the availability hot path) after PostgreSQL dropped the connection.
+"""A persistent connection that died (PostgreSQL restarted) is replaced at the next request,
+also when that request's first query is a prepared hot-path read (``selectors.prepared_fetchall``).
 
-Django health-checks a persistent connection before its own cursors use it in a new request
-(``CONN_HEALTH_CHECKS``).  ``prepared_fetchall`` bypasses Django's cursors, so it must run the same
-check: otherwise the first availability request on each web thread after a PostgreSQL restart is
-answered 503 although the database is back (seen in the fault suite, tests/faults).
+The fault suite saw it: after the PostgreSQL restart, an availability GET with a cached token
+answered 503 "database is unreachable" because ``ensure_connection()`` skipped Django's
+per-request health check.  Real PostgreSQL: the backend is terminated with pg_terminate_backend.
 """
 
 from __future__ import annotations
@@ -13,32 +13,37 @@ import pytest
 from django.core.signals import request_started
 from django.db import connection
 
-from scheduling.selectors import prepared_fetchall
+from scheduling.selectors import prepared_execute, prepared_fetchall
+
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _drop_server_side(pid: int) -> None:
-    params = connection.get_connection_params()
-    with psycopg.connect(**{k: v for k, v in params.items() if k != "cursor_factory"}) as other:
-        other.execute("SELECT pg_terminate_backend(%s)", [pid])
-
-
-@pytest.mark.django_db(transaction=True)
-def test_prepared_read_reconnects_when_the_server_dropped_the_connection() -> None:
-    assert connection.settings_dict["CONN_HEALTH_CHECKS"]
-    assert prepared_fetchall("SELECT 1", []) == [(1,)]
-    old_pid = connection.connection.info.backend_pid
-    _drop_server_side(old_pid)
-    request_started.send(sender=None)  # a new request: Django marks the health check as due
-    assert prepared_fetchall("SELECT %s::int", [2]) == [(2,)]
-    assert connection.connection.info.backend_pid != old_pid
-
-
-@pytest.mark.django_db(transaction=True)
-def test_health_check_runs_once_per_request_not_per_query() -> None:
-    assert prepared_fetchall("SELECT 1", []) == [(1,)]
-    request_started.send(sender=None)
-    prepared_fetchall("SELECT 1", [])  # health-checked here
-    assert connection.health_check_done
+def _kill_django_backend() -> None:
+    connection.ensure_connection()
     pid = connection.connection.info.backend_pid
-    assert prepared_fetchall("SELECT 1", []) == [(1,)]
-    assert connection.connection.info.backend_pid == pid
+    s = connection.settings_dict
+    with psycopg.connect(
+        host=s["HOST"] or "127.0.0.1",
+        port=s["PORT"] or 5432,
+        user=s["USER"],
+        password=s["PASSWORD"],
+        dbname=s["NAME"],
+        autocommit=True,
+    ) as admin:
+        assert admin.execute("SELECT pg_terminate_backend(%s)", [pid]).fetchone()[0] is True
+
+
+@pytest.mark.parametrize("run", [prepared_fetchall, prepared_execute])
+def test_a_dead_persistent_connection_is_replaced_at_the_next_request(run):
+    assert connection.settings_dict["CONN_HEALTH_CHECKS"] is True
+    max_age = connection.settings_dict["CONN_MAX_AGE"]
+    connection.settings_dict["CONN_MAX_AGE"] = 60  # persistent, as in production
+    try:
+        _kill_django_backend()
+        request_started.send(sender=None)  # a new request: Django's per-request connection upkeep
+        result = run("SELECT 1", [])
+        if run is prepared_fetchall:
+            assert result == [(1,)]
+        assert connection.connection.info.backend_pid  # a new, live backend
+    finally:
+        connection.settings_dict["CONN_MAX_AGE"] = max_age

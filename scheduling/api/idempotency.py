@@ -1,0 +1,159 @@
+"""``Idempotency-Key`` on the API's writes: a retried write is answered, not written again.
+
+A client that lost the answer to a write (its connection, or PostgreSQL, died at the COMMIT)
+cannot know whether the write is stored.  Sent with an ``Idempotency-Key`` header (any
+1-255 visible ASCII characters, e.g. a UUID, new for each write), the write is done in one
+transaction with a row holding the key and the answer; a retry with the same key then:
+
+* finds the row (the write was stored): answers the stored status and body again, with
+  ``Idempotent-Replayed: true``, and writes nothing;
+* finds no row (the write was not stored): does the write, as the first try would have;
+* finds the row of a different request (another method, path or body): 422 with a field
+  message on ``Idempotency-Key``: keys are not reused for different writes.
+
+Two concurrent requests with one key cannot both write: the second one's insert of the key
+waits on the first one's uncommitted row (the ``(user, key)`` unique constraint), then sees
+it and replays its answer (or, if the first rolled back, does the write itself).
+
+Only successful answers (2xx) are stored: an error wrote nothing, so a retry with the same key
+runs again (a 409 may succeed later).  Keys are per user and expire after
+``BERTH_IDEMPOTENCY_TTL_S`` (24 h); ``scheduling.tasks.idempotency_keys_clean`` deletes
+expired rows hourly, and an expired key is treated as new.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import connection, transaction
+from django.utils import timezone
+from rest_framework import exceptions, serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from scheduling.api.common import request_user, short
+from scheduling.models import IdempotencyKey
+
+HEADER = "Idempotency-Key"
+REPLAYED_HEADER = "Idempotent-Replayed"
+MAX_KEY_LENGTH = 255
+
+_Handler = TypeVar("_Handler", bound=Callable[..., Response])
+
+
+class IdempotencyKeyReusedError(exceptions.APIException):
+    """The key was used for another request: 422 with a field message (not a 400: the body is valid)."""
+
+    status_code = status.HTTP_422_UNPROCESSABLE_ENTITY
+    default_detail = "This Idempotency-Key was used for a different request."
+    default_code = "idempotency_key_reused"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(self.default_detail)
+        self.fields = {HEADER: [message]}  # portal.api.exception_handler answers them
+
+
+def _valid_key(raw: str) -> str:
+    if not 1 <= len(raw) <= MAX_KEY_LENGTH or not all("\x21" <= c <= "\x7e" for c in raw):
+        raise serializers.ValidationError(
+            {HEADER: [f"Give 1 to {MAX_KEY_LENGTH} visible ASCII characters (a UUID, for example)."]}
+        )
+    return raw
+
+
+def _fingerprint(request: Request) -> str:
+    """sha256 of the method, the path with its query and the body as canonical JSON."""
+    body = json.dumps(request.data, sort_keys=True, separators=(",", ":"), default=str)
+    text = "\n".join((request.method or "", request.get_full_path(), body))
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+_TABLE = IdempotencyKey._meta.db_table
+_CLAIM = (
+    f"INSERT INTO {_TABLE} (user_id, key, fingerprint, method, path, status_code, body, created_at)"  # noqa: S608
+    " VALUES (%s, %s, %s, %s, %s, 0, '', %s) ON CONFLICT (user_id, key) DO NOTHING RETURNING id"
+)
+_EXPIRE = f"DELETE FROM {_TABLE} WHERE user_id = %s AND key = %s AND created_at < %s"  # noqa: S608
+_FIND = f"SELECT fingerprint, status_code, body FROM {_TABLE} WHERE user_id = %s AND key = %s"  # noqa: S608
+_STORE = f"UPDATE {_TABLE} SET status_code = %s, body = %s WHERE id = %s"  # noqa: S608
+
+
+def _claim(user_id: int, key: str, fingerprint: str, request: Request) -> int | tuple[str, int, str]:
+    """Inside the write's transaction: the id of the new key row, or the stored
+    ``(fingerprint, status, body)`` of the request that used the key first.
+
+    A concurrent first use makes the insert wait until that transaction ends: committed, its
+    row is returned; rolled back, the insert goes through.
+    """
+    now = timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute(_EXPIRE, [user_id, key, now - timedelta(seconds=settings.BERTH_IDEMPOTENCY_TTL_S)])
+        for _ in range(3):  # a row deleted between the insert and the read is claimed again
+            cursor.execute(_CLAIM, [user_id, key, fingerprint, request.method, request.path[:2000], now])
+            row = cursor.fetchone()
+            if row is not None:
+                return int(row[0])
+            cursor.execute(_FIND, [user_id, key])
+            found = cursor.fetchone()
+            if found is not None:
+                return str(found[0]), int(found[1]), str(found[2])
+    raise exceptions.APIException("The Idempotency-Key could not be claimed; retry.")
+
+
+def idempotent(handler: _Handler) -> _Handler:
+    """Decorate an API view's write method (``post``, ``delete``, ...) to honour ``Idempotency-Key``.
+
+    Without the header the method runs as before.  With it, the method runs inside a
+    transaction that also stores the key with the answer (see the module docstring).
+    """
+
+    @functools.wraps(handler)
+    def wrapper(view: Any, request: Request, *args: Any, **kwargs: Any) -> Response:
+        raw = request.headers.get(HEADER)
+        if raw is None:
+            return handler(view, request, *args, **kwargs)
+        key = _valid_key(raw)
+        user = request_user(request)
+        fingerprint = _fingerprint(request)
+        with transaction.atomic():
+            claimed = _claim(user.pk, key, fingerprint, request)
+            if isinstance(claimed, tuple):
+                stored_fingerprint, code, body = claimed
+                if stored_fingerprint != fingerprint:
+                    raise IdempotencyKeyReusedError(
+                        f"The key {short(key)} was used for a different request (method, path or "
+                        "body) in the last "
+                        f"{settings.BERTH_IDEMPOTENCY_TTL_S // 3600} h; send a new key for a new write."
+                    )
+                return Response(json.loads(body), status=code, headers={REPLAYED_HEADER: "true"})
+            response = handler(view, request, *args, **kwargs)
+            if not status.is_success(response.status_code):
+                transaction.set_rollback(True)  # an error answer is not kept (nor anything it did)
+                return response
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    _STORE,
+                    [response.status_code, json.dumps(response.data, cls=DjangoJSONEncoder), claimed],
+                )
+        response[REPLAYED_HEADER] = "false"
+        return response
+
+    wrapper.is_idempotent = True  # type: ignore[attr-defined]  # read by scheduling.api.schema
+    return wrapper  # type: ignore[return-value]
+
+
+def delegates_idempotent(handler: _Handler) -> _Handler:
+    """Mark a write method whose work is an ``@idempotent`` method it calls (for the schema)."""
+    handler.is_idempotent = True  # type: ignore[attr-defined]
+    return handler
+
+
+def is_idempotent(handler: object) -> bool:
+    return bool(getattr(handler, "is_idempotent", False))
