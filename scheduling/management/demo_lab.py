@@ -169,6 +169,7 @@ class DemoLabReport:
     replay_wall_s: float = 0.0
     arrival_compression: float = 1.0  # uses per trace job (a thinned sample is laid more than once)
     offered_load: float = 0.0
+    predictions_stored: int = 0
     target_load: float = 0.0
     running_at_now: int = 0
     pending_at_now: int = 0
@@ -357,6 +358,7 @@ def demo_lab_build(
         _build_bookings(cluster, users, projects, now=now, report=report)
     if make_queue:
         _build_queue(cluster, users, projects, now=now, report=report)
+    _predict_waiting(cluster, report=report, log=log)
     if make_forecasts == "queue":
         _queue_forecasts(cluster, now=now, report=report, log=log)
     elif make_forecasts and make_forecasts != "skip":
@@ -852,6 +854,8 @@ def _build_history(
             work_s = float(duration_s)
         else:
             continue
+        if key in replayed.predictions and job.kind == Job.Kind.BATCH:
+            job.predicted_p50_s, job.predicted_p90_s = replayed.predictions[key]
         job.attempt = len(past)
         job.first_submitted_at = when(submit_s)
         # a requeued job's latest submit is its requeue (the engine's view); the first is kept above
@@ -1161,6 +1165,18 @@ def _build_queue(
             report.skipped.append(f"job {name}: {exc}")
             continue
         report.queued_jobs_created += 1
+
+
+def _predict_waiting(cluster: Cluster, *, report: DemoLabReport, log: Callable[[str], None]) -> None:
+    """Store runtime predictions for the waiting jobs that have none yet, with the portal's own
+    hourly refresh (`jobs_runtime_predict`), so no job says "Not predicted yet" until it runs.
+    History jobs already carry what the predictor said when they were submitted (the replay)."""
+    from forecasting.selectors import runtime_predictor_forget
+    from forecasting.services import jobs_runtime_predict
+
+    runtime_predictor_forget(cluster_id=cluster.pk)  # its finished history was just stored
+    report.predictions_stored = jobs_runtime_predict(cluster_id=cluster.pk, only_missing=True)
+    log(f"runtime predictions: {report.predictions_stored} waiting jobs")
 
 
 def _build_forecasts(
