@@ -44,6 +44,7 @@ OPS_PAGES = (
     ("ops-fairness", "/ops/fairness/?days=30&bucket=day"),
     ("ops-idle", "/ops/idle/?days=30&bucket=day"),
     ("ops-capacity", "/ops/capacity/"),
+    ("ops-whatif", "/ops/capacity/whatif/"),
     ("ops-quotas", "/ops/quotas/"),
     ("ops-policy", "/ops/policy/"),
     ("ops-audit", "/ops/audit/"),
@@ -59,14 +60,37 @@ def _login(page: Page, username: str, password: str) -> None:
     page.wait_for_load_state("networkidle")
 
 
-def _shoot(page: Page, name: str, path: str) -> Path:
-    page.goto(f"{BASE}{path}")
+OVERFLOWS: list[str] = []
+
+
+def _snap(page: Page, name: str) -> Path:
     page.wait_for_load_state("networkidle")
     # charts are drawn after load (ops.js, availability.js); give them their frame
     page.wait_for_timeout(500)
+    # Wider than the window: the page scrolls sideways and its right edge is cut in the picture.
+    width = page.evaluate("document.documentElement.scrollWidth")
+    if width > page.viewport_size["width"]:  # type: ignore[index]
+        OVERFLOWS.append(f"{name}: {width} px wide at {page.viewport_size['width']} px")  # type: ignore[index]
     target = OUT / f"{name}.png"
     page.screenshot(path=str(target), full_page=True)
     return target
+
+
+def _shoot(page: Page, name: str, path: str) -> Path:
+    page.goto(f"{BASE}{path}")
+    return _snap(page, name)
+
+
+def _shoot_link(page: Page, name: str, path: str, link: str) -> list[Path]:
+    """Open ``path``, follow its first link named ``link`` (a job's page, a drill-down)."""
+    page.goto(f"{BASE}{path}")
+    page.wait_for_load_state("networkidle")
+    target = page.get_by_role("link", name=link).first
+    if not target.count():
+        print(f"{name}: no link {link!r} on {path}", file=sys.stderr)
+        return []
+    target.click()
+    return [_snap(page, name)]
 
 
 def main() -> int:
@@ -77,12 +101,17 @@ def main() -> int:
         page = browser.new_page(viewport={"width": 1366, "height": 900})
         _login(page, "katherine", "berth-demo")
         written += [_shoot(page, name, path) for name, path in RESEARCHER_PAGES]
+        # her never-startable job: its reason and no ETA
+        written += _shoot_link(page, "job-never-startable", "/jobs/", "era5-emulator")
         _login(page, "admin", "berth-admin")
         written += [_shoot(page, name, path) for name, path in OPS_PAGES]
+        written += _shoot_link(page, "ops-idle-drill", "/ops/idle/?days=7&bucket=day", "Why idle")
         browser.close()
     for path in written:
         print(path.relative_to(ROOT))
-    return 0
+    for line in OVERFLOWS:
+        print(f"overflows the window: {line}", file=sys.stderr)
+    return 1 if OVERFLOWS else 0
 
 
 if __name__ == "__main__":
