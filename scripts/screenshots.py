@@ -44,7 +44,6 @@ OPS_PAGES = (
     ("ops-fairness", "/ops/fairness/?days=30&bucket=day"),
     ("ops-idle", "/ops/idle/?days=30&bucket=day"),
     ("ops-capacity", "/ops/capacity/"),
-    ("ops-whatif", "/ops/capacity/whatif/"),
     ("ops-quotas", "/ops/quotas/"),
     ("ops-policy", "/ops/policy/"),
     ("ops-audit", "/ops/audit/"),
@@ -71,6 +70,13 @@ def _snap(page: Page, name: str) -> Path:
     width = page.evaluate("document.documentElement.scrollWidth")
     if width > page.viewport_size["width"]:  # type: ignore[index]
         OVERFLOWS.append(f"{name}: {width} px wide at {page.viewport_size['width']} px")  # type: ignore[index]
+    # A table scrolling inside its box hides its last columns in the picture (and on a laptop).
+    cut = page.evaluate(
+        "[...document.querySelectorAll('.table-wrap')].filter(e => e.offsetParent !== null"
+        " && e.scrollWidth > e.clientWidth + 1).map(e => (e.querySelector('table') || e).id || 'table')"
+    )
+    if cut:
+        OVERFLOWS.append(f"{name}: tables wider than their box: {', '.join(cut)}")
     target = OUT / f"{name}.png"
     page.screenshot(path=str(target), full_page=True)
     return target
