@@ -59,14 +59,44 @@ def _login(page: Page, username: str, password: str) -> None:
     page.wait_for_load_state("networkidle")
 
 
-def _shoot(page: Page, name: str, path: str) -> Path:
-    page.goto(f"{BASE}{path}")
+OVERFLOWS: list[str] = []
+
+
+def _snap(page: Page, name: str) -> Path:
     page.wait_for_load_state("networkidle")
     # charts are drawn after load (ops.js, availability.js); give them their frame
     page.wait_for_timeout(500)
+    # Wider than the window: the page scrolls sideways and its right edge is cut in the picture.
+    width = page.evaluate("document.documentElement.scrollWidth")
+    if width > page.viewport_size["width"]:  # type: ignore[index]
+        OVERFLOWS.append(f"{name}: {width} px wide at {page.viewport_size['width']} px")  # type: ignore[index]
+    # A table scrolling inside its box hides its last columns in the picture (and on a laptop).
+    cut = page.evaluate(
+        "[...document.querySelectorAll('.table-wrap')].filter(e => e.offsetParent !== null"
+        " && e.scrollWidth > e.clientWidth + 1).map(e => (e.querySelector('table') || e).id || 'table')"
+    )
+    if cut:
+        OVERFLOWS.append(f"{name}: tables wider than their box: {', '.join(cut)}")
     target = OUT / f"{name}.png"
     page.screenshot(path=str(target), full_page=True)
     return target
+
+
+def _shoot(page: Page, name: str, path: str) -> Path:
+    page.goto(f"{BASE}{path}")
+    return _snap(page, name)
+
+
+def _shoot_link(page: Page, name: str, path: str, link: str) -> list[Path]:
+    """Open ``path``, follow its first link named ``link`` (a job's page, a drill-down)."""
+    page.goto(f"{BASE}{path}")
+    page.wait_for_load_state("networkidle")
+    target = page.get_by_role("link", name=link).first
+    if not target.count():
+        print(f"{name}: no link {link!r} on {path}", file=sys.stderr)
+        return []
+    target.click()
+    return [_snap(page, name)]
 
 
 def main() -> int:
@@ -77,12 +107,17 @@ def main() -> int:
         page = browser.new_page(viewport={"width": 1366, "height": 900})
         _login(page, "katherine", "berth-demo")
         written += [_shoot(page, name, path) for name, path in RESEARCHER_PAGES]
+        # her never-startable job: its reason and no ETA
+        written += _shoot_link(page, "job-never-startable", "/jobs/", "era5-emulator")
         _login(page, "admin", "berth-admin")
         written += [_shoot(page, name, path) for name, path in OPS_PAGES]
+        written += _shoot_link(page, "ops-idle-drill", "/ops/idle/?days=7&bucket=day", "Why idle")
         browser.close()
     for path in written:
         print(path.relative_to(ROOT))
-    return 0
+    for line in OVERFLOWS:
+        print(f"overflows the window: {line}", file=sys.stderr)
+    return 1 if OVERFLOWS else 0
 
 
 if __name__ == "__main__":

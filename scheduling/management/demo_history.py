@@ -88,6 +88,9 @@ class ReplayedHistory:
     rounds: list[ReplayedRound] = field(default_factory=list)
     preemptions: dict[str, list[PreemptionNote]] = field(default_factory=dict)
     sessions: dict[str, tuple[str, str, float, float, int]] = field(default_factory=dict)
+    # (p50_s, p90_s) the portal's runtime predictor gave each batch job when it first waited,
+    # learnt only from the jobs that had finished by then (what the portal would have stored)
+    predictions: dict[str, tuple[float, float]] = field(default_factory=dict)
     wall_s: float = 0.0
 
 
@@ -110,6 +113,15 @@ class _Recorder:
     def __call__(self, snapshot: et.ClusterSnapshot, *, policy: et.PolicyConfig, now: float) -> et.Plan:
         running = {r.job.id: r for r in snapshot.running}
         pending = {p.id: p for p in snapshot.pending}
+        predictions = self.history.predictions
+        for job_id, request in pending.items():
+            if job_id not in predictions and request.predicted_p50_s is not None:
+                p90 = (
+                    request.predicted_p90_s
+                    if request.predicted_p90_s is not None
+                    else request.predicted_p50_s
+                )
+                predictions[job_id] = (request.predicted_p50_s, p90)
         for job_id, run in list(self.open.items()):
             seen = running.get(job_id)
             if seen is not None and seen.started_at == run.start_s:

@@ -169,6 +169,7 @@ class DemoLabReport:
     replay_wall_s: float = 0.0
     arrival_compression: float = 1.0  # uses per trace job (a thinned sample is laid more than once)
     offered_load: float = 0.0
+    predictions_stored: int = 0
     target_load: float = 0.0
     running_at_now: int = 0
     pending_at_now: int = 0
@@ -357,6 +358,7 @@ def demo_lab_build(
         _build_bookings(cluster, users, projects, now=now, report=report)
     if make_queue:
         _build_queue(cluster, users, projects, now=now, report=report)
+    _predict_waiting(cluster, report=report, log=log)
     if make_forecasts == "queue":
         _queue_forecasts(cluster, now=now, report=report, log=log)
     elif make_forecasts and make_forecasts != "skip":
@@ -526,12 +528,10 @@ def trace_load(rows: list[TraceRow], *, sample_every: int, machine_nodes: int = 
     return work * sample_every / (machine_nodes * span)
 
 
-def _fitting_types(gpu_count: int, limits: dict[str, int]) -> list[str]:
-    """The GPU types a trace job of ``gpu_count`` GPUs may go to: its project may hold some of
-    the type (``limits``: the type's GPUs capped at the project's guarantee plus borrowing
-    limit), and larger jobs only where that leaves room for them (8 GPUs, or the job)."""
-    choices = [name for name, gpus in limits.items() if gpus > 0]
-    return [name for name in choices if limits[name] >= min(gpu_count, 8)] or choices
+def _scaled_count(gpu_count: int, pool_gpus: int, limit: int) -> int:
+    """A trace job's GPUs on a pool of ``pool_gpus``: the same share of it as the job took of
+    its own machine (``KTH_MAX_NODES``), at least one, at most its project's ``limit`` there."""
+    return max(1, min(limit, math.ceil(gpu_count * pool_gpus / KTH_MAX_NODES)))
 
 
 def _assign_types(
@@ -541,22 +541,25 @@ def _assign_types(
     limits_of: Callable[[TraceRow], dict[str, int]] | None,
     work_s: Callable[[PlacedRow], float],
 ) -> list[PlacedRow]:
-    """Give each job, in arrival order, the fitting type whose offered GPU-hours so far are the
-    lowest share of its capacity (ties by a stable hash), and its GPU count capped at its
-    project's limit there: every type gets about the same load, as far as the job sizes
-    allow (most large jobs only fit the big pool), and the lab's people size their jobs to
-    their quotas, so no history job is one the quotas never let start."""
+    """Give each job, in arrival order, the type whose offered GPU-hours so far are the lowest
+    share of its capacity (ties by a stable hash), with the share of that pool the job took of
+    its own machine (`_scaled_count`: a 64-node KTH job takes 64 % of the pool), capped at its
+    project's guarantee + borrowing limit there: every type gets about the same load, and the
+    lab's people size their jobs to their quotas, so no history job is one the quotas never let
+    start."""
     offered: Counter[str] = Counter()
     out: list[PlacedRow] = []
     for p in sorted(placed, key=lambda p: (p.submit_at, p.key)):
         limits = limits_of(p.row) if limits_of else capacity
         work = work_s(p)
-        pressure = {
-            name: (offered[name] + min(p.row.gpu_count, limits[name]) * work) / capacity[name]
-            for name in _fitting_types(p.row.gpu_count, limits)
+        counts = {
+            name: _scaled_count(p.row.gpu_count, capacity[name], limits[name])
+            for name in capacity
+            if limits.get(name, 0) > 0
         }
+        pressure = {name: (offered[name] + counts[name] * work) / capacity[name] for name in counts}
         type_name = min(pressure, key=lambda name: (pressure[name], _stable_index(f"{p.key}/{name}", 997)))
-        gpu_count = min(p.row.gpu_count, limits[type_name])
+        gpu_count = counts[type_name]
         offered[type_name] += gpu_count * work
         out.append(dataclasses.replace(p, gpu_type=type_name, gpu_count=gpu_count))
     return out
@@ -617,10 +620,14 @@ def _trace_window(
         if not window_start <= at < now:
             return None
         key = f"t{r.job_id}" + (f".{copy}" if copy else "")
-        # the type is picked once the window's jobs are known (`_assign_types`); until then the
-        # job counts with the most its project may hold of any type
+        # the type is picked once the window's jobs are known (`_assign_types`, about in
+        # proportion to the types' sizes); until then the job counts with that mean size
         limits = limits_of(r) if limits_of else capacity
-        return PlacedRow(r, key, copy, at, "", min(r.gpu_count, max(limits.values(), default=0)))
+        mean = sum(
+            gpus * _scaled_count(r.gpu_count, gpus, limits.get(name, 0) or 1)
+            for name, gpus in capacity.items()
+        )
+        return PlacedRow(r, key, copy, at, "", max(1, round(mean / capacity_gpus)))
 
     def offered_gpu_s_per_gpu(p: PlacedRow) -> float:
         # the work it asks for inside the window (a job arriving just before now asks little)
@@ -629,25 +636,36 @@ def _trace_window(
     def offered_gpu_s(p: PlacedRow) -> float:
         return p.gpu_count * offered_gpu_s_per_gpu(p)
 
-    placed: list[PlacedRow] = []
-    offered = 0.0
-    goal = target * window_gpu_s
-    for index in range(layers * max(1, max_uses)):
-        copy, layer = divmod(index, layers)
-        candidates = [p for r, at in by_layer.get(layer, []) if (p := use(copy, r, at)) is not None]
-        if not candidates:
-            continue
-        if index and offered >= goal:
-            break
-        batch = sum(offered_gpu_s(p) for p in candidates)
-        if goal > 0 and offered + batch > goal and batch > 0:
-            keep = (goal - offered) / batch
-            candidates = [p for p in candidates if _stable_index(p.key, 10_000) < keep * 10_000]
+    def lay(goal: float) -> list[PlacedRow]:
+        placed: list[PlacedRow] = []
+        offered = 0.0
+        for index in range(layers * max(1, max_uses)):
+            copy, layer = divmod(index, layers)
+            candidates = [p for r, at in by_layer.get(layer, []) if (p := use(copy, r, at)) is not None]
+            if not candidates:
+                continue
+            if index and offered >= goal:
+                break
             batch = sum(offered_gpu_s(p) for p in candidates)
-        placed.extend(candidates)
-        offered += batch
-    placed = _assign_types(placed, capacity=capacity, limits_of=limits_of, work_s=offered_gpu_s_per_gpu)
+            if goal > 0 and offered + batch > goal and batch > 0:
+                keep = (goal - offered) / batch
+                candidates = [p for p in candidates if _stable_index(p.key, 10_000) < keep * 10_000]
+                batch = sum(offered_gpu_s(p) for p in candidates)
+            placed.extend(candidates)
+            offered += batch
+        return _assign_types(placed, capacity=capacity, limits_of=limits_of, work_s=offered_gpu_s_per_gpu)
+
+    # The sizes before the type is picked are estimates: lay again with the goal corrected by
+    # what the assigned sizes really offer (a few passes; each is pure arithmetic).
+    goal = target * window_gpu_s
+    placed = lay(goal)
     offered = sum(offered_gpu_s(p) for p in placed)
+    for _ in range(4):
+        if goal <= 0 or offered <= 0 or abs(offered - target * window_gpu_s) < 0.03 * target * window_gpu_s:
+            break
+        goal *= target * window_gpu_s / offered
+        placed = lay(goal)
+        offered = sum(offered_gpu_s(p) for p in placed)
     return placed, (offered / window_gpu_s if window_gpu_s else 0.0), target
 
 
@@ -852,6 +870,8 @@ def _build_history(
             work_s = float(duration_s)
         else:
             continue
+        if key in replayed.predictions and job.kind == Job.Kind.BATCH:
+            job.predicted_p50_s, job.predicted_p90_s = replayed.predictions[key]
         job.attempt = len(past)
         job.first_submitted_at = when(submit_s)
         # a requeued job's latest submit is its requeue (the engine's view); the first is kept above
@@ -1161,6 +1181,18 @@ def _build_queue(
             report.skipped.append(f"job {name}: {exc}")
             continue
         report.queued_jobs_created += 1
+
+
+def _predict_waiting(cluster: Cluster, *, report: DemoLabReport, log: Callable[[str], None]) -> None:
+    """Store runtime predictions for the waiting jobs that have none yet, with the portal's own
+    hourly refresh (`jobs_runtime_predict`), so no job says "Not predicted yet" until it runs.
+    History jobs already carry what the predictor said when they were submitted (the replay)."""
+    from forecasting.selectors import runtime_predictor_forget
+    from forecasting.services import jobs_runtime_predict
+
+    runtime_predictor_forget(cluster_id=cluster.pk)  # its finished history was just stored
+    report.predictions_stored = jobs_runtime_predict(cluster_id=cluster.pk, only_missing=True)
+    log(f"runtime predictions: {report.predictions_stored} waiting jobs")
 
 
 def _build_forecasts(

@@ -28,3 +28,10 @@ def gpu_hours(value: float | None) -> str:
     if value is None:
         return "–"
     return f"{value:.2f} GPU-h" if value < 1 else f"{value:.1f} GPU-h"
+
+
+@register.filter
+def header_label(value: object) -> str:
+    """A column name as people read it: ``constraint_mismatch`` -> ``constraint mismatch`` (the
+    CSV keeps the machine name); a long one-word name could not wrap and pushed tables wider."""
+    return str(value).replace("_", " ")

@@ -344,6 +344,8 @@ def test_replayed_history_queue_idle_reasons_and_demand_agree(tmp_path: Path, si
     what ran plus what waited."""
     from collections import Counter, defaultdict
 
+    from django.db import models
+
     from forecasting.selectors import demand_series_get
     from scheduling.models import EngineRound
     from scheduling.snapshots import job_startability
@@ -374,6 +376,13 @@ def test_replayed_history_queue_idle_reasons_and_demand_agree(tmp_path: Path, si
     runs: dict[int, list[tuple[datetime, datetime | None]]] = defaultdict(list)
     for job_id, period in Allocation.objects.filter(job__cluster=cluster).values_list("job_id", "period"):
         runs[job_id].append((period.lower, period.upper))
+
+    # 0. Every batch job carries a runtime prediction: history jobs what the portal's predictor
+    #    said when they were submitted (learnt from the jobs finished by then), waiting ones now.
+    batch = Job.objects.filter(cluster=cluster, kind=Job.Kind.BATCH)
+    assert batch.exists()
+    assert not batch.filter(predicted_p50_s__isnull=True).exists()
+    assert not batch.filter(predicted_p90_s__lt=models.F("predicted_p50_s")).exists()
 
     # 1. The queue at now: every waiting job can start, and the work waiting per type drains in
     #    under two days of that type's GPUs (the backlog bug left weeks of phantom work).
