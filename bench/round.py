@@ -224,7 +224,9 @@ def lab_build(
                 gpu_id=g,
                 job=job,
                 period=DateTimeTZRange(
-                    job.started_at, job.started_at + timedelta(seconds=job.requested_s * 2), "[)"
+                    job.started_at,
+                    (job.started_at or now) + timedelta(seconds=(job.requested_s or 0) * 2),
+                    "[)",
                 ),
                 state=Allocation.State.ACTIVE,
                 is_preemptible=job.is_preemptible,

@@ -187,6 +187,6 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     else:
         error_detail: Any = getattr(exc, "detail", None) or str(exc)
         message = str(error_detail) if not isinstance(error_detail, (dict, list)) else "Request failed."
-        fields = getattr(exc, "fields", None)  # e.g. a reused Idempotency-Key names the header
-        response.data = {"message": message, "fields": fields if isinstance(fields, dict) else {}}
+        exc_fields = getattr(exc, "fields", None)  # e.g. a reused Idempotency-Key names the header
+        response.data = {"message": message, "fields": exc_fields if isinstance(exc_fields, dict) else {}}
     return response

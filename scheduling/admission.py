@@ -19,6 +19,11 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
+from typing import TypeVar
+
+# Times of a window: epoch seconds (the replay) or datetimes (the portal's bookings).
+_Instant = TypeVar("_Instant", float, datetime)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,13 +37,15 @@ class FreeNode:
     gpu_indexes: tuple[int, ...] = ()  # parallel to gpu_ids
 
 
-def peak_concurrent(windows: Iterable[tuple[float, float, int]], *, start_at: float, end_at: float) -> int:
+def peak_concurrent(
+    windows: Iterable[tuple[_Instant, _Instant, int]], *, start_at: _Instant, end_at: _Instant
+) -> int:
     """Most GPUs that ``windows`` ``(start, end, gpus)`` hold at one instant within ``[start_at, end_at)``.
 
-    Windows are half-open: ``[a, b)`` and ``[b, c)`` do not overlap.  Any ordered type works for
-    the times (epoch seconds, datetimes).
+    Windows are half-open: ``[a, b)`` and ``[b, c)`` do not overlap.  The times are epoch seconds
+    or datetimes, one kind per call.
     """
-    events: list[tuple[float, int]] = []
+    events: list[tuple[_Instant, int]] = []
     for w_start, w_end, gpus in windows:
         if w_start < end_at and w_end > start_at:
             events.append((max(w_start, start_at), gpus))

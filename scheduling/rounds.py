@@ -35,7 +35,6 @@ Every step is idempotent: running a round again, or after a crash at any point, 
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 import time
@@ -57,7 +56,14 @@ from notifications.events import booking_event_emit, job_event_emit, jobs_cannot
 from notifications.models import EventKind
 from notifications.services import events_deferred
 from scheduling import metrics
-from scheduling.backends.base import ActionResult, BackendError, ClusterBackend, ObservedCluster, ObservedJob
+from scheduling.backends.base import (
+    ActionResult,
+    BackendError,
+    ClusterBackend,
+    ObservedCluster,
+    ObservedJob,
+    UnsupportedOperationError,
+)
 from scheduling.backends.base import ObservedState as OS
 from scheduling.backends.registry import backend_for_cluster
 from scheduling.engine import plan_round
@@ -1050,13 +1056,7 @@ def _open_preemptions(cluster: Cluster) -> dict[int, Preemption]:
 def _call_apply(
     backend: ClusterBackend, plan: Plan, payloads: dict[str, dict[str, Any]]
 ) -> list[ActionResult]:
-    try:
-        accepts_payloads = "payloads" in inspect.signature(backend.apply).parameters
-    except (TypeError, ValueError):
-        accepts_payloads = False
-    if accepts_payloads:
-        return backend.apply(plan, payloads=payloads)  # type: ignore[call-arg]
-    return backend.apply(plan)
+    return backend.apply(plan, payloads=payloads)
 
 
 def _closed_booking_releases(cluster: Cluster, *, now: datetime) -> list[ReleaseAction]:
@@ -1133,13 +1133,12 @@ def _apply_and_record(
             metrics.backend_error_count(cluster=cluster.name, operation="apply")
             results = [ActionResult("start", s.job_id, False, str(exc)) for s in persisted.starts]
     cancel_results = []
-    cancel = getattr(backend, "cancel", None)
     starting = {s.job_id for s in persisted.starts}
     for job_id in (j for j in to_cancel if j not in starting):  # never cancel what this round starts
-        if cancel is None:
-            break
         try:
-            cancel_results.append(cancel(job_id))
+            cancel_results.append(backend.cancel(job_id))
+        except UnsupportedOperationError:
+            break
         except BackendError as exc:
             cancel_results.append(ActionResult("cancel", job_id, False, str(exc)))
     start_results = {r.target_id: r for r in results if r.action == "start"}

@@ -135,7 +135,7 @@ def job_output_get(user: AnyUser, *, job_id: int, tail_lines: int = 200) -> tupl
     manager who sees the job in lists should not read; anyone else gets a 404.  Raises
     `BackendError` when the backend cannot be reached (the API answers 503).
     """
-    from scheduling.backends.base import JobOutput
+    from scheduling.backends.base import JobOutput, UnsupportedOperationError
     from scheduling.backends.registry import backend_for_cluster
 
     job = job_get(user, job_id=job_id)
@@ -145,10 +145,10 @@ def job_output_get(user: AnyUser, *, job_id: int, tail_lines: int = 200) -> tupl
     if job.started_at is None and not job.backend_ref and job.attempt == 0:
         return job, JobOutput(stdout="", exit_code=job.exit_code, source="not started yet")
     backend = backend_for_cluster(job.cluster)
-    reader = getattr(backend, "job_output", None)
-    if reader is None:
+    try:
+        out = backend.job_output(str(job.pk), backend_ref=job.backend_ref, tail_lines=tail_lines)
+    except UnsupportedOperationError:
         return job, JobOutput(stdout="", exit_code=job.exit_code, source="this backend keeps no output")
-    out = reader(str(job.pk), backend_ref=job.backend_ref, tail_lines=tail_lines)
     if out.exit_code is None and job.exit_code is not None:
         out = JobOutput(
             stdout=out.stdout,
@@ -736,9 +736,10 @@ def peak_concurrent_gpus(
     )
     if exclude_booking_id is not None:
         bookings = bookings.exclude(pk=exclude_booking_id)
-    return admission.peak_concurrent(
-        bookings.values_list("start_at", "end_at", "gpu_count"), start_at=start_at, end_at=end_at
+    windows: list[tuple[datetime, datetime, int]] = list(
+        bookings.values_list("start_at", "end_at", "gpu_count")
     )
+    return admission.peak_concurrent(windows, start_at=start_at, end_at=end_at)
 
 
 def job_warnings(job: Job) -> list[str]:
@@ -782,7 +783,7 @@ def project_for_member(user: AnyUser, *, slug: str) -> Project:
     """An active project the user belongs to (staff: any); another project is a 404."""
     projects = Project.objects.filter(slug=slug, is_active=True)
     if not getattr(user, "is_staff", False):
-        projects = projects.filter(memberships__user_id=user.pk)
+        projects = projects.filter(memberships__user_id=int(user.pk or 0))
     project = projects.first()
     if project is None:
         raise Http404("No such project.")

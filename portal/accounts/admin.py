@@ -5,19 +5,19 @@ from django.contrib import admin
 from portal.accounts.models import Membership, OidcIdentity, Project, Quota
 
 
-class MembershipInline(admin.TabularInline):
+class MembershipInline(admin.TabularInline):  # type: ignore[type-arg]
     model = Membership
     extra = 0
     autocomplete_fields = ["user"]
 
 
-class QuotaInline(admin.TabularInline):
+class QuotaInline(admin.TabularInline):  # type: ignore[type-arg]
     model = Quota
     extra = 0
 
 
 @admin.register(Project)
-class ProjectAdmin(admin.ModelAdmin):
+class ProjectAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = ["name", "slug", "fair_share_weight", "is_active", "created_at"]
     list_filter = ["is_active"]
     search_fields = ["name", "slug"]
@@ -26,7 +26,7 @@ class ProjectAdmin(admin.ModelAdmin):
 
 
 @admin.register(Membership)
-class MembershipAdmin(admin.ModelAdmin):
+class MembershipAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = ["user", "project", "role", "created_at"]
     list_filter = ["role", "project"]
     search_fields = ["user__username", "user__email", "project__name", "project__slug"]
@@ -35,7 +35,7 @@ class MembershipAdmin(admin.ModelAdmin):
 
 
 @admin.register(Quota)
-class QuotaAdmin(admin.ModelAdmin):
+class QuotaAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = ["project", "gpu_type", "guaranteed_gpus", "borrow_limit_gpus"]
     list_filter = ["gpu_type"]
     search_fields = ["project__name", "project__slug", "gpu_type__name"]
@@ -43,7 +43,7 @@ class QuotaAdmin(admin.ModelAdmin):
 
 
 @admin.register(OidcIdentity)
-class OidcIdentityAdmin(admin.ModelAdmin):
+class OidcIdentityAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """Staff link an existing account to its single sign-on subject here (or remove a link)."""
 
     list_display = ["user", "issuer", "subject", "last_login_at"]

@@ -448,6 +448,8 @@ def runtime_accuracy_get(*, cluster_id: int, rng: Range) -> Table:
         started_at__isnull=False,
         predicted_p50_s__isnull=False,
     ).values_list("project__slug", "predicted_p50_s", "predicted_p90_s", "started_at", "ended_at"):
+        if ended is None or started is None or p50 is None:  # excluded by the filter; for the types
+            continue
         actual = max((ended - started).total_seconds(), 1.0)
         rows[slug].append((actual, max(float(p50), 1.0), None if p90 is None else float(p90)))
 

@@ -79,7 +79,7 @@ class AutoSchema(_AutoSchema):
             and "429" not in bodies
             and any(isinstance(t, WriteRateThrottle) for t in self.view.get_throttles())
         ):
-            bodies["429"] = self._get_response_for_code(
+            bodies["429"] = self._get_response_for_code(  # type: ignore[no-untyped-call]
                 OpenApiResponse(ErrorSerializer, description="Too many writes; retry later."),
                 "429",
                 direction=direction,
@@ -95,7 +95,7 @@ class AutoSchema(_AutoSchema):
             common["422"] = "The `Idempotency-Key` was used for a different request (`fields` says so)."
         for code, description in common.items():
             if code not in bodies:
-                bodies[code] = self._get_response_for_code(
+                bodies[code] = self._get_response_for_code(  # type: ignore[no-untyped-call]
                     OpenApiResponse(ErrorSerializer, description=description), code, direction=direction
                 )
         return bodies

@@ -6,15 +6,20 @@ and reports what really runs.  Repeating an action that is already done counts a
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from scheduling.engine.types import Node, Plan
 
 
 class BackendError(Exception):
     """The backend could not be reached or refused an action; callers retry."""
+
+
+class UnsupportedOperationError(BackendError):
+    """The backend cannot do this at all (not a transient failure: callers do not retry)."""
 
 
 class ObservedState(StrEnum):
@@ -58,9 +63,26 @@ class ActionResult:
 
 @runtime_checkable
 class ClusterBackend(Protocol):
-    def snapshot(self) -> ObservedCluster: ...
+    """Everything a round and the portal ask of a cluster; every backend implements all of it
+    (an operation a backend cannot do raises `UnsupportedOperationError`)."""
 
-    def apply(self, plan: Plan) -> list[ActionResult]: ...
+    def snapshot(self) -> ObservedCluster:
+        """What the cluster runs and holds now."""
+        ...
+
+    def apply(
+        self, plan: Plan, *, payloads: Mapping[str, Mapping[str, Any]] | None = None
+    ) -> list[ActionResult]:
+        """Carry out a plan; ``payloads`` maps the plan's started job ids to what they run."""
+        ...
+
+    def cancel(self, job_id: str) -> ActionResult:
+        """Stop a job the portal cancelled (idempotent: an unknown or ended job is ok)."""
+        ...
+
+    def job_output(self, job_id: str, *, backend_ref: str = "", tail_lines: int = 200) -> JobOutput:
+        """The tail of what the job printed, and its exit code when known."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)

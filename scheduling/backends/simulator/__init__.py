@@ -26,10 +26,20 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
-from scheduling.backends.base import ActionResult, BackendError, ObservedCluster, ObservedJob, ObservedState
+from scheduling.backends.base import (
+    ActionResult,
+    BackendError,
+    JobOutput,
+    ObservedCluster,
+    ObservedJob,
+    ObservedState,
+    UnsupportedOperationError,
+)
 from scheduling.engine.types import Node, Plan, PreemptAction, StartAction
 
 __all__ = ["DoubleAllocationError", "SimulatorBackend", "Transition", "TransitionKind"]
@@ -234,11 +244,14 @@ class SimulatorBackend:
         jobs.extend(self._done[job_id] for job_id in self._done if job_id not in self._runs)
         return ObservedCluster(at=self._now, nodes=self._nodes, jobs=tuple(jobs))
 
-    def apply(self, plan: Plan) -> list[ActionResult]:
+    def apply(
+        self, plan: Plan, *, payloads: Mapping[str, Mapping[str, Any]] | None = None
+    ) -> list[ActionResult]:
         """Schedule the plan's preemptions and start its jobs on exactly the named GPUs.
 
         Reservations and releases are bookkeeping for a real scheduler; here they are
         acknowledged.  Repeating a start or a preemption that is already in effect succeeds.
+        ``payloads`` is not read: the trace gives each job's runtime.
         """
         results = [self._preempt(action) for action in plan.preemptions]
         results.extend(ActionResult("release", r.holder_id, True) for r in plan.releases)
@@ -247,6 +260,15 @@ class SimulatorBackend:
         return results
 
     # ---- internals ----
+
+    def cancel(self, job_id: str) -> ActionResult:
+        """Not in a trace replay: its jobs end as the trace says (the portal's simulated clusters
+        use `LiveSimBackend`, which cancels)."""
+        raise UnsupportedOperationError("the trace simulator does not cancel jobs")
+
+    def job_output(self, job_id: str, *, backend_ref: str = "", tail_lines: int = 200) -> JobOutput:
+        """Nothing: trace jobs print nothing."""
+        raise UnsupportedOperationError("the trace simulator keeps no job output")
 
     def _push(self, at: float, kind: int, job_id: str, version: int) -> None:
         self._seq += 1
