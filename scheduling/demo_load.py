@@ -100,6 +100,8 @@ def _history(cluster: Cluster) -> tuple[dict[int, list[Sample]], float]:
     first: datetime | None = None
     last: datetime | None = None
     for user_id, project_id, kind, gpus, type_id, requested, started, ended, submitted, payload in rows:
+        if submitted is None:  # every job has one; the column's type allows none
+            continue
         if started is not None and ended is not None:
             runtime = (ended - started).total_seconds()
         else:
@@ -171,7 +173,7 @@ def demo_load_tick(
             continue
         is_session = sample.kind == Job.Kind.INTERACTIVE
         # Above the project's guarantee only preemptible work runs (the portal says so at submit).
-        guaranteed = quotas.get((sample.project_id, sample.gpu_type_id), 0)
+        guaranteed = quotas.get((sample.project_id, sample.gpu_type_id or 0), 0)
         is_preemptible = not is_session and (rng.random() < 0.5 or sample.gpu_count > guaranteed)
         is_checkpointable = is_preemptible and rng.random() < 0.5
         name = f"{'session' if is_session else project.slug}-live-{tick}-{i}"
@@ -206,9 +208,9 @@ def demo_load_tick(
     # Now and then a booking ahead, on the most plentiful type.
     if types and rng.random() < BOOKINGS_PER_HOUR * tick_s / 3600.0 * float(settings.BERTH_DEMO_LOAD_SCALE):
         people = [s for s in samples if s.kind == Job.Kind.BATCH] or samples
-        sample = rng.choice(people) if people else None
-        user = users.get(sample.user_id) if sample else None
-        project = projects.get(sample.project_id) if sample else None
+        booker = rng.choice(people) if people else None
+        user = users.get(booker.user_id) if booker else None
+        project = projects.get(booker.project_id) if booker else None
         gpu_type = max(types.values(), key=lambda t: t.nodes.filter(cluster=cluster).count())
         note = f"{LOAD_SOURCE} {tick}"
         if user is not None and project is not None and not cluster.bookings.filter(note=note).exists():

@@ -19,7 +19,6 @@ import csv
 import dataclasses
 import gzip
 import hashlib
-import inspect
 import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
@@ -547,7 +546,7 @@ def _assign_types(
     project's guarantee + borrowing limit there: every type gets about the same load, and the
     lab's people size their jobs to their quotas, so no history job is one the quotas never let
     start."""
-    offered: Counter[str] = Counter()
+    offered: dict[str, float] = defaultdict(float)
     out: list[PlacedRow] = []
     for p in sorted(placed, key=lambda p: (p.submit_at, p.key)):
         limits = limits_of(p.row) if limits_of else capacity
@@ -879,17 +878,16 @@ def _build_history(
         if is_finished:
             last = past[-1]
             job.attempt = len(past) - 1
-            job.submitted_at = (
-                when(past[-2].end_s) if len(past) > 1 and past[-2].end_s is not None else when(submit_s)
-            )
+            previous_end = past[-2].end_s if len(past) > 1 else None
+            job.submitted_at = when(previous_end) if previous_end is not None else when(submit_s)
             job.started_at = when(last.start_s)
-            job.ended_at = when(last.end_s)
+            job.ended_at = when(last.end_s if last.end_s is not None else horizon_s)
         else:
             # Not over at "now": what the live simulator runs from here is the work left.
             # Work above its project's guarantee runs only as preemptible (DESIGN §3.4): the
             # portal tells its owner so at submit, and the lab's people follow that advice, so
             # the live queue holds no job that the quotas never let start.
-            above = job.gpu_count > guarantee.get((job.project_id, job.gpu_type_id), 0)
+            above = job.gpu_count > guarantee.get((job.project_id, job.gpu_type_id or 0), 0)
             if job.kind == Job.Kind.BATCH and job.gpu_type is not None and above:
                 job.is_preemptible = True
             done_s = sum((run.end_s or horizon_s) - run.start_s for run in past)
@@ -919,7 +917,8 @@ def _build_history(
         preemptions: list[Preemption] = []
         for job, runs, notes in runs_of:
             for i, run in enumerate(runs):
-                period = DateTimeTZRange(when(run.start_s), when(run.end_s), "[)")
+                run_end_s = run.end_s if run.end_s is not None else horizon_s  # past runs have ended
+                period = DateTimeTZRange(when(run.start_s), when(run_end_s), "[)")
                 allocations.extend(
                     Allocation(
                         gpu_id=gpu,
@@ -931,14 +930,14 @@ def _build_history(
                     for gpu in run.gpu_ids
                 )
                 if i < len(runs) - 1 or job.ended_at is None:  # a later run followed: preempted
-                    note = next((n for n in notes if run.start_s <= n.signal_s <= run.end_s), None)
-                    signal_s = note.signal_s if note else run.end_s
+                    note = next((n for n in notes if run.start_s <= n.signal_s <= run_end_s), None)
+                    signal_s = note.signal_s if note else run_end_s
                     preemptions.append(
                         Preemption(
                             job=job,
                             signalled_at=when(signal_s),
-                            kill_at=when(max(signal_s, note.kill_s if note else run.end_s)),
-                            killed_at=when(run.end_s),
+                            kill_at=when(max(signal_s, note.kill_s if note else run_end_s)),
+                            killed_at=when(run_end_s),
                             reason=(note.reason if note else "Preempted (replayed history).")[:500],
                         )
                     )
@@ -1052,10 +1051,7 @@ def _hand_over_running(
     }
     try:
         backend = backend_for_cluster(cluster)
-        if "payloads" in inspect.signature(backend.apply).parameters:
-            results = backend.apply(plan, payloads=payloads)  # type: ignore[call-arg]
-        else:
-            results = backend.apply(plan)
+        results = backend.apply(plan, payloads=payloads)
     except BackendError as exc:
         report.skipped.append(
             f"running jobs not handed to the backend ({exc}); the first round requeues them"
