@@ -74,6 +74,7 @@ def explain_pending(
     floor50 = floor90 = now
     explanations: list[PendingExplanation] = []
     append = explanations.append
+    behind: dict[int, Verdict] = {}
     for job in queue:
         job_id = job.id
         if job_id in started:
@@ -81,9 +82,11 @@ def explain_pending(
         count = job.gpu_count
         verdict = verdicts.get(job_id)
         if verdict is None:
-            verdict = Verdict(
-                PendingReason.PRIORITY, f"Waiting behind higher-priority work for {count} GPUs."
-            )
+            verdict = behind.get(count)
+            if verdict is None:  # one per size (read only below)
+                verdict = behind[count] = Verdict(
+                    PendingReason.PRIORITY, f"Waiting behind higher-priority work for {count} GPUs."
+                )
         types = types_for(job)
         eta50: float | None = None
         eta90: float | None = None
