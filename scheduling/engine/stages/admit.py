@@ -132,7 +132,7 @@ class Admit:
                     is_guarantee_enforced=self.enforces_guarantees,
                     capacity_by_type=capacity,
                 )
-            cache[key] = found  # type: ignore[assignment]
+            cache[key] = found
         return found  # type: ignore[return-value]
 
     def must_lend(self, rnd: Round, job: JobRequest, types: Sequence[str]) -> bool:
