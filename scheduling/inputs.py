@@ -118,17 +118,57 @@ class ProjectSpec:
 
 def project_shares(specs: Sequence[ProjectSpec], *, usage: Mapping[str, float]) -> tuple[ProjectShare, ...]:
     """The snapshot's projects: every spec with its decayed usage (0 without history), in name order."""
-    return tuple(
-        ProjectShare(
-            name=spec.name,
-            weight=spec.weight,
-            decayed_usage=usage.get(spec.name, 0.0),
-            guaranteed=spec.guaranteed,
-            borrow_limit=spec.borrow_limit,
-            borrow_limits=spec.borrow_limits,
-        )
-        for spec in sorted(specs, key=lambda s: s.name)
-    )
+    return ShareBuilder(specs).shares(usage)
+
+
+_new = object.__new__
+# the slots of the frozen `ProjectShare`, in field order: filled directly by `ShareBuilder`
+_SHARE_SLOTS = tuple(
+    ProjectShare.__dict__[name].__set__
+    for name in ("name", "weight", "decayed_usage", "guaranteed", "borrow_limit", "borrow_limits")
+)
+
+
+class ShareBuilder:
+    """`project_shares` for one fixed list of specs, called again and again (a replay's rounds).
+
+    The specs are sorted once; a project whose usage has not changed since the last call keeps
+    its `ProjectShare` object (equal anyway: it is immutable); the others are built by filling
+    the slots directly, which gives the same object as the dataclass' ``__init__`` (that one
+    goes through ``object.__setattr__`` per field, the frozen route, several times slower).
+    """
+
+    __slots__ = ("_last", "_specs")
+
+    def __init__(self, specs: Sequence[ProjectSpec]) -> None:
+        self._specs = sorted(specs, key=lambda s: s.name)
+        self._last: list[ProjectShare | None] = [None] * len(self._specs)
+
+    def shares(self, usage: Mapping[str, float]) -> tuple[ProjectShare, ...]:
+        """Every spec with its decayed usage from ``usage`` (0 without history), in name order."""
+        set_name, set_weight, set_usage, set_guaranteed, set_borrow, set_borrows = _SHARE_SLOTS
+        last = self._last
+        get = usage.get
+        for index, spec in enumerate(self._specs):
+            used = get(spec.name, 0.0)
+            share = last[index]
+            if share is not None:
+                old = share.decayed_usage
+                if (
+                    old == used
+                    and type(old) is type(used)
+                    and (used != 0.0 or math.copysign(1.0, used) == math.copysign(1.0, old))
+                ):
+                    continue  # the very same value: the same share
+            share = _new(ProjectShare)
+            set_name(share, spec.name)
+            set_weight(share, spec.weight)
+            set_usage(share, used)
+            set_guaranteed(share, spec.guaranteed)
+            set_borrow(share, spec.borrow_limit)
+            set_borrows(share, spec.borrow_limits)
+            last[index] = share
+        return tuple(last)  # type: ignore[arg-type]  # every entry was set above
 
 
 def headroom_gpus(*, upper: float | None, booked: int, capacity: int, max_fraction: float) -> int:

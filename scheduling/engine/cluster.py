@@ -48,6 +48,50 @@ def job_estimate(job: JobRequest, policy: PolicyConfig, *, is_predicted: bool) -
     return Estimate(p50_s=min(p50, p90), hold_s=p90)
 
 
+# (is_predicted, default limit, requested, p50, p90) -> its `job_estimate`: jobs repeat a few
+# runtime figures and come back round after round, and an `Estimate` is immutable
+_ESTIMATES: dict[tuple[bool, float, float | None, float | None, float | None], Estimate] = {}
+_ESTIMATES_MAX = 1 << 16
+_ESTIMATES_BY_JOB: dict[tuple[bool, float], dict[str, tuple[JobRequest, Estimate]]] = {}
+
+
+def cached_estimate(job: JobRequest, policy: PolicyConfig, *, is_predicted: bool) -> Estimate:
+    """`job_estimate`, memoised on the figures it reads (the same value, computed once)."""
+    key = (is_predicted, policy.default_limit_s, job.requested_s, job.predicted_p50_s, job.predicted_p90_s)
+    found = _ESTIMATES.get(key)
+    if found is None:
+        if len(_ESTIMATES) >= _ESTIMATES_MAX:
+            _ESTIMATES.clear()
+        found = _ESTIMATES[key] = job_estimate(job, policy, is_predicted=is_predicted)
+    return found
+
+
+def estimates_by_job(policy: PolicyConfig, *, is_predicted: bool) -> dict[str, tuple[JobRequest, Estimate]]:
+    """Job id -> (the job, its `job_estimate`), kept across rounds of one runtime model: a job
+    (immutable) that comes back as the very same object has the same estimate."""
+    key = (is_predicted, policy.default_limit_s)
+    estimates = _ESTIMATES_BY_JOB.get(key)
+    if estimates is None or len(estimates) >= _ESTIMATES_MAX:
+        estimates = _ESTIMATES_BY_JOB[key] = {}
+    return estimates
+
+
+def estimate_of(
+    job: JobRequest,
+    estimates: dict[str, tuple[JobRequest, Estimate]],
+    policy: PolicyConfig,
+    *,
+    is_predicted: bool,
+) -> Estimate:
+    """`job_estimate` through ``estimates`` (`estimates_by_job` of the same model)."""
+    entry = estimates.get(job.id)
+    if entry is not None and entry[0] is job:
+        return entry[1]
+    found = cached_estimate(job, policy, is_predicted=is_predicted)
+    estimates[job.id] = (job, found)
+    return found
+
+
 def running_ends(
     running: RunningJob, now: float, policy: PolicyConfig, *, is_predicted: bool
 ) -> tuple[float, float]:
@@ -57,7 +101,9 @@ def running_ends(
     overdue and assume it ends ``overdue_epsilon_s`` from now, as Slurm does; berth corrects
     upwards (a job that outlived its prediction is likely to run a good while longer).
     """
-    estimate = job_estimate(running.job, policy, is_predicted=is_predicted)
+    estimate = estimate_of(
+        running.job, estimates_by_job(policy, is_predicted=is_predicted), policy, is_predicted=is_predicted
+    )
     elapsed = max(0.0, now - running.started_at)
     if not is_predicted:
         end = running.started_at + estimate.hold_s
@@ -207,7 +253,7 @@ class RoundState:
             self.end_p50[running.job.id] = p50
             self.end_hold[running.job.id] = hold
         self._eligible_cache = topology.eligible_cache
-        self._estimates: dict[str, Estimate] = {}
+        self._estimates = estimates_by_job(policy, is_predicted=is_predicted)
 
     def eligible_types(self, job: JobRequest) -> tuple[str, ...]:
         """Types present in the cluster that satisfy the job, in ``type_order``."""
@@ -227,10 +273,10 @@ class RoundState:
 
     def estimate(self, job: JobRequest) -> Estimate:
         """The policy's runtime estimate of a pending job (cached for the round)."""
-        cached = self._estimates.get(job.id)
-        if cached is None:
-            cached = self._estimates[job.id] = job_estimate(job, self.policy, is_predicted=self.is_predicted)
-        return cached
+        entry = self._estimates.get(job.id)
+        if entry is not None and entry[0] is job:
+            return entry[1]
+        return estimate_of(job, self._estimates, self.policy, is_predicted=self.is_predicted)
 
     def lost_work_s(self, running: RunningJob) -> float:
         """Seconds of work (per GPU) a preemption now would lose: for checkpointing work the

@@ -65,8 +65,8 @@ def explain_pending(
     verdicts = sched.out.verdicts
     profiles = _profiles(sched)
     now = sched.now
-    ahead_p50: dict[str, float] = {}
-    ahead_hold: dict[str, float] = {}
+    # per type: its profile, then the p50 and planning GPU-seconds queued ahead so far
+    per_type: dict[str, list[Any]] = {}
     estimate_of = sched.state.estimate
     types_for = sched.types_for
     no_eta = (PendingReason.CONSTRAINT, PendingReason.QUOTA)
@@ -74,6 +74,7 @@ def explain_pending(
     floor50 = floor90 = now
     explanations: list[PendingExplanation] = []
     append = explanations.append
+    behind: dict[int, Verdict] = {}
     for job in queue:
         job_id = job.id
         if job_id in started:
@@ -81,21 +82,29 @@ def explain_pending(
         count = job.gpu_count
         verdict = verdicts.get(job_id)
         if verdict is None:
-            verdict = Verdict(
-                PendingReason.PRIORITY, f"Waiting behind higher-priority work for {count} GPUs."
-            )
+            verdict = behind.get(count)
+            if verdict is None:  # one per size (read only below)
+                verdict = behind[count] = Verdict(
+                    PendingReason.PRIORITY, f"Waiting behind higher-priority work for {count} GPUs."
+                )
         types = types_for(job)
         eta50: float | None = None
         eta90: float | None = None
+        entries = []
         for name in types:
-            p50s, holds, capacity, backlog50, backlog90 = profiles.get(name, empty)
+            entry = per_type.get(name)
+            if entry is None:
+                p50s, holds, capacity, backlog50, backlog90 = profiles.get(name, empty)
+                entry = per_type[name] = [p50s, holds, capacity, backlog50, backlog90, 0.0, 0.0]
+            entries.append(entry)
+            p50s, holds, capacity, backlog50, backlog90, ahead50, ahead90 = entry
             if len(holds) < count:
                 continue
             t50 = p50s[count - 1]
             t90 = holds[count - 1]
             # running work plus higher-priority waiting work, spread over the type's GPUs
-            queue50 = now + (backlog50 + ahead_p50.get(name, 0.0)) / capacity
-            queue90 = now + (backlog90 + ahead_hold.get(name, 0.0)) / capacity
+            queue50 = now + (backlog50 + ahead50) / capacity
+            queue90 = now + (backlog90 + ahead90) / capacity
             if queue50 > t50:
                 t50 = queue50
             if queue90 > t90:
@@ -109,9 +118,9 @@ def explain_pending(
             share = count / len(types)
             work50 = share * estimate.p50_s
             work90 = share * estimate.hold_s
-            for name in types:
-                ahead_p50[name] = ahead_p50.get(name, 0.0) + work50
-                ahead_hold[name] = ahead_hold.get(name, 0.0) + work90
+            for entry in entries:
+                entry[5] += work50
+                entry[6] += work90
         own = verdict.eta_p50_at
         if own is not None:
             # the scheduler knows better for the top job and reclaims: its own start time

@@ -26,28 +26,41 @@ def decay_usage(usage: float, *, elapsed_s: float, half_life_s: float) -> float:
 
 
 def fairshare_factors(
-    snapshot: ClusterSnapshot, gpu_types: dict[str, GpuType], gpu_type_of: dict[int, str]
+    snapshot: ClusterSnapshot,
+    gpu_types: dict[str, GpuType],
+    gpu_type_of: dict[int, str],
+    *,
+    queued_only: bool = False,
 ) -> dict[str, float]:
     """Fair-share factor in (0, 1] per project that appears in the snapshot.
 
     Usage is ``ProjectShare.decayed_usage`` plus the value of what the project runs right now
     (GPUs x type value x one hour), so a project that just grabbed many GPUs drops at once
     even when the caller's usage rollup lags.  Unknown projects have weight 1 and no history.
+    ``queued_only``: only the factors of projects with pending jobs (the same values; a queue
+    order asks for no others, and a portal may know many more projects than it queues for).
     """
-    weights: dict[str, float] = {}
-    usage: dict[str, float] = {}
-    for share in snapshot.projects:
-        weights[share.name] = max(share.weight, 0.0)
-        usage[share.name] = max(share.decayed_usage, 0.0)
+    projects = snapshot.projects
+    # max(x, 0.0) of every weight and usage, exactly (a negative or NaN is rare: fixed after)
+    weights: dict[str, float] = {share.name: share.weight for share in projects}
+    usage: dict[str, float] = {share.name: share.decayed_usage for share in projects}
+    if not all(weight >= 0.0 for weight in weights.values()):
+        weights = {name: max(weight, 0.0) for name, weight in weights.items()}
+    if not all(used >= 0.0 for used in usage.values()):
+        usage = {name: max(used, 0.0) for name, used in usage.items()}
     # each project once, in order of first appearance (a queue has far more jobs than projects)
-    for project in dict.fromkeys([job.project for job in snapshot.pending]):
-        weights.setdefault(project, 1.0)
-        usage.setdefault(project, 0.0)
+    queued = dict.fromkeys([job.project for job in snapshot.pending])
+    for project in queued:
+        if project not in weights:
+            weights[project] = 1.0
+        if project not in usage:
+            usage[project] = 0.0
     gpu_value = {name: t.value for name, t in gpu_types.items()}
     is_uniform = all(value == 1.0 for value in gpu_value.values())
     for running in snapshot.running:
         project = running.job.project
-        weights.setdefault(project, 1.0)
+        if project not in weights:
+            weights[project] = 1.0
         if is_uniform:
             value = float(len(running.gpu_ids))
         else:
@@ -55,15 +68,17 @@ def fairshare_factors(
         usage[project] = usage.get(project, 0.0) + value * _RUNNING_HORIZON_H
     total_usage = sum(usage.values())
     total_weight = sum(weights.values())
+    wanted = queued if queued_only else weights
+    if total_usage <= 0:
+        return dict.fromkeys(wanted, 1.0)
     factors: dict[str, float] = {}
-    for project, weight in weights.items():
-        if total_usage <= 0:
-            factors[project] = 1.0
-            continue
+    pow_ = math.pow
+    for project in wanted:
+        weight = weights[project]
         norm_share = weight / total_weight if total_weight > 0 else 0.0
         used = usage.get(project, 0.0) / total_usage
         if norm_share <= 0:
             factors[project] = 0.0 if used > 0 else 1.0
         else:
-            factors[project] = math.pow(2.0, -used / norm_share)
+            factors[project] = pow_(2.0, -used / norm_share)
     return factors

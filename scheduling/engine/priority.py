@@ -27,7 +27,7 @@ def priority_scores(state: RoundState) -> dict[str, float]:
     bonus; age saturates at ``max_age_s``; fair share is in (0, 1].
     """
     policy = state.policy
-    factors = fairshare_factors(state.snapshot, state.types, state.gpu_type)
+    factors = fairshare_factors(state.snapshot, state.types, state.gpu_type, queued_only=True)
     max_age = policy.max_age_s if policy.max_age_s > 0 else 1.0
     age_weight = policy.age_weight / max_age
     cap = policy.age_weight
@@ -94,7 +94,7 @@ def slowdown_orders(state: RoundState, order: SlowdownOrder) -> tuple[list[JobRe
     the most jobs get through them; with 0 they are taken in priority order.
     """
     policy = state.policy
-    factors = fairshare_factors(state.snapshot, state.types, state.gpu_type)
+    factors = fairshare_factors(state.snapshot, state.types, state.gpu_type, queued_only=True)
     now = state.now
     estimate = state.estimate
     floor = order.runtime_floor_s
@@ -105,40 +105,44 @@ def slowdown_orders(state: RoundState, order: SlowdownOrder) -> tuple[list[JobRe
     boost: dict[str, float] = {}
     p50: dict[str, float] = {}
     keyed: list[tuple[float, float, float, float, str, int, JobRequest]] = []
+    interactive = JobKind.INTERACTIVE
+    append = keyed.append
     for index, job in enumerate(state.snapshot.pending):
         submitted = job.first_submit_at if job.first_submit_at is not None else job.submit_at
-        age = max(0.0, now - submitted)
+        age = now - submitted
+        if not age > 0.0:  # max(0.0, age), exactly
+            age = 0.0
         # suspended and requeued: its slowdown from here is that of its remaining work, waiting
         # since the requeue (the starvation bound still counts from the first submit)
         wait = max(0.0, now - job.submit_at) if job.attempt > 0 else age
-        job_p50 = p50[job.id] = estimate(job).p50_s
-        runtime = max(job_p50, floor)
+        job_id = job.id
+        job_p50 = p50[job_id] = estimate(job).p50_s
+        runtime = floor if floor > job_p50 else job_p50  # max(job_p50, floor), exactly
         expansion = (wait + runtime) / runtime
-        factor = boost.get(job.project)
+        project = job.project
+        factor = boost.get(project)
         if factor is None:
-            factor = boost[job.project] = math.pow(
-                2.0, fs_weight * (2.0 * factors.get(job.project, 1.0) - 1.0)
-            )
+            factor = boost[project] = math.pow(2.0, fs_weight * (2.0 * factors.get(project, 1.0) - 1.0))
         expansion *= factor
         tier = 0.0
-        if job.kind == JobKind.INTERACTIVE:
+        if job.kind == interactive:
             tier = interactive_priority
         tier += 10.0 * job.priority
-        is_starved = 1.0 if age >= starve else 0.0
         # starved jobs rank by age alone (earliest submit first), the others by expansion
-        keyed.append(
-            (-tier, -is_starved, submitted if is_starved else -expansion, submitted, job.id, index, job)
-        )
+        if age >= starve:
+            append((-tier, -1.0, submitted, submitted, job_id, index, job))
+        else:
+            append((-tier, -0.0, -expansion, submitted, job_id, index, job))
     # the position breaks ties of equal ids (as a stable sort would), so tuples never compare jobs
     keyed.sort()
     queue = [item[6] for item in keyed]
     if policy.short_job_weight <= 0:
         return queue, list(queue)
-    backfill = [
-        item[4]
-        for item in sorted(
-            (job.kind != JobKind.INTERACTIVE, -job.priority, p50[job.id] * job.gpu_count, rank, job)
-            for rank, job in enumerate(queue)
-        )
+    interactive = JobKind.INTERACTIVE
+    keyed_backfill = [
+        (job.kind != interactive, -job.priority, p50[job.id] * job.gpu_count, rank, job)
+        for rank, job in enumerate(queue)
     ]
+    keyed_backfill.sort()
+    backfill = [item[4] for item in keyed_backfill]
     return queue, backfill

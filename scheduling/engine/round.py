@@ -106,8 +106,11 @@ class Round:
                         name = state.gpu_type.get(gpu, "")
                         self.pinned_by_type[name] = self.pinned_by_type.get(name, 0) + 1
         self._types_cache: dict[tuple[str, ...], list[str]] = {}
+        self._all_types: list[str] | None = None  # `types_for` of an unconstrained job
         # `admit.never_startable_of` per job shape (constraints, size, project, kind, consent)
         self.never_cache: dict[tuple[object, ...], Unstartable | None] = {}
+        # project -> whether it has quotas (the never-startable verdict depends on them only then)
+        self.quota_projects: dict[str, bool] = {}
         self._nodes_cache: dict[tuple[tuple[str, ...], bool], NodeGpus] = {}
         # static: batch jobs wider than the batch partition, which may span both sides
         self.wide: frozenset[str] = frozenset()
@@ -182,6 +185,17 @@ class Round:
 
     def types_for(self, job: JobRequest) -> list[str]:
         """Eligible types of a job in this policy's preference order."""
+        if job.gpu_type is None and not job.precisions and job.min_memory_gib <= 0:
+            # the common unconstrained job: every type (`RoundState.eligible_types`)
+            cached = self._all_types
+            if cached is None:
+                order = self.state.type_order
+                cached = self._all_types = self._types_cache.get(order)
+                if cached is None:
+                    cached = self._all_types = self._types_cache[order] = sorted(
+                        order, key=self.type_rank.__getitem__
+                    )
+            return cached
         eligible = self.state.eligible_types(job)
         cached = self._types_cache.get(eligible)
         if cached is None:
@@ -245,6 +259,7 @@ class Round:
     def _init_quotas(self) -> None:
         state = self.state
         self.shares = {share.name: share for share in state.snapshot.projects}
+        self._limits: dict[str, int | None] = {}  # `limit` per project (the shares are fixed)
         self.used: dict[str, int] = {}
         self.guaranteed_used: dict[tuple[str, str], int] = {}
         # (project, GPU type) -> GPUs it runs, lent or not (per-type limits, `engine.quota`)
@@ -253,23 +268,31 @@ class Round:
             share.guaranteed or share.borrow_limit is not None or share.borrow_limits
             for share in self.shares.values()
         )
+        used, used_by_type, guaranteed_used = self.used, self.used_by_type, self.guaranteed_used
+        type_of = state.gpu_type.get
         for running in state.snapshot.running:
             project = running.job.project
-            self.used[project] = self.used.get(project, 0) + len(running.gpu_ids)
-            for gpu in running.gpu_ids:
-                key = (project, state.gpu_type.get(gpu, ""))
-                self.used_by_type[key] = self.used_by_type.get(key, 0) + 1
-            if has_quotas and not running.is_preemptible:
-                for gpu in running.gpu_ids:
-                    key = (project, state.gpu_type.get(gpu, ""))
-                    self.guaranteed_used[key] = self.guaranteed_used.get(key, 0) + 1
+            gpu_ids = running.gpu_ids
+            used[project] = used.get(project, 0) + len(gpu_ids)
+            is_guaranteed = has_quotas and not running.is_preemptible
+            for gpu in gpu_ids:
+                key = (project, type_of(gpu, ""))
+                used_by_type[key] = used_by_type.get(key, 0) + 1
+                if is_guaranteed:
+                    guaranteed_used[key] = guaranteed_used.get(key, 0) + 1
 
     def limit(self, project: str) -> int | None:
         """A project's total GPU limit (guaranteed + borrowable), None without one."""
+        limits = self._limits
+        if project in limits:
+            return limits[project]
         share = self.shares.get(project)
         if share is None or share.borrow_limit is None:
-            return None
-        return sum(n for _t, n in share.guaranteed) + share.borrow_limit
+            found = None
+        else:
+            found = sum(n for _t, n in share.guaranteed) + share.borrow_limit
+        limits[project] = found
+        return found
 
     def guarantee_left(self, project: str, gpu_type: str) -> int | None:
         """Guaranteed GPUs of a type not yet used by non-preemptible work (None: no quota)."""

@@ -236,6 +236,7 @@ class Replay:
             inputs.ProjectSpec(name=p.name, weight=p.weight, guaranteed=p.guaranteed)
             for p in overlay.projects
         ]
+        self._shares = inputs.ShareBuilder(self._specs)
         self._abandoned = 0
         self._abandoned_gpu_s = 0.0  # session GPU-time never served because its user gave up
         self._sessions_total = len(overlay.sessions)
@@ -648,7 +649,7 @@ class Replay:
             running=running,
             pending=tuple(self._pending.values()),
             bookings=bookings,
-            projects=inputs.project_shares(self._specs, usage=usage) if self._specs else (),
+            projects=self._shares.shares(usage) if self._specs else (),
         )
 
     def _run_value(self, gpu_ids: tuple[int, ...]) -> float:

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from scheduling.engine.outcome import fmt_s
-from scheduling.engine.placement import constraint_key
 from scheduling.engine.quota import type_limit
 from scheduling.engine.startability import Unstartable, never_startable, type_capacity
 from scheduling.engine.types import JobKind, JobRequest, PendingReason
@@ -27,6 +26,9 @@ from scheduling.engine.types import JobKind, JobRequest, PendingReason
 if TYPE_CHECKING:
     from scheduling.engine.cluster import Estimate
     from scheduling.engine.round import Round
+
+_MISSING = object()
+_NEVER_KEPT = 1 << 14  # never-startable verdicts kept per inventory across rounds
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,9 +56,12 @@ class Admit:
                 f"precisions {', '.join(sorted(job.precisions)) or 'any'}).",
             )
             return False
-        if self.is_never_startable(rnd, job):
+        never = self.never_startable_of(rnd, job)
+        if never is not None:
+            _record_never(rnd, job, never)
             return False
-        if rnd.is_over_limit(job):
+        limit = rnd.limit(job.project)
+        if limit is not None and rnd.used.get(job.project, 0) + job.gpu_count > limit:  # over its limit
             rnd.out.wait(
                 job.id,
                 PendingReason.QUOTA,
@@ -72,41 +77,62 @@ class Admit:
         never = self.never_startable_of(rnd, job)
         if never is None:
             return False
-        rnd.out.wait(job.id, never.reason, never.message)
-        rnd.out.verdicts[job.id].has_eta = False
+        _record_never(rnd, job, never)
         return True
 
     def never_startable_of(self, rnd: Round, job: JobRequest) -> Unstartable | None:
         """`startability.never_startable` on this round's inventory, memoised per job shape
-        (the project counts only when it has quotas: without, the answer does not depend on it)."""
-        share = rnd.shares.get(job.project)
-        has_quotas = share is not None and (
-            bool(share.guaranteed) or share.borrow_limit is not None or bool(share.borrow_limits)
-        )
+        (the project counts only when it has quotas: without, the answer does not depend on it).
+
+        The verdict reads the job's constraints and size, its project's quotas (not its usage)
+        and the inventory, so it is also kept across rounds on the (shared) topology, keyed by
+        the quotas themselves."""
+        project = job.project
+        quota_projects = rnd.quota_projects
+        has_quotas = quota_projects.get(project)
+        if has_quotas is None:
+            share = rnd.shares.get(project)
+            has_quotas = quota_projects[project] = share is not None and (
+                bool(share.guaranteed) or share.borrow_limit is not None or bool(share.borrow_limits)
+            )
         key = (
-            constraint_key(job),
+            job.gpu_type,
+            job.min_memory_gib,
+            job.precisions,
             job.gpu_count,
-            job.project if has_quotas else None,
-            job.kind,
-            job.is_preemptible,
+            project if has_quotas else None,
         )
         cache = rnd.never_cache
-        if key not in cache:
+        found = cache.get(key, _MISSING)
+        if found is _MISSING:
+            share = rnd.shares.get(project)
             snapshot = rnd.state.snapshot
             # capacity per type depends on the nodes alone: kept on the (shared) topology
             derived = rnd.state.topology.derived
             capacity = derived.get(("type_capacity",))
             if capacity is None:
                 capacity = derived[("type_capacity",)] = type_capacity(snapshot.nodes)
-            cache[key] = never_startable(
-                job,
-                gpu_types=snapshot.gpu_types,
-                nodes=snapshot.nodes,
-                share=share,
-                is_guarantee_enforced=self.enforces_guarantees,
-                capacity_by_type=capacity,
+            kept = derived.get(("never_startable",))
+            if kept is None or len(kept) > _NEVER_KEPT:
+                kept = derived[("never_startable",)] = {}
+            quotas = (
+                (share.name, share.guaranteed, share.borrow_limit, share.borrow_limits)
+                if has_quotas and share is not None
+                else None
             )
-        return cache[key]
+            shape = (job.gpu_type, job.min_memory_gib, job.precisions, job.gpu_count, quotas)
+            found = kept.get(shape, _MISSING)
+            if found is _MISSING:
+                found = kept[shape] = never_startable(
+                    job,
+                    gpu_types=snapshot.gpu_types,
+                    nodes=snapshot.nodes,
+                    share=share,
+                    is_guarantee_enforced=self.enforces_guarantees,
+                    capacity_by_type=capacity,
+                )
+            cache[key] = found
+        return found  # type: ignore[return-value]
 
     def must_lend(self, rnd: Round, job: JobRequest, types: Sequence[str]) -> bool:
         """Whether a job may start only lent (reclaimable) under its project's quota."""
@@ -123,6 +149,12 @@ class Admit:
         return (
             self.lends_consenting and job.is_preemptible and job.is_checkpointable and not is_within_guarantee
         )
+
+
+def _record_never(rnd: Round, job: JobRequest, never: Unstartable) -> None:
+    """Record why a job can never start, with no ETA."""
+    rnd.out.wait(job.id, never.reason, never.message)
+    rnd.out.verdicts[job.id].has_eta = False
 
 
 def hold_pool(rnd: Round) -> None:
