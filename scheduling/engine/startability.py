@@ -134,12 +134,20 @@ def never_startable(
         name = max(usable, key=lambda t: (limits[t] or 0, t))
         guaranteed = guarantee_of(share, name)
         borrow = borrow_limit_of(share, name) or 0
+        most = guaranteed + borrow
+        if most == 0:  # "ask for at most 0 GPUs" is no advice
+            return Unstartable(
+                PendingReason.QUOTA,
+                f"Cannot start: project {share.name} is guaranteed 0 {name} GPUs and its borrowing "
+                f"limit for them is 0, so it can run no {name} job (this one needs {count}).",
+                f"Allow another GPU type, or ask an admin for a {name} guarantee or borrowing limit "
+                "for the project.",
+            )
         return Unstartable(
             PendingReason.QUOTA,
             f"Cannot start: project {share.name} is guaranteed {guaranteed} {name} GPUs and may "
-            f"borrow {borrow} more, so it may run at most {guaranteed + borrow} at once, and this "
-            f"job needs {count}.",
-            f"Ask for at most {guaranteed + borrow} GPUs, allow another GPU type, or ask an admin "
+            f"borrow {borrow} more, so it may run at most {most} at once, and this job needs {count}.",
+            f"Ask for at most {most} GPUs, allow another GPU type, or ask an admin "
             "to raise the project's guarantee or borrowing limit.",
         )
     return None
