@@ -125,6 +125,23 @@ def test_dashboard_shows_my_open_work_with_why_pending_eta_and_predictions(
     assert "1 open booking, 0 jobs running, 1 pending." in re.sub(r"\s+", " ", html)
 
 
+def test_dashboard_runtime_column_without_a_prediction(
+    member_web: Client, member: User, project: Project
+) -> None:
+    """A session runs until its user ends it (no runtime to predict); a batch job not yet
+    predicted says so, with what its user asked for."""
+    session = JobFactory(
+        user=member, project=project, name="notebook", kind=Job.Kind.INTERACTIVE, requested_s=None
+    )
+    batch = JobFactory(user=member, project=project, name="not-yet", requested_s=7200)
+    html = member_web.get("/").content.decode()
+    session_row = html.split(f'id="dash-job-{session.pk}"')[1].split("</tr>")[0]
+    batch_row = html.split(f'id="dash-job-{batch.pk}"')[1].split("</tr>")[0]
+    assert "Interactive: runs until you end it" in session_row
+    assert "Not predicted yet" not in session_row
+    assert "Not predicted yet; you said 2 h" in batch_row
+
+
 def test_dashboard_polls_a_fragment_inside_a_live_region(member_web: Client, nodes: list[Node]) -> None:
     html = member_web.get("/").content.decode()
     tag = re.search(r'<div id="dashboard-live"[^>]*>', html)
