@@ -12,6 +12,7 @@ from playwright.sync_api import ConsoleMessage, Dialog, Page, expect
 from portal.accounts.models import Project
 from scheduling.models import Booking, GpuType, Job, Node
 from scheduling.services import booking_create
+from tests.e2e.console import record_console_error
 from tests.factories import MembershipFactory
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
@@ -28,8 +29,8 @@ def test_book_see_and_cancel_a_window(
 
     def on_console(message: ConsoleMessage) -> None:
         # The form error below is a deliberate 422, which Chromium logs; anything else counts.
-        if message.type == "error" and "status of 422" not in message.text:
-            console_errors.append(message.text)
+        if "status of 422" not in message.text:
+            record_console_error(console_errors, message)
 
     page.on("console", on_console)
 

@@ -16,6 +16,7 @@ from playwright.sync_api import ConsoleMessage, Page, expect
 
 from portal.accounts.models import Project
 from scheduling.models import Allocation, AuditEvent, Cluster, EngineRound, GpuType, Job, Node
+from tests.e2e.console import record_console_error
 from tests.factories import JobFactory, QuotaFactory
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
@@ -100,8 +101,7 @@ def test_staff_opens_every_ops_page_and_runs_a_whatif(
     errors: list[str] = []
 
     def on_console(message: ConsoleMessage) -> None:
-        if message.type == "error":
-            errors.append(message.text)
+        record_console_error(errors, message)
 
     page.on("console", on_console)
     page.on("pageerror", lambda exc: errors.append(str(exc)))

@@ -25,6 +25,7 @@ from forecasting.selectors import runtime_predictor_forget
 from portal.accounts.models import Project
 from scheduling.models import Booking, Cluster, Job, Node
 from scheduling.rounds import engine_round_run
+from tests.e2e.console import record_console_error
 from tests.factories import JobFactory
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
@@ -42,8 +43,7 @@ def _console_errors(page: Page) -> list[str]:
     errors: list[str] = []
 
     def on_console(message: ConsoleMessage) -> None:
-        if message.type == "error":
-            errors.append(message.text)
+        record_console_error(errors, message)
 
     page.on("console", on_console)
     return errors
