@@ -68,6 +68,7 @@ from scheduling.backends.base import ObservedState as OS
 from scheduling.backends.registry import backend_for_cluster
 from scheduling.engine import plan_round
 from scheduling.engine.explain import idle_by_node
+from scheduling.engine.outcome import fmt_s
 from scheduling.engine.placement import constraint_key
 from scheduling.engine.startability import Unstartable, enforces_guarantees, unstartable_jobs
 from scheduling.engine.types import (
@@ -914,22 +915,24 @@ def _write_explanations(
     that reason and what would unblock it, and no ETA: no amount of waiting starts it.
 
     Only rows whose values change are written (an ETA that moved less than `_eta_close`
-    allows is kept), in one statement over arrays (``UNNEST``):
+    allows is kept, and with it the sentence's ETA text: `_with_eta_text`), in one statement
+    over arrays (``UNNEST``):
     from one round to the next most of a long queue keeps its explanation, and a ``CASE`` per
     row (Django's ``bulk_update``) costs PostgreSQL time quadratic in the rows of one statement.
     """
     explanations = {int(p.job_id): p for p in plan.pending if p.job_id.isdigit()}
-    # Plain columns, ETAs as epoch seconds, the ids as one array parameter: 2,000 ids in an
-    # ``IN (...)`` list and 4,000 timestamps parsed in Python were most of this function.
+    # Plain columns, ETAs as epoch seconds, every pending job of the cluster (the plan explains
+    # all of them): 2,000 ids in an ``IN (...)`` list, or in an array parameter (psycopg dumps
+    # lists in Python), and 4,000 timestamps parsed in Python were most of this function.
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
             SELECT id, pending_reason, pending_sentence,
                    EXTRACT(EPOCH FROM eta_p50_at)::float8, EXTRACT(EPOCH FROM eta_p90_at)::float8
               FROM {Job._meta.db_table}
-             WHERE cluster_id = %s AND status = %s AND id = ANY(%s)
+             WHERE cluster_id = %s AND status = %s
             """,  # noqa: S608 (the table name is the model's, every value a parameter)
-            [cluster.pk, Job.Status.PENDING, list(explanations)],
+            [cluster.pk, Job.Status.PENDING],
         )
         current = cursor.fetchall()
     valid = set(Job.PendingReason.values)
@@ -938,8 +941,10 @@ def _write_explanations(
     cannot_start: list[int] = []
     seen = 0
     for pk, old_reason, old_sentence, old_p50, old_p90 in current:
+        p = explanations.get(pk)
+        if p is None:  # submitted after the snapshot: the next round explains it
+            continue
         seen += 1
-        p = explanations[pk]
         never = unstartable.get(p.job_id)
         row: tuple[int, str, str, float | None, float | None]
         if never is not None:
@@ -953,9 +958,7 @@ def _write_explanations(
                 p.eta_p50_at,
                 p.eta_p90_at,
             )
-        if row[1:3] != (old_reason, old_sentence) or not (
-            _eta_close_s(row[3], old_p50, now_s=now_s) and _eta_close_s(row[4], old_p90, now_s=now_s)
-        ):
+        if _explanation_changed(row, (old_reason, old_sentence, old_p50, old_p90), now_s=now_s):
             changed.append(row)
     result.pending = seen
     if cannot_start:  # told once per attempt: waiting alone never starts them
@@ -975,6 +978,54 @@ def _write_explanations(
                 """,  # noqa: S608 (the table name is the model's, every value a parameter)
                 [list(c) for c in columns] + [Job.Status.PENDING],
             )
+
+
+def _explanation_changed(
+    row: tuple[int, str, str, float | None, float | None],
+    stored: tuple[str, str, float | None, float | None],
+    *,
+    now_s: float,
+) -> bool:
+    """Whether a pending job's new (reason, sentence, p50, p90) must be written over the stored one."""
+    _, reason, sentence, p50, p90 = row
+    old_reason, old_sentence, old_p50, old_p90 = stored
+    if reason != old_reason or not (
+        _eta_close_s(p50, old_p50, now_s=now_s) and _eta_close_s(p90, old_p90, now_s=now_s)
+    ):
+        return True
+    return sentence != old_sentence and old_sentence != _with_eta_text(
+        sentence, new=(p50, p90), old=(old_p50, old_p90), now_s=now_s
+    )
+
+
+def _eta_text(p50: float, p90: float, *, now_s: float) -> str:
+    """The engine's ETA sentence tail (`engine.explain.explain_pending`) for these ETAs at ``now_s``."""
+    return f" Expected start in {fmt_s(p50 - now_s)} (p90 {fmt_s(p90 - now_s)})."
+
+
+def _with_eta_text(
+    sentence: str,
+    *,
+    new: tuple[float | None, float | None],
+    old: tuple[float | None, float | None],
+    now_s: float,
+) -> str:
+    """``sentence`` (the engine's, ending in the text of the ``new`` ETAs) told with the ``old``
+    ETAs instead: what the stored sentence must be for the stored row to stay as it is.
+
+    The engine's sentences end in "Expected start in 5.4 d (p90 10.6 d).", relative to the
+    round's instant: ETAs that move by minutes flip that rounding on most of a long queue every
+    round (1,900 of 2,000 rows rewritten per round in the demo lab).  A row whose ETAs are kept
+    (within `_eta_close`) keeps its sentence when only that tail differs *and* the stored
+    sentence is what the engine says now for the stored ETAs, so the text shown always agrees
+    with the stored ETAs at this instant.  A sentence without the tail is returned unchanged.
+    """
+    if None in new or None in old:
+        return sentence
+    tail = _eta_text(new[0], new[1], now_s=now_s)  # type: ignore[arg-type]
+    if not sentence.endswith(tail):
+        return sentence
+    return sentence[: -len(tail)] + _eta_text(old[0], old[1], now_s=now_s)  # type: ignore[arg-type]
 
 
 def _eta_close_s(new: float | None, old: float | None, *, now_s: float) -> bool:
@@ -1233,28 +1284,53 @@ def _record_backend_error(cluster: Cluster, *, now: datetime, exc: Exception, po
     return row.pk
 
 
+# Per cluster: the inventory a memo of verdicts was made on, and the verdict of each shape.
+_UNSTARTABLE_MEMO: dict[str, tuple[Any, dict[tuple[Any, ...], Unstartable | None]]] = {}
+_UNSTARTABLE_MEMO_MAX_SHAPES = 50_000
+
+
 def _unstartable_by_shape(
     snapshot: ClusterSnapshot, jobs: Sequence[JobRequest], *, is_guarantee_enforced: bool
 ) -> dict[str, Unstartable]:
-    """`unstartable_jobs` asked once per job shape, not once per job.
+    """`unstartable_jobs` asked once per job shape, not once per job, and not again while the
+    inventory stays the same.
 
     The verdict depends on a job only through its constraints, GPU count, kind,
-    preemptibility and project, and each question reads the whole inventory: a queue of
-    10,000 jobs on 1,000 nodes has a few hundred shapes, so this is 10 million steps fewer.
+    preemptibility and project (its quotas), and each question reads the whole inventory: a
+    queue of 10,000 jobs on 1,000 nodes has a few hundred shapes, so this is 10 million steps
+    fewer.  The verdicts of a round are kept (per process, per cluster) with the inventory
+    they were made on (nodes with their status and GPUs, GPU types, the guarantee rule);
+    the next round with the same inventory asks only about shapes it has not seen.
     """
+    quotas = {p.name: (p.guaranteed, p.borrow_limit, p.borrow_limits) for p in snapshot.projects}
     members: dict[tuple[Any, ...], list[str]] = defaultdict(list)
     representative: dict[tuple[Any, ...], JobRequest] = {}
     for job in jobs:
-        shape = (constraint_key(job), job.gpu_count, job.kind, job.is_preemptible, job.project)
+        shape = (
+            constraint_key(job),
+            job.gpu_count,
+            job.kind,
+            job.is_preemptible,
+            job.project,
+            quotas.get(job.project),
+        )
         representative.setdefault(shape, job)
         members[shape].append(job.id)
-    verdicts = unstartable_jobs(
-        snapshot, representative.values(), is_guarantee_enforced=is_guarantee_enforced
-    )
+    inventory = (snapshot.nodes, snapshot.gpu_types, is_guarantee_enforced)
+    memo = _UNSTARTABLE_MEMO.get(snapshot.cluster)
+    known = memo[1] if memo is not None and memo[0] == inventory else {}
+    if len(known) > _UNSTARTABLE_MEMO_MAX_SHAPES:
+        known = {}
+    asked = {shape: job for shape, job in representative.items() if shape not in known}
+    if asked:
+        verdicts = unstartable_jobs(snapshot, asked.values(), is_guarantee_enforced=is_guarantee_enforced)
+        for shape, job in asked.items():
+            known[shape] = verdicts.get(job.id)
+    _UNSTARTABLE_MEMO[snapshot.cluster] = (inventory, known)
     return {
-        job_id: verdicts[job.id]
-        for shape, job in representative.items()
-        if job.id in verdicts
+        job_id: verdict
+        for shape in representative
+        if (verdict := known[shape]) is not None
         for job_id in members[shape]
     }
 

@@ -1,0 +1,135 @@
+"""The round's speed work (issue 13, bench.round): what a round keeps from the last one is
+still what it would compute afresh.
+
+Real PostgreSQL and the live simulator on a real Redis (tests.integration.loop).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime
+
+import pytest
+
+from scheduling import rounds, snapshots
+from scheduling.engine.outcome import fmt_s
+from scheduling.engine.startability import enforces_guarantees, unstartable_jobs
+from scheduling.models import Job
+from scheduling.snapshots import cluster_snapshot_build, epoch, policy_config_for_cluster
+from tests.integration import loop
+from tests.integration.loop import later, make_cluster, make_member, submit
+
+engine_redis_url = loop.engine_redis_url
+run_round = loop.run_round
+t0 = loop.t0
+
+pytestmark = pytest.mark.django_db
+
+STEM = "Needs 4 GPUs of type A100; 0 are free; top job 7 holds the next free GPUs."
+
+
+def _said(p50: float, p90: float, now_s: float) -> str:
+    return f"{STEM} Expected start in {fmt_s(p50 - now_s)} (p90 {fmt_s(p90 - now_s)})."
+
+
+def test_a_sentence_that_differs_only_in_its_eta_text_is_kept_with_its_etas() -> None:
+    now_s = 1_800_000_000.0
+    old = (now_s + 5.4 * 86_400, now_s + 10.6 * 86_400)
+    new = (old[0] - 0.2 * 86_400, old[1] - 0.2 * 86_400)  # within 10 % of the wait
+    stored = ("priority", _said(*old, now_s), *old)
+    row = (1, "priority", _said(*new, now_s), *new)
+    assert row[2] != stored[1], "the engine's text differs: the test needs it to"
+    assert not rounds._explanation_changed(row, stored, now_s=now_s)
+    # The stored text must be what the engine says now for the stored ETAs, else it is rewritten:
+    # time passing moves the relative text even when the absolute ETA is kept.
+    stale = ("priority", _said(*old, now_s - 86_400), *old)
+    assert rounds._explanation_changed(row, stale, now_s=now_s)
+    # Another stem, another reason, or an ETA outside the slack: written.
+    other = (1, "priority", _said(*new, now_s).replace("top job 7", "top job 8"), *new)
+    assert rounds._explanation_changed(other, stored, now_s=now_s)
+    assert rounds._explanation_changed((1, "resources", *row[2:]), stored, now_s=now_s)
+    far = (old[0] + 3 * 86_400, old[1])
+    assert rounds._explanation_changed((1, "priority", _said(*far, now_s), *far), stored, now_s=now_s)
+    # A sentence without the ETA text is compared as it is.
+    assert rounds._explanation_changed(
+        (1, "priority", "Held.", *new), ("priority", "Held!", *old), now_s=now_s
+    )
+    assert not rounds._explanation_changed(
+        (1, "priority", "Held.", *new), ("priority", "Held.", *old), now_s=now_s
+    )
+
+
+def test_stored_sentences_agree_with_stored_etas_round_after_round(
+    engine_redis_url, run_round, t0: datetime
+) -> None:
+    cluster = make_cluster(nodes=1, gpus_per_node=4)
+    user, project = make_member()
+    submit(user, project, cluster, gpus=4, runtime_s=7_200, now=t0)
+    waiting = [submit(user, project, cluster, gpus=4, runtime_s=600 * (i + 1), now=t0) for i in range(4)]
+    checked = 0
+    for step in range(4):
+        at = later(t0, 15 * step)
+        run_round(cluster, at)
+        for job in Job.objects.filter(pk__in=[j.pk for j in waiting]):
+            assert job.status == Job.Status.PENDING
+            assert job.pending_sentence
+            if job.eta_p50_at is None or "Expected start in" not in job.pending_sentence:
+                continue
+            tail = (
+                f" Expected start in {fmt_s(epoch(job.eta_p50_at) - epoch(at))}"
+                f" (p90 {fmt_s(epoch(job.eta_p90_at) - epoch(at))})."
+            )
+            assert job.pending_sentence.endswith(tail), (job.pending_sentence, tail)
+            checked += 1
+    assert checked >= 4, "the engine gave no ETA sentence to check"
+
+
+def test_startability_memo_follows_the_inventory(t0: datetime) -> None:
+    cluster = make_cluster(nodes=2, gpus_per_node=4)
+    user, project = make_member()
+    for gpus in (1, 2, 4, 8, 8):
+        submit(user, project, cluster, gpus=gpus, runtime_s=600, now=t0)
+    policy = policy_config_for_cluster(cluster=cluster)
+    enforced = enforces_guarantees(policy.name)
+
+    def both() -> tuple[dict, dict]:
+        snapshot = cluster_snapshot_build(cluster=cluster, now=t0, policy=policy)
+        per_job = unstartable_jobs(snapshot, snapshot.pending, is_guarantee_enforced=enforced)
+        return per_job, rounds._unstartable_by_shape(
+            snapshot, snapshot.pending, is_guarantee_enforced=enforced
+        )
+
+    per_job, memo = both()
+    assert per_job == memo == {}
+    cluster.nodes.filter(name="n1").update(status="down")  # 4 usable GPUs left: the 8s never start
+    per_job, memo = both()
+    assert memo == per_job
+    assert len(per_job) == 2
+    cluster.nodes.filter(name="n1").update(status="up")
+    per_job, memo = both()
+    assert memo == per_job == {}
+
+
+def test_a_changed_job_gets_a_new_request_in_the_next_snapshot(t0: datetime) -> None:
+    cluster = make_cluster(nodes=1, gpus_per_node=4)
+    user, project = make_member()
+    job = submit(user, project, cluster, gpus=1, runtime_s=600, now=t0)
+    Job.objects.filter(pk=job.pk).update(predicted_p50_s=100.0, predicted_p90_s=200.0)
+    first = snapshots._open_jobs(cluster=cluster, now=t0)
+    again = snapshots._open_jobs(cluster=cluster, now=t0)
+    assert again[0].request is first[0].request  # kept: nothing changed
+    Job.objects.filter(pk=job.pk).update(predicted_p50_s=300.0, priority=5)
+    changed = snapshots._open_jobs(cluster=cluster, now=t0)[0].request
+    assert (changed.predicted_p50_s, changed.priority) == (300.0, 5)
+    fresh = snapshots._job_request_from_row(job.pk, _columns(job.pk))
+    assert changed == fresh == dataclasses.replace(first[0].request, predicted_p50_s=300.0, priority=5)
+
+
+def _columns(pk: int) -> tuple:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            snapshots._OPEN_JOBS_SQL.replace("j.cluster_id = %s AND j.status = ANY(%s)", "j.id = %s"), [pk]
+        )
+        return cursor.fetchone()[1:19]
