@@ -1,0 +1,180 @@
+"""Shared pieces of the engine round: the result, audit helpers, the lock, allocation helpers."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg.errors
+from django.db import DatabaseError, IntegrityError, connection
+from django.db.models import Min
+
+from notifications.models import EventKind
+from scheduling.engine.types import (
+    NodeStatus,
+)
+from scheduling.models import (
+    Allocation,
+    AuditEvent,
+    Job,
+    Node,
+)
+from scheduling.services import (
+    allocation_events_record,
+    allocation_state,
+    allocations_close,
+    audit_event_record,
+)
+
+logger = logging.getLogger(__name__)
+
+ENGINE = AuditEvent.Actor.ENGINE
+_LOCK_NAMESPACE = 0x4265  # "Be": first key of the two-key advisory lock, the cluster id is the second
+# A running job's allocation is extended when it would lapse within this margin, by this much.
+_EXTEND_MARGIN = timedelta(minutes=5)
+_EXTEND_BY = timedelta(minutes=30)
+_MIN_PERIOD = timedelta(seconds=60)
+# A pending job's stored ETA is rewritten only when it moves by more than this (or 10 % of the wait).
+_ETA_SLACK = timedelta(seconds=60)
+# A terminal backend record that started this long before the job's current start is an earlier attempt.
+_STALE_TOLERANCE_S = 2.0
+_BOOKING_NOTE_PREFIX = "Engine: "
+_FINISH_EVENTS: dict[str, str] = {
+    Job.Status.COMPLETED: EventKind.JOB_FINISHED,
+    Job.Status.FAILED: EventKind.JOB_FAILED,
+}
+_NODE_STATUS = {
+    NodeStatus.UP: Node.Status.UP,
+    NodeStatus.DRAINING: Node.Status.DRAINING,
+    NodeStatus.DOWN: Node.Status.DOWN,
+}
+
+
+@dataclass(slots=True)
+class RoundResult:
+    """What one call of `engine_round_run` did (returned to the task, logged, shown in tests)."""
+
+    cluster_id: int
+    status: str = "ok"  # ok | locked | inactive | backend_error | apply_failed | engine_error
+    round_id: int | None = None
+    message: str = ""
+    started: int = 0
+    start_conflicts: int = 0
+    failed_starts: int = 0
+    preempted: int = 0
+    finished: int = 0
+    requeued: int = 0
+    lost: int = 0
+    pending: int = 0
+    duration_ms: float = 0.0
+    next_round_at: float | None = None  # epoch s: the engine wants another round by then
+    notes: list[str] = field(default_factory=list)
+    # Wall milliseconds per phase: backend_snapshot, reconcile, snapshot_build, plan, persist, apply.
+    phases_ms: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def hook(name: str) -> Any:
+    """``scheduling.rounds.<name>``, looked up when called: the package re-exports `plan_round`
+    and `_call_apply`, and whoever replaces them there (a test, a debugging session) is obeyed."""
+    return getattr(importlib.import_module("scheduling.rounds"), name)
+
+
+# ---- audit helpers ----
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def _job_state(job: Job) -> dict[str, Any]:
+    return {
+        "status": job.status,
+        "started_at": _iso(job.started_at),
+        "ended_at": _iso(job.ended_at),
+        "attempt": job.attempt,
+        "pending_reason": job.pending_reason,
+    }
+
+
+def _audit(verb: str, entity_type: str, entity_id: int, before: Any, after: Any, at: datetime) -> None:
+    audit_event_record(
+        actor=None,
+        actor_label=ENGINE,
+        verb=verb,
+        entity_type=entity_type,
+        entity_id=entity_id,
+        before=before,
+        after=after,
+        at=at,
+    )
+
+
+def _audit_allocations(
+    changes: Sequence[tuple[Allocation, dict[str, Any] | None]], verb: str, at: datetime
+) -> None:
+    allocation_events_record(changes=changes, actor=None, actor_label=ENGINE, verb=verb, at=at)
+
+
+def _is_exclusion_violation(exc: IntegrityError) -> bool:
+    return isinstance(exc.__cause__, psycopg.errors.ExclusionViolation)
+
+
+# ---- the lock ----
+
+
+@contextmanager
+def cluster_round_lock(cluster_id: int) -> Iterator[bool]:
+    """Try the cluster's session advisory lock; yields whether this caller holds it."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", [_LOCK_NAMESPACE, cluster_id])
+        acquired = bool(cursor.fetchone()[0])
+    try:
+        yield acquired
+    finally:
+        if acquired:
+            try:
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT pg_advisory_unlock(%s, %s)", [_LOCK_NAMESPACE, cluster_id])
+            except DatabaseError:  # the connection died: PostgreSQL released the lock with it
+                logger.warning("could not unlock round lock of cluster %s", cluster_id, exc_info=True)
+
+
+# ---- allocation helpers ----
+
+
+def _close_job_allocations(job: Job, *, at: datetime, verb: str) -> None:
+    """End the job's blocking allocations at ``at``: truncate what had started, release the rest."""
+    allocations_close(job.allocations.all(), at=at, actor=None, actor_label=ENGINE, verb=verb)
+
+
+def _release_job_allocations(job: Job, *, at: datetime, verb: str) -> None:
+    """A start that never happened: its allocations leave the constraint (state ``released``)."""
+    changes: list[tuple[Allocation, dict[str, Any] | None]] = []
+    for allocation in job.allocations.exclude(state__in=(Allocation.State.RELEASED, Allocation.State.ENDED)):
+        before = allocation_state(allocation)
+        allocation.state = Allocation.State.RELEASED
+        changes.append((allocation, before))
+    if changes:
+        Allocation.objects.bulk_update([a for a, _ in changes], ["state"])
+        _audit_allocations(changes, verb, at)
+
+
+def _next_blocking_start(
+    *, gpu_ids: Sequence[int], after: datetime, exclude_job_id: int | None
+) -> datetime | None:
+    """The earliest start, at or after ``after``, of another holder's blocking allocation on these GPUs."""
+    qs = Allocation.objects.filter(gpu_id__in=list(gpu_ids), period__startswith__gte=after).exclude(
+        state=Allocation.State.RELEASED
+    )
+    if exclude_job_id is not None:
+        qs = qs.exclude(job_id=exclude_job_id)
+    first: datetime | None = qs.aggregate(first=Min("period__startswith"))["first"]
+    return first
