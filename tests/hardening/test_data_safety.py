@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from io import StringIO
 from pathlib import Path
 
@@ -45,9 +46,28 @@ def _table_digests(url: str) -> dict[str, tuple[int, str]]:
         return digests
 
 
-def _drop(dbname: str) -> None:
-    with psycopg.connect(_url("postgres"), autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+def _drop(dbname: str, *, attempts: int = 5) -> None:
+    """Drop a scratch database; robust to a busy server, never silent about a real failure.
+
+    ``WITH (FORCE)`` terminates the database's sessions first, but under load it was refused
+    once ("being accessed by other users": a backend still starting, e.g. pg_restore's last
+    connection closing): terminate them explicitly and retry with a short backoff.  The last
+    attempt's error is raised, so a drop that really cannot happen still fails the test.
+    """
+    for attempt in range(attempts):
+        try:
+            with psycopg.connect(_url("postgres"), autocommit=True) as conn:
+                conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = %s AND pid <> pg_backend_pid()",
+                    [dbname],
+                )
+                conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+            return
+        except psycopg.errors.ObjectInUse:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.2 * 2**attempt)
 
 
 @pytest.fixture
