@@ -44,6 +44,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
+from bench._cpu import CpuMeter
+
 BENCH_TYPE = "BENCH"
 BENCH_CLUSTER = "bench"
 BENCH_PROJECT = "bench"
@@ -135,79 +137,6 @@ def count_double_bookings(*, cluster: str, storm_start: datetime, storm_end: dat
         )
         granted = int(cur.fetchone()[0])
     return overlaps, granted
-
-
-# ---- CPU accounting (Linux /proc; absent elsewhere) ----
-# Throughput on a shared machine says little; CPU seconds per request do not depend on what
-# else runs.  The bench reports, per phase, the CPU its own client processes, the server's
-# process tree (``--server-pid``) and the database's backends spent per request.
-
-
-def _proc_cpu_s(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _tree_pids(root: int) -> list[int]:
-    """``root`` and its descendants."""
-    parents: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="ascii") as fh:
-                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        parents.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(parents.get(pid, []))
-    return out
-
-
-def _db_backend_pids() -> list[int]:
-    """The PostgreSQL backends serving this database (a local server only)."""
-    from django.db import connection
-
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        )
-        return [int(r[0]) for r in cur.fetchall()]
-
-
-class CpuMeter:
-    """CPU seconds of the server's process tree and the database backends over a phase."""
-
-    def __init__(self, server_pid: int | None, with_db: bool) -> None:
-        self.server_pid = server_pid
-        self.with_db = with_db and os.path.isdir("/proc")
-        self._start: dict[str, dict[int, float]] = {}
-
-    def _sample(self) -> dict[str, dict[int, float]]:
-        out: dict[str, dict[int, float]] = {}
-        if self.server_pid is not None:
-            out["server"] = {p: _proc_cpu_s(p) for p in _tree_pids(self.server_pid)}
-        if self.with_db:
-            out["db"] = {p: _proc_cpu_s(p) for p in _db_backend_pids()}
-        return out
-
-    def start(self) -> None:
-        self._start = self._sample()
-
-    def stop(self) -> dict[str, float]:
-        end = self._sample()
-        return {
-            name: sum(max(0.0, cpu - self._start.get(name, {}).get(pid, 0.0)) for pid, cpu in pids.items())
-            for name, pids in end.items()
-        }
 
 
 # ---- client processes ----
@@ -481,7 +410,38 @@ def fill_window(target: Target, *, nodes: int) -> Target:
     return dataclasses.replace(target, full_start=start.isoformat(), full_end=end.isoformat())
 
 
-def main(argv: list[str] | None = None) -> int:
+def _print_phase(phase: str, result: dict[str, Any]) -> None:
+    cpu = "  ".join(f"{k} {v:.2f}" for k, v in result["cpu_ms_per_request"].items())
+    print(
+        f"{phase:>16}: {result['rps']:8.1f} req/s  p50 {result['p50_ms']:7.2f} ms"
+        f"  p99 {result['p99_ms']:7.2f} ms  {result['statuses']}  CPU ms/req: {cpu}"
+    )
+    for role in ("availability", "attacker") if phase == "mixed" else ():
+        part = result[role]
+        print(
+            f"{'  ' + role:>16}: {part['rps']:8.1f} req/s  p50 {part['p50_ms']:7.2f} ms"
+            f"  p99 {part['p99_ms']:7.2f} ms  {part['statuses']}"
+        )
+
+
+def _storm(
+    pool: Any, target: Target, *, clients: int, per_client: int
+) -> tuple[datetime, datetime, list[int]]:
+    """Every client wants the same window at once, together asking for more than exists."""
+    storm_start = (datetime.now(tz=UTC) + timedelta(days=80)).replace(minute=0, second=0, microsecond=0)
+    storm_end = storm_start + timedelta(hours=2)
+    start_wall = time.time() + 1.0
+    codes = pool.map(
+        _storm_client,
+        [
+            (target, c, start_wall, storm_start.isoformat(), storm_end.isoformat(), per_client)
+            for c in range(clients)
+        ],
+    )
+    return storm_start, storm_end, codes
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.api", description=__doc__.split("\n")[0])
     parser.add_argument("--url", required=True, help="server base URL on loopback")
     parser.add_argument("--setup", action="store_true", help="create the bench cluster, users, tokens")
@@ -502,6 +462,54 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated subset of availability, booking_create, bookings_list, refused_booking, mixed",
     )
     parser.add_argument("--out", required=True)
+    return parser
+
+
+def _report(
+    args: argparse.Namespace,
+    *,
+    cluster: str,
+    endpoints: dict[str, dict[str, Any]],
+    storm: tuple[datetime, datetime],
+    statuses: dict[str, int],
+) -> int:
+    """Count double bookings, print the storm and write the JSON; returns the double bookings."""
+    storm_start, storm_end = storm
+    storm_statuses = statuses
+    capacity = args.bench_nodes * 8 if args.setup else 0
+    per_client = 8
+    double_bookings = 0
+    granted_gpus = None
+    if args.setup:
+        overlaps, granted_gpus = count_double_bookings(
+            cluster=cluster, storm_start=storm_start, storm_end=storm_end
+        )
+        double_bookings = overlaps + max(0, granted_gpus - capacity)
+    result = {
+        "url": args.url,
+        "clients": args.clients,
+        "duration_s": args.duration_s,
+        "endpoints": endpoints,
+        "conflict_storm": {
+            "clients": args.storm_clients,
+            "gpus_per_client": per_client,
+            "capacity_gpus": capacity,
+            "granted_gpus": granted_gpus,
+            "statuses": storm_statuses,
+        },
+        "double_bookings": double_bookings,
+    }
+    print(
+        f"    conflict_storm: {storm_statuses}  granted {granted_gpus}/{capacity}  "
+        f"double_bookings {double_bookings}"
+    )
+    with open(args.out, "w", encoding="utf-8") as fh:
+        json.dump(result, fh, indent=2)
+    return double_bookings
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
 
     url = urlsplit(args.url)
@@ -549,61 +557,14 @@ def main(argv: list[str] | None = None) -> int:
                 base_hour=24,
                 meter=meter,
             )
-            result = endpoints[phase]
-            cpu = "  ".join(f"{k} {v:.2f}" for k, v in result["cpu_ms_per_request"].items())
-            print(
-                f"{phase:>16}: {result['rps']:8.1f} req/s  p50 {result['p50_ms']:7.2f} ms"
-                f"  p99 {result['p99_ms']:7.2f} ms  {result['statuses']}  CPU ms/req: {cpu}"
-            )
-            for role in ("availability", "attacker") if phase == "mixed" else ():
-                part = result[role]
-                print(
-                    f"{'  ' + role:>16}: {part['rps']:8.1f} req/s  p50 {part['p50_ms']:7.2f} ms"
-                    f"  p99 {part['p99_ms']:7.2f} ms  {part['statuses']}"
-                )
+            _print_phase(phase, endpoints[phase])
 
-        # The storm: every client wants the same window, together asking for more than exists.
-        storm_start = (datetime.now(tz=UTC) + timedelta(days=80)).replace(minute=0, second=0, microsecond=0)
-        storm_end = storm_start + timedelta(hours=2)
-        capacity = args.bench_nodes * 8 if args.setup else 0
-        per_client = 8
-        start_wall = time.time() + 1.0
-        codes = pool.map(
-            _storm_client,
-            [
-                (target, c, start_wall, storm_start.isoformat(), storm_end.isoformat(), per_client)
-                for c in range(args.storm_clients)
-            ],
-        )
+        storm_start, storm_end, codes = _storm(pool, target, clients=args.storm_clients, per_client=8)
     storm_statuses = {str(c): codes.count(c) for c in sorted(set(codes))}
 
-    double_bookings = 0
-    granted_gpus = None
-    if args.setup:
-        overlaps, granted_gpus = count_double_bookings(
-            cluster=cluster, storm_start=storm_start, storm_end=storm_end
-        )
-        double_bookings = overlaps + max(0, granted_gpus - capacity)
-    result = {
-        "url": args.url,
-        "clients": args.clients,
-        "duration_s": args.duration_s,
-        "endpoints": endpoints,
-        "conflict_storm": {
-            "clients": args.storm_clients,
-            "gpus_per_client": per_client,
-            "capacity_gpus": capacity,
-            "granted_gpus": granted_gpus,
-            "statuses": storm_statuses,
-        },
-        "double_bookings": double_bookings,
-    }
-    print(
-        f"    conflict_storm: {storm_statuses}  granted {granted_gpus}/{capacity}  "
-        f"double_bookings {double_bookings}"
+    double_bookings = _report(
+        args, cluster=cluster, endpoints=endpoints, storm=(storm_start, storm_end), statuses=storm_statuses
     )
-    with open(args.out, "w", encoding="utf-8") as fh:
-        json.dump(result, fh, indent=2)
     return 0 if double_bookings == 0 and "500" not in storm_statuses else 1
 
 
