@@ -339,60 +339,96 @@ def capacity_for_wait_target(
             jobs=0,
             message="No finished jobs on this type in the window.",
         )
-    lo = max(1, math.ceil(max(j.gpu_count for j in trace.jobs) / per_node))
-    hi = max(lo, math.ceil(peak_concurrent_gpus(trace) / per_node))
-    planned = min(max_replays, 2 + math.ceil(math.log2(max(hi - lo, 1))))
-    points: dict[int, WaitPoint] = {}
-    started = time.monotonic()
+    search = _NodeSearch(
+        trace=trace,
+        gpu_type=gpu_type,
+        per_node=per_node,
+        policy=policy,
+        p95_wait_s=p95_wait_s,
+        max_replays=max_replays,
+        time_budget_s=time_budget_s,
+        on_progress=on_progress,
+    )
+    answer, message = search.run()
+    return WaitTargetResult(
+        gpu_type=gpu_type,
+        p95_wait_s=p95_wait_s,
+        current_gpus=current,
+        gpus_per_node=per_node,
+        answer_gpus=answer * per_node if answer is not None else None,
+        points=tuple(sorted(search.points.values(), key=lambda p: p.gpus)),
+        jobs=len(trace.jobs),
+        message=message,
+    )
 
-    def evaluate(nodes: int) -> WaitPoint:
+
+class _NodeSearch:
+    """Binary search over whole nodes for :func:`capacity_for_wait_target` (one replay per count)."""
+
+    def __init__(
+        self,
+        *,
+        trace: Any,
+        gpu_type: str,
+        per_node: int,
+        policy: str,
+        p95_wait_s: float,
+        max_replays: int,
+        time_budget_s: float,
+        on_progress: ProgressFn | None,
+    ) -> None:
+        self.trace, self.gpu_type, self.per_node, self.policy = trace, gpu_type, per_node, policy
+        self.p95_wait_s, self.max_replays, self.time_budget_s = p95_wait_s, max_replays, time_budget_s
+        self.on_progress = on_progress
+        self.lo = max(1, math.ceil(max(j.gpu_count for j in trace.jobs) / per_node))
+        self.hi = max(self.lo, math.ceil(peak_concurrent_gpus(trace) / per_node))
+        self.planned = min(max_replays, 2 + math.ceil(math.log2(max(self.hi - self.lo, 1))))
+        self.points: dict[int, WaitPoint] = {}
+        self.started = time.monotonic()
+
+    def evaluate(self, nodes: int) -> WaitPoint:
+        points = self.points
         if nodes not in points:
             points[nodes] = wait_replay(
-                trace, gpu_type=gpu_type, nodes=nodes, gpus_per_node=per_node, policy=policy
+                self.trace,
+                gpu_type=self.gpu_type,
+                nodes=nodes,
+                gpus_per_node=self.per_node,
+                policy=self.policy,
             )
-            if on_progress is not None:
-                on_progress(sorted(points.values(), key=lambda p: p.gpus), len(points), planned)
+            if self.on_progress is not None:
+                self.on_progress(sorted(points.values(), key=lambda p: p.gpus), len(points), self.planned)
         return points[nodes]
 
-    def budget_left() -> bool:
-        return len(points) < max_replays and time.monotonic() - started < time_budget_s
+    def budget_left(self) -> bool:
+        return len(self.points) < self.max_replays and time.monotonic() - self.started < self.time_budget_s
 
-    def result(answer_nodes: int | None, message: str) -> WaitTargetResult:
-        return WaitTargetResult(
-            gpu_type=gpu_type,
-            p95_wait_s=p95_wait_s,
-            current_gpus=current,
-            gpus_per_node=per_node,
-            answer_gpus=answer_nodes * per_node if answer_nodes is not None else None,
-            points=tuple(sorted(points.values(), key=lambda p: p.gpus)),
-            jobs=len(trace.jobs),
-            message=message,
-        )
+    def meets(self, nodes: int) -> bool:
+        point = self.evaluate(nodes)
+        return point.unfinished_jobs == 0 and point.wait_p95_s <= self.p95_wait_s
 
-    def meets(nodes: int) -> bool:
-        point = evaluate(nodes)
-        return point.unfinished_jobs == 0 and point.wait_p95_s <= p95_wait_s
-
-    if not meets(hi):
-        return result(
-            None,
-            f"Even {hi * per_node} GPUs (the peak concurrent demand) give a p95 wait of "
-            f"{points[hi].wait_p95_s:.0f} s; the target is below the scheduler's own latency.",
-        )
-    if budget_left() and meets(lo):
-        return result(lo, f"{lo * per_node} GPUs (enough for the largest job) already meet the target.")
-    fail, ok = lo, hi
-    while ok - fail > 1 and budget_left():
-        mid = (fail + ok) // 2
-        if meets(mid):
-            ok = mid
-        else:
-            fail = mid
-    exact = ok - fail <= 1 and fail in points
-    note = "" if exact else " (an upper bound: the replay budget ran out)"
-    return result(
-        ok, f"{ok * per_node} GPUs keep the p95 wait under {p95_wait_s:.0f} s{note}.{_anomaly(points)}"
-    )
+    def run(self) -> tuple[int | None, str]:
+        """(answer in nodes or None, the sentence for the page)."""
+        lo, hi, per_node, p95_wait_s = self.lo, self.hi, self.per_node, self.p95_wait_s
+        if not self.meets(hi):
+            return (
+                None,
+                f"Even {hi * per_node} GPUs (the peak concurrent demand) give a p95 wait of "
+                f"{self.points[hi].wait_p95_s:.0f} s; the target is below the scheduler's own latency.",
+            )
+        if self.budget_left() and self.meets(lo):
+            return lo, f"{lo * per_node} GPUs (enough for the largest job) already meet the target."
+        fail, ok = lo, hi
+        while ok - fail > 1 and self.budget_left():
+            mid = (fail + ok) // 2
+            if self.meets(mid):
+                ok = mid
+            else:
+                fail = mid
+        exact = ok - fail <= 1 and fail in self.points
+        note = "" if exact else " (an upper bound: the replay budget ran out)"
+        message = f"{ok * per_node} GPUs keep the p95 wait under {p95_wait_s:.0f} s{note}."
+        return ok, message + _anomaly(self.points)
 
 
 def _anomaly(points: dict[int, WaitPoint]) -> str:

@@ -48,6 +48,10 @@ class ForecastRun(models.Model):
     fit_s = models.FloatField(default=0.0)
     # Rolling-origin backtest of this series when one was run: {model: {mase, smape, coverage_80, ...}}.
     metrics = models.JSONField(null=True, blank=True)
+    # "" for a modelled forecast; "no_signal" when the series had too few non-zero hours to
+    # model and the forecast is the empirical distribution of its last week (the capacity
+    # page says so).
+    flag = models.CharField(max_length=32, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

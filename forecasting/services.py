@@ -95,6 +95,92 @@ def _backtest_metrics(y: pd.Series, *, model_name: str, events: Sequence[Any]) -
     }
 
 
+def forecast_ceiling(*, kind: str, key: str, capacity_by_type: dict[str, int]) -> float | None:
+    """The most GPUs a series can physically reach, or None when it has no such bound.
+
+    Interactive demand on a GPU type runs on that type's pool (sessions and bookings are
+    admitted against it): its capacity bounds the forecast.  GPU-type and project demand
+    count queued work too, which has no physical bound (the model caps those at a
+    multiple of their history's maximum instead).
+    """
+    if kind == ForecastRun.Kind.INTERACTIVE and key:
+        capacity = capacity_by_type.get(key)
+        return float(capacity) if capacity else None
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _SeriesFit:
+    model: Any
+    forecast: Any  # forecasting.core.models.Forecast, bounded
+    fit_s: float
+    metrics: dict[str, Any] | None
+
+
+def _fit_series(
+    y: pd.Series, *, name: str, events: Sequence[Any], horizon_h: int, ceiling: float | None, backtest: bool
+) -> _SeriesFit:
+    """Fit the model on one series and bound its forecast (see :func:`forecast_ceiling`)."""
+    from forecasting.core.models import make_model
+
+    started = time.perf_counter()
+    model = make_model(name, events=events)
+    fc = model.fit(y).forecast(horizon_h)
+    # Demand is never negative, a pool never runs more than it holds, and the interval
+    # always contains the point (a DB check).
+    fc = fc.bounded(ceiling)
+    fit_s = time.perf_counter() - started
+    metrics = _backtest_metrics(y, model_name=name, events=events) if backtest else None
+    return _SeriesFit(model=model, forecast=fc, fit_s=fit_s, metrics=metrics)
+
+
+def _run_store(
+    *,
+    run_fields: dict[str, Any],
+    fitted: _SeriesFit,
+    y: pd.Series,
+    replace: bool,
+    type_ids: dict[str, int],
+    project_ids: dict[str, int],
+) -> ForecastRun:
+    """Store one run and its points atomically (raises IntegrityError on a duplicate hour)."""
+    fc = fitted.forecast
+    kind, key, issued = run_fields["kind"], run_fields["key"], run_fields["issued_at"]
+    upper95 = fc.upper_95_or_upper
+    naive = seasonal_naive_24(y, horizon_h=len(fc.point))
+    with transaction.atomic():
+        if replace:
+            ForecastRun.objects.filter(**run_fields).delete()
+        run = ForecastRun.objects.create(
+            **run_fields,
+            gpu_type_id=type_ids.get(key) if kind != ForecastRun.Kind.PROJECT else None,
+            project_id=project_ids.get(key) if kind == ForecastRun.Kind.PROJECT else None,
+            model_version=model_version(fitted.model),
+            train_start_at=from_naive_utc(y.index[0]),
+            train_end_at=issued,
+            horizon_h=len(fc.point),
+            history_hours=len(y),
+            fit_s=fitted.fit_s,
+            metrics=fitted.metrics,
+            flag=fc.flag or "",
+        )
+        ForecastPoint.objects.bulk_create(
+            ForecastPoint(
+                run=run,
+                ts=from_naive_utc(ts),
+                yhat=float(p),
+                lower80=float(lo),
+                upper80=float(hi),
+                upper95=float(hi95),
+                naive24=nv,
+            )
+            for ts, p, lo, hi, hi95, nv in zip(
+                fc.index, fc.point, fc.lower, fc.upper, upper95, naive, strict=True
+            )
+        )
+    return run
+
+
 def forecast_refresh(
     *,
     cluster_id: int,
@@ -110,10 +196,10 @@ def forecast_refresh(
     the complete hours before it.  Series without any demand are skipped (nothing to learn;
     the headroom treats a missing forecast as 0).  A series already stored for this hour is
     skipped unless ``replace`` (the nightly refit, which also stores backtest metrics:
-    MASE, sMAPE and 80% coverage against the 24 h seasonal naive).
+    MASE, sMAPE and 80% coverage against the 24 h seasonal naive).  Every forecast is
+    clipped to ``[0, forecast_ceiling]``; a series with too few non-zero hours to model is
+    stored with ``flag="no_signal"``.
     """
-    from forecasting.core.models import make_model
-
     now = at or timezone.now()
     issued = hour_floor(now)
     name = model_name or settings.BERTH_FORECAST_MODEL
@@ -125,8 +211,9 @@ def forecast_refresh(
             "kind", "key"
         )
     )
-    type_ids = dict(GpuType.objects.values_list("name", "id"))
-    project_ids = dict(Project.objects.values_list("slug", "id"))
+    capacity = cluster_capacity_by_type(cluster_id=cluster_id)
+    ids = {"type_ids": dict(GpuType.objects.values_list("name", "id"))}
+    ids["project_ids"] = dict(Project.objects.values_list("slug", "id"))
     created: list[int] = []
     skipped = failed = 0
     total = len(series)
@@ -136,23 +223,16 @@ def forecast_refresh(
         if ((kind, key) in stored and not replace) or not bool(np.any(y.to_numpy() > 0)):
             skipped += 1
             continue
-        started = time.perf_counter()
+        ceiling = forecast_ceiling(kind=kind, key=key, capacity_by_type=capacity)
         try:
-            model = make_model(name, events=events)
-            fc = model.fit(y).forecast(horizon_h)
+            fitted = _fit_series(
+                y, name=name, events=events, horizon_h=horizon_h, ceiling=ceiling, backtest=backtest
+            )
         except Exception:
             # One bad series must not cost the cluster its other forecasts.
             logger.exception("forecast fit failed: cluster=%s %s:%s", cluster_id, kind, key)
             failed += 1
             continue
-        fit_s = time.perf_counter() - started
-        metrics = _backtest_metrics(y, model_name=name, events=events) if backtest else None
-        # Demand is never negative; the interval always contains the point (a DB check).
-        point = np.maximum(np.nan_to_num(fc.point, nan=0.0), 0.0)
-        lower = np.minimum(np.nan_to_num(fc.lower, nan=0.0), point)
-        upper = np.maximum(np.nan_to_num(fc.upper, nan=0.0), point)
-        upper95 = np.maximum(np.nan_to_num(fc.upper_95_or_upper, nan=0.0), upper)
-        naive = seasonal_naive_24(y, horizon_h=len(point))
         run_fields = {
             "cluster_id": cluster_id,
             "kind": kind,
@@ -161,35 +241,7 @@ def forecast_refresh(
             "issued_at": issued,
         }
         try:
-            with transaction.atomic():
-                if replace:
-                    ForecastRun.objects.filter(**run_fields).delete()
-                run = ForecastRun.objects.create(
-                    **run_fields,
-                    gpu_type_id=type_ids.get(key) if kind != ForecastRun.Kind.PROJECT else None,
-                    project_id=project_ids.get(key) if kind == ForecastRun.Kind.PROJECT else None,
-                    model_version=model_version(model),
-                    train_start_at=from_naive_utc(y.index[0]),
-                    train_end_at=issued,
-                    horizon_h=horizon_h,
-                    history_hours=len(y),
-                    fit_s=fit_s,
-                    metrics=metrics,
-                )
-                ForecastPoint.objects.bulk_create(
-                    ForecastPoint(
-                        run=run,
-                        ts=from_naive_utc(ts),
-                        yhat=float(p),
-                        lower80=float(lo),
-                        upper80=float(hi),
-                        upper95=float(hi95),
-                        naive24=nv,
-                    )
-                    for ts, p, lo, hi, hi95, nv in zip(
-                        fc.index, point, lower, upper, upper95, naive, strict=True
-                    )
-                )
+            run = _run_store(run_fields=run_fields, fitted=fitted, y=y, replace=replace, **ids)
         except IntegrityError:
             # A concurrent refresh stored this series for this hour first: that is the same answer.
             skipped += 1

@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from forecasting.core.models import Forecast, _check_history, _future_index
+from forecasting.core.basemodels import Forecast, _check_history, _future_index
 
 __all__ = ["AutoETSModel", "MSTLModel", "ets_auto_fit"]
 
