@@ -38,6 +38,7 @@ from django.utils import timezone
 
 from portal.accounts.models import Membership, Project, Quota
 from scheduling import admission
+from scheduling.alternatives import Alternative, booking_alternatives, peak_concurrent_gpus
 from scheduling.models import (
     Allocation,
     AuditEvent,
@@ -48,13 +49,7 @@ from scheduling.models import (
     Job,
     Node,
 )
-from scheduling.selectors import (
-    Alternative,
-    availability_write_noted,
-    booking_alternatives,
-    peak_concurrent_gpus,
-    prepared_fetchall,
-)
+from scheduling.selectors import availability_write_noted, prepared_fetchall
 from scheduling.snapshots import job_startability
 
 logger = logging.getLogger(__name__)

@@ -38,6 +38,7 @@ from forecasting.selectors import job_engine_request, runtime_predict
 from portal.accounts.selectors import membership_list, project_list
 from portal.accounts.services import token_create, token_revoke
 from portal.security import refused_booking_record, refused_bookings_retry_after
+from scheduling.alternatives import Alternative, booking_alternatives, booking_quota_get, job_warnings
 from scheduling.forms import (
     DATETIME_LOCAL_FORMAT,
     BookingForm,
@@ -47,16 +48,12 @@ from scheduling.forms import (
 )
 from scheduling.models import Booking, Cluster, GpuType, Job
 from scheduling.selectors import (
-    Alternative,
     availability_get,
-    booking_alternatives,
     booking_list,
-    booking_quota_get,
     cluster_capacity,
     cluster_list,
     gpu_type_list,
     job_list,
-    job_warnings,
 )
 from scheduling.selectors_ui import OutlookHour, TypeOutlook, availability_outlook, dashboard_get
 from scheduling.services import (

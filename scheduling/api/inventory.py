@@ -11,7 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from scheduling import selectors
+from scheduling import alternatives, selectors
 from scheduling.api.common import JsonNegotiation, errors, validate
 from scheduling.models import Cluster, GpuType
 
@@ -147,7 +147,7 @@ class AvailabilityApi(APIView):
         if params.get("project"):
             project = selectors.project_for_member(request.user, slug=params["project"])
             gpu_type = GpuType.objects.get(name=availability.gpu_type)
-            quota = selectors.booking_quota_get(
+            quota = alternatives.booking_quota_get(
                 project=project, gpu_type=gpu_type, start_at=params["start"], end_at=params["end"]
             )
             body["quota"] = {

@@ -11,7 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from portal.accounts.models import Project
-from scheduling import selectors, services
+from scheduling import alternatives, selectors, services
 from scheduling.api.common import PaginatedApi, SlugRelatedField, csv_values, errors, request_user
 from scheduling.api.idempotency import idempotent
 from scheduling.backends.base import BackendError
@@ -152,7 +152,7 @@ class JobListCreateApi(PaginatedApi):
         data["priority"] = _PRIORITY_BY_NAME[data["priority"]]
         job = services.job_submit(request_user(request), **data, actor_label=AuditEvent.Actor.API)
         job = selectors.job_get(request.user, job_id=job.pk)
-        body = {**JobOutputSerializer(job).data, "warnings": selectors.job_warnings(job)}
+        body = {**JobOutputSerializer(job).data, "warnings": alternatives.job_warnings(job)}
         return Response(body, status=status.HTTP_201_CREATED)
 
 
