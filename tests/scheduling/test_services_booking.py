@@ -20,6 +20,7 @@ from scheduling.services import (
     booking_create,
     booking_end_early,
     booking_extend,
+    placement,
 )
 from tests.factories import GpuTypeFactory, NodeFactory, QuotaFactory
 
@@ -341,8 +342,8 @@ def test_pick_gpus_invariants(layout, gpu_count):
         ids = tuple(range(next_gpu, next_gpu + free))
         next_gpu += free
         if ids:
-            nodes.append(services._FreeNode(i, f"n{i}", cluster_id, ids))
-    pick = services._pick_gpus(nodes, gpu_count=gpu_count)
+            nodes.append(placement._FreeNode(i, f"n{i}", cluster_id, ids))
+    pick = placement._pick_gpus(nodes, gpu_count=gpu_count)
     by_cluster: dict[int, int] = {}
     for node in nodes:
         by_cluster[node.cluster_id] = by_cluster.get(node.cluster_id, 0) + len(node.gpu_ids)

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from django.core.exceptions import ValidationError
 from django.db import connection, connections
+from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
@@ -22,6 +23,7 @@ from rest_framework.test import APIClient
 from portal.accounts.models import Membership
 from scheduling import services
 from scheduling.models import Allocation, Booking
+from scheduling.services import bookings, placement
 from tests.factories import (
     ClusterFactory,
     GpuTypeFactory,
@@ -133,7 +135,7 @@ def test_random_overlapping_windows_never_double_book(monkeypatch, caplog, is_lo
     caplog.set_level(logging.INFO, logger="scheduling.services")
     a100, project, users = _lab(gpus_per_node=4, node_count=3)
     if not is_locking:
-        monkeypatch.setattr(services, "_lock_nodes", lambda **kwargs: None)
+        monkeypatch.setattr(bookings, "_lock_nodes", lambda **kwargs: None)
     rng = random.Random(7)
     start = _hour_ahead()
     requests = []
@@ -172,10 +174,10 @@ def test_random_overlapping_windows_never_double_book(monkeypatch, caplog, is_lo
         # in the exact window it asked for.
         for (_user, gpu_count, s, e), result in zip(requests, results, strict=True):
             if result[0] == "conflict":
-                free = services._free_nodes(
+                free = placement._free_nodes(
                     gpu_type=a100,
                     cluster_ids=[a100.nodes.first().cluster_id],
-                    period=services.DateTimeTZRange(s, e, "[)"),
+                    period=DateTimeTZRange(s, e, "[)"),
                 )
                 assert sum(len(n.gpu_ids) for n in free) < gpu_count
 

@@ -1,0 +1,406 @@
+"""Bookings: create (placed on concrete GPUs), cancel, end early, extend."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, OperationalError, transaction
+from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
+from django.utils import timezone
+
+from portal.accounts.models import Project
+from scheduling.alternatives import Alternative, booking_alternatives
+from scheduling.models import (
+    Allocation,
+    AuditEvent,
+    Booking,
+    Cluster,
+    GpuType,
+)
+from scheduling.services.audit import (
+    _booking_state,
+    allocation_events_record,
+    allocation_state,
+    allocations_close,
+    audit_event_record,
+)
+from scheduling.services.common import (
+    BookingConflictError,
+    _capacity_by_cluster,
+    _engine_round_soon,
+    _human,
+    _is_deadlock,
+    _is_exclusion_violation,
+    _lock_nodes,
+    _now,
+    _require_can_manage,
+    _require_member_read_quota,
+    _utc,
+)
+from scheduling.services.placement import (
+    _booking_insert_audited,
+    _check_booking_quota,
+    _free_nodes,
+    _pick_gpus,
+    _validate_window,
+)
+
+logger = logging.getLogger(__name__)
+
+# How many times booking_create picks GPUs again after the exclusion constraint refused its pick.
+_PLACEMENT_ATTEMPTS = 3
+
+
+def booking_create(
+    user: User,
+    *,
+    project: Project,
+    gpu_type: GpuType,
+    gpu_count: int,
+    start_at: datetime,
+    end_at: datetime,
+    cluster: Cluster | None = None,
+    note: str = "",
+    actor_label: str = AuditEvent.Actor.USER,
+    now: datetime | None = None,
+) -> Booking:
+    """Book ``gpu_count`` GPUs of ``gpu_type`` over ``[start_at, end_at)`` on concrete GPUs.
+
+    Picks free GPUs on one node when the count fits one node (best fit), else across as few
+    nodes of one cluster as possible, and inserts one allocation per GPU.  Raises
+    ``ValidationError`` for bad input, ``PermissionDenied`` for a project the user is not in
+    and ``BookingConflictError`` (with the nearest free windows) when the GPUs are taken.
+    Nothing is written unless the whole booking succeeds.
+    """
+    now = _now(now)
+    _validate_window(start_at=start_at, end_at=end_at, now=now)
+    if gpu_count < 1:
+        raise ValidationError({"gpu_count": "Book at least one GPU."})
+    quota = _require_member_read_quota(user, project=project, gpu_type=gpu_type)
+    if not project.is_active:
+        raise ValidationError({"project": "This project is archived."})
+
+    clusters = [cluster] if cluster is not None else list(Cluster.objects.filter(is_active=True))
+    if cluster is not None and not cluster.is_active:
+        raise ValidationError({"cluster": "This cluster is not active."})
+    cluster_ids = [c.pk for c in clusters]
+    # A count no cluster has is a 400, not a 409; checked only when placement fails, so a
+    # booking that fits costs no capacity query.
+
+    period = DateTimeTZRange(start_at, end_at, "[)")
+    for attempt in range(_PLACEMENT_ATTEMPTS):
+        try:
+            with transaction.atomic():
+                _lock_nodes(gpu_type=gpu_type, cluster_ids=cluster_ids)
+                # Under the node lock: two bookings of one project cannot both pass the quota.
+                _check_booking_quota(
+                    project=project,
+                    gpu_type=gpu_type,
+                    gpu_count=gpu_count,
+                    start_at=start_at,
+                    end_at=end_at,
+                    quota=quota,
+                )
+                free = _free_nodes(gpu_type=gpu_type, cluster_ids=cluster_ids, period=period)
+                pick = _pick_gpus(free, gpu_count=gpu_count)
+                if pick is None:
+                    break
+                gpu_ids, cluster_id = pick
+                booking = Booking(
+                    user=user,
+                    project=project,
+                    cluster_id=cluster_id,
+                    gpu_type=gpu_type,
+                    gpu_count=gpu_count,
+                    start_at=start_at,
+                    end_at=end_at,
+                    note=note,
+                    status=Booking.Status.CONFIRMED,
+                )
+                _booking_insert_audited(
+                    booking=booking,
+                    gpu_ids=gpu_ids,
+                    period=period,
+                    actor=user,
+                    actor_label=actor_label,
+                    booking_after={
+                        **_booking_state(booking),
+                        "gpu_ids": list(gpu_ids),
+                        "cluster_id": cluster_id,
+                    },
+                    at=now,
+                )
+                _engine_round_soon(cluster_id)
+                # What the API shows, without reading the booking back: its cluster and GPUs.
+                booking.cluster = next(c for c in clusters if c.pk == cluster_id)
+                where = {
+                    g: (node.name, i)
+                    for node in free
+                    for g, i in zip(node.gpu_ids, node.gpu_indexes, strict=True)
+                }
+                booking.held_gpus = [(g, *where[g]) for g in sorted(gpu_ids)]  # type: ignore[attr-defined]
+                return booking
+        except (IntegrityError, OperationalError) as exc:
+            is_retryable = (
+                _is_exclusion_violation(exc) if isinstance(exc, IntegrityError) else _is_deadlock(exc)
+            )
+            if not is_retryable:
+                raise
+            # Another writer (one that skipped the node lock) took a GPU between our read
+            # and our insert: read again and pick other GPUs.
+            logger.info(
+                "booking_create: %s on attempt %d; picking again", type(exc.__cause__).__name__, attempt + 1
+            )
+
+    capacity = _capacity_by_cluster(gpu_type=gpu_type, cluster_ids=cluster_ids)
+    largest = max(capacity.values(), default=0)
+    if largest == 0:
+        raise ValidationError({"gpu_type": f"No cluster here has {gpu_type.name} GPUs."})
+    if gpu_count > largest:
+        raise ValidationError(
+            {
+                "gpu_count": (
+                    f"At most {largest} {gpu_type.name} GPUs exist in one cluster; asked for {gpu_count}."
+                )
+            }
+        )
+    alternatives = booking_alternatives(
+        gpu_type=gpu_type,
+        gpu_count=gpu_count,
+        start_at=start_at,
+        end_at=end_at,
+        cluster_ids=cluster_ids,
+    )
+    raise BookingConflictError(
+        f"{gpu_count} {gpu_type.name} GPU(s) are not free from {_utc(start_at)} to {_utc(end_at)}.",
+        alternatives=alternatives,
+        fields={"start_at": ["Not enough free GPUs in this window."]},
+    )
+
+
+def _lock_booking(booking: Booking) -> Booking:
+    return Booking.objects.select_for_update().get(pk=booking.pk)
+
+
+def _lock_open_booking(booking: Booking, *, user: User) -> Booking:
+    booking = _lock_booking(booking)
+    _require_can_manage(user, owner_id=booking.user_id, project_id=booking.project_id)
+    if booking.status not in Booking.OPEN_STATUSES:
+        raise ValidationError({"status": f"This booking is already {booking.status}."})
+    return booking
+
+
+def _booking_close(
+    booking: Booking,
+    *,
+    status: str,
+    ended_at: datetime | None,
+    user: User,
+    actor_label: str,
+    verb: str,
+    allocation_verb: str,
+    now: datetime,
+) -> Booking:
+    """Set the booking's final status, end its allocations at ``now`` and audit both."""
+    before = _booking_state(booking)
+    booking.status = status
+    booking.ended_at = ended_at
+    booking.save(update_fields=["status", "ended_at", "updated_at"])
+    allocations_close(
+        booking.allocations.all(), at=now, actor=user, actor_label=actor_label, verb=allocation_verb
+    )
+    audit_event_record(
+        actor=user,
+        actor_label=actor_label,
+        verb=verb,
+        entity_type="booking",
+        entity_id=booking.pk,
+        before=before,
+        after=_booking_state(booking),
+        at=now,
+    )
+    _engine_round_soon(booking.cluster_id)
+    return booking
+
+
+@transaction.atomic
+def booking_cancel(
+    booking: Booking,
+    *,
+    user: User,
+    actor_label: str = AuditEvent.Actor.USER,
+    now: datetime | None = None,
+) -> Booking:
+    """Cancel an open booking.
+
+    Before its start, its allocations are released (they stop blocking at once).  After its
+    start, it ends now: allocations are truncated to ``[start, now)`` and kept as history.
+    """
+    now = _now(now)
+    booking = _lock_open_booking(booking, user=user)
+    return _booking_close(
+        booking,
+        status=Booking.Status.CANCELLED,
+        ended_at=now if booking.start_at < now else booking.ended_at,
+        user=user,
+        actor_label=actor_label,
+        verb="booking.cancel",
+        allocation_verb="allocation.cancel",
+        now=now,
+    )
+
+
+@transaction.atomic
+def booking_end_early(
+    booking: Booking,
+    *,
+    user: User,
+    actor_label: str = AuditEvent.Actor.USER,
+    now: datetime | None = None,
+) -> Booking:
+    """End a running booking now; its GPUs are free again from now on.
+
+    Only for a booking that has started and not yet ended (use ``booking_cancel`` before the start).
+    """
+    now = _now(now)
+    booking = _lock_open_booking(booking, user=user)
+    if now <= booking.start_at:
+        raise ValidationError({"status": "This booking has not started yet; cancel it instead."})
+    if now >= booking.end_at:
+        raise ValidationError({"status": "This booking has already ended."})
+    return _booking_close(
+        booking,
+        status=Booking.Status.COMPLETED,
+        ended_at=now,
+        user=user,
+        actor_label=actor_label,
+        verb="booking.end_early",
+        allocation_verb="allocation.end",
+        now=now,
+    )
+
+
+def _extension_limit(*, gpu_ids: Sequence[int], after: datetime, exclude_booking_id: int) -> datetime | None:
+    """The earliest start of another blocking allocation on these GPUs at or after ``after``."""
+    starts = (
+        Allocation.objects.filter(gpu_id__in=gpu_ids, period__overlap=DateTimeTZRange(after, None, "[)"))
+        .exclude(state=Allocation.State.RELEASED)
+        .exclude(booking_id=exclude_booking_id)
+        .values_list("period", flat=True)
+    )
+    lowers = [max(p.lower, after) for p in starts if p.lower is not None]
+    return min(lowers, default=None)
+
+
+def booking_require_extendable(booking: Booking, *, now: datetime | None = None) -> None:
+    """Raise a ``status`` `ValidationError` that says why ``booking`` cannot be extended (it
+    was cancelled, it is over, it failed); nothing when it is upcoming or running.  The API asks
+    this before it parses the new end, so a cancelled booking is told so, not "end_at required"."""
+    now = _now(now)
+    if booking.status == Booking.Status.CANCELLED:
+        raise ValidationError(
+            {"status": "This booking was cancelled, so it cannot be extended. Book a new window instead."}
+        )
+    if booking.status not in Booking.OPEN_STATUSES or booking.end_at <= now:
+        raise ValidationError(
+            {"status": "This booking has already ended, so it cannot be extended. Book a new window instead."}
+        )
+
+
+def booking_extend(
+    booking: Booking,
+    *,
+    user: User,
+    end_at: datetime,
+    actor_label: str = AuditEvent.Actor.USER,
+    now: datetime | None = None,
+) -> Booking:
+    """Move an open booking's end later, on the same GPUs, atomically.
+
+    Raises ``BookingConflictError`` when another allocation starts on one of its GPUs before
+    the new end; its one alternative is the latest end that is still free.
+    """
+    now = _now(now)
+    if timezone.is_naive(end_at):
+        raise ValidationError({"end_at": "Give a timezone (for example 2026-01-31T09:00:00Z)."})
+    with transaction.atomic():
+        # Nodes before the booking row, the order the engine's reconcile takes them in
+        # (nodes, jobs, bookings); a booking's type and cluster never change, so reading
+        # them before the lock is safe.
+        _lock_nodes(gpu_type=booking.gpu_type, cluster_ids=[booking.cluster_id])
+        booking = _lock_booking(booking)
+        _require_can_manage(user, owner_id=booking.user_id, project_id=booking.project_id)
+        booking_require_extendable(booking, now=now)
+        if end_at <= booking.end_at:
+            raise ValidationError({"end_at": "The new end must be after the current end."})
+        max_duration = timedelta(seconds=settings.BERTH_BOOKING_MAX_DURATION_S)
+        if end_at - booking.start_at > max_duration:
+            raise ValidationError({"end_at": f"A booking lasts at most {_human(max_duration)}."})
+        if end_at > now + timedelta(seconds=settings.BERTH_BOOKING_MAX_ADVANCE_S):
+            raise ValidationError({"end_at": "That is too far ahead."})
+        _check_booking_quota(
+            project=booking.project,
+            gpu_type=booking.gpu_type,
+            gpu_count=booking.gpu_count,
+            start_at=booking.start_at,
+            end_at=end_at,
+            exclude_booking_id=booking.pk,
+        )
+        allocations = list(booking.allocations.exclude(state=Allocation.State.RELEASED))
+        gpu_ids = [a.gpu_id for a in allocations]
+        limit = _extension_limit(gpu_ids=gpu_ids, after=booking.end_at, exclude_booking_id=booking.pk)
+        conflict = limit is not None and limit < end_at
+        if not conflict:
+            changed = []
+            for allocation in allocations:
+                before = allocation_state(allocation)
+                allocation.period = DateTimeTZRange(allocation.period.lower, end_at, "[)")
+                changed.append((allocation, before))
+            try:
+                with transaction.atomic():
+                    Allocation.objects.bulk_update([a for a, _ in changed], ["period"])
+            except IntegrityError as exc:
+                if not _is_exclusion_violation(exc):
+                    raise
+                conflict = True
+        if not conflict:
+            before_booking = _booking_state(booking)
+            booking.end_at = end_at
+            booking.save(update_fields=["end_at", "updated_at"])
+            allocation_events_record(
+                changes=changed, actor=user, actor_label=actor_label, verb="allocation.extend", at=now
+            )
+            audit_event_record(
+                actor=user,
+                actor_label=actor_label,
+                verb="booking.extend",
+                entity_type="booking",
+                entity_id=booking.pk,
+                before=before_booking,
+                after=_booking_state(booking),
+                at=now,
+            )
+            _engine_round_soon(booking.cluster_id)
+            return booking
+    alternatives: list[Alternative] = []
+    if limit is not None and limit > booking.end_at:
+        alternatives.append(
+            Alternative(
+                cluster=booking.cluster.name,
+                gpu_type=booking.gpu_type.name,
+                gpu_count=booking.gpu_count,
+                start_at=booking.start_at,
+                end_at=limit,
+            )
+        )
+    raise BookingConflictError(
+        "Its GPUs are booked by someone else before the new end"
+        + (f"; it can be extended until {_utc(limit)}." if limit is not None else "."),
+        alternatives=alternatives,
+        fields={"end_at": ["The GPUs are not free until then."]},
+    )
