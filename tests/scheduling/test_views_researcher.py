@@ -323,7 +323,7 @@ def test_outlook_days_are_limited_to_the_offered_choices(member_web: Client, nod
 def test_job_prediction_fragment_shows_the_predictors_quantiles_and_the_estimate(
     member_web: Client, member: User, project: Project, nodes: list[Node], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from scheduling import views
+    from scheduling.views import jobs as job_views
 
     seen = []
 
@@ -332,7 +332,7 @@ def test_job_prediction_fragment_shows_the_predictors_quantiles_and_the_estimate
         seen.append((cluster_id, requests))
         return [(2700.0, 7200.0)]
 
-    monkeypatch.setattr(views, "runtime_predict", fake_predict)
+    monkeypatch.setattr(job_views, "runtime_predict", fake_predict)
     params = {
         "project": project.slug,
         "name": "vit-l",
