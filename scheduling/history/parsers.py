@@ -297,70 +297,74 @@ def parse_slurmdb_jobs(
         if not isinstance(job, dict):
             skips.append(Skip(number, "", "not a job record"))
             continue
-        job_id = _slurmdb_job_id(job)
-        if not job_id:
-            skips.append(Skip(number, "", "no job_id"))
-            continue
-        state_obj = job.get("state")
-        state = str(state_obj.get("current") or "") if isinstance(state_obj, dict) else str(state_obj or "")
-        status = _sacct_status(state)
-        if status is None:
-            word = state.split()[0].upper() if state.strip() else "no state"
-            skips.append(
-                Skip(
-                    number,
-                    job_id,
-                    f"not finished ({word})" if word in _UNFINISHED else f"unknown state {state!r}",
-                )
-            )
-            continue
-        tres_obj, time_obj = job.get("tres"), job.get("time")
-        tres: dict[str, Any] = tres_obj if isinstance(tres_obj, dict) else {}
-        gpus = None
-        for field in ("allocated", "requested"):
-            found = gpus_from_tres(_tres_text(tres.get(field)))
-            if found is not None:
-                gpus = found
-                break
-        if gpus is None or gpus[0] <= 0:
-            skips.append(Skip(number, job_id, "no GPUs (CPU-only job)"))
-            continue
-        times: dict[str, Any] = time_obj if isinstance(time_obj, dict) else {}
-        submitted, started, ended = (_epoch_time(times.get(k)) for k in ("submission", "start", "end"))
-        if started is None or ended is None:
-            skips.append(Skip(number, job_id, "never started"))
-            continue
-        if ended < started:
-            skips.append(Skip(number, job_id, "ends before it starts"))
-            continue
-        limit = times.get("limit")
-        requested_s = (
-            limit * 60
-            if isinstance(limit, int) and not isinstance(limit, bool) and 0 < limit < _SLURM_NO_VAL
-            else None
-        )
-        live_user, live_exit = known.get(job_id, ("", None))
-        exit_code = _slurmdb_exit_code(job.get("exit_code"), status)
-        if exit_code is None:
-            exit_code = live_exit
-        records.append(
-            HistoryRecord(
-                source="sacct",  # the same Slurm job ids as a sacct dump: one import key space
-                external_id=job_id,
-                user=_slurm_name(str(job.get("user") or "")) or live_user,
-                account=_slurm_name(str(job.get("account") or "")),
-                name=str(job.get("name") or "").strip() or f"slurm-{job_id}",
-                gpu_count=gpus[0],
-                gpu_type=gpus[1],
-                submitted_at=submitted or started,
-                started_at=started,
-                ended_at=ended,
-                requested_s=requested_s,
-                status=status,
-                exit_code=exit_code,
-            )
-        )
+        result = _slurmdb_record(number, job, known=known)
+        if isinstance(result, Skip):
+            skips.append(result)
+        else:
+            records.append(result)
     return Parsed(tuple(records), tuple(skips))
+
+
+def _slurmdb_record(
+    number: int, job: dict[str, Any], *, known: dict[str, tuple[str, int | None]]
+) -> HistoryRecord | Skip:
+    """One accounting record as a history record, or why it is skipped."""
+    job_id = _slurmdb_job_id(job)
+    if not job_id:
+        return Skip(number, "", "no job_id")
+    state_obj = job.get("state")
+    state = str(state_obj.get("current") or "") if isinstance(state_obj, dict) else str(state_obj or "")
+    status = _sacct_status(state)
+    if status is None:
+        word = state.split()[0].upper() if state.strip() else "no state"
+        return Skip(
+            number, job_id, f"not finished ({word})" if word in _UNFINISHED else f"unknown state {state!r}"
+        )
+    gpus = _slurmdb_gpus(job.get("tres"))
+    if gpus is None or gpus[0] <= 0:
+        return Skip(number, job_id, "no GPUs (CPU-only job)")
+    time_obj = job.get("time")
+    times: dict[str, Any] = time_obj if isinstance(time_obj, dict) else {}
+    submitted, started, ended = (_epoch_time(times.get(k)) for k in ("submission", "start", "end"))
+    if started is None or ended is None:
+        return Skip(number, job_id, "never started")
+    if ended < started:
+        return Skip(number, job_id, "ends before it starts")
+    limit = times.get("limit")
+    requested_s = (
+        limit * 60
+        if isinstance(limit, int) and not isinstance(limit, bool) and 0 < limit < _SLURM_NO_VAL
+        else None
+    )
+    live_user, live_exit = known.get(job_id, ("", None))
+    exit_code = _slurmdb_exit_code(job.get("exit_code"), status)
+    if exit_code is None:
+        exit_code = live_exit
+    return HistoryRecord(
+        source="sacct",  # the same Slurm job ids as a sacct dump: one import key space
+        external_id=job_id,
+        user=_slurm_name(str(job.get("user") or "")) or live_user,
+        account=_slurm_name(str(job.get("account") or "")),
+        name=str(job.get("name") or "").strip() or f"slurm-{job_id}",
+        gpu_count=gpus[0],
+        gpu_type=gpus[1],
+        submitted_at=submitted or started,
+        started_at=started,
+        ended_at=ended,
+        requested_s=requested_s,
+        status=status,
+        exit_code=exit_code,
+    )
+
+
+def _slurmdb_gpus(tres_obj: Any) -> tuple[int, str] | None:
+    """GPU count and type from the record's allocated TRES, else its requested TRES."""
+    tres: dict[str, Any] = tres_obj if isinstance(tres_obj, dict) else {}
+    for field in ("allocated", "requested"):
+        found = gpus_from_tres(_tres_text(tres.get(field)))
+        if found is not None:
+            return found
+    return None
 
 
 # ---- scontrol show job -o ----

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -13,7 +14,7 @@ from django.db import IntegrityError, OperationalError, transaction
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from django.utils import timezone
 
-from portal.accounts.models import Project
+from portal.accounts.models import Project, Quota
 from scheduling.alternatives import Alternative, booking_alternatives
 from scheduling.models import (
     Allocation,
@@ -78,73 +79,29 @@ def booking_create(
     Nothing is written unless the whole booking succeeds.
     """
     now = _now(now)
-    _validate_window(start_at=start_at, end_at=end_at, now=now)
-    if gpu_count < 1:
-        raise ValidationError({"gpu_count": "Book at least one GPU."})
-    quota = _require_member_read_quota(user, project=project, gpu_type=gpu_type)
-    if not project.is_active:
-        raise ValidationError({"project": "This project is archived."})
-
-    clusters = [cluster] if cluster is not None else list(Cluster.objects.filter(is_active=True))
-    if cluster is not None and not cluster.is_active:
-        raise ValidationError({"cluster": "This cluster is not active."})
-    cluster_ids = [c.pk for c in clusters]
-    # A count no cluster has is a 400, not a 409; checked only when placement fails, so a
-    # booking that fits costs no capacity query.
-
-    period = DateTimeTZRange(start_at, end_at, "[)")
+    quota, clusters = _booking_request_check(
+        user,
+        project=project,
+        gpu_type=gpu_type,
+        gpu_count=gpu_count,
+        start_at=start_at,
+        end_at=end_at,
+        cluster=cluster,
+        now=now,
+    )
+    booking = Booking(
+        user=user,
+        project=project,
+        gpu_type=gpu_type,
+        gpu_count=gpu_count,
+        start_at=start_at,
+        end_at=end_at,
+        note=note,
+        status=Booking.Status.CONFIRMED,
+    )
     for attempt in range(_PLACEMENT_ATTEMPTS):
         try:
-            with transaction.atomic():
-                _lock_nodes(gpu_type=gpu_type, cluster_ids=cluster_ids)
-                # Under the node lock: two bookings of one project cannot both pass the quota.
-                _check_booking_quota(
-                    project=project,
-                    gpu_type=gpu_type,
-                    gpu_count=gpu_count,
-                    start_at=start_at,
-                    end_at=end_at,
-                    quota=quota,
-                )
-                free = _free_nodes(gpu_type=gpu_type, cluster_ids=cluster_ids, period=period)
-                pick = _pick_gpus(free, gpu_count=gpu_count)
-                if pick is None:
-                    break
-                gpu_ids, cluster_id = pick
-                booking = Booking(
-                    user=user,
-                    project=project,
-                    cluster_id=cluster_id,
-                    gpu_type=gpu_type,
-                    gpu_count=gpu_count,
-                    start_at=start_at,
-                    end_at=end_at,
-                    note=note,
-                    status=Booking.Status.CONFIRMED,
-                )
-                _booking_insert_audited(
-                    booking=booking,
-                    gpu_ids=gpu_ids,
-                    period=period,
-                    actor=user,
-                    actor_label=actor_label,
-                    booking_after={
-                        **_booking_state(booking),
-                        "gpu_ids": list(gpu_ids),
-                        "cluster_id": cluster_id,
-                    },
-                    at=now,
-                )
-                _engine_round_soon(cluster_id)
-                # What the API shows, without reading the booking back: its cluster and GPUs.
-                booking.cluster = next(c for c in clusters if c.pk == cluster_id)
-                where = {
-                    g: (node.name, i)
-                    for node in free
-                    for g, i in zip(node.gpu_ids, node.gpu_indexes, strict=True)
-                }
-                booking.held_gpus = [(g, *where[g]) for g in sorted(gpu_ids)]  # type: ignore[attr-defined]
-                return booking
+            placed = _booking_place(booking, clusters=clusters, quota=quota, actor_label=actor_label, now=now)
         except (IntegrityError, OperationalError) as exc:
             is_retryable = (
                 _is_exclusion_violation(exc) if isinstance(exc, IntegrityError) else _is_deadlock(exc)
@@ -156,13 +113,98 @@ def booking_create(
             logger.info(
                 "booking_create: %s on attempt %d; picking again", type(exc.__cause__).__name__, attempt + 1
             )
+            continue
+        if placed is None:
+            break
+        return placed
+    raise _booking_refusal(
+        gpu_type=gpu_type, gpu_count=gpu_count, start_at=start_at, end_at=end_at, clusters=clusters
+    )
 
+
+def _booking_request_check(
+    user: User,
+    *,
+    project: Project,
+    gpu_type: GpuType,
+    gpu_count: int,
+    start_at: datetime,
+    end_at: datetime,
+    cluster: Cluster | None,
+    now: datetime,
+) -> tuple[Quota | None, list[Cluster]]:
+    """Refuse a bad request before any lock; return the project's quota row (read once) and the
+    clusters to place on."""
+    _validate_window(start_at=start_at, end_at=end_at, now=now)
+    if gpu_count < 1:
+        raise ValidationError({"gpu_count": "Book at least one GPU."})
+    quota = _require_member_read_quota(user, project=project, gpu_type=gpu_type)
+    if not project.is_active:
+        raise ValidationError({"project": "This project is archived."})
+    clusters = [cluster] if cluster is not None else list(Cluster.objects.filter(is_active=True))
+    if cluster is not None and not cluster.is_active:
+        raise ValidationError({"cluster": "This cluster is not active."})
+    # A count no cluster has is a 400, not a 409; checked only when placement fails
+    # (`_booking_refusal`), so a booking that fits costs no capacity query.
+    return quota, clusters
+
+
+def _booking_place(
+    booking: Booking, *, clusters: Sequence[Cluster], quota: Quota | None, actor_label: str, now: datetime
+) -> Booking | None:
+    """One placement attempt in one transaction: lock the type's nodes, check the quota, pick free
+    GPUs and insert the booking with its allocations and audit events.  ``None``: they do not fit."""
+    gpu_type = booking.gpu_type
+    cluster_ids = [c.pk for c in clusters]
+    period = DateTimeTZRange(booking.start_at, booking.end_at, "[)")
+    with transaction.atomic():
+        _lock_nodes(gpu_type=gpu_type, cluster_ids=cluster_ids)
+        # Under the node lock: two bookings of one project cannot both pass the quota.
+        _check_booking_quota(
+            project=booking.project,
+            gpu_type=gpu_type,
+            gpu_count=booking.gpu_count,
+            start_at=booking.start_at,
+            end_at=booking.end_at,
+            quota=quota,
+        )
+        free = _free_nodes(gpu_type=gpu_type, cluster_ids=cluster_ids, period=period)
+        pick = _pick_gpus(free, gpu_count=booking.gpu_count)
+        if pick is None:
+            return None
+        gpu_ids, cluster_id = pick
+        booking.cluster_id = cluster_id
+        _booking_insert_audited(
+            booking=booking,
+            gpu_ids=gpu_ids,
+            period=period,
+            actor=booking.user,
+            actor_label=actor_label,
+            booking_after={**_booking_state(booking), "gpu_ids": list(gpu_ids), "cluster_id": cluster_id},
+            at=now,
+        )
+        _engine_round_soon(cluster_id)
+        # What the API shows, without reading the booking back: its cluster and GPUs.
+        booking.cluster = next(c for c in clusters if c.pk == cluster_id)
+        where = {
+            g: (node.name, i) for node in free for g, i in zip(node.gpu_ids, node.gpu_indexes, strict=True)
+        }
+        booking.held_gpus = [(g, *where[g]) for g in sorted(gpu_ids)]  # type: ignore[attr-defined]
+        return booking
+
+
+def _booking_refusal(
+    *, gpu_type: GpuType, gpu_count: int, start_at: datetime, end_at: datetime, clusters: Sequence[Cluster]
+) -> Exception:
+    """Why the GPUs could not be placed: a count no cluster has (400), else taken GPUs (409) with
+    the nearest free alternatives."""
+    cluster_ids = [c.pk for c in clusters]
     capacity = _capacity_by_cluster(gpu_type=gpu_type, cluster_ids=cluster_ids)
     largest = max(capacity.values(), default=0)
     if largest == 0:
-        raise ValidationError({"gpu_type": f"No cluster here has {gpu_type.name} GPUs."})
+        return ValidationError({"gpu_type": f"No cluster here has {gpu_type.name} GPUs."})
     if gpu_count > largest:
-        raise ValidationError(
+        return ValidationError(
             {
                 "gpu_count": (
                     f"At most {largest} {gpu_type.name} GPUs exist in one cluster; asked for {gpu_count}."
@@ -176,7 +218,7 @@ def booking_create(
         end_at=end_at,
         cluster_ids=cluster_ids,
     )
-    raise BookingConflictError(
+    return BookingConflictError(
         f"{gpu_count} {gpu_type.name} GPU(s) are not free from {_utc(start_at)} to {_utc(end_at)}.",
         alternatives=alternatives,
         fields={"start_at": ["Not enough free GPUs in this window."]},
@@ -335,58 +377,93 @@ def booking_extend(
         _lock_nodes(gpu_type=booking.gpu_type, cluster_ids=[booking.cluster_id])
         booking = _lock_booking(booking)
         _require_can_manage(user, owner_id=booking.user_id, project_id=booking.project_id)
-        booking_require_extendable(booking, now=now)
-        if end_at <= booking.end_at:
-            raise ValidationError({"end_at": "The new end must be after the current end."})
-        max_duration = timedelta(seconds=settings.BERTH_BOOKING_MAX_DURATION_S)
-        if end_at - booking.start_at > max_duration:
-            raise ValidationError({"end_at": f"A booking lasts at most {_human(max_duration)}."})
-        if end_at > now + timedelta(seconds=settings.BERTH_BOOKING_MAX_ADVANCE_S):
-            raise ValidationError({"end_at": "That is too far ahead."})
-        _check_booking_quota(
-            project=booking.project,
-            gpu_type=booking.gpu_type,
-            gpu_count=booking.gpu_count,
-            start_at=booking.start_at,
-            end_at=end_at,
-            exclude_booking_id=booking.pk,
-        )
+        _extension_check(booking, end_at=end_at, now=now)
         allocations = list(booking.allocations.exclude(state=Allocation.State.RELEASED))
         gpu_ids = [a.gpu_id for a in allocations]
         limit = _extension_limit(gpu_ids=gpu_ids, after=booking.end_at, exclude_booking_id=booking.pk)
-        conflict = limit is not None and limit < end_at
-        if not conflict:
-            changed = []
-            for allocation in allocations:
-                before = allocation_state(allocation)
-                allocation.period = DateTimeTZRange(allocation.period.lower, end_at, "[)")
-                changed.append((allocation, before))
-            try:
-                with transaction.atomic():
-                    Allocation.objects.bulk_update([a for a, _ in changed], ["period"])
-            except IntegrityError as exc:
-                if not _is_exclusion_violation(exc):
-                    raise
-                conflict = True
-        if not conflict:
-            before_booking = _booking_state(booking)
-            booking.end_at = end_at
-            booking.save(update_fields=["end_at", "updated_at"])
-            allocation_events_record(
-                changes=changed, actor=user, actor_label=actor_label, verb="allocation.extend", at=now
+        changed = (
+            _allocations_extend(allocations, end_at=end_at) if limit is None or limit >= end_at else None
+        )
+        if changed is not None:
+            _extension_record(
+                booking, changed=changed, user=user, actor_label=actor_label, end_at=end_at, now=now
             )
-            audit_event_record(
-                actor=user,
-                actor_label=actor_label,
-                verb="booking.extend",
-                entity_type="booking",
-                entity_id=booking.pk,
-                before=before_booking,
-                after=_booking_state(booking),
-                at=now,
-            )
-            _engine_round_soon(booking.cluster_id)
             return booking
+    raise _extension_refusal(booking, limit=limit)
+
+
+def _extension_check(booking: Booking, *, end_at: datetime, now: datetime) -> None:
+    """Refuse (400) an end that is not later, too long, too far ahead or over the project's quota;
+    under the caller's node and booking locks."""
+    booking_require_extendable(booking, now=now)
+    if end_at <= booking.end_at:
+        raise ValidationError({"end_at": "The new end must be after the current end."})
+    max_duration = timedelta(seconds=settings.BERTH_BOOKING_MAX_DURATION_S)
+    if end_at - booking.start_at > max_duration:
+        raise ValidationError({"end_at": f"A booking lasts at most {_human(max_duration)}."})
+    if end_at > now + timedelta(seconds=settings.BERTH_BOOKING_MAX_ADVANCE_S):
+        raise ValidationError({"end_at": "That is too far ahead."})
+    _check_booking_quota(
+        project=booking.project,
+        gpu_type=booking.gpu_type,
+        gpu_count=booking.gpu_count,
+        start_at=booking.start_at,
+        end_at=end_at,
+        exclude_booking_id=booking.pk,
+    )
+
+
+def _allocations_extend(
+    allocations: Sequence[Allocation], *, end_at: datetime
+) -> list[tuple[Allocation, dict[str, Any]]] | None:
+    """Move the allocations' ends to ``end_at`` (in a savepoint); ``None`` when the exclusion
+    constraint refuses (a writer that skipped the node lock took a GPU meanwhile)."""
+    changed = []
+    for allocation in allocations:
+        before = allocation_state(allocation)
+        allocation.period = DateTimeTZRange(allocation.period.lower, end_at, "[)")
+        changed.append((allocation, before))
+    try:
+        with transaction.atomic():
+            Allocation.objects.bulk_update([a for a, _ in changed], ["period"])
+    except IntegrityError as exc:
+        if not _is_exclusion_violation(exc):
+            raise
+        return None
+    return changed
+
+
+def _extension_record(
+    booking: Booking,
+    *,
+    changed: Sequence[tuple[Allocation, dict[str, Any]]],
+    user: User,
+    actor_label: str,
+    end_at: datetime,
+    now: datetime,
+) -> None:
+    """Save the new end and audit the booking and each allocation it moved."""
+    before_booking = _booking_state(booking)
+    booking.end_at = end_at
+    booking.save(update_fields=["end_at", "updated_at"])
+    allocation_events_record(
+        changes=changed, actor=user, actor_label=actor_label, verb="allocation.extend", at=now
+    )
+    audit_event_record(
+        actor=user,
+        actor_label=actor_label,
+        verb="booking.extend",
+        entity_type="booking",
+        entity_id=booking.pk,
+        before=before_booking,
+        after=_booking_state(booking),
+        at=now,
+    )
+    _engine_round_soon(booking.cluster_id)
+
+
+def _extension_refusal(booking: Booking, *, limit: datetime | None) -> BookingConflictError:
+    """The 409 for an end its GPUs cannot reach; the one alternative is the latest end still free."""
     alternatives: list[Alternative] = []
     if limit is not None and limit > booking.end_at:
         alternatives.append(
@@ -398,7 +475,7 @@ def booking_extend(
                 end_at=limit,
             )
         )
-    raise BookingConflictError(
+    return BookingConflictError(
         "Its GPUs are booked by someone else before the new end"
         + (f"; it can be extended until {_utc(limit)}." if limit is not None else "."),
         alternatives=alternatives,

@@ -93,6 +93,65 @@ def job_submit(
     `selectors.job_warnings` gives the warning to show.
     """
     now = _now(now)
+    _job_fields_check(
+        name=name,
+        gpu_count=gpu_count,
+        kind=kind,
+        min_memory_gib=min_memory_gib,
+        requested_s=requested_s,
+        is_checkpointable=is_checkpointable,
+        checkpoint_interval_s=checkpoint_interval_s,
+        priority=priority,
+    )
+    _require_member(user, project=project)
+    if not project.is_active:
+        raise ValidationError({"project": "This project is archived."})
+    _check_pending_limits(user=user, project=project)
+    chosen = _job_cluster_pick(
+        cluster=cluster,
+        gpu_type=gpu_type,
+        gpu_count=gpu_count,
+        min_memory_gib=min_memory_gib,
+        precisions=precisions,
+    )
+    with transaction.atomic():
+        job = Job.objects.create(
+            user=user,
+            project=project,
+            cluster=chosen,
+            name=name.strip(),
+            kind=kind,
+            gpu_count=gpu_count,
+            gpu_type=gpu_type,
+            min_memory_gib=min_memory_gib,
+            precisions=sorted(set(precisions)),
+            requested_s=requested_s,
+            is_preemptible=is_preemptible,
+            is_checkpointable=is_checkpointable,
+            checkpoint_interval_s=checkpoint_interval_s,
+            priority=priority,
+            payload=payload or {},
+            status=Job.Status.PENDING,
+            submitted_at=now,
+            first_submitted_at=now,
+            pending_sentence="Waiting for the next scheduling round.",
+        )
+        _job_submitted_record(job, user=user, actor_label=actor_label, now=now)
+    return job
+
+
+def _job_fields_check(
+    *,
+    name: str,
+    gpu_count: int,
+    kind: str,
+    min_memory_gib: float,
+    requested_s: int | None,
+    is_checkpointable: bool,
+    checkpoint_interval_s: int | None,
+    priority: int,
+) -> None:
+    """Every field error of a submission at once (400), before any query."""
     errors: dict[str, list[str]] = defaultdict(list)
     if not name.strip():
         errors["name"].append("Give the job a name.")
@@ -114,11 +173,18 @@ def job_submit(
         errors["priority"].append(f"Unknown priority {priority!r}.")
     if errors:
         raise ValidationError(dict(errors))
-    _require_member(user, project=project)
-    if not project.is_active:
-        raise ValidationError({"project": "This project is archived."})
-    _check_pending_limits(user=user, project=project)
 
+
+def _job_cluster_pick(
+    *,
+    cluster: Cluster | None,
+    gpu_type: GpuType | None,
+    gpu_count: int,
+    min_memory_gib: float,
+    precisions: Sequence[str],
+) -> Cluster:
+    """The cluster (the given one, else the active one) with the most GPUs of one fitting type;
+    400 when no type fits or the job needs more GPUs than that."""
     types = _job_candidate_types(gpu_type=gpu_type, min_memory_gib=min_memory_gib, precisions=precisions)
     if not types:
         raise ValidationError({"gpu_type": "No GPU type satisfies the memory and precision constraints."})
@@ -133,48 +199,30 @@ def job_submit(
         raise ValidationError({"gpu_type": "No cluster here has a GPU that satisfies the constraints."})
     if gpu_count > best[0]:
         raise ValidationError({"gpu_count": f"At most {best[0]} fitting GPUs exist in one cluster."})
+    return best[1]
 
-    with transaction.atomic():
-        job = Job.objects.create(
-            user=user,
-            project=project,
-            cluster=best[1],
-            name=name.strip(),
-            kind=kind,
-            gpu_count=gpu_count,
-            gpu_type=gpu_type,
-            min_memory_gib=min_memory_gib,
-            precisions=sorted(set(precisions)),
-            requested_s=requested_s,
-            is_preemptible=is_preemptible,
-            is_checkpointable=is_checkpointable,
-            checkpoint_interval_s=checkpoint_interval_s,
-            priority=priority,
-            payload=payload or {},
-            status=Job.Status.PENDING,
-            submitted_at=now,
-            first_submitted_at=now,
-            pending_sentence="Waiting for the next scheduling round.",
-        )
-        never = job_startability(job)
-        if never is not None:
-            # accepted (quotas and inventory change), but told at once why waiting will not help
-            job.pending_reason = never.reason.value
-            job.pending_sentence = never.message[:500]
-            job.save(update_fields=["pending_reason", "pending_sentence"])
-        audit_event_record(
-            actor=user,
-            actor_label=actor_label,
-            verb="job.submit",
-            entity_type="job",
-            entity_id=job.pk,
-            before=None,
-            after=_job_state(job),
-            at=now,
-        )
-        _runtime_predict_soon(job.pk)
-        _engine_round_soon(job.cluster_id)
-    return job
+
+def _job_submitted_record(job: Job, *, user: User, actor_label: str, now: datetime) -> None:
+    """Inside the submit's transaction: the never-startable verdict, the audit event, and the
+    after-commit runtime prediction and engine round."""
+    never = job_startability(job)
+    if never is not None:
+        # accepted (quotas and inventory change), but told at once why waiting will not help
+        job.pending_reason = never.reason.value
+        job.pending_sentence = never.message[:500]
+        job.save(update_fields=["pending_reason", "pending_sentence"])
+    audit_event_record(
+        actor=user,
+        actor_label=actor_label,
+        verb="job.submit",
+        entity_type="job",
+        entity_id=job.pk,
+        before=None,
+        after=_job_state(job),
+        at=now,
+    )
+    _runtime_predict_soon(job.pk)
+    _engine_round_soon(job.cluster_id)
 
 
 @transaction.atomic

@@ -16,18 +16,18 @@ from scheduling.backends.k8s.config import (
     job_label_value,
     job_name,
 )
-from scheduling.engine.types import (
-    JobKind,
-    StartAction,
-)
+from scheduling.engine.types import JobKind, StartAction
 
 
 def job_body(
     config: KubernetesConfig, action: StartAction, payload: JobPayload, *, product: str | None
 ) -> k8s_client.V1Job:
-    """The batch/v1 Job for a start (see "Jobs, labels and annotations" in the package docstring)."""
+    """The batch/v1 Job for a start (see "Jobs, labels and annotations" in the package docstring).
+
+    One pod per planned node (an Indexed Job when there are several), each with
+    ``len(gpu_ids) / len(node_ids)`` GPUs; the caller checked that they split evenly.
+    """
     pod_count = len(action.node_ids)
-    gpus_per_pod = len(action.gpu_ids) // pod_count
     label_value = job_label_value(action.job_id)
     labels = {
         **payload.labels,
@@ -39,58 +39,7 @@ def job_body(
         JOB_ID_ANNOTATION: action.job_id,
         GPU_IDS_ANNOTATION: ",".join(str(gpu) for gpu in action.gpu_ids),
     }
-    if action.is_preemptible:
-        priority_class = config.priority_classes.preemptible
-    elif payload.kind is JobKind.INTERACTIVE:
-        priority_class = config.priority_classes.interactive
-    else:
-        priority_class = config.priority_classes.batch
-
-    limits = {config.gpu_resource: str(gpus_per_pod)}
-    container = k8s_client.V1Container(
-        name="main",
-        image=payload.image,
-        command=list(payload.command) or None,
-        args=list(payload.args) or None,
-        env=[k8s_client.V1EnvVar(name=k, value=v) for k, v in payload.env.items()] or None,
-        resources=k8s_client.V1ResourceRequirements(limits=limits, requests={**payload.requests, **limits}),
-    )
-    # matchFields on metadata.name pins to the node object itself; the hostname label can differ from it.
-    affinity = k8s_client.V1Affinity(
-        node_affinity=k8s_client.V1NodeAffinity(
-            required_during_scheduling_ignored_during_execution=k8s_client.V1NodeSelector(
-                node_selector_terms=[
-                    k8s_client.V1NodeSelectorTerm(
-                        match_fields=[
-                            k8s_client.V1NodeSelectorRequirement(
-                                key="metadata.name", operator="In", values=list(action.node_ids)
-                            )
-                        ]
-                    )
-                ]
-            )
-        )
-    )
-    if pod_count > 1:
-        affinity.pod_anti_affinity = k8s_client.V1PodAntiAffinity(
-            required_during_scheduling_ignored_during_execution=[
-                k8s_client.V1PodAffinityTerm(
-                    label_selector=k8s_client.V1LabelSelector(match_labels={JOB_ID_LABEL: label_value}),
-                    topology_key=HOSTNAME_LABEL,
-                )
-            ]
-        )
-    pod_spec = k8s_client.V1PodSpec(
-        containers=[container],
-        restart_policy="Never",
-        affinity=affinity,
-        node_selector={config.gpu_product_label: product} if product else None,
-        priority_class_name=priority_class,
-        termination_grace_period_seconds=config.termination_grace_s,
-        tolerations=[k8s_client.V1Toleration(key=key, operator="Exists") for key in config.tolerations]
-        or None,
-        service_account_name=payload.service_account,
-    )
+    pod_spec = _pod_spec(config, action, payload, product=product, label_value=label_value)
     return k8s_client.V1Job(
         api_version="batch/v1",
         kind="Job",
@@ -111,4 +60,76 @@ def job_body(
                 spec=pod_spec,
             ),
         ),
+    )
+
+
+def _priority_class(config: KubernetesConfig, action: StartAction, payload: JobPayload) -> str:
+    if action.is_preemptible:
+        return config.priority_classes.preemptible
+    if payload.kind is JobKind.INTERACTIVE:
+        return config.priority_classes.interactive
+    return config.priority_classes.batch
+
+
+def _container(config: KubernetesConfig, payload: JobPayload, *, gpus_per_pod: int) -> k8s_client.V1Container:
+    limits = {config.gpu_resource: str(gpus_per_pod)}
+    return k8s_client.V1Container(
+        name="main",
+        image=payload.image,
+        command=list(payload.command) or None,
+        args=list(payload.args) or None,
+        env=[k8s_client.V1EnvVar(name=k, value=v) for k, v in payload.env.items()] or None,
+        resources=k8s_client.V1ResourceRequirements(limits=limits, requests={**payload.requests, **limits}),
+    )
+
+
+def _affinity(action: StartAction, *, label_value: str) -> k8s_client.V1Affinity:
+    """Pinned to the planned nodes; one pod per node when there are several."""
+    # matchFields on metadata.name pins to the node object itself; the hostname label can differ from it.
+    affinity = k8s_client.V1Affinity(
+        node_affinity=k8s_client.V1NodeAffinity(
+            required_during_scheduling_ignored_during_execution=k8s_client.V1NodeSelector(
+                node_selector_terms=[
+                    k8s_client.V1NodeSelectorTerm(
+                        match_fields=[
+                            k8s_client.V1NodeSelectorRequirement(
+                                key="metadata.name", operator="In", values=list(action.node_ids)
+                            )
+                        ]
+                    )
+                ]
+            )
+        )
+    )
+    if len(action.node_ids) > 1:
+        affinity.pod_anti_affinity = k8s_client.V1PodAntiAffinity(
+            required_during_scheduling_ignored_during_execution=[
+                k8s_client.V1PodAffinityTerm(
+                    label_selector=k8s_client.V1LabelSelector(match_labels={JOB_ID_LABEL: label_value}),
+                    topology_key=HOSTNAME_LABEL,
+                )
+            ]
+        )
+    return affinity
+
+
+def _pod_spec(
+    config: KubernetesConfig,
+    action: StartAction,
+    payload: JobPayload,
+    *,
+    product: str | None,
+    label_value: str,
+) -> k8s_client.V1PodSpec:
+    gpus_per_pod = len(action.gpu_ids) // len(action.node_ids)
+    return k8s_client.V1PodSpec(
+        containers=[_container(config, payload, gpus_per_pod=gpus_per_pod)],
+        restart_policy="Never",
+        affinity=_affinity(action, label_value=label_value),
+        node_selector={config.gpu_product_label: product} if product else None,
+        priority_class_name=_priority_class(config, action, payload),
+        termination_grace_period_seconds=config.termination_grace_s,
+        tolerations=[k8s_client.V1Toleration(key=key, operator="Exists") for key in config.tolerations]
+        or None,
+        service_account_name=payload.service_account,
     )
