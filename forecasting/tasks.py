@@ -19,23 +19,18 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from celery import shared_task
 from django.conf import settings
 
 from forecasting import services
 from forecasting.models import CapacityStudy
 from scheduling.models import Cluster, Job
+from scheduling.task_policy import active_cluster_ids, berth_task
 
 logger = logging.getLogger(__name__)
 
 
-def _active_cluster_ids() -> list[int]:
-    return list(Cluster.objects.filter(is_active=True).order_by("id").values_list("id", flat=True))
-
-
-@shared_task(  # type: ignore[untyped-decorator]  # celery ships no types
+@berth_task(
     name="forecasting.tasks.forecast_refresh",
-    acks_late=True,
     reject_on_worker_lost=True,
     soft_time_limit=settings.BERTH_FORECAST_SOFT_TIME_LIMIT_S,
     time_limit=settings.BERTH_FORECAST_SOFT_TIME_LIMIT_S + 60,
@@ -51,9 +46,8 @@ def forecast_refresh(cluster_id: int) -> dict[str, Any]:
     return {"cluster_id": cluster_id, "actuals_recorded": actuals, **result.as_dict()}
 
 
-@shared_task(  # type: ignore[untyped-decorator]  # celery ships no types
+@berth_task(
     name="forecasting.tasks.forecast_refresh_now",
-    acks_late=True,
     reject_on_worker_lost=True,
     soft_time_limit=settings.BERTH_FORECAST_SOFT_TIME_LIMIT_S,
     time_limit=settings.BERTH_FORECAST_SOFT_TIME_LIMIT_S + 60,
@@ -67,9 +61,8 @@ def forecast_refresh_now(cluster_id: int) -> dict[str, Any]:
     return {"cluster_id": cluster_id, **result.as_dict()}
 
 
-@shared_task(  # type: ignore[untyped-decorator]  # celery ships no types
+@berth_task(
     name="forecasting.tasks.forecast_refit",
-    acks_late=True,
     reject_on_worker_lost=True,
     soft_time_limit=settings.BERTH_FORECAST_REFIT_SOFT_TIME_LIMIT_S,
     time_limit=settings.BERTH_FORECAST_REFIT_SOFT_TIME_LIMIT_S + 120,
@@ -82,16 +75,15 @@ def forecast_refit(cluster_id: int) -> dict[str, Any]:
     return {"cluster_id": cluster_id, **result.as_dict()}
 
 
-@shared_task(  # type: ignore[untyped-decorator]  # celery ships no types
+@berth_task(
     name="forecasting.tasks.forecast_refresh_dispatch",
-    acks_late=True,
     soft_time_limit=30,
     time_limit=60,
     ignore_result=True,
 )
 def forecast_refresh_dispatch() -> list[int]:
     """Hourly: enqueue a forecast refresh and a runtime-prediction refresh per active cluster."""
-    ids = _active_cluster_ids()
+    ids = active_cluster_ids()
     expires = 3000  # a refresh that could not start within the hour is superseded by the next
     for cluster_id in ids:
         forecast_refresh.apply_async(args=[cluster_id], expires=expires)
@@ -99,9 +91,8 @@ def forecast_refresh_dispatch() -> list[int]:
     return ids
 
 
-@shared_task(  # type: ignore[untyped-decorator]  # celery ships no types
+@berth_task(
     name="forecasting.tasks.forecast_refit_dispatch",
-    acks_late=True,
     soft_time_limit=60,
     time_limit=120,
     ignore_result=True,
@@ -110,15 +101,14 @@ def forecast_refit_dispatch() -> list[int]:
     """Nightly: prune old runs, then enqueue a refit with backtests per active cluster."""
     pruned = services.forecast_runs_prune(before=services.forecast_retention_cutoff())
     logger.info("forecast runs pruned: %s", pruned)
-    ids = _active_cluster_ids()
+    ids = active_cluster_ids()
     for cluster_id in ids:
         forecast_refit.apply_async(args=[cluster_id], expires=6 * 3600)
     return ids
 
 
-@shared_task(  # type: ignore[untyped-decorator]  # celery ships no types
+@berth_task(
     name="forecasting.tasks.job_runtime_predict",
-    acks_late=True,
     soft_time_limit=60,
     time_limit=90,
 )
@@ -131,9 +121,8 @@ def job_runtime_predict(job_id: int) -> dict[str, Any]:
     return {"job_id": job_id, "predicted_p50_s": p50, "predicted_p90_s": p90}
 
 
-@shared_task(  # type: ignore[untyped-decorator]  # celery ships no types
+@berth_task(
     name="forecasting.tasks.jobs_runtime_predict",
-    acks_late=True,
     soft_time_limit=120,
     time_limit=180,
 )
@@ -142,9 +131,8 @@ def jobs_runtime_predict(cluster_id: int) -> dict[str, Any]:
     return {"cluster_id": cluster_id, "jobs": services.jobs_runtime_predict(cluster_id=cluster_id)}
 
 
-@shared_task(  # type: ignore[untyped-decorator]  # celery ships no types
+@berth_task(
     name="forecasting.tasks.capacity_study_run",
-    acks_late=True,
     reject_on_worker_lost=True,
     soft_time_limit=settings.BERTH_CAPACITY_TIME_BUDGET_S + 240,
     time_limit=settings.BERTH_CAPACITY_TIME_BUDGET_S + 300,

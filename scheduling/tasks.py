@@ -19,13 +19,14 @@ import time
 from typing import Any
 
 import redis
-from celery import Task, shared_task
+from celery import Task
 from django.conf import settings
 from django.db import transaction
 
 from scheduling.backends.base import BackendError
 from scheduling.models import Cluster
 from scheduling.rounds import engine_round_run
+from scheduling.task_policy import active_cluster_ids, berth_task
 
 logger = logging.getLogger(__name__)
 
@@ -40,10 +41,9 @@ def _redis() -> redis.Redis:
     return engine_redis(settings.BERTH_ENGINE_REDIS_URL)
 
 
-@shared_task(  # type: ignore[untyped-decorator]  # celery ships no types
+@berth_task(
     bind=True,
     name="scheduling.tasks.engine_round",
-    acks_late=True,
     reject_on_worker_lost=True,
     soft_time_limit=settings.BERTH_ENGINE_ROUND_SOFT_TIME_LIMIT_S,
     time_limit=settings.BERTH_ENGINE_ROUND_TIME_LIMIT_S,
@@ -88,9 +88,8 @@ def _schedule_wake(cluster_id: int, next_round_at: float | None) -> None:
         logger.warning("could not schedule the wake-up round of cluster %s", cluster_id, exc_info=True)
 
 
-@shared_task(  # type: ignore[untyped-decorator]  # celery ships no types
+@berth_task(
     name="scheduling.tasks.engine_rounds_dispatch",
-    acks_late=True,
     soft_time_limit=20,
     time_limit=30,
     ignore_result=True,
@@ -99,7 +98,7 @@ def engine_rounds_dispatch() -> list[int]:
     """Enqueue a round for every active cluster that has none queued yet; returns the ids enqueued."""
     enqueued = []
     ttl = settings.BERTH_ENGINE_QUEUED_TTL_S
-    for cluster_id in Cluster.objects.filter(is_active=True).order_by("id").values_list("id", flat=True):
+    for cluster_id in active_cluster_ids():
         try:
             fresh = _redis().set(_QUEUED_KEY.format(cluster_id=cluster_id), "1", nx=True, ex=ttl)
         except Exception:
@@ -140,9 +139,8 @@ def engine_round_trigger(cluster_id: int) -> None:
     transaction.on_commit(lambda: _enqueue_debounced(cluster_id))
 
 
-@shared_task(  # type: ignore[untyped-decorator]  # celery ships no types
+@berth_task(
     name="scheduling.tasks.demo_load_dispatch",
-    acks_late=True,
     soft_time_limit=30,
     time_limit=45,
     ignore_result=True,
@@ -163,9 +161,8 @@ def demo_load_dispatch() -> list[dict[str, Any]]:
     return out
 
 
-@shared_task(  # type: ignore[untyped-decorator]  # celery ships no types
+@berth_task(
     name="scheduling.tasks.idempotency_keys_clean",
-    acks_late=True,
     soft_time_limit=120,
     time_limit=180,
     ignore_result=True,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.db import connection
@@ -293,6 +294,13 @@ class BookingListCreateApi(PaginatedApi):
         return Response(booking_data(booking), status=status.HTTP_201_CREATED)
 
 
+def _booking_act(request: Request, booking_id: int, action: Callable[..., Booking]) -> Response:
+    """Run one booking service (cancel, end early) on a booking the user can see; answer the booking."""
+    booking = selectors.booking_get(request.user, booking_id=booking_id)
+    action(booking, user=request_user(request), actor_label=AuditEvent.Actor.API)
+    return _booking_response(request.user, booking_id)
+
+
 class BookingDetailApi(APIView):
     OutputSerializer = BookingOutputSerializer
 
@@ -307,9 +315,7 @@ class BookingDetailApi(APIView):
     )
     @idempotent
     def delete(self, request: Request, booking_id: int) -> Response:
-        booking = selectors.booking_get(request.user, booking_id=booking_id)
-        services.booking_cancel(booking, user=request_user(request), actor_label=AuditEvent.Actor.API)
-        return _booking_response(request.user, booking_id)
+        return _booking_act(request, booking_id, services.booking_cancel)
 
 
 class BookingCancelApi(APIView):
@@ -320,9 +326,7 @@ class BookingCancelApi(APIView):
     )
     @idempotent
     def post(self, request: Request, booking_id: int) -> Response:
-        booking = selectors.booking_get(request.user, booking_id=booking_id)
-        services.booking_cancel(booking, user=request_user(request), actor_label=AuditEvent.Actor.API)
-        return _booking_response(request.user, booking_id)
+        return _booking_act(request, booking_id, services.booking_cancel)
 
 
 class BookingExtendApi(APIView):
@@ -359,9 +363,7 @@ class BookingEndApi(APIView):
     )
     @idempotent
     def post(self, request: Request, booking_id: int) -> Response:
-        booking = selectors.booking_get(request.user, booking_id=booking_id)
-        services.booking_end_early(booking, user=request_user(request), actor_label=AuditEvent.Actor.API)
-        return _booking_response(request.user, booking_id)
+        return _booking_act(request, booking_id, services.booking_end_early)
 
 
 class BookingAccessApi(APIView):

@@ -156,6 +156,13 @@ class JobListCreateApi(PaginatedApi):
         return Response(body, status=status.HTTP_201_CREATED)
 
 
+def _job_cancel(request: Request, job_id: int) -> Response:
+    """Cancel a job the user can see (DELETE and POST .../cancel/ alike); answer the job after it."""
+    job = selectors.job_get(request.user, job_id=job_id)
+    services.job_cancel(job, user=request_user(request), actor_label=AuditEvent.Actor.API)
+    return _job_response(request.user, job_id)
+
+
 class JobDetailApi(APIView):
     @extend_schema(operation_id="jobs_retrieve", responses={200: JobOutputSerializer, **errors(401, 404)})
     def get(self, request: Request, job_id: int) -> Response:
@@ -168,9 +175,7 @@ class JobDetailApi(APIView):
     )
     @idempotent
     def delete(self, request: Request, job_id: int) -> Response:
-        job = selectors.job_get(request.user, job_id=job_id)
-        services.job_cancel(job, user=request_user(request), actor_label=AuditEvent.Actor.API)
-        return _job_response(request.user, job_id)
+        return _job_cancel(request, job_id)
 
 
 class JobCancelApi(APIView):
@@ -181,9 +186,7 @@ class JobCancelApi(APIView):
     )
     @idempotent
     def post(self, request: Request, job_id: int) -> Response:
-        job = selectors.job_get(request.user, job_id=job_id)
-        services.job_cancel(job, user=request_user(request), actor_label=AuditEvent.Actor.API)
-        return _job_response(request.user, job_id)
+        return _job_cancel(request, job_id)
 
 
 class JobLogsApi(APIView):

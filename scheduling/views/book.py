@@ -10,13 +10,12 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.http import HttpResponse, HttpResponseRedirect
+from django.http import HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods
 from django.views.decorators.vary import vary_on_headers
-from django_htmx.http import HttpResponseClientRedirect
 
 from portal.accounts.selectors import project_list
 from portal.security import refused_booking_record, refused_bookings_retry_after
@@ -35,7 +34,7 @@ from scheduling.services import (
     BookingConflictError,
     booking_create,
 )
-from scheduling.views.htmx import CONFLICT, UNPROCESSABLE, HtmxHttpRequest, _render
+from scheduling.views.htmx import CONFLICT, UNPROCESSABLE, HtmxHttpRequest, _render, redirect_after_post
 
 BOOK_TEMPLATE = "scheduling/book.html"
 
@@ -246,10 +245,7 @@ def booking_new(request: HtmxHttpRequest) -> HttpResponse:
         f"Booked {booking.gpu_count} {booking.gpu_type.name} GPU(s) from {start:%Y-%m-%d %H:%M} "
         f"to {end:%Y-%m-%d %H:%M}.",
     )
-    url = f"{reverse('my-bookings')}#booking-row-{booking.pk}"
-    if request.htmx:
-        return HttpResponseClientRedirect(url)
-    return HttpResponseRedirect(url, status=303)
+    return redirect_after_post(request, f"{reverse('my-bookings')}#booking-row-{booking.pk}")
 
 
 @login_required

@@ -5,14 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import timedelta
 
-from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
-from django.http import Http404, HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpResponse
 from django.shortcuts import render
-from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 from django.views.decorators.vary import vary_on_headers
@@ -27,7 +25,7 @@ from scheduling.services import (
     booking_end_early,
     booking_extend,
 )
-from scheduling.views.htmx import HtmxHttpRequest, _render
+from scheduling.views.htmx import HtmxHttpRequest, _render, refusal_text, row_action_redirect
 
 BOOKINGS_TEMPLATE = "scheduling/my_bookings.html"
 BOOKINGS_PER_PAGE = 50
@@ -78,7 +76,7 @@ def _booking_row_action(
     try:
         booking = action(booking, user=request.user)
     except (ValidationError, PermissionDenied) as exc:
-        error = " ".join(exc.messages) if isinstance(exc, ValidationError) else str(exc)
+        error = refusal_text(exc)
     except BookingConflictError as exc:
         error = exc.message
         latest = max((alt.end_at for alt in exc.alternatives), default=None)
@@ -88,11 +86,9 @@ def _booking_row_action(
         booking = _my_booking(request, booking_id)
         context = {"booking": booking, "row_error": error, "now": timezone.now()}
         return render(request, f"{BOOKINGS_TEMPLATE}#booking-row", context)
-    if error:
-        messages.error(request, error)
-    else:
-        messages.success(request, f"{done} booking {booking.pk}.")
-    return HttpResponseRedirect(reverse("my-bookings"), status=303)
+    return row_action_redirect(
+        request, error=error, success=f"{done} booking {booking.pk}.", to="my-bookings"
+    )
 
 
 @login_required

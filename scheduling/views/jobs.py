@@ -9,13 +9,12 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
-from django.http import Http404, HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django.views.decorators.vary import vary_on_headers
-from django_htmx.http import HttpResponseClientRedirect
 
 from forecasting.selectors import job_engine_request, runtime_predict
 from portal.accounts.selectors import project_list
@@ -33,7 +32,14 @@ from scheduling.services import (
     job_cancel,
     job_submit,
 )
-from scheduling.views.htmx import UNPROCESSABLE, HtmxHttpRequest, _render
+from scheduling.views.htmx import (
+    UNPROCESSABLE,
+    HtmxHttpRequest,
+    _render,
+    redirect_after_post,
+    refusal_text,
+    row_action_redirect,
+)
 
 JOBS_TEMPLATE = "scheduling/my_jobs.html"
 JOB_NEW_TEMPLATE = "scheduling/job_new.html"
@@ -104,10 +110,7 @@ def job_new(request: HtmxHttpRequest) -> HttpResponse:
         messages.warning(request, f"Submitted {job.name}, but it cannot start as it is: {' '.join(warnings)}")
     else:
         messages.success(request, f"Submitted {job.name}: it waits for the next scheduling round.")
-    url = f"{reverse('my-jobs')}#job-row-{job.pk}"
-    if request.htmx:
-        return HttpResponseClientRedirect(url)
-    return HttpResponseRedirect(url, status=303)
+    return redirect_after_post(request, f"{reverse('my-jobs')}#job-row-{job.pk}")
 
 
 @login_required
@@ -139,15 +142,11 @@ def job_cancel_view(request: HtmxHttpRequest, job_id: int) -> HttpResponse:
     try:
         job_cancel(job, user=request.user)
     except (ValidationError, PermissionDenied) as exc:
-        error = " ".join(exc.messages) if isinstance(exc, ValidationError) else str(exc)
+        error = refusal_text(exc)
     if request.htmx:
         job = job_list(request.user, mine_only=True).get(pk=job_id)
         return render(request, f"{JOBS_TEMPLATE}#job-row", {"job": job, "row_error": error})
-    if error:
-        messages.error(request, error)
-    else:
-        messages.success(request, f"Cancelled job {job.name}.")
-    return HttpResponseRedirect(reverse("my-jobs"), status=303)
+    return row_action_redirect(request, error=error, success=f"Cancelled job {job.name}.", to="my-jobs")
 
 
 @login_required
