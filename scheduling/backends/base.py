@@ -6,6 +6,7 @@ and reports what really runs.  Repeating an action that is already done counts a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -108,3 +109,8 @@ def tail(text: str, lines: int) -> tuple[str, bool]:
     if len(parts) <= lines:
         return text, False
     return "".join(parts[-lines:]), True
+
+
+def natural_key(name: str) -> list[tuple[int, int | str]]:
+    """Sort key putting gpu-2 before gpu-10: the node order the backends number GPUs in."""
+    return [(0, int(tok)) if tok.isdigit() else (1, tok) for tok in re.findall(r"\d+|\D+", name)]

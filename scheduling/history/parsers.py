@@ -37,7 +37,7 @@ from __future__ import annotations
 import csv
 import io
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any, Literal
@@ -205,25 +205,48 @@ def parse_sacct(text: str, *, zone: tzinfo = UTC) -> Parsed:
         if ended < started:
             skip("ends before it starts")
             continue
-        exit_text = row.get("ExitCode", "").split(":")[0]
         records.append(
-            HistoryRecord(
-                source="sacct",
-                external_id=job_id,
-                user=_slurm_name(row.get("User", "")),
-                account=_slurm_name(row.get("Account", "")),
-                name=row.get("JobName", "").strip() or f"slurm-{job_id}",
-                gpu_count=gpus[0],
-                gpu_type=gpus[1],
-                submitted_at=submitted or started,
-                started_at=started,
-                ended_at=ended,
-                requested_s=slurm_duration_s(row.get("Timelimit", "")),
+            _slurm_row_record(
+                row,
+                job_id=job_id,
+                fields=("User", "Timelimit"),
+                gpus=gpus,
                 status=status,
-                exit_code=int(exit_text) if exit_text.isdigit() else None,
+                times=(submitted, started, ended),
             )
         )
     return Parsed(tuple(records), tuple(skips))
+
+
+def _slurm_row_record(
+    row: Mapping[str, str],
+    *,
+    job_id: str,
+    fields: tuple[str, str],
+    gpus: tuple[int, str],
+    status: Status,
+    times: tuple[datetime | None, datetime, datetime],
+) -> HistoryRecord:
+    """A finished Slurm job from a sacct or scontrol row (``fields``: its user and time-limit
+    column names, which the two spell differently).  Source ``sacct`` for both: one key space."""
+    user_field, limit_field = fields
+    submitted, started, ended = times
+    exit_text = row.get("ExitCode", "").split(":")[0]
+    return HistoryRecord(
+        source="sacct",
+        external_id=job_id,
+        user=_slurm_name(row.get(user_field, "")),
+        account=_slurm_name(row.get("Account", "")),
+        name=row.get("JobName", "").strip() or f"slurm-{job_id}",
+        gpu_count=gpus[0],
+        gpu_type=gpus[1],
+        submitted_at=submitted or started,
+        started_at=started,
+        ended_at=ended,
+        requested_s=slurm_duration_s(row.get(limit_field, "")),
+        status=status,
+        exit_code=int(exit_text) if exit_text.isdigit() else None,
+    )
 
 
 # ---- slurmrestd's accounting API (/slurmdb/v0.0.38/jobs) ----
@@ -420,22 +443,14 @@ def parse_scontrol(text: str, *, zone: tzinfo = UTC) -> Parsed:
         if started is None or ended is None:
             skips.append(Skip(number, job_id, "never started"))
             continue
-        exit_text = row.get("ExitCode", "").split(":")[0]
         records.append(
-            HistoryRecord(
-                source="sacct",  # the same Slurm job ids as accounting: one import key space
-                external_id=job_id,
-                user=_slurm_name(row.get("UserId", "")),
-                account=_slurm_name(row.get("Account", "")),
-                name=row.get("JobName", "").strip() or f"slurm-{job_id}",
-                gpu_count=gpus[0],
-                gpu_type=gpus[1],
-                submitted_at=submitted or started,
-                started_at=started,
-                ended_at=ended,
-                requested_s=slurm_duration_s(row.get("TimeLimit", "")),
+            _slurm_row_record(
+                row,
+                job_id=job_id,
+                fields=("UserId", "TimeLimit"),
+                gpus=gpus,
                 status=status,
-                exit_code=int(exit_text) if exit_text.isdigit() else None,
+                times=(submitted, started, ended),
             )
         )
     return Parsed(tuple(records), tuple(skips))

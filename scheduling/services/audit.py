@@ -116,6 +116,50 @@ def audit_event_record(
     return event
 
 
+def booking_event_record(
+    booking: Booking,
+    *,
+    verb: str,
+    before: dict[str, Any] | None,
+    actor: User | None,
+    actor_label: str,
+    at: datetime,
+) -> AuditEvent:
+    """`audit_event_record` for a booking: ``after`` is its state now."""
+    return audit_event_record(
+        actor=actor,
+        actor_label=actor_label,
+        verb=verb,
+        entity_type="booking",
+        entity_id=booking.pk,
+        before=before,
+        after=_booking_state(booking),
+        at=at,
+    )
+
+
+def job_event_record(
+    job: Job,
+    *,
+    verb: str,
+    before: dict[str, Any] | None,
+    actor: User | None,
+    actor_label: str,
+    at: datetime,
+) -> AuditEvent:
+    """`audit_event_record` for a job: ``after`` is its state now."""
+    return audit_event_record(
+        actor=actor,
+        actor_label=actor_label,
+        verb=verb,
+        entity_type="job",
+        entity_id=job.pk,
+        before=before,
+        after=_job_state(job),
+        at=at,
+    )
+
+
 def _allocation_events(
     *,
     changes: Iterable[tuple[Allocation, dict[str, Any] | None]],

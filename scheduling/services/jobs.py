@@ -19,7 +19,11 @@ from scheduling.models import (
     GpuType,
     Job,
 )
-from scheduling.services.audit import _job_state, allocations_close, audit_event_record
+from scheduling.services.audit import (
+    _job_state,
+    allocations_close,
+    job_event_record,
+)
 from scheduling.services.common import (
     _capacity_by_cluster,
     _engine_round_soon,
@@ -211,16 +215,7 @@ def _job_submitted_record(job: Job, *, user: User, actor_label: str, now: dateti
         job.pending_reason = never.reason.value
         job.pending_sentence = never.message[:500]
         job.save(update_fields=["pending_reason", "pending_sentence"])
-    audit_event_record(
-        actor=user,
-        actor_label=actor_label,
-        verb="job.submit",
-        entity_type="job",
-        entity_id=job.pk,
-        before=None,
-        after=_job_state(job),
-        at=now,
-    )
+    job_event_record(job, verb="job.submit", before=None, actor=user, actor_label=actor_label, at=now)
     _runtime_predict_soon(job.pk)
     _engine_round_soon(job.cluster_id)
 
@@ -255,15 +250,6 @@ def job_cancel(
     allocations_close(
         job.allocations.all(), at=now, actor=user, actor_label=actor_label, verb="allocation.cancel"
     )
-    audit_event_record(
-        actor=user,
-        actor_label=actor_label,
-        verb="job.cancel",
-        entity_type="job",
-        entity_id=job.pk,
-        before=before,
-        after=_job_state(job),
-        at=now,
-    )
+    job_event_record(job, verb="job.cancel", before=before, actor=user, actor_label=actor_label, at=now)
     _engine_round_soon(job.cluster_id)
     return job

@@ -17,6 +17,7 @@ from scheduling.backends.base import (
     ActionResult,
     JobOutput,
     ObservedCluster,
+    natural_key,
     tail,
 )
 from scheduling.backends.k8s.body import job_body
@@ -35,7 +36,6 @@ from scheduling.backends.k8s.observe import (
     _epoch,
     _finished_condition,
     _gpu_count,
-    _natural_key,
     _no_release,
     _no_reservation,
     _object_job_id,
@@ -95,7 +95,7 @@ class KubernetesBackend(KubernetesClient):
             count = _gpu_count((allocatable or {}).get(config.gpu_resource))
             if name and count > 0:
                 gpu_nodes.append((name, count, item))
-        gpu_nodes.sort(key=lambda entry: _natural_key(entry[0]))
+        gpu_nodes.sort(key=lambda entry: natural_key(entry[0]))
 
         nodes: list[Node] = []
         self._node_products = {}
@@ -182,14 +182,7 @@ class KubernetesBackend(KubernetesClient):
         timeout = self._timeout()
         dry_run = self._dry_run()
         name = job_name(job_id)
-        pods = self._call(
-            "list pods",
-            lambda: self._core.list_namespaced_pod(
-                namespace,
-                label_selector=f"{JOB_ID_LABEL}={job_label_value(job_id)}",
-                _request_timeout=timeout,
-            ),
-        )
+        pods = self._job_pods(job_id)
         # The Job goes first: were a pod deleted while its Job lives, the Job controller could count it
         # as a failure or replace it.  Its pods then get the planned grace themselves (package docstring).
         had_job = self._call_absent_ok(
@@ -252,14 +245,7 @@ class KubernetesBackend(KubernetesClient):
         """
         namespace = self.config.namespace
         timeout = self._timeout()
-        pods = self._call(
-            "list pods",
-            lambda: self._core.list_namespaced_pod(
-                namespace,
-                label_selector=f"{JOB_ID_LABEL}={job_label_value(job_id)}",
-                _request_timeout=timeout,
-            ),
-        )
+        pods = self._job_pods(job_id)
         mine = [p for p in pods.items if p.metadata and _object_job_id(p.metadata) == job_id]
         if not mine:
             return JobOutput(stdout="", source=f"no pod of Job {job_name(job_id)} in {namespace}")
@@ -287,6 +273,17 @@ class KubernetesBackend(KubernetesClient):
         out, cut = tail(str(text or ""), tail_lines)
         return JobOutput(
             stdout=out, exit_code=exit_code, source=f"pod {namespace}/{pod_name}", is_truncated=cut
+        )
+
+    def _job_pods(self, job_id: str) -> k8s_client.V1PodList:
+        """The pods labelled with the job's id (callers re-check the exact id: labels may be hashes)."""
+        return self._call(
+            "list pods",
+            lambda: self._core.list_namespaced_pod(
+                self.config.namespace,
+                label_selector=f"{JOB_ID_LABEL}={job_label_value(job_id)}",
+                _request_timeout=self._timeout(),
+            ),
         )
 
     def _start(self, action: StartAction, raw_payload: JobPayload | Mapping[str, Any] | None) -> ActionResult:

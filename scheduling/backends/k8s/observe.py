@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable
 from datetime import datetime
 
@@ -27,11 +26,6 @@ from scheduling.engine.types import (
     ReleaseAction,
     ReserveAction,
 )
-
-
-def _natural_key(name: str) -> list[tuple[int, int | str]]:
-    """Sort key putting gpu-2 before gpu-10 (the order the Slurm backend numbers nodes in, too)."""
-    return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name) if part]
 
 
 def _gpu_count(quantity: str | None) -> int:

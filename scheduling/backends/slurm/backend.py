@@ -11,12 +11,12 @@ from scheduling.backends.base import (
     ActionResult,
     ObservedCluster,
     ObservedState,
+    natural_key,
 )
 from scheduling.backends.slurm.client import SlurmClient
 from scheduling.backends.slurm.config import SIGNAL_MARK, SlurmJobPayload, SlurmRejectedError
 from scheduling.backends.slurm.parse import (
     NodeInventory,
-    _natural_key,
     expand_hostlist,
     reservation_name,
     slurm_time,
@@ -192,7 +192,7 @@ class SlurmBackend(SlurmClient):
         if len(set(counts.values())) > 1:
             raise SlurmRejectedError("Slurm's gres is per node: every planned node needs the same GPU count")
         out: dict[str, tuple[str, int]] = {}
-        for node in sorted(counts, key=_natural_key):
+        for node in sorted(counts, key=natural_key):
             if node not in inventory.gres_types:
                 raise SlurmRejectedError(f"node {node} has no GPUs in Slurm")
             out[node] = (inventory.gres_types[node], counts[node])
@@ -301,7 +301,7 @@ class SlurmBackend(SlurmClient):
             nodes.add(where[0])
         if not nodes:
             raise SlurmRejectedError("a reservation needs GPU ids")
-        node_list = ",".join(sorted(nodes, key=_natural_key))
+        node_list = ",".join(sorted(nodes, key=natural_key))
         end = slurm_time(action.end_at)
         current = existing.get(name)
         if current is not None:

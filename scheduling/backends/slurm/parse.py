@@ -15,6 +15,7 @@ import hostlist
 
 from scheduling.backends.base import (
     BackendError,
+    natural_key,
 )
 from scheduling.backends.slurm.config import SlurmRejectedError
 from scheduling.engine.types import (
@@ -147,10 +148,6 @@ def node_status(state: str, flags: Iterable[str]) -> NodeStatus:
     return NodeStatus.UP
 
 
-def _natural_key(name: str) -> list[tuple[int, int | str]]:
-    return [(0, int(tok)) if tok.isdigit() else (1, tok) for tok in re.findall(r"\d+|\D+", name)]
-
-
 def gpu_id_table(
     node_gpus: Mapping[str, int], *, explicit: Mapping[str, tuple[int, ...]] | None = None
 ) -> dict[str, tuple[int, ...]]:
@@ -163,7 +160,7 @@ def gpu_id_table(
     explicit = explicit or {}
     table: dict[str, tuple[int, ...]] = {}
     next_id = max((g for ids in explicit.values() for g in ids), default=-1) + 1
-    for node in sorted(node_gpus, key=_natural_key):
+    for node in sorted(node_gpus, key=natural_key):
         count = node_gpus[node]
         if node in explicit:
             table[node] = tuple(explicit[node])[:count]
@@ -223,7 +220,7 @@ def parse_nodes(
             gpu_ids=table[name],
             status=statuses[name],
         )
-        for name in sorted(counts, key=_natural_key)
+        for name in sorted(counts, key=natural_key)
     )
     return NodeInventory(nodes=nodes, gpu_ids=table, gres_types=kinds)
 
