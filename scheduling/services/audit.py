@@ -116,8 +116,8 @@ def audit_event_record(
     return event
 
 
-def booking_event_record(
-    booking: Booking,
+def entity_event_record(
+    entity: Booking | Job,
     *,
     verb: str,
     before: dict[str, Any] | None,
@@ -125,37 +125,19 @@ def booking_event_record(
     actor_label: str,
     at: datetime,
 ) -> AuditEvent:
-    """`audit_event_record` for a booking: ``after`` is its state now."""
+    """`audit_event_record` for a booking or a job: ``after`` is its state now."""
+    if isinstance(entity, Booking):
+        entity_type, after = "booking", _booking_state(entity)
+    else:
+        entity_type, after = "job", _job_state(entity)
     return audit_event_record(
         actor=actor,
         actor_label=actor_label,
         verb=verb,
-        entity_type="booking",
-        entity_id=booking.pk,
+        entity_type=entity_type,
+        entity_id=entity.pk,
         before=before,
-        after=_booking_state(booking),
-        at=at,
-    )
-
-
-def job_event_record(
-    job: Job,
-    *,
-    verb: str,
-    before: dict[str, Any] | None,
-    actor: User | None,
-    actor_label: str,
-    at: datetime,
-) -> AuditEvent:
-    """`audit_event_record` for a job: ``after`` is its state now."""
-    return audit_event_record(
-        actor=actor,
-        actor_label=actor_label,
-        verb=verb,
-        entity_type="job",
-        entity_id=job.pk,
-        before=before,
-        after=_job_state(job),
+        after=after,
         at=at,
     )
 

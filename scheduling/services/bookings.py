@@ -28,7 +28,7 @@ from scheduling.services.audit import (
     allocation_events_record,
     allocation_state,
     allocations_close,
-    booking_event_record,
+    entity_event_record,
 )
 from scheduling.services.common import (
     BookingConflictError,
@@ -256,7 +256,7 @@ def _booking_close(
     allocations_close(
         booking.allocations.all(), at=now, actor=user, actor_label=actor_label, verb=allocation_verb
     )
-    booking_event_record(booking, verb=verb, before=before, actor=user, actor_label=actor_label, at=now)
+    entity_event_record(booking, verb=verb, before=before, actor=user, actor_label=actor_label, at=now)
     _engine_round_soon(booking.cluster_id)
     return booking
 
@@ -440,7 +440,7 @@ def _extension_record(
     allocation_events_record(
         changes=changed, actor=user, actor_label=actor_label, verb="allocation.extend", at=now
     )
-    booking_event_record(
+    entity_event_record(
         booking, verb="booking.extend", before=before_booking, actor=user, actor_label=actor_label, at=now
     )
     _engine_round_soon(booking.cluster_id)

@@ -22,7 +22,7 @@ from scheduling.models import (
 from scheduling.services.audit import (
     _job_state,
     allocations_close,
-    job_event_record,
+    entity_event_record,
 )
 from scheduling.services.common import (
     _capacity_by_cluster,
@@ -215,7 +215,7 @@ def _job_submitted_record(job: Job, *, user: User, actor_label: str, now: dateti
         job.pending_reason = never.reason.value
         job.pending_sentence = never.message[:500]
         job.save(update_fields=["pending_reason", "pending_sentence"])
-    job_event_record(job, verb="job.submit", before=None, actor=user, actor_label=actor_label, at=now)
+    entity_event_record(job, verb="job.submit", before=None, actor=user, actor_label=actor_label, at=now)
     _runtime_predict_soon(job.pk)
     _engine_round_soon(job.cluster_id)
 
@@ -250,6 +250,6 @@ def job_cancel(
     allocations_close(
         job.allocations.all(), at=now, actor=user, actor_label=actor_label, verb="allocation.cancel"
     )
-    job_event_record(job, verb="job.cancel", before=before, actor=user, actor_label=actor_label, at=now)
+    entity_event_record(job, verb="job.cancel", before=before, actor=user, actor_label=actor_label, at=now)
     _engine_round_soon(job.cluster_id)
     return job
