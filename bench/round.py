@@ -494,6 +494,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--db-name", default=DEFAULT_DB)
     parser.add_argument("--keep-db", action="store_true", help="keep the bench database afterwards")
+    parser.add_argument(
+        "--alternatives-bookings",
+        type=int,
+        default=0,
+        help="then time a refused booking's alternatives search on a calendar of this many bookings",
+    )
     parser.add_argument("--out", required=True)
     return parser
 
@@ -523,8 +529,16 @@ def _measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
 
     per_round = rounds_run(cluster_id=lab["cluster_id"], rounds=args.rounds, now=now, step_s=args.step_s)
     check = state_check(cluster_id=lab["cluster_id"])
+    extra: dict[str, Any] = {}
+    if args.alternatives_bookings > 0:
+        from bench._calendar import alternatives_phase
+
+        extra["alternatives"] = alternatives_phase(
+            bookings=args.alternatives_bookings, now=now, seed=args.seed
+        )
     connections.close_all()
     return {
+        **extra,
         **summarize(per_round),
         "nodes": args.nodes,
         "gpus_per_node": args.gpus_per_node,
@@ -547,6 +561,14 @@ def _print_report(document: dict[str, Any]) -> None:
     rows += [[phase, document["phases_ms"][phase], document["phases_ms_p99"][phase]] for phase in PHASES]
     print(format_table(["ms", "p50", "p99"], rows))
     print("state:", ", ".join(f"{k} {v}" for k, v in document["state"].items()))
+    if "alternatives" in document:
+        alt = document["alternatives"]
+        print(
+            f"alternatives on {alt['bookings']:,} bookings ({alt['calendar_days']} days, {alt['gpus']} GPUs),"
+            f" {alt['refused_calls']} refused of {alt['calls']} calls:"
+            f" p50 {alt['alternatives_ms_p50']:.1f} ms, p99 {alt['alternatives_ms_p99']:.1f} ms,"
+            f" max {alt['alternatives_ms_max']:.1f} ms"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

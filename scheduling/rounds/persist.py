@@ -171,7 +171,13 @@ def _start_candidates(
     cluster: Cluster, plan: Plan, *, jobs: dict[int, Job], result: RoundResult
 ) -> list[tuple[StartAction, Job]]:
     """The planned starts whose job is still pending, on GPUs of this cluster."""
-    cluster_gpus = set(Gpu.objects.filter(node__cluster=cluster).values_list("id", flat=True))
+    # Only the GPUs the plan names: the cluster's 8,000 GPU ids read every round cost ~0.2 s.
+    planned = sorted({g for action in plan.starts for g in action.gpu_ids})
+    cluster_gpus = (
+        set(Gpu.objects.filter(node__cluster=cluster, pk__in=planned).values_list("id", flat=True))
+        if planned
+        else set()
+    )
     candidates: list[tuple[StartAction, Job]] = []
     for action in plan.starts:
         job = jobs.get(int(action.job_id)) if action.job_id.isdigit() else None
@@ -360,7 +366,7 @@ def _write_explanations(
         cursor.execute(
             f"""
             SELECT id, pending_reason, pending_sentence,
-                   EXTRACT(EPOCH FROM eta_p50_at)::float8, EXTRACT(EPOCH FROM eta_p90_at)::float8
+                   date_part('epoch', eta_p50_at), date_part('epoch', eta_p90_at)
               FROM {Job._meta.db_table}
              WHERE cluster_id = %s AND status = %s
             """,  # noqa: S608 (the table name is the model's, every value a parameter)
