@@ -34,13 +34,16 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
+from bench._benchdb import database_create, database_drop, django_setup, redis_keys_delete
 from bench._util import format_table, write_json
 
 PHASES = ("backend_snapshot", "reconcile", "snapshot_build", "plan", "persist", "apply")
 DEFAULT_DB = "berth_bench_round"
-_RUNNING_SIZES = (1, 2, 2, 4, 4, 8, 8)
+# GPUs per running job: "full" packs 2,048 jobs onto ~95 % of 8,000 GPUs (the default; the first
+# round then finds sessions blocked on a full cluster), "engine-scale" is bench.engine_scale's
+# mix (~70 % busy, the queue head starts on free GPUs).
+RUNNING_MIXES = {"full": (1, 2, 2, 4, 4, 8, 8), "engine-scale": (1, 1, 1, 2, 2, 4, 8)}
 _PENDING_SIZES = (1, 1, 1, 2, 2, 4, 8)
 _REQUESTED_S = (600, 3_600, 4 * 3_600, 12 * 3_600, 48 * 3_600)
 
@@ -54,56 +57,6 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[rank]
 
 
-def _database_url(base_url: str, name: str) -> str:
-    parts = urlsplit(base_url)
-    return urlunsplit(parts._replace(path=f"/{name}"))
-
-
-def _admin_connect(base_url: str) -> Any:
-    """An autocommit connection to the server's ``postgres`` database (CREATE/DROP DATABASE)."""
-    import psycopg
-
-    parts = urlsplit(base_url)
-    return psycopg.connect(
-        host=parts.hostname or "127.0.0.1",
-        port=parts.port or 5432,
-        user=parts.username,
-        password=parts.password,
-        dbname="postgres",
-        autocommit=True,
-    )
-
-
-def database_create(base_url: str, name: str) -> str:
-    """Create (after dropping any leftover) the bench database; returns its URL."""
-    from psycopg import sql
-
-    if not name.replace("_", "").isalnum():
-        raise SystemExit(f"--db-name {name!r}: letters, digits and underscores only")
-    with _admin_connect(base_url) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    return _database_url(base_url, name)
-
-
-def database_drop(base_url: str, name: str) -> None:
-    from psycopg import sql
-
-    with _admin_connect(base_url) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-
-
-def django_setup(database_url: str) -> None:
-    """Point Django at the bench database (before any model import) and migrate it."""
-    os.environ["DATABASE_URL"] = database_url
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
-    import django
-    from django.core.management import call_command
-
-    django.setup()
-    call_command("migrate", verbosity=0, interactive=False)
-
-
 @dataclass
 class _Lab:
     """What the parts of `lab_build` share: the seeded RNG, the cluster and its people."""
@@ -111,6 +64,7 @@ class _Lab:
     rng: random.Random
     now: datetime
     gpus_per_node: int
+    running_sizes: tuple[int, ...] = RUNNING_MIXES["full"]
     cluster: Any = None
     gpu_type: Any = None
     users: list[Any] = field(default_factory=list)
@@ -130,10 +84,23 @@ class _Lab:
 
 
 def lab_build(
-    *, nodes: int, gpus_per_node: int, running: int, pending: int, history: int, now: datetime, seed: int
+    *,
+    nodes: int,
+    gpus_per_node: int,
+    running: int,
+    pending: int,
+    history: int,
+    now: datetime,
+    seed: int,
+    running_mix: str = "full",
 ) -> dict[str, Any]:
     """Fill the bench database (see the module docstring); returns counts and the cluster id."""
-    lab = _Lab(rng=random.Random(seed), now=now, gpus_per_node=gpus_per_node)
+    lab = _Lab(
+        rng=random.Random(seed),
+        now=now,
+        gpus_per_node=gpus_per_node,
+        running_sizes=RUNNING_MIXES[running_mix],
+    )
     gpus_by_node = _lab_inventory(lab, nodes=nodes, seed=seed)
     _lab_people(lab, guaranteed=nodes * gpus_per_node // 50)
     history_count = _lab_history(lab, history)
@@ -240,7 +207,7 @@ def _lab_running(lab: _Lab, count: int, *, free: list[list[int]]) -> list[tuple[
     order = list(range(len(free)))
     rows: list[tuple[Any, list[int]]] = []
     for i in range(count):
-        size = min(rng.choice(_RUNNING_SIZES), lab.gpus_per_node)
+        size = min(rng.choice(lab.running_sizes), lab.gpus_per_node)
         rng.shuffle(order)
         index = next((n for n in order if len(free[n]) >= size), None)
         if index is None:
@@ -472,16 +439,6 @@ def summarize(per_round: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _redis_keys_delete(pattern: str) -> None:
-    import redis
-    from django.conf import settings
-
-    client = redis.Redis.from_url(settings.BERTH_ENGINE_REDIS_URL)
-    keys = list(client.scan_iter(match=pattern, count=1_000))
-    if keys:
-        client.delete(*keys)
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.round", description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, required=True)
@@ -494,6 +451,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--db-name", default=DEFAULT_DB)
     parser.add_argument("--keep-db", action="store_true", help="keep the bench database afterwards")
+    parser.add_argument(
+        "--running-mix",
+        choices=sorted(RUNNING_MIXES),
+        default="full",
+        help="GPUs per running job (see RUNNING_MIXES)",
+    )
     parser.add_argument(
         "--alternatives-bookings",
         type=int,
@@ -510,7 +473,7 @@ def _measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
     from django.db import connections
     from django.utils import timezone
 
-    _redis_keys_delete(f"berth:livesim:{args.db_name}:*")
+    redis_keys_delete(f"berth:livesim:{args.db_name}:*")
     now = timezone.now().replace(microsecond=0)
     setup_t0 = time.perf_counter()
     lab = lab_build(
@@ -521,11 +484,18 @@ def _measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
         history=args.history,
         now=now,
         seed=args.seed,
+        running_mix=args.running_mix,
     )
     setup_s = time.perf_counter() - setup_t0
-    # A worker imports the forecasting app (pandas, for the headroom) once in its life,
-    # not once per round: the rounds measured here are a long-running worker's.
-    import forecasting.selectors  # noqa: F401
+    # A worker imports the forecasting app (pandas, for the headroom) and builds the cluster's
+    # runtime predictor from its finished jobs once in its life (then feeds it what finishes),
+    # not once per round: the rounds measured here are a long-running worker's.  The build is
+    # reported on its own (``predictor_build_ms``).
+    from forecasting.selectors import runtime_predictor_get
+
+    predictor_t0 = time.perf_counter()
+    runtime_predictor_get(cluster_id=lab["cluster_id"])
+    predictor_build_ms = (time.perf_counter() - predictor_t0) * 1000.0
 
     per_round = rounds_run(cluster_id=lab["cluster_id"], rounds=args.rounds, now=now, step_s=args.step_s)
     check = state_check(cluster_id=lab["cluster_id"])
@@ -546,6 +516,8 @@ def _measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
         "rounds": args.rounds,
         "step_s": args.step_s,
         "setup_s": setup_s,
+        "running_mix": args.running_mix,
+        "predictor_build_ms": predictor_build_ms,
         "state": check,
         "per_round": per_round,
     }
@@ -586,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not args.keep_db:
             try:
-                _redis_keys_delete(f"berth:livesim:{args.db_name}:*")
+                redis_keys_delete(f"berth:livesim:{args.db_name}:*")
             except Exception as exc:  # Django never came up: nothing was written to Redis
                 print(f"note: simulator keys not cleared: {exc}", file=sys.stderr)
             database_drop(base_url, args.db_name)
