@@ -31,15 +31,19 @@ import random
 import statistics
 import sys
 import time
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
+from bench._benchdb import database_create, database_drop, django_setup, redis_keys_delete
 from bench._util import format_table, write_json
 
 PHASES = ("backend_snapshot", "reconcile", "snapshot_build", "plan", "persist", "apply")
 DEFAULT_DB = "berth_bench_round"
-_RUNNING_SIZES = (1, 2, 2, 4, 4, 8, 8)
+# GPUs per running job: "full" packs 2,048 jobs onto ~95 % of 8,000 GPUs (the default; the first
+# round then finds sessions blocked on a full cluster), "engine-scale" is bench.engine_scale's
+# mix (~70 % busy, the queue head starts on free GPUs).
+RUNNING_MIXES = {"full": (1, 2, 2, 4, 4, 8, 8), "engine-scale": (1, 1, 1, 2, 2, 4, 8)}
 _PENDING_SIZES = (1, 1, 1, 2, 2, 4, 8)
 _REQUESTED_S = (600, 3_600, 4 * 3_600, 12 * 3_600, 48 * 3_600)
 
@@ -53,128 +57,132 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[rank]
 
 
-def _database_url(base_url: str, name: str) -> str:
-    parts = urlsplit(base_url)
-    return urlunsplit(parts._replace(path=f"/{name}"))
+@dataclass
+class _Lab:
+    """What the parts of `lab_build` share: the seeded RNG, the cluster and its people."""
 
+    rng: random.Random
+    now: datetime
+    gpus_per_node: int
+    running_sizes: tuple[int, ...] = RUNNING_MIXES["full"]
+    cluster: Any = None
+    gpu_type: Any = None
+    users: list[Any] = field(default_factory=list)
+    member_of: dict[int, Any] = field(default_factory=dict)
 
-def _admin_connect(base_url: str) -> Any:
-    """An autocommit connection to the server's ``postgres`` database (CREATE/DROP DATABASE)."""
-    import psycopg
-
-    parts = urlsplit(base_url)
-    return psycopg.connect(
-        host=parts.hostname or "127.0.0.1",
-        port=parts.port or 5432,
-        user=parts.username,
-        password=parts.password,
-        dbname="postgres",
-        autocommit=True,
-    )
-
-
-def database_create(base_url: str, name: str) -> str:
-    """Create (after dropping any leftover) the bench database; returns its URL."""
-    from psycopg import sql
-
-    if not name.replace("_", "").isalnum():
-        raise SystemExit(f"--db-name {name!r}: letters, digits and underscores only")
-    with _admin_connect(base_url) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    return _database_url(base_url, name)
-
-
-def database_drop(base_url: str, name: str) -> None:
-    from psycopg import sql
-
-    with _admin_connect(base_url) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-
-
-def django_setup(database_url: str) -> None:
-    """Point Django at the bench database (before any model import) and migrate it."""
-    os.environ["DATABASE_URL"] = database_url
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
-    import django
-    from django.core.management import call_command
-
-    django.setup()
-    call_command("migrate", verbosity=0, interactive=False)
+    def job_fields(self, size: int) -> dict[str, Any]:
+        """A job's owner, project, size and estimate (30 % preemptible)."""
+        user = self.users[self.rng.randrange(len(self.users))]
+        return {
+            "user": user,
+            "project": self.member_of[user.pk],
+            "cluster": self.cluster,
+            "gpu_count": size,
+            "requested_s": self.rng.choice(_REQUESTED_S),
+            "is_preemptible": self.rng.random() < 0.3,
+        }
 
 
 def lab_build(
-    *, nodes: int, gpus_per_node: int, running: int, pending: int, history: int, now: datetime, seed: int
+    *,
+    nodes: int,
+    gpus_per_node: int,
+    running: int,
+    pending: int,
+    history: int,
+    now: datetime,
+    seed: int,
+    running_mix: str = "full",
 ) -> dict[str, Any]:
     """Fill the bench database (see the module docstring); returns counts and the cluster id."""
-    from django.contrib.auth import get_user_model
-    from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
+    lab = _Lab(
+        rng=random.Random(seed),
+        now=now,
+        gpus_per_node=gpus_per_node,
+        running_sizes=RUNNING_MIXES[running_mix],
+    )
+    gpus_by_node = _lab_inventory(lab, nodes=nodes, seed=seed)
+    _lab_people(lab, guaranteed=nodes * gpus_per_node // 50)
+    history_count = _lab_history(lab, history)
+    free = [list(g) for g in gpus_by_node]
+    running_rows = _lab_running(lab, running, free=free)
+    booking_count = _lab_bookings(lab, free=free, count=max(1, nodes // 20))
+    pending_count = _lab_pending(lab, pending)
+    _lab_sim_start(lab, running_rows)
+    return {
+        "cluster_id": lab.cluster.pk,
+        "gpus": nodes * gpus_per_node,
+        "running": len(running_rows),
+        "running_gpus": sum(len(g) for _, g in running_rows),
+        "pending": pending_count,
+        "bookings": booking_count,
+        "history": history_count,
+    }
 
-    from portal.accounts.models import Membership, Project, Quota
-    from scheduling.backends.registry import backend_for_cluster
-    from scheduling.engine.types import Plan, StartAction
-    from scheduling.models import Allocation, Booking, Cluster, Gpu, GpuType, Job, Node
 
-    rng = random.Random(seed)
-    user_model = get_user_model()
-    gpu_type = GpuType.objects.create(
+def _lab_inventory(lab: _Lab, *, nodes: int, seed: int) -> list[list[int]]:
+    """The A100 type, the simulator cluster, its nodes and GPUs; GPU ids per node, in index order."""
+    from scheduling.models import Cluster, Gpu, GpuType, Node
+
+    lab.gpu_type = GpuType.objects.create(
         name="A100", memory_gib=80.0, precisions=["fp64", "tf32", "bf16", "fp16"], value=1.0
     )
-    cluster = Cluster.objects.create(
+    lab.cluster = Cluster.objects.create(
         name="bench-round",
         backend=Cluster.Backend.SIMULATOR,
         settings={"speedup": 1.0, "seed": seed, "policy": {"name": "berth"}},
     )
     node_rows = Node.objects.bulk_create(
         Node(
-            cluster=cluster,
+            cluster=lab.cluster,
             name=f"n{i:04d}",
-            gpu_type=gpu_type,
-            gpu_count=gpus_per_node,
+            gpu_type=lab.gpu_type,
+            gpu_count=lab.gpus_per_node,
             domain=f"r{i // 32}",
         )
         for i in range(nodes)
     )
-    Gpu.objects.bulk_create(Gpu(node=node, index=i) for node in node_rows for i in range(gpus_per_node))
-    gpus_by_node = [
+    Gpu.objects.bulk_create(Gpu(node=node, index=i) for node in node_rows for i in range(lab.gpus_per_node))
+    return [
         [g for g, _ in sorted(rows, key=lambda r: r[1])]
-        for rows in _group(Gpu.objects.filter(node__cluster=cluster).values_list("node_id", "id", "index"))
+        for rows in _group(
+            Gpu.objects.filter(node__cluster=lab.cluster).values_list("node_id", "id", "index")
+        )
     ]
+
+
+def _lab_people(lab: _Lab, *, guaranteed: int) -> None:
+    """25 projects (quotas on every second one), 200 users, one membership each."""
+    from django.contrib.auth import get_user_model
+
+    from portal.accounts.models import Membership, Project, Quota
+
+    user_model = get_user_model()
     projects = Project.objects.bulk_create(
-        Project(slug=f"p{i:02d}", name=f"Project {i}", fair_share_weight=rng.choice((1.0, 1.0, 2.0)))
+        Project(slug=f"p{i:02d}", name=f"Project {i}", fair_share_weight=lab.rng.choice((1.0, 1.0, 2.0)))
         for i in range(25)
     )
-    users = user_model.objects.bulk_create(user_model(username=f"u{i:03d}") for i in range(200))
-    member_of = {u.pk: projects[i % len(projects)] for i, u in enumerate(users)}
+    lab.users = user_model.objects.bulk_create(user_model(username=f"u{i:03d}") for i in range(200))
+    lab.member_of = {u.pk: projects[i % len(projects)] for i, u in enumerate(lab.users)}
     Membership.objects.bulk_create(
-        Membership(user=u, project=member_of[u.pk], role=Membership.Role.MEMBER) for u in users
+        Membership(user=u, project=lab.member_of[u.pk], role=Membership.Role.MEMBER) for u in lab.users
     )
     Quota.objects.bulk_create(
-        Quota(
-            project=p, gpu_type=gpu_type, guaranteed_gpus=nodes * gpus_per_node // 50, borrow_limit_gpus=None
-        )
+        Quota(project=p, gpu_type=lab.gpu_type, guaranteed_gpus=guaranteed, borrow_limit_gpus=None)
         for p in projects[::2]
     )
 
-    def job_fields(size: int) -> dict[str, Any]:
-        user = users[rng.randrange(len(users))]
-        requested = rng.choice(_REQUESTED_S)
-        return {
-            "user": user,
-            "project": member_of[user.pk],
-            "cluster": cluster,
-            "gpu_count": size,
-            "requested_s": requested,
-            "is_preemptible": rng.random() < 0.3,
-        }
 
-    # Finished history: what the runtime predictor and the fair-share usage read.
-    history_rows = []
-    for i in range(history):
-        fields = job_fields(rng.choice(_PENDING_SIZES))
-        ended = now - timedelta(seconds=rng.uniform(600, 7 * 86_400))
-        run_s = rng.uniform(0.1, 1.0) * fields["requested_s"]
-        history_rows.append(
+def _lab_history(lab: _Lab, count: int) -> int:
+    """Finished jobs of the last week: what the runtime predictor and the fair-share usage read."""
+    from scheduling.models import Job
+
+    rows = []
+    for i in range(count):
+        fields = lab.job_fields(lab.rng.choice(_PENDING_SIZES))
+        ended = lab.now - timedelta(seconds=lab.rng.uniform(600, 7 * 86_400))
+        run_s = lab.rng.uniform(0.1, 1.0) * fields["requested_s"]
+        rows.append(
             Job(
                 **fields,
                 name=f"hist-{i % 40}",
@@ -185,14 +193,21 @@ def lab_build(
                 exit_code=0,
             )
         )
-    Job.objects.bulk_create(history_rows, batch_size=2_000)
+    Job.objects.bulk_create(rows, batch_size=2_000)
+    return len(rows)
 
-    # Running jobs packed onto the nodes.
-    free = [list(g) for g in gpus_by_node]
+
+def _lab_running(lab: _Lab, count: int, *, free: list[list[int]]) -> list[tuple[Any, list[int]]]:
+    """Running jobs packed onto the nodes (taking their GPUs out of ``free``), with allocations."""
+    from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
+
+    from scheduling.models import Allocation, Job
+
+    rng, now = lab.rng, lab.now
     order = list(range(len(free)))
-    running_rows: list[tuple[Job, list[int]]] = []
-    for i in range(running):
-        size = min(rng.choice(_RUNNING_SIZES), gpus_per_node)
+    rows: list[tuple[Any, list[int]]] = []
+    for i in range(count):
+        size = min(rng.choice(lab.running_sizes), lab.gpus_per_node)
         rng.shuffle(order)
         index = next((n for n in order if len(free[n]) >= size), None)
         if index is None:
@@ -200,24 +215,20 @@ def lab_build(
             if index is None:
                 break
         gpus, free[index] = free[index][:size], free[index][size:]
-        fields = job_fields(size)
+        fields = lab.job_fields(size)
         started = now - timedelta(seconds=rng.uniform(0, fields["requested_s"] / 2))
-        running_rows.append(
-            (
-                Job(
-                    **fields,
-                    name=f"run-{i % 40}",
-                    status=Job.Status.RUNNING,
-                    submitted_at=started - timedelta(seconds=rng.uniform(0, 3_600)),
-                    started_at=started,
-                    predicted_p50_s=fields["requested_s"] * 0.4,
-                    predicted_p90_s=fields["requested_s"] * 0.8,
-                    payload={"sim_runtime_s": rng.uniform(300, 8 * 3_600)},
-                ),
-                gpus,
-            )
+        job = Job(
+            **fields,
+            name=f"run-{i % 40}",
+            status=Job.Status.RUNNING,
+            submitted_at=started - timedelta(seconds=rng.uniform(0, 3_600)),
+            started_at=started,
+            predicted_p50_s=fields["requested_s"] * 0.4,
+            predicted_p90_s=fields["requested_s"] * 0.8,
+            payload={"sim_runtime_s": rng.uniform(300, 8 * 3_600)},
         )
-    Job.objects.bulk_create([job for job, _ in running_rows], batch_size=2_000)
+        rows.append((job, gpus))
+    Job.objects.bulk_create([job for job, _ in rows], batch_size=2_000)
     Allocation.objects.bulk_create(
         (
             Allocation(
@@ -231,28 +242,36 @@ def lab_build(
                 state=Allocation.State.ACTIVE,
                 is_preemptible=job.is_preemptible,
             )
-            for job, gpus in running_rows
+            for job, gpus in rows
             for g in gpus
         ),
         batch_size=5_000,
     )
+    return rows
 
-    # Bookings in the next day on GPUs no running job holds.
-    booking_count = 0
+
+def _lab_bookings(lab: _Lab, *, free: list[list[int]], count: int) -> int:
+    """Bookings in the next day on GPUs no running job holds; returns how many."""
+    from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
+
+    from scheduling.models import Allocation, Booking
+
+    rng = lab.rng
     with_room = [n for n in range(len(free)) if free[n]]
     rng.shuffle(with_room)
-    for index in with_room[: max(1, nodes // 20)]:
-        count = min(len(free[index]), rng.choice((1, 2, 4)))
-        gpus, free[index] = free[index][:count], free[index][count:]
-        user = users[rng.randrange(len(users))]
-        start = now + timedelta(seconds=rng.uniform(600, 86_400))
+    made = 0
+    for index in with_room[:count]:
+        gpu_count = min(len(free[index]), rng.choice((1, 2, 4)))
+        gpus, free[index] = free[index][:gpu_count], free[index][gpu_count:]
+        user = lab.users[rng.randrange(len(lab.users))]
+        start = lab.now + timedelta(seconds=rng.uniform(600, 86_400))
         end = start + timedelta(seconds=rng.choice((3_600, 4 * 3_600)))
         booking = Booking.objects.create(
             user=user,
-            project=member_of[user.pk],
-            cluster=cluster,
-            gpu_type=gpu_type,
-            gpu_count=count,
+            project=lab.member_of[user.pk],
+            cluster=lab.cluster,
+            gpu_type=lab.gpu_type,
+            gpu_count=gpu_count,
             start_at=start,
             end_at=end,
         )
@@ -265,57 +284,57 @@ def lab_build(
             )
             for g in gpus
         )
-        booking_count += 1
+        made += 1
+    return made
 
-    pending_rows = []
-    for i in range(pending):
+
+def _lab_pending(lab: _Lab, count: int) -> int:
+    """The queue: 5 % interactive sessions, 80 % with a stored runtime prediction."""
+    from scheduling.models import Job
+
+    rng = lab.rng
+    rows = []
+    for i in range(count):
         is_interactive = rng.random() < 0.05
-        size = min(rng.choice((1, 2)) if is_interactive else rng.choice(_PENDING_SIZES), gpus_per_node)
-        fields = job_fields(size)
+        size = min(rng.choice((1, 2)) if is_interactive else rng.choice(_PENDING_SIZES), lab.gpus_per_node)
+        fields = lab.job_fields(size)
         has_prediction = rng.random() < 0.8
-        pending_rows.append(
+        rows.append(
             Job(
                 **{**fields, "is_preemptible": not is_interactive and rng.random() < 0.5},
                 name=f"queued-{i % 40}",
                 kind=Job.Kind.INTERACTIVE if is_interactive else Job.Kind.BATCH,
                 status=Job.Status.PENDING,
-                submitted_at=now - timedelta(seconds=rng.uniform(0, 86_400)),
+                submitted_at=lab.now - timedelta(seconds=rng.uniform(0, 86_400)),
                 predicted_p50_s=fields["requested_s"] * 0.4 if has_prediction else None,
                 predicted_p90_s=fields["requested_s"] * 0.8 if has_prediction else None,
                 payload={"sim_runtime_s": rng.uniform(300, 8 * 3_600)},
             )
         )
-    Job.objects.bulk_create(pending_rows, batch_size=2_000)
+    Job.objects.bulk_create(rows, batch_size=2_000)
+    return len(rows)
 
-    # The simulator runs what the database says runs (through its own apply, the real interface).
-    backend = backend_for_cluster(cluster, clock=lambda: now.timestamp())
-    results = backend.apply(
-        Plan(
-            starts=tuple(
-                StartAction(
-                    job_id=str(job.pk),
-                    gpu_ids=tuple(gpus),
-                    node_ids=(),
-                    expected_end_at=float("inf"),
-                    is_preemptible=job.is_preemptible,
-                )
-                for job, gpus in running_rows
-            )
-        ),
-        payloads={str(job.pk): {"sim_runtime_s": job.payload["sim_runtime_s"]} for job, _ in running_rows},
+
+def _lab_sim_start(lab: _Lab, running_rows: list[tuple[Any, list[int]]]) -> None:
+    """The simulator runs what the database says runs (through its own apply, the real interface)."""
+    from scheduling.backends.registry import backend_for_cluster
+    from scheduling.engine.types import Plan, StartAction
+
+    backend = backend_for_cluster(lab.cluster, clock=lambda: lab.now.timestamp())
+    starts = tuple(
+        StartAction(
+            job_id=str(job.pk),
+            gpu_ids=tuple(gpus),
+            node_ids=(),
+            expected_end_at=float("inf"),
+            is_preemptible=job.is_preemptible,
+        )
+        for job, gpus in running_rows
     )
-    refused = [r for r in results if not r.is_ok]
+    payloads = {str(job.pk): {"sim_runtime_s": job.payload["sim_runtime_s"]} for job, _ in running_rows}
+    refused = [r for r in backend.apply(Plan(starts=starts), payloads=payloads) if not r.is_ok]
     if refused:
         raise SystemExit(f"the simulator refused {len(refused)} setup starts: {refused[0].message}")
-    return {
-        "cluster_id": cluster.pk,
-        "gpus": nodes * gpus_per_node,
-        "running": len(running_rows),
-        "running_gpus": sum(len(g) for _, g in running_rows),
-        "pending": len(pending_rows),
-        "bookings": booking_count,
-        "history": len(history_rows),
-    }
 
 
 def _group(rows: Any) -> list[list[tuple[int, int]]]:
@@ -420,17 +439,7 @@ def summarize(per_round: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _redis_keys_delete(pattern: str) -> None:
-    import redis
-    from django.conf import settings
-
-    client = redis.Redis.from_url(settings.BERTH_ENGINE_REDIS_URL)
-    keys = list(client.scan_iter(match=pattern, count=1_000))
-    if keys:
-        client.delete(*keys)
-
-
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.round", description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, required=True)
     parser.add_argument("--gpus-per-node", type=int, required=True)
@@ -442,75 +451,120 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--db-name", default=DEFAULT_DB)
     parser.add_argument("--keep-db", action="store_true", help="keep the bench database afterwards")
+    parser.add_argument(
+        "--running-mix",
+        choices=sorted(RUNNING_MIXES),
+        default="full",
+        help="GPUs per running job (see RUNNING_MIXES)",
+    )
+    parser.add_argument(
+        "--alternatives-bookings",
+        type=int,
+        default=0,
+        help="then time a refused booking's alternatives search on a calendar of this many bookings",
+    )
     parser.add_argument("--out", required=True)
+    return parser
+
+
+def _measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
+    """Build the lab in the bench database at ``url``, run the rounds, check the state."""
+    django_setup(url)
+    from django.db import connections
+    from django.utils import timezone
+
+    redis_keys_delete(f"berth:livesim:{args.db_name}:*")
+    now = timezone.now().replace(microsecond=0)
+    setup_t0 = time.perf_counter()
+    lab = lab_build(
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        running=args.running,
+        pending=args.pending,
+        history=args.history,
+        now=now,
+        seed=args.seed,
+        running_mix=args.running_mix,
+    )
+    setup_s = time.perf_counter() - setup_t0
+    # A worker imports the forecasting app (pandas, for the headroom) and builds the cluster's
+    # runtime predictor from its finished jobs once in its life (then feeds it what finishes),
+    # not once per round: the rounds measured here are a long-running worker's.  The build is
+    # reported on its own (``predictor_build_ms``).
+    from forecasting.selectors import runtime_predictor_get
+
+    predictor_t0 = time.perf_counter()
+    runtime_predictor_get(cluster_id=lab["cluster_id"])
+    predictor_build_ms = (time.perf_counter() - predictor_t0) * 1000.0
+
+    per_round = rounds_run(cluster_id=lab["cluster_id"], rounds=args.rounds, now=now, step_s=args.step_s)
+    check = state_check(cluster_id=lab["cluster_id"])
+    extra: dict[str, Any] = {}
+    if args.alternatives_bookings > 0:
+        from bench._calendar import alternatives_phase
+
+        extra["alternatives"] = alternatives_phase(
+            bookings=args.alternatives_bookings, now=now, seed=args.seed
+        )
+    connections.close_all()
+    return {
+        **extra,
+        **summarize(per_round),
+        "nodes": args.nodes,
+        "gpus_per_node": args.gpus_per_node,
+        **{key: lab[key] for key in ("running", "running_gpus", "pending", "bookings", "history")},
+        "rounds": args.rounds,
+        "step_s": args.step_s,
+        "setup_s": setup_s,
+        "running_mix": args.running_mix,
+        "predictor_build_ms": predictor_build_ms,
+        "state": check,
+        "per_round": per_round,
+    }
+
+
+def _print_report(document: dict[str, Any]) -> None:
+    print(
+        f"{document['nodes']}x{document['gpus_per_node']} GPUs, {document['running']} running"
+        f" ({document['running_gpus']} GPUs), {document['pending']} pending, {document['rounds']} rounds"
+        f" (setup {document['setup_s']:.1f} s)"
+    )
+    rows = [["round", document["round_ms_p50"], document["round_ms_p99"]]]
+    rows += [[phase, document["phases_ms"][phase], document["phases_ms_p99"][phase]] for phase in PHASES]
+    print(format_table(["ms", "p50", "p99"], rows))
+    print("state:", ", ".join(f"{k} {v}" for k, v in document["state"].items()))
+    if "alternatives" in document:
+        alt = document["alternatives"]
+        print(
+            f"alternatives on {alt['bookings']:,} bookings ({alt['calendar_days']} days, {alt['gpus']} GPUs),"
+            f" {alt['refused_calls']} refused of {alt['calls']} calls:"
+            f" p50 {alt['alternatives_ms_p50']:.1f} ms, p99 {alt['alternatives_ms_p99']:.1f} ms,"
+            f" max {alt['alternatives_ms_max']:.1f} ms"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if (
         min(args.nodes, args.gpus_per_node, args.rounds) < 1
         or min(args.running, args.pending, args.history) < 0
     ):
         parser.error("--nodes, --gpus-per-node and --rounds must be positive; counts non-negative")
-
     base_url = os.environ.get("DATABASE_URL", "postgres://berth:berth@127.0.0.1:55433/berth")
     url = database_create(base_url, args.db_name)
     try:
-        django_setup(url)
-        from django.utils import timezone
-
-        _redis_keys_delete(f"berth:livesim:{args.db_name}:*")
-        now = timezone.now().replace(microsecond=0)
-        setup_t0 = time.perf_counter()
-        lab = lab_build(
-            nodes=args.nodes,
-            gpus_per_node=args.gpus_per_node,
-            running=args.running,
-            pending=args.pending,
-            history=args.history,
-            now=now,
-            seed=args.seed,
-        )
-        setup_s = time.perf_counter() - setup_t0
-        # A worker imports the forecasting app (pandas, for the headroom) once in its life,
-        # not once per round: the rounds measured here are a long-running worker's.
-        import forecasting.selectors  # noqa: F401
-
-        per_round = rounds_run(cluster_id=lab["cluster_id"], rounds=args.rounds, now=now, step_s=args.step_s)
-        check = state_check(cluster_id=lab["cluster_id"])
-        from django.db import connections
-
-        connections.close_all()
+        document = _measure(args, url)
     finally:
         if not args.keep_db:
             try:
-                _redis_keys_delete(f"berth:livesim:{args.db_name}:*")
+                redis_keys_delete(f"berth:livesim:{args.db_name}:*")
             except Exception as exc:  # Django never came up: nothing was written to Redis
                 print(f"note: simulator keys not cleared: {exc}", file=sys.stderr)
             database_drop(base_url, args.db_name)
-
-    document: dict[str, Any] = {
-        **summarize(per_round),
-        "nodes": args.nodes,
-        "gpus_per_node": args.gpus_per_node,
-        "running": lab["running"],
-        "running_gpus": lab["running_gpus"],
-        "pending": lab["pending"],
-        "bookings": lab["bookings"],
-        "history": lab["history"],
-        "rounds": args.rounds,
-        "step_s": args.step_s,
-        "setup_s": setup_s,
-        "state": check,
-        "per_round": per_round,
-    }
     write_json(args.out, document)
-    print(
-        f"{args.nodes}x{args.gpus_per_node} GPUs, {lab['running']} running ({lab['running_gpus']} GPUs),"
-        f" {lab['pending']} pending, {args.rounds} rounds (setup {setup_s:.1f} s)"
-    )
-    rows = [["round", document["round_ms_p50"], document["round_ms_p99"]]]
-    rows += [[phase, document["phases_ms"][phase], document["phases_ms_p99"][phase]] for phase in PHASES]
-    print(format_table(["ms", "p50", "p99"], rows))
-    print("state:", ", ".join(f"{k} {v}" for k, v in check.items()))
-    return 0 if not any(check.values()) else 1
+    _print_report(document)
+    return 0 if not any(document["state"].values()) else 1
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser, User
@@ -18,7 +19,7 @@ from django.utils import timezone
 
 from portal.accounts.models import Project
 from scheduling import admission
-from scheduling.models import Booking, Gpu, GpuType, Job, Node
+from scheduling.models import Booking, Cluster, Gpu, GpuType, Job, Node
 from scheduling.snapshots import job_startability
 
 AnyUser = User | AnonymousUser
@@ -149,6 +150,15 @@ def booking_alternatives(
     return (same + others)[:limit]
 
 
+_CANDIDATES_SQL = f"""
+    SELECT g.id, n.gpu_type_id, n.cluster_id, c.name
+      FROM {Gpu._meta.db_table} g
+      JOIN {Node._meta.db_table} n ON n.id = g.node_id
+      JOIN {Cluster._meta.db_table} c ON c.id = n.cluster_id
+     WHERE n.gpu_type_id = ANY(%s::bigint[]) AND n.status = %s AND c.is_active
+"""  # noqa: S608 (table names from the models; values are parameters)
+
+
 def _candidate_gpus(
     *, gpu_type: GpuType, gpu_count: int, cluster_ids: Sequence[int] | None
 ) -> tuple[dict[int, GpuType], dict[tuple[int, int, str], list[int]]]:
@@ -157,18 +167,18 @@ def _candidate_gpus(
     types = {
         t.pk: t for t in GpuType.objects.filter(Q(pk=gpu_type.pk) | Q(memory_gib__gte=gpu_type.memory_gib))
     }
-    gpus = Gpu.objects.filter(
-        node__gpu_type_id__in=list(types),
-        node__status=Node.Status.UP,
-        node__cluster__is_active=True,
-    )
+    # Plain SQL: the ORM spent ~3 ms of CPU building and reading this join for 256 GPUs, as much
+    # as the allocation rows cost.
+    sql = _CANDIDATES_SQL
+    params: list[Any] = [list(types), Node.Status.UP]
     if cluster_ids is not None:
-        gpus = gpus.filter(node__cluster_id__in=cluster_ids)
+        sql += " AND n.cluster_id = ANY(%s::bigint[])"
+        params.append(list(cluster_ids))
     groups: dict[tuple[int, int, str], list[int]] = defaultdict(list)
-    for gpu_id, type_id, cluster_id, cluster_name in gpus.values_list(
-        "id", "node__gpu_type_id", "node__cluster_id", "node__cluster__name"
-    ):
-        groups[(type_id, cluster_id, cluster_name)].append(gpu_id)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        for gpu_id, type_id, cluster_id, cluster_name in cursor.fetchall():
+            groups[(type_id, cluster_id, cluster_name)].append(gpu_id)
     return types, {key: ids for key, ids in groups.items() if len(ids) >= gpu_count}
 
 
@@ -183,9 +193,14 @@ def _busy_rows(
     # parts: what overlaps the requested start (the GiST index), then what starts after it in
     # start order (the ``allocation_lower_blocking`` index), so PostgreSQL reads at most the
     # rows returned instead of sorting the whole horizon.
+    # ``::bigint[]``, the column's type: psycopg sends a list of small ints as ``smallint[]``,
+    # and PostgreSQL then tests every row against the whole array (no hashed lookup across
+    # types): 11 ms against 1.8 ms for 4,000 rows of 256 GPUs.  ``date_part`` gives the float
+    # directly (the same value: microseconds / 1e6, correctly rounded); ``extract`` computes a
+    # numeric first, which cost as much again.
     select = (
-        "SELECT gpu_id, extract(epoch FROM lower(period))::float8, extract(epoch FROM upper(period))::float8 "
-        "FROM scheduling_allocation WHERE gpu_id = ANY(%s) AND state <> 'released' "
+        "SELECT gpu_id, date_part('epoch', lower(period)), date_part('epoch', upper(period)) "
+        "FROM scheduling_allocation WHERE gpu_id = ANY(%s::bigint[]) AND state <> 'released' "
     )
     with connection.cursor() as cursor:
         cursor.execute(

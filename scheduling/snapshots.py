@@ -289,7 +289,7 @@ def forecast_pool(*, cluster: Cluster, at: datetime) -> tuple[tuple[float, str, 
 
 _USAGE_SQL = f"""
     SELECT p.slug, j.gpu_count, t.value,
-           EXTRACT(EPOCH FROM j.started_at)::float8, EXTRACT(EPOCH FROM j.ended_at)::float8
+           date_part('epoch', j.started_at), date_part('epoch', j.ended_at)
       FROM {Job._meta.db_table} j
       JOIN {Project._meta.db_table} p ON p.id = j.project_id
       LEFT JOIN {GpuType._meta.db_table} t ON t.id = j.gpu_type_id
@@ -397,11 +397,11 @@ class _OpenJob:
 
 
 _OPEN_JOBS_SQL = f"""
-    SELECT j.id, u.username, p.slug, j.gpu_count, EXTRACT(EPOCH FROM j.submitted_at)::float8, j.kind,
+    SELECT j.id, u.username, p.slug, j.gpu_count, date_part('epoch', j.submitted_at), j.kind,
            t.name, j.min_memory_gib, j.precisions, j.requested_s, j.predicted_p50_s, j.predicted_p90_s,
            j.is_preemptible, j.is_checkpointable, j.checkpoint_interval_s, j.priority, j.name, j.attempt,
-           EXTRACT(EPOCH FROM COALESCE(j.first_submitted_at, j.submitted_at))::float8,
-           j.status, EXTRACT(EPOCH FROM j.started_at)::float8
+           date_part('epoch', COALESCE(j.first_submitted_at, j.submitted_at)),
+           j.status, date_part('epoch', j.started_at)
       FROM {Job._meta.db_table} j
       JOIN {User._meta.db_table} u ON u.id = j.user_id
       JOIN {Project._meta.db_table} p ON p.id = j.project_id

@@ -33,6 +33,7 @@ from scheduling.models import (
     Job,
     Preemption,
 )
+from scheduling.rounds.batch import jobs_set_running
 from scheduling.rounds.common import (
     RoundResult,
     _audit,
@@ -256,7 +257,7 @@ def _record_start_results(
             )
             result.failed_starts += 1
             result.started -= 1
-    Job.objects.bulk_update(confirmed, ["status", "backend_ref"], batch_size=200)
+    jobs_set_running(confirmed)  # one UPDATE (Django's bulk_update: a CASE per row)
 
 
 def _tell_refused_reservations(cluster: Cluster, failures: Sequence[ActionResult], *, now: datetime) -> None:

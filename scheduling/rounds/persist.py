@@ -158,8 +158,9 @@ def _lock_plan_rows(cluster: Cluster, plan: Plan) -> dict[int, Job]:
     victim_ids = [int(p.job_id) for p in plan.preemptions if p.job_id.isdigit()]
     jobs = {
         j.pk: j
-        for j in Job.objects.select_for_update()
+        for j in Job.objects.select_for_update(of=("self",))
         .filter(cluster=cluster, pk__in=start_ids + victim_ids)
+        .select_related("project", "cluster")  # the preemption notices name them
         .order_by("id")
     }
     list(Node.objects.select_for_update().filter(cluster=cluster).order_by("id").values_list("id", flat=True))
@@ -170,7 +171,13 @@ def _start_candidates(
     cluster: Cluster, plan: Plan, *, jobs: dict[int, Job], result: RoundResult
 ) -> list[tuple[StartAction, Job]]:
     """The planned starts whose job is still pending, on GPUs of this cluster."""
-    cluster_gpus = set(Gpu.objects.filter(node__cluster=cluster).values_list("id", flat=True))
+    # Only the GPUs the plan names: the cluster's 8,000 GPU ids read every round cost ~0.2 s.
+    planned = sorted({g for action in plan.starts for g in action.gpu_ids})
+    cluster_gpus = (
+        set(Gpu.objects.filter(node__cluster=cluster, pk__in=planned).values_list("id", flat=True))
+        if planned
+        else set()
+    )
     candidates: list[tuple[StartAction, Job]] = []
     for action in plan.starts:
         job = jobs.get(int(action.job_id)) if action.job_id.isdigit() else None
@@ -251,23 +258,46 @@ def _signal_preemptions(
     result: RoundResult,
     out: _Persisted,
 ) -> None:
-    """A `Preemption` row, an audit event and the owners' notices for every new preemption."""
-    for preempt in plan.preemptions:
-        job = jobs.get(int(preempt.job_id)) if preempt.job_id.isdigit() else None
-        if job is None or job.status not in RUNNING_STATUSES:
+    """A `Preemption` row, an audit event and the owners' notices for every new preemption.
+
+    The rows are inserted in one statement; a job whose earlier preemption is still open is
+    skipped (one read for all of them)."""
+    victims = [
+        (preempt, job)
+        for preempt in plan.preemptions
+        if (job := jobs.get(int(preempt.job_id)) if preempt.job_id.isdigit() else None) is not None
+        and job.status in RUNNING_STATUSES
+    ]
+    if not victims:
+        return
+    still_open = set(
+        Preemption.objects.filter(
+            job_id__in=sorted({job.pk for _, job in victims}), killed_at__isnull=True
+        ).values_list("job_id", flat=True)
+    )
+    rows: list[tuple[PreemptAction, Job, Preemption]] = []
+    for preempt, job in victims:
+        if job.pk in still_open:
             continue
-        if job.preemptions.filter(killed_at__isnull=True).exists():
-            continue
+        still_open.add(job.pk)  # a plan names a victim once; a repeat must not signal it twice
         holder = parse_holder_id(preempt.for_id) if preempt.for_id else None
-        preemption = Preemption.objects.create(
-            job=job,
-            engine_round=round_row,
-            for_booking_id=holder[1] if holder and holder[0] == "booking" else None,
-            for_job_id=holder[1] if holder and holder[0] == "job" else None,
-            signalled_at=from_epoch(preempt.signal_at),
-            kill_at=from_epoch(max(preempt.kill_at, preempt.signal_at)),
-            reason=preempt.reason[:500],
+        rows.append(
+            (
+                preempt,
+                job,
+                Preemption(
+                    job=job,
+                    engine_round=round_row,
+                    for_booking_id=holder[1] if holder and holder[0] == "booking" else None,
+                    for_job_id=holder[1] if holder and holder[0] == "job" else None,
+                    signalled_at=from_epoch(preempt.signal_at),
+                    kill_at=from_epoch(max(preempt.kill_at, preempt.signal_at)),
+                    reason=preempt.reason[:500],
+                ),
+            )
         )
+    Preemption.objects.bulk_create([preemption for _, _, preemption in rows])
+    for preempt, job, preemption in rows:
         _preemption_told(job, preemption, now=now)
         out.preemptions.append(preempt)
         result.preempted += 1
@@ -336,7 +366,7 @@ def _write_explanations(
         cursor.execute(
             f"""
             SELECT id, pending_reason, pending_sentence,
-                   EXTRACT(EPOCH FROM eta_p50_at)::float8, EXTRACT(EPOCH FROM eta_p90_at)::float8
+                   date_part('epoch', eta_p50_at), date_part('epoch', eta_p90_at)
               FROM {Job._meta.db_table}
              WHERE cluster_id = %s AND status = %s
             """,  # noqa: S608 (the table name is the model's, every value a parameter)

@@ -73,6 +73,8 @@ def test_round_bench_json_and_persisted_state(tmp_path: Path, bench_db: str) -> 
             "--db-name",
             bench_db,
             "--keep-db",
+            "--alternatives-bookings",
+            "400",
             "--out",
             str(out),
         ],
@@ -95,6 +97,12 @@ def test_round_bench_json_and_persisted_state(tmp_path: Path, bench_db: str) -> 
         assert sum(r["phases_ms"].values()) <= r["round_ms"] * 1.01
     assert data["state"] == dict.fromkeys(data["state"], 0)
     assert data["pending"] == 40
+    # The alternatives phase: a calendar of its own, every timed search one the calendar refuses.
+    alternatives = data["alternatives"]
+    assert alternatives["bookings"] == 400
+    assert alternatives["calls"] == 5 * 3 * 4
+    assert 1 <= alternatives["refused_calls"] <= alternatives["calls"]
+    assert 0 < alternatives["alternatives_ms_p50"] <= alternatives["alternatives_ms_p99"]
 
     with _connect(bench_db) as conn:
         rounds = conn.execute("SELECT count(*) FROM scheduling_engineround WHERE error = ''").fetchone()[0]
