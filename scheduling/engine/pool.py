@@ -11,8 +11,9 @@ What the scheduler asks of it:
 
 * `level_at`: the level now, held idle (lendable to preemptible work) like
   ``interactive_headroom``, which it replaces when a forecast exists;
-* `peak`: the highest level over a job's expected run, for the admission of non-preemptible
-  work (which sessions cannot take back: it must leave the pool's peak free until its p90 end);
+* `peak`: the highest level over a job's expected run, booked GPUs included (`booked_windows`),
+  for the admission of non-preemptible work (which sessions cannot take back: it must leave the
+  pool's peak free until its p90 end);
 * `next_rise`: when the level next goes up, so work that restarts from scratch borrows pool
   GPUs only if it is predicted to be gone by then.
 
@@ -23,12 +24,20 @@ the scheduler keeps the old behaviour (``interactive_headroom`` as the level for
 from __future__ import annotations
 
 import bisect
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
-from scheduling.engine.types import PolicyConfig
+from scheduling.engine.types import Booking, PolicyConfig
 
 HOUR_S = 3_600.0
+
+# (start_at, end_at, GPU type or "*", GPUs) of each booking not yet over
+BookedWindows = tuple[tuple[float, float, str, int], ...]
+
+
+def booked_windows(bookings: Iterable[Booking], now: float) -> BookedWindows:
+    """The windows of the bookings not over at ``now``, for `PoolForecast.peak`."""
+    return tuple((b.start_at, b.end_at, b.gpu_type or "*", b.gpu_count) for b in bookings if b.end_at > now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,15 +77,44 @@ class PoolForecast:
         slot = self._slot(at)
         return tuple((key, row[slot]) for key, row in self.levels.items() if row[slot] > 0)
 
-    def peak(self, types: Collection[str], start: float, end: float, *, only_named: bool = False) -> int:
-        """Highest forecast level of ``types`` over [start, end] (``only_named``: entries that
-        name one of the types, without the ``"*"`` ones)."""
+    def peak(
+        self,
+        types: Collection[str],
+        start: float,
+        end: float,
+        *,
+        only_named: bool = False,
+        booked: BookedWindows = (),
+    ) -> int:
+        """Highest forecast level of ``types`` over [start, end], plus the GPUs of the
+        ``booked`` windows of those types open at the same instant (``only_named``: entries
+        and bookings that name one of the types, without the ``"*"`` ones).
+
+        Booked GPUs are held by their bookings, so sessions at the forecast level and the
+        bookings together are what non-preemptible work must leave free."""
         keys = [k for k in self._keys(types) if not (only_named and k == "*")]
-        if not keys:
+        wanted = set(types)
+        windows = [
+            (b_start, b_end, gpus)
+            for b_start, b_end, key, gpus in booked
+            if b_start <= end and b_end > start and (key in wanted or (key == "*" and not only_named))
+        ]
+        if not keys and not windows:
             return 0
         first = self._slot(start)
         last = self._slot(end) if end > start else first
-        return max(sum(self.levels[key][slot] for key in keys) for slot in range(first, last + 1))
+        if not windows:
+            return max(sum(self.levels[key][slot] for key in keys) for slot in range(first, last + 1))
+        # the sum is a step function: its maximum is at the start, an hour start or a booking start
+        instants = {start, *(self.starts[slot] for slot in range(first + 1, last + 1))}
+        instants.update(b_start for b_start, _e, _g in windows if b_start > start)
+        best = 0
+        for at in instants:
+            slot = self._slot(at)
+            level = sum(self.levels[key][slot] for key in keys)
+            level += sum(gpus for b_start, b_end, gpus in windows if b_start <= at < b_end)
+            best = max(best, level)
+        return best
 
     def next_rise(self, types: Collection[str], at: float) -> float:
         """Start of the first later hour whose level exceeds the level at ``at``; the end of the
@@ -89,12 +127,19 @@ class PoolForecast:
                 return self.starts[later]
         return self.starts[-1] + HOUR_S
 
-    def low_window(self, types: Collection[str], at: float, duration_s: float, room: int) -> float | None:
-        """Earliest hour start (or ``at`` itself) from which the level stays at most ``room``
-        for ``duration_s``, within the forecast; None when there is none."""
-        candidates = [at] + [s for s in self.starts if s > at]
+    def low_window(
+        self, types: Collection[str], at: float, duration_s: float, room: int, *, booked: BookedWindows = ()
+    ) -> float | None:
+        """Earliest hour start or booking end (or ``at`` itself) from which the level, booked
+        GPUs included, stays at most ``room`` for ``duration_s``, within the forecast; None when
+        there is none."""
+        ends = {b_end for _s, b_end, _k, _g in booked if b_end > at}
+        candidates = sorted({at, *(s for s in self.starts if s > at), *ends})
+        last = self.starts[-1] + HOUR_S if self.starts else at
         for start in candidates:
-            if self.peak(types, start, start + duration_s) <= room:
+            if start > last and start != at:
+                break
+            if self.peak(types, start, start + duration_s, booked=booked) <= room:
                 return start
         return None
 

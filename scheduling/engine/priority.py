@@ -77,10 +77,11 @@ class SlowdownOrder:
     was submitted yesterday still overtaken by today's.
     """
 
-    # Runtimes below this count as this long: a 5-second job waiting a minute is not "13x
-    # slowed down" in any way a user notices; the same floor role as bounded slowdown's 10 s,
-    # at the scale of a scheduling round and a minimum runtime.
-    runtime_floor_s: float = 300.0
+    # Runtimes below this count as this long: a 1-second job waiting a minute is not "61x
+    # slowed down" in any way a user notices.  The floor of bounded slowdown itself (10 s): a
+    # larger one (300 s) ranked a 30-second job that waited 10 minutes (3x at that floor, 21x
+    # really) behind hour-long jobs, and short jobs are most of a queue's slowdown.
+    runtime_floor_s: float = 10.0
     starvation_s: float = 86_400.0
 
 

@@ -19,7 +19,7 @@ from scheduling.engine.fragmentation import DrainAwareChooser
 from scheduling.engine.outcome import Outcome, fmt_s
 from scheduling.engine.overdue import correct_overdue
 from scheduling.engine.placement import FreePool
-from scheduling.engine.pool import PoolForecast
+from scheduling.engine.pool import BookedWindows, PoolForecast, booked_windows
 from scheduling.engine.preemption import is_consenting, is_reclaimable, kill_time
 from scheduling.engine.types import (
     Booking,
@@ -96,6 +96,7 @@ class Round:
         self._predicted_end: dict[str, float] = {}
         # the interactive pool over time (None: only ``interactive_headroom`` for now)
         self.pool_forecast = PoolForecast.of(policy) if composition.pool is not None else None
+        self._booked: BookedWindows | None = None
         # GPUs per type held by work sessions cannot take back (batch work without consent
         # that did not start lent: `preemption.is_consenting`)
         self.pinned_by_type: dict[str, int] = {}
@@ -409,6 +410,12 @@ class Round:
                 running, self.now, self.policy, is_predicted=True
             )[0]
         return cached
+
+    def booked_windows(self) -> BookedWindows:
+        """The windows of the bookings not over yet (`pool.booked_windows`), built once."""
+        if self._booked is None:
+            self._booked = booked_windows(self.state.snapshot.bookings, self.now)
+        return self._booked
 
     def headroom_levels(self) -> tuple[tuple[str, int], ...]:
         """The interactive level to hold now: the pool forecast's current hour when there is a

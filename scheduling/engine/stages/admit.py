@@ -9,7 +9,8 @@
   Run:ai do this); with ``lends_consenting``, checkpointing preemptible work that no guarantee
   covers starts lent too (bookings and sessions get its GPUs back within a grace);
 * `pool_admits`: with a pool forecast, batch work sessions cannot take back (non-preemptible)
-  starts only if it leaves the interactive pool's forecast peak free until its p90 end.
+  starts only if it leaves the interactive pool's forecast peak, booked GPUs included, free
+  until its p90 end.
 """
 
 from __future__ import annotations
@@ -191,8 +192,8 @@ def within_type_limits(rnd: Round, job: JobRequest, types: Sequence[str]) -> Seq
 
 def pool_admits(rnd: Round, job: JobRequest, gpus: tuple[int, ...], estimate: Estimate) -> bool:
     """With a pool forecast: non-preemptible batch work (`preemption.is_costly_start`) starts
-    only if the GPUs such work holds stay within capacity minus the pool's forecast peak until
-    its p90 end.
+    only if the GPUs such work holds stay within capacity minus the pool's forecast peak, booked
+    GPUs included (`pool.booked_windows`), until its p90 end.
 
     Sessions cannot take non-preemptible work back, so a start at night that runs into the
     office peak would make sessions wait.  A refused job waits with the earliest window of low
@@ -212,18 +213,19 @@ def pool_admits(rnd: Round, job: JobRequest, gpus: tuple[int, ...], estimate: Es
     pinned_all = sum(rnd.pinned_by_type.values())
     room_all = capacity_all - pinned_all - job.gpu_count
     room_type = len(by_type.get(name, ())) - rnd.pinned_by_type.get(name, 0) - job.gpu_count
-    peak_all = forecast.peak(everything, now, end)
-    peak_type = forecast.peak([name], now, end, only_named=True)
+    booked = rnd.booked_windows()
+    peak_all = forecast.peak(everything, now, end, booked=booked)
+    peak_type = forecast.peak([name], now, end, only_named=True, booked=booked)
     if peak_all <= room_all and peak_type <= room_type:
         return True
-    window = forecast.low_window(everything, now, estimate.hold_s, room_all)
+    window = forecast.low_window(everything, now, estimate.hold_s, room_all, booked=booked)
     if window is None:
         return True
     rnd.out.wait(
         job.id,
         PendingReason.HEADROOM,
-        "It is not preemptible and would still run when on-demand sessions are forecast to "
-        f"need {peak_all} GPUs; {max(room_all, 0)} GPUs stay free of such work until "
+        "It is not preemptible and would still run when on-demand sessions and bookings are "
+        f"forecast to need {peak_all} GPUs; {max(room_all, 0)} GPUs stay free of such work until "
         "its estimated end. Marking it preemptible lets it start now; otherwise it waits for "
         f"demand to fall (from about +{fmt_s(max(window - now, 0.0))}).",
         max(window, now),

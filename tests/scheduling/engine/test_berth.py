@@ -131,3 +131,19 @@ def test_slowdown_order_keeps_classes_and_the_starvation_bound(case: Case) -> No
         assert a_starved or not b_starved, "a starved job behind a job that is not"
         if a_starved and b_starved:
             assert submitted_at(a) <= submitted_at(b), "starved jobs out of age order"
+
+
+def test_the_runtime_floor_is_bounded_slowdowns_so_a_short_job_that_waited_goes_first() -> None:
+    nodes = make_nodes(1, 1)
+    pending = [
+        # waited 50 minutes for an hour: expansion 1.83
+        job("hour", 1, submit_at=NOW - 3_000, requested_s=4_000, predicted_p50_s=3_600),
+        # waited 200 s for 30 s: expansion 7.7 (1.67 if runtimes counted at least 300 s)
+        job("short", 1, submit_at=NOW - 200, requested_s=60, predicted_p50_s=30, predicted_p90_s=40),
+    ]
+    snap = snapshot(nodes, pending=pending)
+    assert SlowdownOrder().runtime_floor_s == 10.0
+    assert started(plan_round(snap, PolicyConfig(name="berth"), NOW)) == ["short"]
+    state = RoundState(snap, PolicyConfig(name="berth"), NOW, is_predicted=True)
+    queue, _backfill = slowdown_orders(state, SlowdownOrder(runtime_floor_s=300.0))
+    assert [j.id for j in queue] == ["hour", "short"]

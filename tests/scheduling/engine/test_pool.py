@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from scheduling.engine import plan_round
-from scheduling.engine.pool import PoolForecast
-from scheduling.engine.types import JobKind, PendingReason, PolicyConfig
+from scheduling.engine.pool import PoolForecast, booked_windows
+from scheduling.engine.types import Booking, JobKind, PendingReason, PolicyConfig
 from tests.scheduling.engine.conftest import job, make_nodes, running, snapshot
 
 NOW = 36_000.0  # 10:00 on the replay's clock
@@ -134,3 +134,31 @@ def test_only_non_preemptible_work_is_held_back_for_the_peak() -> None:
     plan = plan_round(snapshot(nodes, running_jobs=[pinned], pending=[solid]), rising, NOW)
     assert plan.starts == ()
     assert _reason(plan, "solid") == PendingReason.HEADROOM
+
+
+def test_booked_gpus_count_in_the_peak_that_non_preemptible_work_must_leave_free() -> None:
+    """6 GPUs, sessions forecast to need 2 from +1 h, a 2-GPU booking from +1 h to +2 h: a
+    3-GPU non-preemptible job running 2 h fits now beside the booking's GPUs, but at +1 h it
+    would leave 1 GPU for 4 booked or session GPUs, so it waits until the booking is over; a
+    1-GPU one fits beside both, and without the booking the 3-GPU one starts."""
+    nodes = make_nodes(6, 1)
+    policy = PolicyConfig(name="berth", interactive_pool=_pool(0, 2, 2, 2, 2))
+    booking = Booking(id="b", user="u", project="p", gpu_count=2, start_at=NOW + H, end_at=NOW + 2 * H)
+    forecast = PoolForecast.of(policy)
+    assert forecast is not None
+    booked = booked_windows([booking], NOW)
+    assert forecast.peak(["A100"], NOW, NOW + 0.5 * H, booked=booked) == 0
+    assert forecast.peak(["A100"], NOW, NOW + 1.5 * H, booked=booked) == 4
+    assert forecast.peak(["A100"], NOW, NOW + 1.5 * H, only_named=True, booked=booked) == 0
+    assert forecast.low_window(["A100"], NOW, 2 * H, 3, booked=booked) == NOW + 2 * H
+    assert booked_windows([booking], NOW + 3 * H) == ()
+    wide = job("wide", 3, requested_s=2 * H)
+    plan = plan_round(snapshot(nodes, pending=[wide], bookings=[booking]), policy, NOW)
+    assert plan.starts == ()
+    assert _reason(plan, "wide") == PendingReason.HEADROOM
+    explanation = next(e for e in plan.pending if e.job_id == "wide")
+    assert explanation.eta_p50_at == NOW + 2 * H
+    narrow = job("narrow", 1, requested_s=2 * H)
+    plan = plan_round(snapshot(nodes, pending=[narrow], bookings=[booking]), policy, NOW)
+    assert [s.job_id for s in plan.starts] == ["narrow"]
+    assert [s.job_id for s in plan_round(snapshot(nodes, pending=[wide]), policy, NOW).starts] == ["wide"]
