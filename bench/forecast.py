@@ -14,7 +14,8 @@ Without ``--by`` the rows of each timestamp are summed first (a cluster total); 
 ...}}``; the top-level ``models`` are then the *mean over groups* of each metric.
 
 Output: ``{"series", "target", "agg", "by", "horizon_h", "days", "models": {NAME: {"mase",
-"smape", "coverage_80", "coverage_upper_95", "fit_s_mean", "origins"}}, "berth_vs_best"}``
+"smape", "coverage_80", "coverage_upper_95", "fit_s_mean", "fit_cpu_s_mean",
+"fit_child_cpu_s_mean", "origins"}}, "berth_vs_best"}``
 (see forecasting/core/backtest.py for the definitions; docs/forecasting.md for the
 results).  ``berth_vs_best`` is berth's MASE over the best MASE of the baselines run
 (seasonal naives, MSTL, AutoETS, Prophet), when berth and a baseline were run.
@@ -22,7 +23,8 @@ results).  ``berth_vs_best`` is berth's MASE over the best MASE of the baselines
 ``--refresh N`` instead times what the portal's hourly refresh does: fit ``berth`` once and
 forecast ``--horizon-h`` hours for N series (the groups, cycled, each cut a different
 number of days short so no two fits are equal) on ``--jobs`` processes:
-``{"refresh": {"series", "jobs", "wall_s", "fit_s_mean", "fit_s_max"}}``.
+``{"refresh": {"series", "jobs", "wall_s", "fit_s_mean", "fit_s_max", "fit_cpu_s_mean",
+"fit_cpu_s_median"}}`` (CPU: this process's and its CmdStan children's, per fit).
 """
 
 from __future__ import annotations
@@ -39,12 +41,15 @@ from typing import Any
 
 import pandas as pd
 
-from forecasting.core.backtest import backtest
+from forecasting.core.backtest import backtest, children_cpu_s
 from forecasting.core.events import Event, events_from_json
 from forecasting.core.models import ABLATION_NAMES, MODEL_NAMES, ForecastModel, make_model
 from forecasting.core.series import to_hourly
 
-_METRICS = ("mase", "smape", "coverage_80", "coverage_upper_95", "fit_s_mean", "fit_cpu_s_mean")
+_METRICS = (
+    "mase", "smape", "coverage_80", "coverage_upper_95",
+    "fit_s_mean", "fit_cpu_s_mean", "fit_child_cpu_s_mean",
+)  # fmt: skip
 _BASELINES = ("seasonal_naive_24", "seasonal_naive_168", "mstl", "autoets", "prophet")
 
 
@@ -122,10 +127,11 @@ def run(
     return doc
 
 
-def _fit_once(series: pd.Series, *, horizon_h: int) -> float:
-    t0 = time.perf_counter()
+def _fit_once(series: pd.Series, *, horizon_h: int) -> tuple[float, float]:
+    """(wall s, CPU s of this process and its CmdStan children) of one berth fit + forecast."""
+    t0, c0, k0 = time.perf_counter(), time.process_time(), children_cpu_s()
     make_model("berth").fit(series).forecast(horizon_h)
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.process_time() - c0 + children_cpu_s() - k0
 
 
 def refresh(
@@ -149,15 +155,18 @@ def refresh(
     t0 = time.perf_counter()
     if jobs > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            times = list(pool.map(partial(_fit_once, horizon_h=horizon_h), batch))
+            measured = list(pool.map(partial(_fit_once, horizon_h=horizon_h), batch))
     else:
-        times = [_fit_once(s, horizon_h=horizon_h) for s in batch]
+        measured = [_fit_once(s, horizon_h=horizon_h) for s in batch]
     wall = time.perf_counter() - t0
+    times = [m[0] for m in measured]
+    cpu = sorted(m[1] for m in measured)
     return {
         "series": str(series_csv),
         "refresh": {
             "series": n, "jobs": jobs, "wall_s": wall,
             "fit_s_mean": sum(times) / len(times), "fit_s_max": max(times),
+            "fit_cpu_s_mean": sum(cpu) / len(cpu), "fit_cpu_s_median": cpu[len(cpu) // 2],
         },
     }  # fmt: skip
 
@@ -206,7 +215,9 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
         r = doc["refresh"]
         print(f"{r['series']} berth refits on {r['jobs']} processes: {r['wall_s']:.1f} s wall, "
-              f"{r['fit_s_mean']:.3f} s mean / {r['fit_s_max']:.3f} s max per fit")  # fmt: skip
+              f"{r['fit_s_mean']:.3f} s mean / {r['fit_s_max']:.3f} s max per fit, "
+              f"CPU with children {r['fit_cpu_s_mean']:.3f} s mean / "
+              f"{r['fit_cpu_s_median']:.3f} s median")  # fmt: skip
         return 0
     models = [m for m in args.models.split(",") if m]
     if args.ablation:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -62,3 +65,23 @@ def test_spy_forecasting_zero_scores_mase_against_naive_scale() -> None:
     y.iloc[::24] += 24.0  # every midnight jumps: seasonal-naive scale stays 0 -> fallback 1
     (result,) = backtest(y, [SpyModel], days=2)
     assert result.mase == pytest.approx(float(np.mean(np.abs(y.iloc[-48:].to_numpy()))))
+
+
+class ChildBurnerModel(SpyModel):
+    """Fits by running a child process that burns CPU, as Prophet's CmdStan child does."""
+
+    name = "child_burner"
+
+    def fit(self, history: pd.Series) -> ChildBurnerModel:
+        burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.2: pass"
+        subprocess.run([sys.executable, "-c", burn], check=True)
+        super().fit(history)
+        return self
+
+
+def test_fit_cpu_counts_the_child_processes() -> None:
+    (result,) = backtest(_series(4), [ChildBurnerModel], days=2)
+    # 0.2 s of CPU per fit happen in the child: the process time alone would miss them
+    assert result.fit_child_cpu_s_mean >= 0.18
+    assert result.fit_cpu_s_mean >= result.fit_child_cpu_s_mean
+    assert result.as_dict()["fit_child_cpu_s_mean"] == result.fit_child_cpu_s_mean

@@ -37,6 +37,11 @@ def test_bench_forecast_total_writes_contract_json(samples_dir: Path, tmp_path: 
     doc = json.loads(out.read_text())
     _check_models(doc["models"])
     assert doc["models"]["berth"]["origins"] == 2.0
+    # Prophet fits in a CmdStan child process: its CPU is counted in the fit's CPU time
+    for name in ("prophet", "berth"):
+        assert doc["models"][name]["fit_child_cpu_s_mean"] > 0.0
+        assert doc["models"][name]["fit_cpu_s_mean"] >= doc["models"][name]["fit_child_cpu_s_mean"]
+    assert doc["models"]["seasonal_naive_24"]["fit_child_cpu_s_mean"] == 0.0
     best = min(doc["models"][m]["mase"] for m in CONTRACT_MODELS if m != "berth")
     assert doc["berth_vs_best"] == pytest.approx(doc["models"]["berth"]["mase"] / best)
     assert "berth" in capsys.readouterr().out
@@ -157,6 +162,8 @@ def test_bench_forecast_refresh_times_berth_refits(samples_dir: Path, tmp_path: 
     refresh = json.loads(out.read_text())["refresh"]
     assert refresh["series"] == 2
     assert refresh["wall_s"] >= refresh["fit_s_max"] >= refresh["fit_s_mean"] > 0.0
+    assert refresh["fit_cpu_s_mean"] > 0.0
+    assert refresh["fit_cpu_s_median"] > 0.0
 
 
 def test_bench_runtime_scores_baselines_and_times_a_repeated_history(
