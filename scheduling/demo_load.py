@@ -19,10 +19,12 @@ none while the cluster already has ``BERTH_DEMO_LOAD_MAX_PENDING`` pending jobs.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import random
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -115,6 +117,70 @@ def _history(cluster: Cluster) -> tuple[dict[int, list[Sample]], float]:
     return by_hour, days
 
 
+@dataclass(slots=True)
+class _Pools:
+    """Per GPU type: GPUs in the cluster, GPUs asked for by pending work, and each project's
+    limit there (guarantee + borrowing limit; a type it may not use at all is 0)."""
+
+    capacity: dict[int, int]
+    queued: dict[int, int]
+    limits: dict[tuple[int, int], int]
+
+    def limit(self, project_id: int, type_id: int) -> int:
+        return self.limits.get((project_id, type_id), self.capacity.get(type_id, 0))
+
+    def retarget(self, sample: Sample) -> tuple[int | None, int]:
+        """The type and GPU count for a copy of ``sample``: its own, unless that pool's queue is
+        already as large as the pool, then the pool whose queue is the smallest share of its
+        size (among those the project may use), with the same share of that pool as the sample
+        took of its own.  So work queues on every type in proportion to its capacity, and a
+        one-GPU pool is not buried under a hundred GPUs of demand."""
+        own = sample.gpu_type_id
+        if own is None or own not in self.capacity or self.queued.get(own, 0) < self.capacity[own]:
+            return own, sample.gpu_count
+        share = sample.gpu_count / self.capacity[own]
+        room = {
+            t: (self.queued.get(t, 0) + max(1, round(share * cap))) / cap
+            for t, cap in self.capacity.items()
+            if cap > 0 and self.queued.get(t, 0) < cap and self.limit(sample.project_id, t) > 0
+        }
+        if not room:
+            return own, sample.gpu_count  # every pool is queued up: the tick's bounds decide
+        target = min(room, key=lambda t: (room[t], t))
+        count = max(1, min(self.limit(sample.project_id, target), round(share * self.capacity[target])))
+        return target, count
+
+    def add(self, type_id: int | None, gpu_count: int) -> None:
+        if type_id is not None:
+            self.queued[type_id] = self.queued.get(type_id, 0) + gpu_count
+
+
+def _pools(cluster: Cluster, project_ids: Iterable[int]) -> _Pools:
+    from django.db.models import Sum
+
+    from portal.accounts.models import Quota
+    from scheduling.models import Node
+
+    capacity: dict[int, int] = defaultdict(int)
+    for type_id, gpus in Node.objects.filter(cluster=cluster).values_list("gpu_type_id", "gpu_count"):
+        capacity[type_id] += gpus
+    queued = {
+        type_id: int(gpus or 0)
+        for type_id, gpus in Job.objects.filter(
+            cluster=cluster, status=Job.Status.PENDING, gpu_type__isnull=False
+        )
+        .values_list("gpu_type_id")
+        .annotate(gpus=Sum("gpu_count"))
+    }
+    limits = {
+        (project_id, type_id): guaranteed + borrow if borrow is not None else capacity.get(type_id, 0)
+        for project_id, type_id, guaranteed, borrow in Quota.objects.filter(
+            project_id__in=list(project_ids)
+        ).values_list("project_id", "gpu_type_id", "guaranteed_gpus", "borrow_limit_gpus")
+    }
+    return _Pools(dict(capacity), queued, limits)
+
+
 def _poisson(rng: random.Random, mean: float) -> int:
     """Knuth's method: fine for the small means of one tick."""
     if mean <= 0:
@@ -166,12 +232,16 @@ def demo_load_tick(
             "project_id", "gpu_type_id", "guaranteed_gpus"
         )
     }
+    pools = _pools(cluster, projects)
     for i in range(count):
         sample = rng.choice(samples)
         user, project = users.get(sample.user_id), projects.get(sample.project_id)
         if user is None or project is None:
             continue
         is_session = sample.kind == Job.Kind.INTERACTIVE
+        if not is_session:
+            type_id, gpu_count = pools.retarget(sample)
+            sample = dataclasses.replace(sample, gpu_type_id=type_id, gpu_count=gpu_count)
         # Above the project's guarantee only preemptible work runs (the portal says so at submit).
         guaranteed = quotas.get((sample.project_id, sample.gpu_type_id or 0), 0)
         is_preemptible = not is_session and (rng.random() < 0.5 or sample.gpu_count > guaranteed)
@@ -204,6 +274,8 @@ def demo_load_tick(
             result.skipped.append(f"{name}: {exc}")
             continue
         (result.sessions if is_session else result.jobs).append(job.pk)
+        if not is_session:
+            pools.add(sample.gpu_type_id, sample.gpu_count)
 
     # Now and then a booking ahead, on the most plentiful type.
     if types and rng.random() < BOOKINGS_PER_HOUR * tick_s / 3600.0 * float(settings.BERTH_DEMO_LOAD_SCALE):

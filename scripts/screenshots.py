@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from playwright.sync_api import Page, sync_playwright
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "screenshots"
@@ -99,6 +100,22 @@ def _shoot_link(page: Page, name: str, path: str, link: str) -> list[Path]:
     return [_snap(page, name)]
 
 
+def _shoot_whatif(page: Page, name: str) -> list[Path]:
+    """Run a what-if from the capacity page with its default values, wait for the replay (a
+    minute or two on a laptop), and shoot its own page (the permanent link)."""
+    page.goto(f"{BASE}/ops/capacity/")
+    page.wait_for_load_state("networkidle")
+    page.get_by_role("button", name="Run what-if").click()
+    status = page.locator("#whatif-status")
+    timeout_ms = float(os.environ.get("WHATIF_TIMEOUT_MS", 300_000))
+    try:
+        status.get_by_text("Progress: done").wait_for(timeout=timeout_ms)
+    except PlaywrightTimeoutError:  # a slow or failed replay is reported; the other shots stay
+        print(f"{name}: the what-if did not finish: {status.text_content()!r}", file=sys.stderr)
+    status.get_by_role("link", name="Permanent link to this what-if").click()
+    return [_snap(page, name)]
+
+
 def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
@@ -112,6 +129,7 @@ def main() -> int:
         _login(page, "admin", "berth-admin")
         written += [_shoot(page, name, path) for name, path in OPS_PAGES]
         written += _shoot_link(page, "ops-idle-drill", "/ops/idle/?days=7&bucket=day", "Why idle")
+        written += _shoot_whatif(page, "ops-whatif")
         browser.close()
     for path in written:
         print(path.relative_to(ROOT))

@@ -22,6 +22,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from portal.accounts.models import Project, Quota
+from portal.ops.labels import reason_label
 from scheduling.engine.types import IdleReason
 from scheduling.models import Allocation, AuditEvent, Cluster, EngineRound, Gpu, Job, Node
 
@@ -46,6 +47,8 @@ class Table:
     extra: dict[str, Any] = field(default_factory=dict)
     # Said in words in place of the chart when `is_blank` (why there is nothing to draw).
     empty_reason: str = ""
+    # Said under the chart: e.g. why some cells are "–" (no record then), not 0.
+    note: str = ""
 
     @property
     def is_blank(self) -> bool:
@@ -73,7 +76,9 @@ class Table:
             "title": self.caption,
             "labels": [str(r[0]) for r in self.rows],
             "series": [
-                {"label": h, "data": [r[i] for r in self.rows]} for i, h in enumerate(self.headers) if i > 0
+                {"label": reason_label(h), "data": [r[i] for r in self.rows]}
+                for i, h in enumerate(self.headers)
+                if i > 0
             ],
             **self.extra,
         }
@@ -194,6 +199,34 @@ def _span_text(rng: Range, now: datetime) -> str:
     return f"between {rng.start_at:%Y-%m-%d %H:%M} and {stop:%Y-%m-%d %H:%M} UTC"
 
 
+def _first_work_at(cluster_id: int) -> datetime | None:
+    """When the cluster's first allocation (job or booking) began: before it there is no record."""
+    first = (
+        Allocation.objects.filter(gpu__node__cluster_id=cluster_id)
+        .exclude(state=Allocation.State.RELEASED)
+        .order_by("period")
+        .values_list("period", flat=True)
+        .first()
+    )
+    return first.lower if first is not None else None
+
+
+def _before_record(rng: Range, first_at: datetime | None) -> list[bool]:
+    """Per bucket: does it end before the first record (its cells are "no data", not 0)?"""
+    if first_at is None:
+        return [False] * len(rng.starts())
+    return [start + rng.step <= first_at for start in rng.starts()]
+
+
+def _no_data_note(before: Sequence[bool], first_at: datetime | None, what: str) -> str:
+    if first_at is None or not any(before):
+        return ""
+    return (
+        f"“–” marks periods before {first_at:%Y-%m-%d %H:%M} UTC, when {what}: "
+        "there is no record then, which is not the same as 0."
+    )
+
+
 def no_work_reason(*, cluster_id: int, rng: Range, now: datetime) -> str:
     """Why no GPU-hours fall in the range, in words: no work ever, work only before or after it."""
     held = Allocation.objects.filter(gpu__node__cluster_id=cluster_id).exclude(
@@ -226,10 +259,16 @@ def utilization_get(*, cluster_id: int, rng: Range, now: datetime | None = None)
     capacity = _capacity_gpus(cluster_id)
     total_gpus = sum(capacity.values())
 
+    first_at = _first_work_at(cluster_id)
+    before = _before_record(rng, first_at)
+    note = _no_data_note(before, first_at, "the cluster's first recorded work started")
     by_type = _spread(periods, rng, key=lambda p: p.gpu_type)
     types = sorted(set(capacity) | set(by_type))
-    type_rows = []
+    type_rows: list[tuple[Any, ...]] = []
     for i, label in enumerate(labels):
+        if before[i]:
+            type_rows.append((label, *(None for _ in types), None))
+            continue
         busy = [round(by_type[t][i], 2) if t in by_type else 0.0 for t in types]
         util = round(100.0 * sum(busy) / (total_gpus * step_h), 1) if total_gpus else 0.0
         type_rows.append((label, *busy, util))
@@ -242,12 +281,14 @@ def utilization_get(*, cluster_id: int, rng: Range, now: datetime | None = None)
         chart="stacked",
         extra={"skip_last": True},
         empty_reason=reason or "This cluster has no GPUs.",
+        note=note,
     )
 
     by_project = _spread(periods, rng, key=lambda p: p.project)
     projects = sorted(by_project)
     project_rows = [
-        (label, *(round(by_project[p][i], 2) for p in projects)) for i, label in enumerate(labels)
+        (label, *(None if before[i] else round(by_project[p][i], 2) for p in projects))
+        for i, label in enumerate(labels)
     ]
     by_project_table = Table(
         name="utilization-by-project",
@@ -256,6 +297,7 @@ def utilization_get(*, cluster_id: int, rng: Range, now: datetime | None = None)
         rows=tuple(project_rows),
         chart="stacked",
         empty_reason=reason,
+        note=note,
     )
 
     # Node x time heatmap: busy fraction = busy GPU-hours / (GPUs on the node x bucket length).
@@ -517,6 +559,13 @@ def idle_get(*, cluster_id: int, rng: Range, now: datetime | None = None) -> Tab
     """
     now = now or timezone.now()
     rounds = _rounds(cluster_id, rng, now)
+    first_at = (
+        EngineRound.objects.filter(cluster_id=cluster_id, error="")
+        .order_by("started_at")
+        .values_list("started_at", flat=True)
+        .first()
+    )
+    before = _before_record(rng, first_at)
     n = len(rng.starts())
     hours: dict[str, list[float]] = {r: [0.0] * n for r in IDLE_REASONS}
     stop = min(rng.end_at, now)
@@ -536,11 +585,12 @@ def idle_get(*, cluster_id: int, rng: Range, now: datetime | None = None) -> Tab
         caption="Idle GPU-hours by reason (reconstructed from engine rounds)",
         headers=("Period", *reasons),
         rows=tuple(
-            (_label(s, rng.bucket), *(round(hours[r][i], 2) for r in reasons))
+            (_label(s, rng.bucket), *(None if before[i] else round(hours[r][i], 2) for r in reasons))
             for i, s in enumerate(rng.starts())
         ),
         chart="stacked",
         extra={"drill": True},
+        note=_no_data_note(before, first_at, "the first engine round was recorded"),
         empty_reason=(
             f"No engine round was recorded {_span_text(rng, now)} (the engine loop was not running), "
             "so nothing says which GPUs were idle or why."
@@ -643,12 +693,14 @@ def idle_drill_get(*, cluster_id: int, start_at: datetime, end_at: datetime) -> 
             caption=f"{total} idle GPU(s) on {len({g[0] for g in groups})} node(s), by node and reason",
             headers=("Node", "Type", "Node state", "Reason", "Idle GPUs", "Free GPU indexes"),
             rows=tuple(groups),
+            extra={"label_columns": [3]},
         ),
         Table(
             name="idle-jobs",
             caption="Jobs pending at the round (with their latest reason)",
             headers=("Job", "Name", "Project", "GPUs", "Type", "Reason", "Why"),
-            rows=tuple((j, n, p, c, t or "any", r or "-", s) for j, n, p, c, t, r, s in pending),
+            rows=tuple((j, n, p, c, t or "any", r, s) for j, n, p, c, t, r, s in pending),
+            extra={"pending_columns": [5]},
         ),
     )
 

@@ -181,13 +181,18 @@ def idle_drill(request: HtmxHttpRequest) -> HttpResponse:
     context = {
         "drill": drill,
         "gpus_table": Table(
-            name=drill.gpus.name, caption=drill.gpus.caption, headers=drill.gpus.headers, rows=tuple(page)
+            name=drill.gpus.name,
+            caption=drill.gpus.caption,
+            headers=drill.gpus.headers,
+            rows=tuple(page),
+            extra=drill.gpus.extra,
         ),
         "jobs_table": Table(
             name=drill.jobs.name,
             caption=drill.jobs.caption,
             headers=drill.jobs.headers,
             rows=tuple(jobs_page),
+            extra=drill.jobs.extra,
         ),
         "page": page,
         "jobs_page": jobs_page,
@@ -254,7 +259,7 @@ def _capacity_context(cluster_id: int | None) -> dict[str, Any]:
                 headers=("Hour (UTC)", "Actual", "Forecast", "Lower 80%", "Upper 80%", "Capacity"),
                 rows=tuple(rows),
                 chart="band",
-                extra={"data_columns": [1, 2]},
+                extra={"data_columns": [1, 2], **_band_extra(band)},
                 empty_reason=(
                     f"No {type_name} demand in the last 3 days (no job ran or waited on this type) and "
                     + (
@@ -266,7 +271,34 @@ def _capacity_context(cluster_id: int | None) -> dict[str, Any]:
                 ),
             )
         )
-    return {"bands": bands, "gpu_types": sorted(capacity), "fitting": fitting}
+    return {"bands": bands, "gpu_types": sorted(capacity), "fitting": fitting, "capacity": capacity}
+
+
+# The capacity chart's y axis stops at this many times the type's capacity: a band far above it
+# would squash the capacity line and the actual demand into the bottom of the chart.
+Y_CLIP_CAPACITY = 3
+NO_SIGNAL_TEXT = "Too little history to model: empirical last-week forecast."
+
+
+def _band_extra(band: Any) -> dict[str, Any]:
+    """The chart's y-axis cut (with the notice saying so) and the forecast's no-signal flag."""
+    extra: dict[str, Any] = {}
+    if band.run is not None and band.run.flag == "no_signal":
+        extra["flag"] = "no_signal"
+        extra["flag_text"] = (
+            f"{NO_SIGNAL_TEXT} The series had too few busy hours to fit a model, so the forecast "
+            "repeats how its last week was distributed."
+        )
+    capacity = band.capacity_gpus or 0
+    peak = max((max(p.upper80, p.yhat) for p in band.points), default=0.0)
+    if capacity > 0 and peak > Y_CLIP_CAPACITY * capacity:
+        extra["y_max"] = Y_CLIP_CAPACITY * capacity
+        extra["clip_text"] = (
+            f"The forecast band reaches {peak:.1f} GPUs, above {Y_CLIP_CAPACITY}× this type's "
+            f"{capacity} GPUs: the chart is cut at {Y_CLIP_CAPACITY * capacity} GPUs so that "
+            "capacity and demand stay readable (the table has every number)."
+        )
+    return extra
 
 
 _VERDICTS = {
@@ -320,6 +352,14 @@ def _track_record_table(cluster_id: int | None) -> Table:
     )
 
 
+def _whatif_form(context: dict[str, Any]) -> WhatIfForm:
+    """The what-if form, on the cluster's largest GPU type by default (the first in name order
+    may be a one-GPU pool, whose replay says little)."""
+    capacity: dict[str, int] = context.get("capacity") or {}
+    initial = {"gpu_type": max(capacity, key=lambda t: (capacity[t], t))} if capacity else {}
+    return WhatIfForm(gpu_types=context["gpu_types"], initial=initial)
+
+
 @staff_required
 @vary_on_headers("HX-Request")
 @require_GET
@@ -333,7 +373,7 @@ def capacity(request: HtmxHttpRequest) -> HttpResponse:
     if (response := _csv_or_none(request, [*context["bands"], context["track_record"]])) is not None:
         return response
     context["refresh"] = forecast_refresh_state_get(cluster_id=cluster_id) if cluster_id else None
-    context["whatif_form"] = WhatIfForm(gpu_types=context["gpu_types"])
+    context["whatif_form"] = _whatif_form(context)
     return render(request, "ops/capacity.html", context)
 
 
@@ -402,17 +442,21 @@ def capacity_exceed(request: HtmxHttpRequest) -> HttpResponse:
         return render(request, "ops/capacity.html#capacity-exceed", context)
     # Without JavaScript the link leads here: the whole capacity page, with the answer in place.
     context.update(form=form, cluster_id=cluster_id, **_capacity_context(cluster_id))
-    context["whatif_form"] = WhatIfForm(gpu_types=context["gpu_types"])
+    context["whatif_form"] = _whatif_form(context)
     return render(request, "ops/capacity.html", context)
 
 
 @staff_required
-@require_POST
+@require_http_methods(["GET", "POST"])
 def whatif_new(request: HtmxHttpRequest) -> HttpResponse:
+    """POST starts a what-if; GET (a bookmarked or reloaded result URL) is sent to the form."""
     from forecasting.selectors import cluster_capacity_by_type
     from scheduling.models import Cluster
 
     form_range, cluster_id, _ = _range(request)
+    if request.method == "GET":
+        query = _query(form_range)
+        return HttpResponseRedirect(f"{reverse('ops:capacity')}?{query}#h-whatif", status=303)
     cluster = None
     if cluster_id is not None and _is_asked_cluster(request, cluster_id):
         cluster = Cluster.objects.filter(pk=cluster_id).first()

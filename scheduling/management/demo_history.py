@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -91,7 +92,35 @@ class ReplayedHistory:
     # (p50_s, p90_s) the portal's runtime predictor gave each batch job when it first waited,
     # learnt only from the jobs that had finished by then (what the portal would have stored)
     predictions: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # batch jobs whose replayed users checkpoint, every `checkpoint_interval_s` (the overlay's)
+    checkpointable: frozenset[str] = frozenset()
+    checkpoint_interval_s: float = 0.0
     wall_s: float = 0.0
+
+
+def lost_work_s(*, run_s: float, gpu_count: int, checkpoint_interval_s: float | None) -> float:
+    """GPU-seconds a kill throws away after ``run_s`` of running: everything since the last
+    checkpoint (all of it without checkpoints); the rule the live rounds apply."""
+    lost_s = max(0.0, run_s)
+    if checkpoint_interval_s:
+        lost_s %= checkpoint_interval_s
+    return lost_s * gpu_count
+
+
+def preemption_notice(*, reason: str, run_s: float, names: dict[str, str]) -> str:
+    """The replayed preemption's reason as the portal says it: the replay's job keys
+    (``t22284.3``, ``int-001284``) become the portal's job names, and a reason that does not
+    say how long the job ran says it, in the portal's one clock ("It ran 2.1 h.").  The lost
+    work is stored beside it (`Preemption.lost_gpu_s`) and the pages print it."""
+    text = _KEY.sub(lambda m: names.get(m.group(0), m.group(0)), reason.strip()) or "Preempted."
+    if " ran " not in f" {text} ":
+        ran = f"{run_s / 60:.0f} min" if run_s < 3600 else f"{run_s / 3600:.1f} h"
+        text = f"{text.rstrip('.')}. It ran {ran}."
+    return text
+
+
+# A job key of the replay inside an engine sentence: a trace job (t123, t123.2) or a session.
+_KEY = re.compile(r"\b(?:t\d+(?:\.\d+)?|int-\d+)\b")
 
 
 class _Recorder:
@@ -230,6 +259,8 @@ def history_replay(
     if projects is not None:
         overlay = dataclasses.replace(overlay, projects=projects)
     history = ReplayedHistory()
+    history.checkpointable = frozenset(overlay.checkpointable)
+    history.checkpoint_interval_s = overlay.checkpoint_interval_s
     history.sessions = {
         s.id: (s.user, s.project, s.submit_at, s.duration_s, s.gpu_count) for s in overlay.sessions
     }

@@ -38,7 +38,8 @@
           { label: "Capacity", data: col("Capacity"), borderColor: "#D55E00", borderDash: [6, 4], borderWidth: 2, pointRadius: 0 }
         ]
       },
-      options: { maintainAspectRatio: false, animation: false, spanGaps: false, scales: { y: { beginAtZero: true, title: { display: true, text: "GPUs" } } } }
+      // y_max: the axis is cut at 3x capacity when a band runs far above it (the page says so).
+      options: { maintainAspectRatio: false, animation: false, spanGaps: false, scales: { y: { beginAtZero: true, max: data.y_max || undefined, title: { display: true, text: "GPUs" } } } }
     };
   }
 

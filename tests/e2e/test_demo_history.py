@@ -42,6 +42,17 @@ def _column(page: Page, table_id: str, header: str) -> list[str]:
     ]
 
 
+NO_DATA = "–"  # a period before the first record: no data, which the page does not call 0
+
+
+def _numbers(cells: list[str]) -> list[float | None]:
+    """Cells as numbers, "–" as None; every "–" comes before the first number (no record yet)."""
+    out = [None if v == NO_DATA else float(v) for v in cells]
+    first = next((i for i, v in enumerate(out) if v is not None), len(out))
+    assert all(v is not None for v in out[first:]), cells
+    return out
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
@@ -59,7 +70,7 @@ def test_a_fresh_demo_lab_shows_its_history_forecasts_and_an_honest_unstartable_
 
     _login(page, base, "admin", ADMIN_PASSWORD, "/ops/")
     page.goto(f"{base}/ops/utilization/?{query}")
-    utilization = [float(v) for v in _column(page, "table-utilization-by-type", "Utilization %")]
+    utilization = [u or 0.0 for u in _numbers(_column(page, "table-utilization-by-type", "Utilization %"))]
     today = timezone.now().strftime("%Y-%m-%d")
     days = _column(page, "table-utilization-by-type", "Period")
     past = [u for d, u in zip(days, utilization, strict=True) if d != today]
@@ -78,8 +89,8 @@ def test_a_fresh_demo_lab_shows_its_history_forecasts_and_an_honest_unstartable_
     periods = _column(page, "table-idle-by-reason", "Period")
     totals = [0.0] * len(periods)
     for reason in reasons:
-        for i, v in enumerate(_column(page, "table-idle-by-reason", reason)):
-            totals[i] += float(v)
+        for i, v in enumerate(_numbers(_column(page, "table-idle-by-reason", reason))):
+            totals[i] += v or 0.0
     assert sum(1 for d, t in zip(periods, totals, strict=True) if d != today and t > 0) >= 14
 
     page.goto(f"{base}/ops/capacity/?cluster={cluster.pk}")

@@ -138,7 +138,7 @@ def test_staff_opens_every_ops_page_and_runs_a_whatif(
     drill_link.focus()
     page.keyboard.press("Enter")
     drill = page.locator("#idle-drill")
-    expect(drill).to_contain_text("fragmentation")
+    expect(drill).to_contain_text("Fragmented")  # the reason's label, not the engine's key
     expect(drill).to_be_focused()
     page.screenshot(path=str(ARTIFACTS / "e2e-ops-idle.png"), full_page=True)
 

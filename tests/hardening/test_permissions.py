@@ -212,7 +212,8 @@ EXPECTED: dict[str, tuple[str, dict[str, str]]] = {
         "/ops/capacity/forecasts/refresh/", "302/302", "403/403", "403/403", "303/303"
     ),
     "ops:capacity-exceed": _row("/ops/capacity/exceed/", "302/302", "403/403", "403/403", "200/405"),
-    "ops:whatif-new": _row("/ops/capacity/whatif/", "302/302", "403/403", "403/403", "405/422"),
+    # GET (a reloaded or bookmarked what-if URL) is sent to the form on the capacity page (303).
+    "ops:whatif-new": _row("/ops/capacity/whatif/", "302/302", "403/403", "403/403", "303/422"),
     "ops:whatif": _row("/ops/capacity/whatif/unknown/", "302/302", "403/403", "403/403", "404/405"),
     "ops:quotas": _row("/ops/quotas/", "302/302", "403/403", "403/403", "200/405"),
     "ops:quota-edit": _row("/ops/quotas/{quota}/", "302/302", "403/403", "403/403", "405/422"),

@@ -143,8 +143,10 @@ def test_utilization_counts_busy_gpu_hours_by_type_project_and_node(
     assert rows["2026-11-02 03:00"][1] == 3.0
     assert rows["2026-11-02 03:00"][2] == pytest.approx(37.5)
     assert rows["2026-11-02 04:00"][1] == 0.5
-    assert sum(r[1] for r in by_type.rows) == pytest.approx(4.0)
-    project_totals = {h: sum(r[i] for r in by_project.rows) for i, h in enumerate(by_project.headers) if i}
+    assert sum(r[1] or 0 for r in by_type.rows) == pytest.approx(4.0)  # None ("–"): before any work
+    project_totals = {
+        h: sum(r[i] or 0 for r in by_project.rows) for i, h in enumerate(by_project.headers) if i
+    }
     assert project_totals == {"nlp": pytest.approx(2.0), "vision": pytest.approx(2.0)}
     heat_rows = {r[0]: r for r in heat.rows}
     three = heat.headers.index("2026-11-02 03:00")
@@ -176,7 +178,7 @@ def test_utilization_ignores_released_and_the_future(
     by_type = selectors.utilization_get(
         cluster_id=cluster.pk, rng=_day_range(), now=DAY + timedelta(hours=23)
     )[0]
-    assert sum(r[1] for r in by_type.rows) == pytest.approx(1.0)
+    assert sum(r[1] or 0 for r in by_type.rows) == pytest.approx(1.0)
 
 
 def test_utilization_csv_matches_the_table(
@@ -193,7 +195,7 @@ def test_utilization_csv_matches_the_table(
         assert rows[0] == list(tables[name].headers)
         assert rows[1:] == [["" if v is None else str(v) for v in row] for row in tables[name].rows]
     # The page prints the same numbers: the busy hours appear in the HTML table.
-    assert sum(r[1] for r in tables["utilization-by-type"].rows) == pytest.approx(2.0)
+    assert sum(r[1] or 0 for r in tables["utilization-by-type"].rows) == pytest.approx(2.0)
     assert 'id="table-utilization-by-type"' in page.content.decode()
     assert 'id="chart-utilization-by-type" type="application/json"' in page.content.decode()
     assert staff_web.get(reverse("ops:utilization"), {"csv": "nope"}).status_code == 404
@@ -297,7 +299,7 @@ def test_idle_hours_reconstructed_from_rounds(cluster: Cluster, nodes: list[Node
     row = dict(zip(table.headers, next(r for r in table.rows if r[0] == "2026-11-02 04:00"), strict=True))
     assert row["no_demand"] == pytest.approx(round(6 * 2 / 60 + 4 * 5 / 60, 2))
     assert row["fragmentation"] == pytest.approx(round(2 * 5 / 60, 2))
-    assert sum(r[1] for r in table.rows) == pytest.approx(row["no_demand"])
+    assert sum(r[1] or 0 for r in table.rows) == pytest.approx(row["no_demand"])
 
 
 def test_idle_drill_lists_free_gpus_and_pending_jobs(
