@@ -1,7 +1,8 @@
 """Whole-round benchmark (DESIGN §8): one engine round on a real database, phase by phase.
 
     python -m bench.round --nodes N --gpus-per-node G --running R --pending P \
-        [--rounds K] [--history H] [--step-s S] [--keep-db] --out FILE.json
+        [--rounds K] [--history H] [--step-s S] [--running-mix full|engine-scale] \
+        [--alternatives-bookings N] [--keep-db] --out FILE.json
 
 What runs is the portal's own round, `scheduling.rounds.engine_round_run`: the simulator
 backend's snapshot (its state in Redis, like the demo), reconcile, the frozen snapshot built by
@@ -20,7 +21,14 @@ jobs); an open booking per 20 nodes in the next day on GPUs left free; quotas on
 projects.  Each round runs ``--step-s`` later than the one before on the engine clock, so the
 rounds see jobs end, starts and preemptions as a live cluster would.  The first round starts
 the most work (the free GPUs fill); it is reported on its own as ``first_round_ms`` and counted
-in the quantiles like every other round.
+in the quantiles like every other round.  The runtime predictor is built before the rounds (a
+long-running worker has it) and its build reported as ``predictor_build_ms``.
+
+``--running-mix`` (`RUNNING_MIXES`): ``full`` (default) packs the running jobs onto ~95 % of the
+GPUs, ``engine-scale`` like ``bench.engine_scale`` (~70 %).  ``--alternatives-bookings N`` then
+times a refused booking's alternatives search on a calendar of N bookings (``bench._calendar``;
+``alternatives`` in the JSON: ``alternatives_ms_p50``, ``alternatives_ms_p99`` over the refused
+requests).
 """
 
 from __future__ import annotations
