@@ -40,7 +40,8 @@ from portal.ops.forms import (
 from portal.ops.selectors import Table
 
 UNPROCESSABLE = 422
-AUDIT_PAGE_SIZE = 50
+# 25 events a page: each lists its changed fields, so a page of 50 ran to about 6,000 px.
+AUDIT_PAGE_SIZE = 25
 IDLE_DRILL_PAGE_SIZE = 20
 
 

@@ -16,7 +16,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from portal.accounts.models import Project, Quota
-from portal.ops import selectors, services
+from portal.ops import selectors, services, views
 from portal.ops.selectors import Range, jain_index
 from scheduling.models import Allocation, AuditEvent, Cluster, EngineRound, GpuType, Job, Node
 from scheduling.snapshots import policy_config_for_cluster
@@ -461,7 +461,7 @@ def test_audit_log_filters_and_pages(staff_web: Client, staff: User) -> None:
     )
     page = staff_web.get(reverse("ops:audit")).context["page"]
     assert page.paginator.count == 61
-    assert len(page.object_list) == 50
+    assert len(page.object_list) == views.AUDIT_PAGE_SIZE == 25
     assert (
         staff_web.get(reverse("ops:audit"), {"page": 2}).context["page"].object_list[0].entity_id is not None
     )
