@@ -200,7 +200,6 @@ def demo_load_tick(
     from django.contrib.auth import get_user_model
 
     from portal.accounts.models import Project, Quota
-    from scheduling.services import BookingConflictError, booking_create, job_submit
 
     result = TickResult(is_enabled=bool(settings.BERTH_DEMO_LOAD))
     if not result.is_enabled:
@@ -232,10 +231,36 @@ def demo_load_tick(
             "project_id", "gpu_type_id", "guaranteed_gpus"
         )
     }
-    pools = _pools(cluster, projects)
+    tick_state = _Tick(cluster, now, tick, rng, users, projects, types, quotas, result)
+    _submit_arrivals(tick_state, samples, count=count, pools=_pools(cluster, projects))
+    # Now and then a booking ahead, on the most plentiful type.
+    if types and rng.random() < BOOKINGS_PER_HOUR * tick_s / 3600.0 * float(settings.BERTH_DEMO_LOAD_SCALE):
+        _book_ahead(tick_state, samples)
+    return result
+
+
+@dataclass(slots=True)
+class _Tick:
+    """What one tick submits with: the cluster, its instant and seeded draw, people and types."""
+
+    cluster: Cluster
+    now: datetime
+    tick: int
+    rng: random.Random
+    users: dict[int, Any]
+    projects: dict[int, Any]
+    types: dict[int, GpuType]
+    quotas: dict[tuple[int, int], int]
+    result: TickResult
+
+
+def _submit_arrivals(t: _Tick, samples: list[Sample], *, count: int, pools: _Pools) -> None:
+    """``count`` copies of history jobs through `job_submit` (sessions as sessions)."""
+    from scheduling.services import job_submit
+
     for i in range(count):
-        sample = rng.choice(samples)
-        user, project = users.get(sample.user_id), projects.get(sample.project_id)
+        sample = t.rng.choice(samples)
+        user, project = t.users.get(sample.user_id), t.projects.get(sample.project_id)
         if user is None or project is None:
             continue
         is_session = sample.kind == Job.Kind.INTERACTIVE
@@ -243,11 +268,11 @@ def demo_load_tick(
             type_id, gpu_count = pools.retarget(sample)
             sample = dataclasses.replace(sample, gpu_type_id=type_id, gpu_count=gpu_count)
         # Above the project's guarantee only preemptible work runs (the portal says so at submit).
-        guaranteed = quotas.get((sample.project_id, sample.gpu_type_id or 0), 0)
-        is_preemptible = not is_session and (rng.random() < 0.5 or sample.gpu_count > guaranteed)
-        is_checkpointable = is_preemptible and rng.random() < 0.5
-        name = f"{'session' if is_session else project.slug}-live-{tick}-{i}"
-        if Job.objects.filter(cluster=cluster, name=name).exists():
+        guaranteed = t.quotas.get((sample.project_id, sample.gpu_type_id or 0), 0)
+        is_preemptible = not is_session and (t.rng.random() < 0.5 or sample.gpu_count > guaranteed)
+        is_checkpointable = is_preemptible and t.rng.random() < 0.5
+        name = f"{'session' if is_session else project.slug}-live-{t.tick}-{i}"
+        if Job.objects.filter(cluster=t.cluster, name=name).exists():
             continue  # this tick ran already (a redelivered task)
         try:
             job = job_submit(
@@ -255,8 +280,8 @@ def demo_load_tick(
                 project=project,
                 name=name,
                 gpu_count=sample.gpu_count,
-                cluster=cluster,
-                gpu_type=None if is_session else types.get(sample.gpu_type_id or -1),
+                cluster=t.cluster,
+                gpu_type=None if is_session else t.types.get(sample.gpu_type_id or -1),
                 kind=sample.kind,
                 requested_s=sample.requested_s,
                 is_preemptible=is_preemptible,
@@ -268,41 +293,43 @@ def demo_load_tick(
                     "sim_runtime_s": round(sample.runtime_s, 1),
                 },
                 actor_label=AuditEvent.Actor.ADMIN,
-                now=now,
+                now=t.now,
             )
         except (ValidationError, PermissionDenied) as exc:
-            result.skipped.append(f"{name}: {exc}")
+            t.result.skipped.append(f"{name}: {exc}")
             continue
-        (result.sessions if is_session else result.jobs).append(job.pk)
+        (t.result.sessions if is_session else t.result.jobs).append(job.pk)
         if not is_session:
             pools.add(sample.gpu_type_id, sample.gpu_count)
 
-    # Now and then a booking ahead, on the most plentiful type.
-    if types and rng.random() < BOOKINGS_PER_HOUR * tick_s / 3600.0 * float(settings.BERTH_DEMO_LOAD_SCALE):
-        people = [s for s in samples if s.kind == Job.Kind.BATCH] or samples
-        booker = rng.choice(people) if people else None
-        user = users.get(booker.user_id) if booker else None
-        project = projects.get(booker.project_id) if booker else None
-        gpu_type = max(types.values(), key=lambda t: t.nodes.filter(cluster=cluster).count())
-        note = f"{LOAD_SOURCE} {tick}"
-        if user is not None and project is not None and not cluster.bookings.filter(note=note).exists():
-            start_at = (now + timedelta(minutes=rng.choice((15, 30, 60, 120)))).replace(
-                second=0, microsecond=0
+
+def _book_ahead(t: _Tick, samples: list[Sample]) -> None:
+    """A booking a little ahead by one of this hour's people, through `booking_create`."""
+    from scheduling.services import BookingConflictError, booking_create
+
+    people = [s for s in samples if s.kind == Job.Kind.BATCH] or samples
+    booker = t.rng.choice(people) if people else None
+    user = t.users.get(booker.user_id) if booker else None
+    project = t.projects.get(booker.project_id) if booker else None
+    gpu_type = max(t.types.values(), key=lambda gt: gt.nodes.filter(cluster=t.cluster).count())
+    note = f"{LOAD_SOURCE} {t.tick}"
+    if user is not None and project is not None and not t.cluster.bookings.filter(note=note).exists():
+        start_at = (t.now + timedelta(minutes=t.rng.choice((15, 30, 60, 120)))).replace(
+            second=0, microsecond=0
+        )
+        try:
+            booking = booking_create(
+                user,
+                project=project,
+                cluster=t.cluster,
+                gpu_type=gpu_type,
+                gpu_count=t.rng.choice((1, 1, 2, 4)),
+                start_at=start_at,
+                end_at=start_at + timedelta(hours=t.rng.choice((1, 2, 3))),
+                note=note,
+                actor_label=AuditEvent.Actor.ADMIN,
+                now=t.now,
             )
-            try:
-                booking = booking_create(
-                    user,
-                    project=project,
-                    cluster=cluster,
-                    gpu_type=gpu_type,
-                    gpu_count=rng.choice((1, 1, 2, 4)),
-                    start_at=start_at,
-                    end_at=start_at + timedelta(hours=rng.choice((1, 2, 3))),
-                    note=note,
-                    actor_label=AuditEvent.Actor.ADMIN,
-                    now=now,
-                )
-                result.bookings.append(booking.pk)
-            except (ValidationError, PermissionDenied, BookingConflictError) as exc:
-                result.skipped.append(f"booking: {exc}")
-    return result
+            t.result.bookings.append(booking.pk)
+        except (ValidationError, PermissionDenied, BookingConflictError) as exc:
+            t.result.skipped.append(f"booking: {exc}")

@@ -78,6 +78,10 @@ def _snap(page: Page, name: str) -> Path:
     )
     if cut:
         OVERFLOWS.append(f"{name}: tables wider than their box: {', '.join(cut)}")
+    # The navigation on one line at laptop width (a wrapped header pushes every page down).
+    header_h = page.evaluate("(document.querySelector('.site-header .inner') || {}).offsetHeight || 0")
+    if header_h > 64:
+        OVERFLOWS.append(f"{name}: the navigation wraps ({header_h} px tall)")
     target = OUT / f"{name}.png"
     page.screenshot(path=str(target), full_page=True)
     return target

@@ -22,6 +22,12 @@
     return hour.slice(8, 10) + "/" + hour.slice(5, 7) + " " + hour.slice(11, 16);
   }
 
+  function bandPeak(data) {
+    var peak = 0;
+    (data.upper80 || []).concat(data.forecast || []).forEach(function (v) { if (v !== null && v > peak) { peak = v; } });
+    return peak;
+  }
+
   function draw(canvas) {
     var source = document.getElementById(canvas.getAttribute("data-chart"));
     if (!source || typeof window.Chart === "undefined") return;
@@ -49,6 +55,16 @@
           borderWidth: 2, pointRadius: 0, order: 0, stack: "forecast" }
       );
     }
+    var peak = bandPeak(data);
+    var cut = data.capacity > 0 && peak > 3 * data.capacity;
+    var box = canvas.parentNode;  // the fixed-height chart box: the note goes above it
+    if (cut && box && box.parentNode && !box.parentNode.querySelector(".chart-cut")) {
+      var note = document.createElement("p");
+      note.className = "help chart-cut";
+      note.textContent = "The forecast band reaches " + peak.toFixed(1) + " GPUs, above 3× this type's " +
+        data.capacity + ": the chart is cut at " + 3 * data.capacity + " GPUs (the table has every number).";
+      box.parentNode.insertBefore(note, box);
+    }
     // Only the bars share a stack: every line has its own (Chart.js stacks a shared one).
     // eslint-disable-next-line no-new
     new window.Chart(canvas, {
@@ -60,7 +76,9 @@
         interaction: { mode: "index", intersect: false },
         scales: {
           x: { stacked: true, ticks: { maxRotation: 0, autoSkip: true, maxTicksLimit: 8 } },
-          y: { stacked: true, beginAtZero: true, suggestedMax: data.capacity, title: { display: true, text: "GPUs" } }
+          // Cut at 3x capacity: a forecast band far above a small pool would squash its bars
+          // (the numbers under the chart have every value).
+          y: { stacked: true, beginAtZero: true, suggestedMax: data.capacity, max: cut ? 3 * data.capacity : undefined, title: { display: true, text: "GPUs" } }
         },
         plugins: {
           legend: {

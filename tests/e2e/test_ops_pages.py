@@ -14,7 +14,7 @@ from django.db import connection
 from django.utils import timezone
 from playwright.sync_api import ConsoleMessage, Page, expect
 
-from portal.accounts.models import Project
+from portal.accounts.models import Project, Quota
 from scheduling.models import Allocation, AuditEvent, Cluster, EngineRound, GpuType, Job, Node
 from tests.e2e.console import record_console_error
 from tests.factories import JobFactory, QuotaFactory
@@ -113,6 +113,20 @@ def test_staff_opens_every_ops_page_and_runs_a_whatif(
     page.get_by_role("button", name="Log in").click()
     expect(page.get_by_role("heading", name="Operations", exact=True)).to_be_visible()
 
+    _utilization_fairness_idle(page, base, cluster=cluster, project=project)
+
+    _capacity_and_whatif(page)
+
+    _quotas_policy_audit(page, project=project, quota=quota)
+
+    _narrow_screens(page, base)
+
+    for worker in workers:
+        worker.join(timeout=30)
+    assert errors == []
+
+
+def _utilization_fairness_idle(page: Page, base: str, *, cluster: Cluster, project: Project) -> None:
     # Utilization: charts drawn by ops.js (Chart.js from static/), the same numbers in tables.
     page.get_by_role("navigation", name="Operations").get_by_role("link", name="Utilization").click()
     expect(page.get_by_role("heading", name="Utilization", exact=True)).to_be_visible()
@@ -142,6 +156,8 @@ def test_staff_opens_every_ops_page_and_runs_a_whatif(
     expect(drill).to_be_focused()
     page.screenshot(path=str(ARTIFACTS / "e2e-ops-idle.png"), full_page=True)
 
+
+def _capacity_and_whatif(page: Page) -> None:
     # Capacity: bands per GPU type, then a what-if with 8 more A100s.
     page.get_by_role("navigation", name="Operations").get_by_role("link", name="Capacity").click()
     table = page.locator("#table-forecast-A100")
@@ -157,6 +173,8 @@ def test_staff_opens_every_ops_page_and_runs_a_whatif(
     expect(page.locator("#table-whatif")).to_contain_text("16")
     page.screenshot(path=str(ARTIFACTS / "e2e-ops-whatif.png"), full_page=True)
 
+
+def _quotas_policy_audit(page: Page, *, project: Project, quota: Quota) -> None:
     # Quotas: an edit saves in place and lands in the audit log.
     page.get_by_role("navigation", name="Operations").get_by_role("link", name="Quotas").click()
     page.get_by_label(f"Guaranteed A100 GPUs for {project.name}").fill("3")
@@ -175,6 +193,8 @@ def test_staff_opens_every_ops_page_and_runs_a_whatif(
     expect(page.locator("#audit-list")).to_contain_text("quota.update")
     page.screenshot(path=str(ARTIFACTS / "e2e-ops-audit.png"), full_page=True)
 
+
+def _narrow_screens(page: Page, base: str) -> None:
     # Narrow screens: the pages reflow; wide tables scroll inside their own box, not the page.
     page.set_viewport_size({"width": 390, "height": 844})
     for path in ("/ops/utilization/", "/ops/fairness/", "/ops/capacity/", "/ops/quotas/", "/ops/audit/"):
@@ -184,7 +204,3 @@ def test_staff_opens_every_ops_page_and_runs_a_whatif(
         assert overflow <= 1, f"{path} scrolls sideways by {overflow}px: {culprits}"
     page.goto(f"{base}/ops/utilization/")
     page.screenshot(path=str(ARTIFACTS / "e2e-ops-utilization-narrow.png"), full_page=False)
-
-    for worker in workers:
-        worker.join(timeout=30)
-    assert errors == []

@@ -15,7 +15,7 @@ from django.urls import reverse
 from portal.accounts.models import Project
 from portal.ops import selectors
 from portal.ops.selectors import Range
-from portal.ops.views import _whatif_notes
+from portal.ops.views_capacity import _whatif_notes
 from scheduling.models import Allocation, Cluster, EngineRound, GpuType, Job, Node
 from tests.factories import JobFactory, NodeFactory
 

@@ -298,3 +298,31 @@ def test_job_page_says_how_long_it_waited_and_ran_in_words(client: Client, clust
     body = client.get(reverse("job-detail", args=[job.pk])).content.decode()
     assert "after waiting 12 minutes" in body
     assert "after running 2 hours 6 minutes" in body
+
+
+def test_idle_drill_prefers_the_round_that_stored_idle_gpus_per_node(
+    staff_web: Client, cluster: Cluster, nodes: list[Node]
+) -> None:
+    at = DAY + timedelta(hours=5)
+    EngineRound.objects.create(
+        cluster=cluster,
+        started_at=at + timedelta(minutes=10),
+        decisions={"idle": {"no_demand": 8}, "idle_nodes": {"a0": {"no_demand": 4}, "a1": {"no_demand": 4}}},
+    )
+    EngineRound.objects.create(
+        cluster=cluster, started_at=at + timedelta(minutes=50), decisions={"idle": {"no_demand": 8}}
+    )
+    JobFactory(
+        cluster=cluster, status=Job.Status.COMPLETED, submitted_at=at, started_at=at + timedelta(hours=2)
+    )
+    drill = selectors.idle_drill_get(cluster_id=cluster.pk, start_at=at, end_at=at + timedelta(hours=1))
+    assert drill.at == at + timedelta(minutes=10)
+    assert {row[3] for row in drill.gpus.rows} == {"no_demand"}  # not "not recorded"
+    assert drill.jobs.rows[0][6].startswith("Not stored")  # no reason kept for a job that has started
+
+
+def test_audit_instants_read_as_utc_times_not_iso_dumps() -> None:
+    (change,) = selectors.audit_changes({"ended_at": None}, {"ended_at": "2026-12-02T13:57:57.808945+00:00"})
+    assert (change.before, change.after) == ("none", "2026-12-02 13:57:57 UTC")
+    (other,) = selectors.audit_changes({"note": "a"}, {"note": "2026-12-02 is the day"})
+    assert other.after == "2026-12-02 is the day"

@@ -14,7 +14,7 @@ import pytest
 
 from scheduling.engine import types as et
 from scheduling.management.demo_history import HistoryJob, history_replay
-from scheduling.management.demo_lab import (
+from scheduling.management.demo_traces import (
     KTH_EPOCH,
     SAMPLE_JOB_EVERY,
     SAMPLES_DIR,

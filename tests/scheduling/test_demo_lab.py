@@ -343,13 +343,7 @@ def test_replayed_history_queue_idle_reasons_and_demand_agree(tmp_path: Path, si
     """The history's present is a busy lab, not a backlog; an hour with idle GPUs for lack of
     demand had no job of that type waiting that fitted them; and the capacity page's demand is
     what ran plus what waited."""
-    from collections import Counter, defaultdict
-
     from django.db import models
-
-    from forecasting.selectors import demand_series_get
-    from scheduling.models import EngineRound
-    from scheduling.snapshots import job_startability
 
     call_command(
         "demo_lab",
@@ -361,6 +355,23 @@ def test_replayed_history_queue_idle_reasons_and_demand_agree(tmp_path: Path, si
         stdout=open(tmp_path / "o.txt", "w"),  # noqa: SIM115
     )
     cluster = Cluster.objects.get(name=CLUSTER_NAME)
+    capacity, type_of_node, jobs, runs = _lab_facts(cluster)
+
+    # 0. Every batch job carries a runtime prediction: history jobs what the portal's predictor
+    #    said when they were submitted (learnt from the jobs finished by then), waiting ones now.
+    batch = Job.objects.filter(cluster=cluster, kind=Job.Kind.BATCH)
+    assert batch.exists()
+    assert not batch.filter(predicted_p50_s__isnull=True).exists()
+    assert not batch.filter(predicted_p90_s__lt=models.F("predicted_p50_s")).exists()
+    _assert_queue_at_now_drains(cluster, capacity)
+    _assert_no_demand_means_nothing_waited(cluster, jobs, runs, type_of_node)
+    _assert_demand_is_running_plus_waiting(cluster, capacity, jobs, runs)
+
+
+def _lab_facts(cluster: Cluster) -> tuple[Any, dict[str, str], dict[int, Any], dict[int, list[Any]]]:
+    """GPUs per type, the type of each node, every job, and each job's allocation periods."""
+    from collections import Counter, defaultdict
+
     capacity: Counter[str] = Counter()
     type_of_node: dict[str, str] = {}
     for name, type_name, gpus in Node.objects.filter(cluster=cluster).values_list(
@@ -377,16 +388,16 @@ def test_replayed_history_queue_idle_reasons_and_demand_agree(tmp_path: Path, si
     runs: dict[int, list[tuple[datetime, datetime | None]]] = defaultdict(list)
     for job_id, period in Allocation.objects.filter(job__cluster=cluster).values_list("job_id", "period"):
         runs[job_id].append((period.lower, period.upper))
+    return capacity, type_of_node, jobs, runs
 
-    # 0. Every batch job carries a runtime prediction: history jobs what the portal's predictor
-    #    said when they were submitted (learnt from the jobs finished by then), waiting ones now.
-    batch = Job.objects.filter(cluster=cluster, kind=Job.Kind.BATCH)
-    assert batch.exists()
-    assert not batch.filter(predicted_p50_s__isnull=True).exists()
-    assert not batch.filter(predicted_p90_s__lt=models.F("predicted_p50_s")).exists()
 
-    # 1. The queue at now: every waiting job can start, and the work waiting per type drains in
-    #    under two days of that type's GPUs (the backlog bug left weeks of phantom work).
+def _assert_queue_at_now_drains(cluster: Cluster, capacity: Any) -> None:
+    """1. The queue at now: every waiting job can start, and the work waiting per type drains in
+    under two days of that type's GPUs (the backlog bug left weeks of phantom work)."""
+    from collections import Counter
+
+    from scheduling.snapshots import job_startability
+
     pending = Job.objects.filter(cluster=cluster, status=Job.Status.PENDING)
     assert Job.objects.filter(cluster=cluster, status=Job.Status.RUNNING).exists()
     backlog: Counter[str] = Counter()
@@ -397,7 +408,15 @@ def test_replayed_history_queue_idle_reasons_and_demand_agree(tmp_path: Path, si
         assert gpu_hours / capacity[type_name] < 48, (type_name, gpu_hours, capacity[type_name])
     assert pending.count() < sum(capacity.values())
 
-    # 2. No idle GPU is "no demand" while a job of its type waited that it (with the others) fitted.
+
+def _assert_no_demand_means_nothing_waited(
+    cluster: Cluster, jobs: dict[int, Any], runs: dict[int, list[Any]], type_of_node: dict[str, str]
+) -> None:
+    """2. No idle GPU is "no demand" while a job of its type waited that it (with the others) fitted."""
+    from collections import Counter
+
+    from scheduling.models import EngineRound
+
     checked = 0
     for rnd in EngineRound.objects.filter(cluster=cluster, decisions__has_key="idle_nodes"):
         no_demand: Counter[str] = Counter()
@@ -410,7 +429,13 @@ def test_replayed_history_queue_idle_reasons_and_demand_agree(tmp_path: Path, si
             assert not _pending_at(job, runs[job_id], rnd.started_at), (rnd.started_at, job, no_demand)
     assert checked > 0
 
-    # 3. Demand per type and hour = GPUs running (allocations) + GPUs of jobs waiting, hour means.
+
+def _assert_demand_is_running_plus_waiting(
+    cluster: Cluster, capacity: Any, jobs: dict[int, Any], runs: dict[int, list[Any]]
+) -> None:
+    """3. Demand per type and hour = GPUs running (allocations) + GPUs of jobs waiting, hour means."""
+    from forecasting.selectors import demand_series_get
+
     series = demand_series_get(cluster_id=cluster.pk, end_at=NOW, history_days=7)
     hours = [NOW - timedelta(hours=h) for h in (1, 5, 24, 24 * 3, 24 * 6)]
     steps = 60

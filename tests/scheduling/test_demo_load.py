@@ -168,3 +168,51 @@ def test_work_above_the_guarantee_is_submitted_preemptible(
     two = Job.objects.filter(pk__in=result.jobs, gpu_count=2)
     assert two.exists()
     assert all(job.is_preemptible for job in two)  # never a job the quota never lets start
+
+
+def _queue(cluster: Cluster, gpu_type: GpuType, gpus: int, member: User, project: Project) -> None:
+    JobFactory(
+        user=member,
+        project=project,
+        cluster=cluster,
+        gpu_type=gpu_type,
+        gpu_count=gpus,
+        status=Job.Status.PENDING,
+        submitted_at=NOW - timedelta(minutes=5),
+    )
+
+
+def test_a_pool_whose_queue_is_as_large_as_it_sends_new_work_to_the_least_queued_pool(
+    load_on: Any, history: list[Job], cluster: Cluster, member: User, project: Project, a100: GpuType
+) -> None:
+    """Work queues on every type in proportion to its size: the 8 A100s already have 8 GPUs
+    queued, so copies of A100 jobs go to the 16 idle T4s, as the same share of that pool."""
+    from tests.factories import GpuTypeFactory, NodeFactory
+
+    t4 = GpuTypeFactory(name="T4", memory_gib=16.0)
+    for i in range(2):
+        NodeFactory(cluster=cluster, gpu_type=t4, name=f"t{i}", gpu_count=8)
+    _queue(cluster, a100, 8, member, project)
+    result = demo_load_tick(cluster_id=cluster.pk, now=NOW, tick_s=3600)
+    live = Job.objects.filter(pk__in=result.jobs)
+    assert live.exists()
+    for job in live:
+        assert job.gpu_type_id == t4.pk
+        # 1 or 2 of the 8 A100s -> 2 or 4 of the 16 T4s (the same share of the pool), capped by
+        # how much queue room is left
+        assert job.gpu_count in (2, 4)
+
+
+def test_new_work_never_goes_to_a_type_its_project_may_not_use(
+    load_on: Any, history: list[Job], cluster: Cluster, member: User, project: Project, a100: GpuType
+) -> None:
+    from portal.accounts.models import Quota
+    from tests.factories import GpuTypeFactory, NodeFactory
+
+    t4 = GpuTypeFactory(name="T4", memory_gib=16.0)
+    NodeFactory(cluster=cluster, gpu_type=t4, name="t0", gpu_count=8)
+    Quota.objects.create(project=project, gpu_type=t4, guaranteed_gpus=0, borrow_limit_gpus=0)
+    _queue(cluster, a100, 8, member, project)
+    result = demo_load_tick(cluster_id=cluster.pk, now=NOW, tick_s=3600)
+    assert result.jobs
+    assert not Job.objects.filter(pk__in=result.jobs, gpu_type=t4).exists()  # it stays on its own type

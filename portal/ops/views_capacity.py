@@ -1,0 +1,379 @@
+"""Staff capacity-planning pages: forecast bands per GPU type (cut at 3x capacity, the
+no-signal flag said), the forecasts' track record, "when does demand exceed capacity", the
+forecast refresh and what-if replays.  Split from `portal.ops.views` (house rule: files under
+600 lines); the same staff-only rules and partial rendering."""
+
+from __future__ import annotations
+
+from datetime import UTC
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.http import Http404, HttpResponse, HttpResponseRedirect
+from django.shortcuts import render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_http_methods
+from django.views.decorators.vary import vary_on_headers
+
+from portal.ops import services
+from portal.ops.forms import (
+    WhatIfForm,
+)
+from portal.ops.selectors import Table
+from portal.ops.views import (
+    UNPROCESSABLE,
+    HtmxHttpRequest,
+    _csv_or_none,
+    _is_asked_cluster,
+    _query,
+    _range,
+    staff_required,
+)
+
+# ---- capacity planning ----
+
+
+def _fitting_text(refresh: dict[str, Any] | None) -> str:
+    """'fitting…' while a forecast refresh is queued or running ("" otherwise)."""
+    if not refresh or refresh.get("status") not in ("queued", "running"):
+        return ""
+    if refresh.get("status") == "queued":
+        return "fitting… (queued for a worker)"
+    return f"fitting… ({refresh.get('done', 0)} of {refresh.get('total', 0)} series)"
+
+
+def _capacity_context(cluster_id: int | None) -> dict[str, Any]:
+    from forecasting.models import ForecastRun
+    from forecasting.selectors import cluster_capacity_by_type, forecast_band_get
+    from forecasting.services import forecast_refresh_state_get
+
+    if cluster_id is None:
+        return {"bands": [], "gpu_types": []}
+    now = timezone.now()
+    fitting = _fitting_text(forecast_refresh_state_get(cluster_id=cluster_id))
+    capacity = cluster_capacity_by_type(cluster_id=cluster_id)
+    bands = []
+    for type_name in sorted(capacity):
+        band = forecast_band_get(
+            cluster_id=cluster_id, kind=ForecastRun.Kind.GPU_TYPE, key=type_name, at=now, history_h=72
+        )
+        rows: list[tuple[Any, ...]] = [
+            (ts.strftime("%Y-%m-%d %H:00"), round(v, 2), None, None, None, band.capacity_gpus)
+            for ts, v in band.history
+        ]
+        rows += [
+            (
+                p.ts.astimezone(UTC).strftime("%Y-%m-%d %H:00"),
+                None,
+                round(p.yhat, 2),
+                round(p.lower80, 2),
+                round(p.upper80, 2),
+                band.capacity_gpus,
+            )
+            for p in band.points
+        ]
+        bands.append(
+            Table(
+                name=f"forecast-{type_name}",
+                caption=f"{type_name}: demand (GPUs), forecast with its 80% band, and capacity"
+                + (
+                    f" (model {band.run.model_name}, issued {band.run.issued_at:%Y-%m-%d %H:%M} UTC"
+                    + (f"; {fitting}" if fitting else "")
+                    + ")"
+                    if band.run
+                    else f" ({fitting or 'no forecast stored yet'})"
+                ),
+                headers=("Hour (UTC)", "Actual", "Forecast", "Lower 80%", "Upper 80%", "Capacity"),
+                rows=tuple(rows),
+                chart="band",
+                extra={"data_columns": [1, 2], **_band_extra(band)},
+                empty_reason=(
+                    f"No {type_name} demand in the last 3 days (no job ran or waited on this type) and "
+                    + (
+                        f"the first forecast is {fitting}: this chart fills when it is stored."
+                        if fitting
+                        else "no forecast is stored yet: the hourly refresh or “Refresh forecasts now” "
+                        "fits one."
+                    )
+                ),
+            )
+        )
+    return {"bands": bands, "gpu_types": sorted(capacity), "fitting": fitting, "capacity": capacity}
+
+
+# The capacity chart's y axis stops at this many times the type's capacity: a band far above it
+# would squash the capacity line and the actual demand into the bottom of the chart.
+Y_CLIP_CAPACITY = 3
+NO_SIGNAL_TEXT = "Too little history to model: empirical last-week forecast."
+
+
+def _band_extra(band: Any) -> dict[str, Any]:
+    """The chart's y-axis cut (with the notice saying so) and the forecast's no-signal flag."""
+    extra: dict[str, Any] = {}
+    if band.run is not None and band.run.flag == "no_signal":
+        extra["flag"] = "no_signal"
+        extra["flag_text"] = (
+            f"{NO_SIGNAL_TEXT} The series had too few busy hours to fit a model, so the forecast "
+            "repeats how its last week was distributed."
+        )
+    capacity = band.capacity_gpus or 0
+    peak = max((max(p.upper80, p.yhat) for p in band.points), default=0.0)
+    if capacity > 0 and peak > Y_CLIP_CAPACITY * capacity:
+        extra["y_max"] = Y_CLIP_CAPACITY * capacity
+        extra["clip_text"] = (
+            f"The forecast band reaches {peak:.1f} GPUs, above {Y_CLIP_CAPACITY}× this type's "
+            f"{capacity} GPUs: the chart is cut at {Y_CLIP_CAPACITY * capacity} GPUs so that "
+            "capacity and demand stay readable (the table has every number)."
+        )
+    return extra
+
+
+_VERDICTS = {
+    "too_new": "too new to judge (under a day of scored hours)",
+    "worse_than_naive": "do not trust: worse than repeating the last day",
+    "band_off": "point fine, band miscalibrated",
+    "trusted": "trusted: beats seasonal naive, band calibrated",
+}
+TRACK_RECORD_DAYS = 7
+
+
+def _track_record_table(cluster_id: int | None) -> Table:
+    """Each series' rolling track record: MASE against seasonal naive and band coverage."""
+    from forecasting.selectors import forecast_track_record_list
+
+    records = (
+        forecast_track_record_list(cluster_id=cluster_id, now=timezone.now(), days=TRACK_RECORD_DAYS)
+        if cluster_id is not None
+        else []
+    )
+
+    def series_name(kind: str, key: str) -> str:
+        if kind == "gpu_type":
+            return f"GPU type {key}" if key else "Cluster total"
+        return f"{kind.capitalize()} {key}"
+
+    return Table(
+        name="forecast-track-record",
+        caption=f"Forecast track record over the last {TRACK_RECORD_DAYS} days, per series",
+        headers=(
+            "Series",
+            "Hours scored",
+            "MAE (GPUs)",
+            "MASE vs seasonal naive",
+            "Inside 80% band",
+            "At or below upper 95%",
+            "Verdict",
+        ),
+        rows=tuple(
+            (
+                series_name(r.kind, r.key),
+                r.hours,
+                round(r.mae_gpus, 2),
+                None if r.mase is None else round(r.mase, 2),
+                f"{r.coverage_80:.0%}",
+                None if r.coverage_upper_95 is None else f"{r.coverage_upper_95:.0%}",
+                _VERDICTS[r.verdict],
+            )
+            for r in records
+        ),
+    )
+
+
+def _whatif_form(context: dict[str, Any]) -> WhatIfForm:
+    """The what-if form, on the cluster's largest GPU type by default (the first in name order
+    may be a one-GPU pool, whose replay says little)."""
+    capacity: dict[str, int] = context.get("capacity") or {}
+    initial = {"gpu_type": max(capacity, key=lambda t: (capacity[t], t))} if capacity else {}
+    return WhatIfForm(gpu_types=context["gpu_types"], initial=initial)
+
+
+@staff_required
+@vary_on_headers("HX-Request")
+@require_GET
+def capacity(request: HtmxHttpRequest) -> HttpResponse:
+    form, cluster_id, _ = _range(request)
+    from forecasting.services import forecast_refresh_state_get
+
+    context = {"form": form, "cluster_id": cluster_id, "query": _query(form), **_capacity_context(cluster_id)}
+    context["track_record"] = _track_record_table(cluster_id)
+    context["track_record_days"] = TRACK_RECORD_DAYS
+    if (response := _csv_or_none(request, [*context["bands"], context["track_record"]])) is not None:
+        return response
+    context["refresh"] = forecast_refresh_state_get(cluster_id=cluster_id) if cluster_id else None
+    context["whatif_form"] = _whatif_form(context)
+    return render(request, "ops/capacity.html", context)
+
+
+@staff_required
+@vary_on_headers("HX-Request")
+@require_http_methods(["GET", "POST"])
+def forecast_refresh(request: HtmxHttpRequest) -> HttpResponse:
+    """ "Refresh forecasts now": POST queues a refit of this hour's forecasts of the cluster the
+    URL names (on a worker); GET shows its progress (htmx polls it while it runs)."""
+    from forecasting.services import forecast_refresh_request, forecast_refresh_state_get
+
+    form, cluster_id, _ = _range(request)
+    if cluster_id is None or not _is_asked_cluster(request, cluster_id):
+        raise Http404("Unknown cluster")
+    if request.method == "POST":
+        state: dict[str, Any] | None = forecast_refresh_request(cluster_id=cluster_id)
+    else:
+        state = forecast_refresh_state_get(cluster_id=cluster_id)
+    context = {"refresh": state, "query": _query(form), "cluster_id": cluster_id}
+    if request.htmx:
+        return render(request, "ops/capacity.html#forecast-refresh", context)
+    return HttpResponseRedirect(f"{reverse('ops:capacity')}?{_query(form)}", status=303)
+
+
+@staff_required
+@require_GET
+def capacity_exceed(request: HtmxHttpRequest) -> HttpResponse:
+    """When forecast demand exceeds capacity (fits one model per type now: loaded on request)."""
+    from forecasting.capacity import capacity_exceed_when
+
+    form, cluster_id, _ = _range(request)
+    try:
+        days = max(1, min(90, int(request.GET.get("horizon_days", "28"))))
+    except ValueError:
+        days = 28
+    crossings = capacity_exceed_when(cluster_id=cluster_id, horizon_days=days) if cluster_id else {}
+    table = Table(
+        name="capacity-exceed",
+        caption=f"When forecast demand exceeds capacity (next {days} days)",
+        headers=(
+            "GPU type",
+            "Capacity GPUs",
+            "Forecast exceeds at",
+            "Upper 80% exceeds at",
+            "Peak forecast",
+            "Peak upper 80%",
+        ),
+        rows=tuple(
+            (
+                c.gpu_type,
+                c.capacity_gpus,
+                f"{c.yhat_exceeds_at:%Y-%m-%d %H:00}" if c.yhat_exceeds_at else "not within the horizon",
+                f"{c.upper80_exceeds_at:%Y-%m-%d %H:00}"
+                if c.upper80_exceeds_at
+                else "not within the horizon",
+                round(c.peak_yhat, 1),
+                round(c.peak_upper80, 1),
+            )
+            for c in crossings.values()
+        ),
+    )
+    if (response := _csv_or_none(request, [table])) is not None:
+        return response
+    context: dict[str, Any] = {"exceed": table, "query": _query(form), "horizon_days": days}
+    if request.htmx:
+        return render(request, "ops/capacity.html#capacity-exceed", context)
+    # Without JavaScript the link leads here: the whole capacity page, with the answer in place.
+    context.update(form=form, cluster_id=cluster_id, **_capacity_context(cluster_id))
+    context["whatif_form"] = _whatif_form(context)
+    return render(request, "ops/capacity.html", context)
+
+
+@staff_required
+@require_http_methods(["GET", "POST"])
+def whatif_new(request: HtmxHttpRequest) -> HttpResponse:
+    """POST starts a what-if; GET (a bookmarked or reloaded result URL) is sent to the form."""
+    from forecasting.selectors import cluster_capacity_by_type
+    from scheduling.models import Cluster
+
+    form_range, cluster_id, _ = _range(request)
+    if request.method == "GET":
+        query = _query(form_range)
+        return HttpResponseRedirect(f"{reverse('ops:capacity')}?{query}#h-whatif", status=303)
+    cluster = None
+    if cluster_id is not None and _is_asked_cluster(request, cluster_id):
+        cluster = Cluster.objects.filter(pk=cluster_id).first()
+    gpu_types = sorted(cluster_capacity_by_type(cluster_id=cluster.pk)) if cluster else []
+    form = WhatIfForm(request.POST, gpu_types=gpu_types)
+    context: dict[str, Any] = {"whatif_form": form, "query": _query(form_range), "cluster_id": cluster_id}
+    if cluster is None:
+        form.add_error(None, "Choose a cluster from the capacity page.")
+    if cluster is None or not form.is_valid():
+        return render(request, "ops/capacity.html#whatif", context, status=UNPROCESSABLE)
+    try:
+        state = services.whatif_create(cluster=cluster, user=request.user, **form.cleaned_data)
+    except ValidationError as exc:
+        for key, msgs in exc.message_dict.items():
+            form.add_error(key if key in form.fields else None, msgs)
+        return render(request, "ops/capacity.html#whatif", context, status=UNPROCESSABLE)
+    context["state"] = state
+    url = reverse("ops:whatif", args=[state["id"]])
+    if request.htmx:
+        return render(request, "ops/capacity.html#whatif", context)
+    return HttpResponseRedirect(url, status=303)
+
+
+@staff_required
+@require_GET
+def whatif(request: HtmxHttpRequest, whatif_id: str) -> HttpResponse:
+    """A what-if's progress (htmx polls the ``whatif-status`` partial until it is done)."""
+    state = services.whatif_get(whatif_id=whatif_id)
+    if state is None:
+        raise Http404("Unknown or expired what-if")
+    compare = _whatif_table(state)
+    context = {"state": state, "compare": compare, "notes": _whatif_notes(state)}
+    if (response := _csv_or_none(request, [compare])) is not None:
+        return response
+    if request.htmx:
+        return render(request, "ops/whatif.html#whatif-status", context)
+    return render(request, "ops/whatif.html", context)
+
+
+def _whatif_table(state: dict[str, Any]) -> Table:
+    results = state.get("results", {})
+    base, what = results.get("baseline", {}), results.get("whatif", {})
+
+    def fmt(r: dict[str, Any], key: str, scale: float = 1.0) -> Any:
+        return round(r[key] * scale, 1) if key in r else None
+
+    return Table(
+        name="whatif",
+        caption="Baseline against what-if (same jobs replayed)",
+        headers=("Measure", "Baseline", "What-if"),
+        rows=(
+            ("Policy", base.get("policy"), what.get("policy")),
+            ("GPUs", base.get("gpus"), what.get("gpus")),
+            ("Wait p95 (min)", fmt(base, "wait_p95_s", 1 / 60), fmt(what, "wait_p95_s", 1 / 60)),
+            ("Wait mean (min)", fmt(base, "wait_mean_s", 1 / 60), fmt(what, "wait_mean_s", 1 / 60)),
+            ("Utilization % (of its own GPUs)", fmt(base, "utilization", 100), fmt(what, "utilization", 100)),
+            ("Useful GPU-hours", fmt(base, "useful_gpu_hours"), fmt(what, "useful_gpu_hours")),
+            ("Replay span (h)", fmt(base, "span_h"), fmt(what, "span_h")),
+            ("Jobs that never ran", base.get("unfinished_jobs"), what.get("unfinished_jobs")),
+            ("Jobs larger than these GPUs", base.get("too_large_jobs"), what.get("too_large_jobs")),
+        ),
+    )
+
+
+def _whatif_notes(state: dict[str, Any]) -> list[str]:
+    """Sentences that explain the comparison: what utilization is relative to, and why it can
+    fall when GPUs are removed (work that no longer fits never runs, so it is not counted)."""
+    results = state.get("results", {})
+    base, what = results.get("baseline", {}), results.get("whatif", {})
+    if "utilization" not in base or "utilization" not in what:
+        return []
+    notes = [
+        "Utilization is each replay's useful GPU-hours over its own GPUs times its span (first "
+        "arrival to last completion), so the two columns are each relative to their own capacity."
+    ]
+    fewer = what.get("gpus", 0) < base.get("gpus", 0)
+    if fewer and what["utilization"] < base["utilization"]:
+        lost_jobs = int(what.get("unfinished_jobs") or 0) - int(base.get("unfinished_jobs") or 0)
+        lost_h = float(base.get("useful_gpu_hours") or 0.0) - float(what.get("useful_gpu_hours") or 0.0)
+        if lost_jobs > 0:
+            notes.append(
+                f"Utilization fell although GPUs were removed because {lost_jobs} job(s) never ran in the "
+                f"what-if ({what.get('too_large_jobs', 0)} ask for more than its {what.get('gpus')} GPUs): "
+                f"their {lost_h:.1f} GPU-hours are missing from the busy time, while the span stays as long."
+            )
+        else:
+            notes.append(
+                "Utilization fell although GPUs were removed: the same work ran over a longer span "
+                f"({what.get('span_h', 0):.1f} h against {base.get('span_h', 0):.1f} h), with GPUs idle "
+                f"while jobs waited for a whole {what.get('policy')} slot."
+            )
+    return notes
