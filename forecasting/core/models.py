@@ -74,6 +74,11 @@ class BerthConfig:
     # and the median in the blend it did not earn its place (docs/forecasting.md).
     level_correction: bool = False
     median_component: bool = True  # the blend may use the median of the last 24 hours
+    smoothing_component: bool = True  # ... and exponential smoothing (level + daily season)
+    # Level gains tried for the smoothing component; the one with the smallest one-step
+    # error on the history before the calibration window is used (like ETS's fitted alpha).
+    smoothing_alphas: tuple[float, ...] = (0.2, 0.5, 0.9)
+    smoothing_gamma: float = 0.1  # season gain
     ensemble: bool = True  # blend with seasonal naive 24/168, weights from recent errors
     conformal: bool = True  # intervals from recent h-step errors, not in-sample residuals
     holdout_fit: bool = True  # calibrate on a second Prophet fit that did not see the last days
@@ -84,6 +89,9 @@ class BerthConfig:
     calibration_days: int = 14  # pseudo-origins used for weights and intervals
     level_hours: int = 3  # residual window of the level correction
     weight_step: float = 0.1  # grid step of the blend weights
+    # The weights are the mean of every grid blend whose calibration MAE is within this
+    # share of the best one (0: the best blend alone).
+    near_best: float = 0.05
     # No value of the forecast exceeds this multiple of the fitted history's maximum: a
     # log-space band (or a Prophet trend) on a near-zero series can otherwise explode.
     ceiling_factor: float = 2.0
@@ -101,10 +109,12 @@ class BerthModel:
     1. Outage runs are masked (:func:`~forecasting.core.series.mask_outages`) and the
        series is fitted as ``log1p(y)``, where bursts are tame and seasons multiply.
     2. Prophet (daily + weekly + events) gives the structural path ``P``.
-    3. *Blend* (in log space) of ``P``, the 24 h and 168 h seasonal naives, the last value
-       and the median of the last 24 hours, with weights on a simplex grid, one set for
-       hours 1-6 and one for 7-24, minimising the original-scale MAE of the forecasts made
-       from every hour of the last ``calibration_days`` days (pseudo-origins; no refits).
+    3. *Blend* (in log space) of ``P``, the 24 h and 168 h seasonal naives, the last value,
+       the median of the last 24 hours and exponential smoothing (level + daily season,
+       its gain chosen by one-step error before the calibration window), with weights on
+       a simplex grid, one set for hours 1-6 and one for 7-24: the mean of the grid blends
+       within ``near_best`` of the smallest original-scale MAE of the forecasts made from
+       every hour of the last ``calibration_days`` days (pseudo-origins; no refits).
     4. *Conformal interval*: the 80% quantile of the absolute pseudo-origin errors per
        horizon (pooled over h +- 3); while the calibration window is shorter than
        ``calibration_days`` (a young series), widened to the 10%/90% quantiles of
@@ -124,8 +134,9 @@ class BerthModel:
 
     name = "berth"
     _BUCKETS: tuple[tuple[int, int], ...] = ((0, 6), (6, 24))
-    # prophet(+level), seasonal naive 24, seasonal naive 168, last value, median of last day
-    _N_COMPONENTS = 5
+    # prophet(+level), seasonal naive 24, seasonal naive 168, last value, median of last
+    # day, exponential smoothing
+    _N_COMPONENTS = 6
 
     def __init__(self, config: BerthConfig | None = None, *, name: str = "berth") -> None:
         self.config = config or BerthConfig()
@@ -193,6 +204,7 @@ class BerthModel:
             can_calibrate = not cfg.holdout_fit
             cut = n - 24 * cfg.calibration_days - 23
             cal_path = pf.fitted
+        self._state["alpha"] = self._pick_alpha(z[: max(cut, 48)])
         cal_resid = z - cal_path
         cal_level = self._level_series(cal_resid)
         origins = np.arange(max(24, cut), n - 23)
@@ -205,6 +217,7 @@ class BerthModel:
             cfg.ensemble and n >= 168 + 24,
             cfg.ensemble,
             cfg.ensemble and cfg.median_component,
+            cfg.ensemble and cfg.smoothing_component,
         ]
         # Too little history to calibrate: an equal blend is the robust default.
         weights = np.tile(np.array(available, dtype=float) / sum(available), (len(self._BUCKETS), 1))
@@ -222,6 +235,12 @@ class BerthModel:
             weights=weights, errors=errors,
         )  # fmt: skip
         return self
+
+    def _pick_alpha(self, z: FloatArray) -> float:
+        """The smoothing level gain with the smallest one-step error on ``z``."""
+        cfg = self.config
+        errors = [_smoothing_states(z, alpha=a, gamma=cfg.smoothing_gamma)[2] for a in cfg.smoothing_alphas]
+        return cfg.smoothing_alphas[int(np.argmin(errors))]
 
     def _level_series(self, resid: FloatArray) -> FloatArray:
         """level[o] = mean residual of the ``level_hours`` hours before index o (NaN-aware)."""
@@ -264,6 +283,12 @@ class BerthModel:
         med = pd.Series(z).rolling(24, min_periods=1).median().ffill().to_numpy(dtype=float)
         vals = np.where(before >= 0, med[np.clip(before, 0, n - 1)], np.nan)
         out[4] = np.where(np.isfinite(vals), np.broadcast_to(vals, idx.shape), path)
+        # Exponential smoothing's state at each origin (forecast() appends unknown hours
+        # after the history: the state stays at the last known one).
+        alpha = self._state.get("alpha", self.config.smoothing_alphas[-1])
+        level, season, _ = _smoothing_states(z, alpha=alpha, gamma=self.config.smoothing_gamma)
+        origin = np.minimum(idx[:, 0], n)
+        out[5] = level[origin][:, None] + season[origin[:, None], idx % 24]
         return out
 
     def _blend(self, comps: FloatArray, weights: FloatArray) -> FloatArray:
@@ -285,12 +310,14 @@ class BerthModel:
             # is most of the fit's time outside Prophet), then score the few rows within
             # 0.1% of the best exactly: the same choice as an all-float64 search.  In log
             # space |expm1(a) - expm1(b)| = |exp(a) - exp(b)|, and exp is vectorised.
+            # In place: the (grid rows x points) array is the fit's largest allocation.
             blend32 = grid.astype(np.float32) @ flat.astype(np.float32)
             if self._state["log"]:
-                errs32 = np.abs(np.exp(blend32) - np.exp(t[ok].astype(np.float32)))
+                np.exp(blend32, out=blend32)
+                blend32 -= np.exp(t[ok].astype(np.float32))
             else:
-                errs32 = np.abs(blend32 - actual.astype(np.float32))
-            errs32 = errs32.mean(axis=1, dtype=np.float64)
+                blend32 -= actual.astype(np.float32)
+            errs32 = np.abs(blend32, out=blend32).mean(axis=1).astype(np.float64)
             cand = np.flatnonzero(errs32 <= errs32.min() * (1 + 1e-3) + 1e-6)
             errs = np.abs(self._inv(grid[cand] @ flat) - actual[None, :]).mean(axis=1)
             # Ties (a flat or all-zero calibration window: nothing changed lately) go to the
@@ -300,6 +327,12 @@ class BerthModel:
             uniform = np.array(available, dtype=float) / sum(available)
             score = -10.0 * grid[tied, 3] + ((grid[tied] - uniform) ** 2).sum(axis=1)
             weights[b] = grid[tied[int(np.argmin(score))]]
+            near_best = self.config.near_best
+            if near_best > 0 and errs.min() > 1e-9:
+                # Two weeks of errors pick a noisy winner among near-equal blends; their
+                # mean is steadier.  (A window without error keeps the tie rule above.)
+                near = np.flatnonzero(errs32 <= errs32.min() * (1 + near_best))
+                weights[b] = grid[near].mean(axis=0)
         return weights
 
     def forecast(self, horizon_h: int) -> Forecast:
@@ -398,6 +431,41 @@ class BerthModel:
         return lo, hi, hi95
 
 
+def _smoothing_states(
+    z: FloatArray, *, alpha: float, gamma: float, period: int = 24
+) -> tuple[FloatArray, FloatArray, float]:
+    """Additive level + seasonal exponential smoothing (Holt-Winters without trend) of ``z``.
+
+    Returns (level, season, one-step MAE): entry ``t`` is the state *before* ``z[t]`` was
+    seen (``t = len(z)``: after all of it), so the forecast from origin ``t`` for position
+    ``u >= t`` is ``level[t] + season[t, u % period]``.  Unknown values (NaN) leave the
+    state unchanged.  The MAE counts the one-step errors after the first period.
+    """
+    n = len(z)
+    level = np.empty(n + 1)
+    season = np.empty((n + 1, period))
+    first = z[:period]
+    lvl = float(np.nanmean(first)) if np.isfinite(first).any() else 0.0
+    seas = np.zeros(period)
+    seas[: len(first)] = np.where(np.isfinite(first), first - lvl, 0.0)
+    abs_err, counted = 0.0, 0
+    for t in range(n):
+        level[t] = lvl
+        season[t] = seas
+        zt = z[t]
+        if zt == zt:  # not NaN; a scalar test is cheaper than np.isfinite in this loop
+            k = t % period
+            err = zt - lvl - seas[k]
+            lvl += alpha * err
+            seas[k] += gamma * err
+            if t >= period:
+                abs_err += abs(err)
+                counted += 1
+    level[n] = lvl
+    season[n] = seas
+    return level, season, abs_err / counted if counted else np.inf
+
+
 @functools.cache
 def _simplex_grid(k: int, steps: int) -> FloatArray:
     """All weight vectors of length ``k`` with entries in multiples of 1/steps summing to 1.
@@ -444,11 +512,13 @@ def _short_history_forecast(history: pd.Series, horizon_h: int) -> Forecast:
 
 # ---- registry ----
 
-_ABLATIONS: dict[str, dict[str, bool]] = {
+_ABLATIONS: dict[str, dict[str, Any]] = {
     "berth_no_clean": {"clean_outages": False},
     "berth_no_log": {"log_transform": False},
     "berth_plus_level": {"level_correction": True},
     "berth_no_median": {"median_component": False},
+    "berth_no_smoothing": {"smoothing_component": False},
+    "berth_no_near_best": {"near_best": 0.0},
     "berth_no_blend": {"ensemble": False},
     "berth_no_conformal": {"conformal": False},
     "berth_no_holdout": {"holdout_fit": False},
