@@ -115,7 +115,7 @@ class LiveSimConfig:
                 continue
             default = getattr(cls(), name)
             if isinstance(default, bool):
-                values[name] = bool(value)
+                values[name] = _setting_bool(name, value)
             elif isinstance(default, float):
                 values[name] = float(value)
             elif isinstance(default, int):
@@ -128,6 +128,22 @@ class LiveSimConfig:
         if not 0 < config.runtime_fraction_lo <= config.runtime_fraction_hi:
             raise ValueError("need 0 < runtime_fraction_lo <= runtime_fraction_hi")
         return config
+
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off", ""})
+
+
+def _setting_bool(name: str, value: Any) -> bool:
+    """A switch from a cluster's settings: a JSON boolean, 0/1, or a word such as "false" (which
+    ``bool()`` would read as true); anything else raises ValueError."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ValueError(f"{name} must be true or false, not {value!r}")
 
 
 class LiveSimBackend:
