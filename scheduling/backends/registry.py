@@ -48,6 +48,12 @@ def engine_redis(url: str) -> redis.Redis:
     return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
 
 
+@cache
+def _warn_once(cluster_name: str, keys: tuple[str, ...]) -> None:
+    """Log settings nobody reads once per process and cluster (a round builds its backend every time)."""
+    logger.warning("cluster %s: settings no part of Berth reads (ignored): %s", cluster_name, ", ".join(keys))
+
+
 def live_sim_key_prefix(cluster: Cluster) -> str:
     """Per database and cluster, so test databases and the demo never share simulated state."""
     return f"berth:livesim:{connection.settings_dict['NAME']}:{cluster.pk}"
@@ -71,9 +77,7 @@ def backend_for_cluster(cluster: Cluster, *, clock: Callable[[], float] | None =
     except ValueError as exc:
         raise BackendError(f"cluster {cluster.name}: unusable backend settings: {exc}") from exc
     if unread := unknown_keys(kind, raw):
-        logger.warning(
-            "cluster %s: settings no part of Berth reads (ignored): %s", cluster.name, ", ".join(unread)
-        )
+        _warn_once(cluster.name, tuple(unread))
     if kind == Cluster.Backend.SIMULATOR:
         return LiveSimBackend(
             engine_nodes_for_cluster(cluster=cluster),

@@ -15,8 +15,8 @@ Rules shared by every kind:
   simulator also takes numeric strings (``"4"``), as it always has.
 * URLs are http(s) with a host and, when given, a port in 1..65535 (``http://h:-1`` is refused).
 * Keys a kind does not know are ignored: the same JSON also holds keys other parts of Berth read
-  (``policy``, see `SHARED_KEYS`), and a cluster whose kind changes keeps its old keys.
-  `unknown_keys` names the ones nobody reads, so the registry can log them.
+  (``policy`` and the demo lab's notes, see `SHARED_KEYS`), and a cluster whose kind changes
+  keeps its old keys.  `unknown_keys` names the ones nobody reads, so the registry logs them.
 
 No Django here: pure data in, data out.
 """
@@ -48,7 +48,9 @@ __all__ = [
     "unknown_keys",
 ]
 
-SHARED_KEYS = frozenset({"policy"})  # read by the round's policy loader, not by a backend
+# Keys that are not a backend's: ``policy`` (the round's policy loader reads it) and the demo lab's
+# note of where its inventory came from (``inventory``, ``scale``; `scheduling.management.demo_lab`).
+SHARED_KEYS = frozenset({"policy", "inventory", "scale"})
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off", ""})

@@ -74,6 +74,7 @@ def test_unknown_keys_are_ignored_and_named_apart_from_the_shared_policy() -> No
     assert cluster_settings("slurm", raw) == {}
     assert unknown_keys("slurm", raw) == ["partiton", "speedup"]
     assert unknown_keys("simulator", raw) == ["partiton"]
+    assert unknown_keys("simulator", {"inventory": "lab.csv", "scale": 0.1}) == []
 
 
 def test_the_simulator_config_takes_numeric_strings_as_before() -> None:
