@@ -86,8 +86,8 @@ def forecast_refresh_dispatch() -> list[int]:
     ids = active_cluster_ids()
     expires = 3000  # a refresh that could not start within the hour is superseded by the next
     for cluster_id in ids:
-        forecast_refresh.apply_async(args=[cluster_id], expires=expires)
-        jobs_runtime_predict.apply_async(args=[cluster_id], expires=expires)
+        forecast_refresh.apply_async(args=(cluster_id,), expires=expires)
+        jobs_runtime_predict.apply_async(args=(cluster_id,), expires=expires)
     return ids
 
 
@@ -103,7 +103,7 @@ def forecast_refit_dispatch() -> list[int]:
     logger.info("forecast runs pruned: %s", pruned)
     ids = active_cluster_ids()
     for cluster_id in ids:
-        forecast_refit.apply_async(args=[cluster_id], expires=6 * 3600)
+        forecast_refit.apply_async(args=(cluster_id,), expires=6 * 3600)
     return ids
 
 

@@ -64,7 +64,7 @@ def delivery_attempt(delivery_id: int, *, now: datetime | None = None) -> Delive
         )
 
 
-@shared_task(  # type: ignore[untyped-decorator]  # celery ships no types
+@shared_task(
     bind=True,
     name="notifications.tasks.delivery_send",
     acks_late=True,
@@ -73,7 +73,7 @@ def delivery_attempt(delivery_id: int, *, now: datetime | None = None) -> Delive
     time_limit=90,
     max_retries=None,  # the row's attempts bound the retries (BERTH_NOTIFY_MAX_ATTEMPTS)
 )
-def delivery_send(self: Task, delivery_id: int) -> dict[str, Any]:
+def delivery_send(self: Task[Any, Any], delivery_id: int) -> dict[str, Any]:
     delivery = delivery_attempt(delivery_id)
     if delivery is None:
         return {"delivery_id": delivery_id, "status": "skipped"}
@@ -92,7 +92,7 @@ def deliveries_due(*, now: datetime) -> list[int]:
     return list((pending | overdue).order_by("id").values_list("id", flat=True)[:1000])
 
 
-@shared_task(  # type: ignore[untyped-decorator]
+@shared_task(
     name="notifications.tasks.notifications_sweep",
     acks_late=True,
     soft_time_limit=120,

@@ -22,7 +22,7 @@ from typing import Any
 from kombu.transport import redis as kombu_redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-_original_connparams: Callable[..., dict[str, Any]] = kombu_redis.Channel._connparams
+_original_connparams: Callable[..., dict[str, Any]] = kombu_redis.Channel._connparams  # type: ignore[attr-defined]
 
 
 def _connparams(self: Any, asynchronous: bool = False) -> dict[str, Any]:
@@ -33,5 +33,5 @@ def _connparams(self: Any, asynchronous: bool = False) -> dict[str, Any]:
 
 def install() -> None:
     """Install the guard once (idempotent)."""
-    if kombu_redis.Channel._connparams is not _connparams:
-        kombu_redis.Channel._connparams = _connparams  # type: ignore[method-assign]
+    if kombu_redis.Channel._connparams is not _connparams:  # type: ignore[attr-defined]
+        kombu_redis.Channel._connparams = _connparams  # type: ignore[attr-defined]  # private, not in the stubs

@@ -126,7 +126,8 @@ class Booking(models.Model):
         ACTIVE = "active", "Active"
         COMPLETED = "completed", "Completed"
         CANCELLED = "cancelled", "Cancelled"
-        FAILED = "failed", "Failed"
+        # No FAILED: nothing makes a booking fail (a backend that cannot hold it marks it at risk
+        # and the status message says why); migration 0004 removed the unused choice.
 
     OPEN_STATUSES = (Status.CONFIRMED, Status.ACTIVE)
 
@@ -173,7 +174,8 @@ class Job(models.Model):
         COMPLETED = "completed", "Completed"
         FAILED = "failed", "Failed"
         CANCELLED = "cancelled", "Cancelled"
-        PREEMPTED = "preempted", "Preempted"
+        # No PREEMPTED: a preempted job is requeued (PENDING, with its preemption recorded in
+        # Preemption and the job's events); migration 0004 removed the unused choice.
 
     class Kind(models.TextChoices):
         BATCH = "batch", "Batch"

@@ -53,7 +53,7 @@ def _redis() -> redis.Redis:
     retry_jitter=True,
     max_retries=3,
 )
-def engine_round(self: Task, cluster_id: int, is_triggered: bool = False) -> dict[str, Any]:
+def engine_round(self: Task[Any, Any], cluster_id: int, is_triggered: bool = False) -> dict[str, Any]:
     """Run one engine round for ``cluster_id``; raises `BackendError` (retried) while it is unreachable.
 
     A triggered round (``is_triggered``) that finds another round running tries once more a little
@@ -70,7 +70,7 @@ def engine_round(self: Task, cluster_id: int, is_triggered: bool = False) -> dic
     if result.status == "backend_error":
         raise BackendError(result.message)
     if result.status == "locked" and is_triggered:
-        engine_round.apply_async(args=[cluster_id], countdown=settings.BERTH_ENGINE_TRIGGER_DEBOUNCE_S + 1)
+        engine_round.apply_async(args=(cluster_id,), countdown=settings.BERTH_ENGINE_TRIGGER_DEBOUNCE_S + 1)
     _schedule_wake(cluster_id, result.next_round_at)
     return result.as_dict()
 
@@ -83,7 +83,7 @@ def _schedule_wake(cluster_id: int, next_round_at: float | None) -> None:
     if not _MIN_WAKE_S <= delay_s < settings.BERTH_ENGINE_ROUND_INTERVAL_S:
         return  # due now (the round just ran) or later than the next beat anyway
     try:
-        engine_round.apply_async(args=[cluster_id], countdown=delay_s)
+        engine_round.apply_async(args=(cluster_id,), countdown=delay_s)
     except Exception:
         logger.warning("could not schedule the wake-up round of cluster %s", cluster_id, exc_info=True)
 
@@ -105,7 +105,7 @@ def engine_rounds_dispatch() -> list[int]:
             logger.warning("redis unavailable for the queued mark; enqueueing anyway", exc_info=True)
             fresh = True
         if fresh:
-            engine_round.apply_async(args=[cluster_id], expires=ttl)
+            engine_round.apply_async(args=(cluster_id,), expires=ttl)
             enqueued.append(cluster_id)
     return enqueued
 
@@ -122,7 +122,7 @@ def _enqueue_debounced(cluster_id: int) -> bool:
     if not first:
         return False  # a round is already due after the debounce window and will see this change
     try:
-        engine_round.apply_async(args=[cluster_id, True], countdown=debounce_s)
+        engine_round.apply_async(args=(cluster_id, True), countdown=debounce_s)
     except Exception:
         logger.warning("could not enqueue a round for cluster %s (beat covers it)", cluster_id, exc_info=True)
         return False

@@ -7,9 +7,7 @@ from typing import Any
 from celery import shared_task
 
 
-@shared_task(  # type: ignore[untyped-decorator]  # celery ships no types
-    acks_late=True, soft_time_limit=900, time_limit=960
-)
+@shared_task(acks_late=True, soft_time_limit=900, time_limit=960)
 def whatif_run(whatif_id: str) -> dict[str, Any]:
     from portal.ops.services import whatif_execute
 

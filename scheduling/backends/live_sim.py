@@ -39,7 +39,7 @@ import os
 import random
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from scheduling.backends.base import (
@@ -51,6 +51,7 @@ from scheduling.backends.base import (
     ObservedState,
     tail,
 )
+from scheduling.backends.settings import cluster_settings
 from scheduling.engine.types import Node, Plan, PreemptAction, StartAction
 
 __all__ = ["LiveSimBackend", "LiveSimConfig", "RedisLike"]
@@ -107,27 +108,9 @@ class LiveSimConfig:
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], *, key_prefix: str) -> LiveSimConfig:
-        """Build a config from a cluster's settings; unknown keys are ignored, bad values raise ValueError."""
-        known = {f.name: f for f in fields(cls)}
-        values: dict[str, Any] = {"key_prefix": key_prefix}
-        for name, value in data.items():
-            if name not in known or name == "key_prefix":
-                continue
-            default = getattr(cls(), name)
-            if isinstance(default, bool):
-                values[name] = bool(value)
-            elif isinstance(default, float):
-                values[name] = float(value)
-            elif isinstance(default, int):
-                values[name] = int(value)
-            else:
-                values[name] = str(value)
-        config = cls(**values)
-        if config.speedup <= 0:
-            raise ValueError("speedup must be positive")
-        if not 0 < config.runtime_fraction_lo <= config.runtime_fraction_hi:
-            raise ValueError("need 0 < runtime_fraction_lo <= runtime_fraction_hi")
-        return config
+        """Build a config from a cluster's settings (`SimulatorSettings`: unknown keys are ignored,
+        bad values raise ValueError naming the key)."""
+        return cls(key_prefix=key_prefix, **cluster_settings("simulator", data))
 
 
 class LiveSimBackend:

@@ -3,7 +3,7 @@
 The package is split by responsibility: ``audit`` (state snapshots, audit events, closing
 allocations), ``common`` (permission checks, the node lock, after-commit triggers, the conflict
 error), ``placement`` (window rules, free GPUs, the quota check, the one-statement insert),
-``bookings``, ``jobs`` and ``inventory``.  Callers import the names below from
+``bookings``, ``extension``, ``jobs`` and ``inventory``.  Callers import the names below from
 ``scheduling.services``; the modules are its implementation.
 
 Locking protocol (keep it when adding writers, e.g. the engine's plan persistence):
@@ -30,14 +30,9 @@ from scheduling.services.audit import (
     audit_event_record,
     audit_events_deferred,
 )
-from scheduling.services.bookings import (
-    booking_cancel,
-    booking_create,
-    booking_end_early,
-    booking_extend,
-    booking_require_extendable,
-)
+from scheduling.services.bookings import booking_cancel, booking_create, booking_end_early
 from scheduling.services.common import BookingConflictError
+from scheduling.services.extension import booking_extend, booking_require_extendable
 from scheduling.services.inventory import node_create, node_gpus_sync
 from scheduling.services.jobs import job_cancel, job_submit
 

@@ -15,6 +15,7 @@ from django.utils import timezone
 from portal.accounts.models import Membership, Project, Quota
 from scheduling.alternatives import Alternative
 from scheduling.models import (
+    Booking,
     Gpu,
     GpuType,
     Node,
@@ -146,3 +147,8 @@ def _runtime_predict_soon(job_id: int) -> None:
             logger.warning("could not enqueue a runtime prediction for job %s", job_id, exc_info=True)
 
     transaction.on_commit(enqueue)
+
+
+def _lock_booking(booking: Booking) -> Booking:
+    """The booking's row, locked for this transaction (after the node lock: see the protocol)."""
+    return Booking.objects.select_for_update().get(pk=booking.pk)

@@ -100,7 +100,9 @@ def test_forecast_refit_dispatch_prunes_old_runs_and_enqueues_per_active_cluster
     # The broker is a Redis other checkouts' workers may share: record instead of sending.
     sent: list[tuple[str, list[int]]] = []
     for task in (tasks.forecast_refit, tasks.forecast_refresh, tasks.jobs_runtime_predict):
-        monkeypatch.setattr(task, "apply_async", lambda args, _n=task.name, **kw: sent.append((_n, args)))
+        monkeypatch.setattr(
+            task, "apply_async", lambda args, _n=task.name, **kw: sent.append((_n, list(args)))
+        )
     ClusterFactory(is_active=False)
     old = timezone.now() - timedelta(days=30)
     ForecastRun.objects.create(

@@ -72,7 +72,7 @@ def test_dispatch_enqueues_one_round_per_active_cluster_until_it_runs(engine_red
     assert tasks.engine_rounds_dispatch.run() == [first.pk, second.pk]
     # Beat fires again before the rounds ran: nothing piles up.
     assert tasks.engine_rounds_dispatch.run() == []
-    assert [c["args"] for c in sent] == [[first.pk], [second.pk]]
+    assert [c["args"] for c in sent] == [(first.pk,), (second.pk,)]
     # Once a round starts it clears its mark, and the next beat enqueues it again.
     tasks.engine_round.run(first.pk)
     assert tasks.engine_rounds_dispatch.run() == [first.pk]
@@ -95,7 +95,7 @@ def test_trigger_enqueues_after_commit_and_debounces(
         tasks.engine_round_trigger(cluster.pk)  # a burst: joins the round already due
         tasks.engine_round_trigger(cluster.pk)
 
-    assert sent == [{"args": [cluster.pk, True], "countdown": 30.0}]
+    assert sent == [{"args": (cluster.pk, True), "countdown": 30.0}]
 
 
 def test_trigger_never_breaks_the_caller_when_redis_is_down(sent, settings) -> None:
@@ -119,7 +119,7 @@ def test_triggered_round_that_finds_the_lock_taken_tries_once_more(engine_redis_
         assert tasks.engine_round.run(cluster.pk)["status"] == "locked"
         assert sent == []  # a beat round just gives up: the next beat comes in 15 s
         assert tasks.engine_round.run(cluster.pk, True)["status"] == "locked"
-        assert sent == [{"args": [cluster.pk], "countdown": 2.0}]
+        assert sent == [{"args": (cluster.pk,), "countdown": 2.0}]
     finally:
         other.close()  # the session ends: PostgreSQL releases its lock
     _wait_advisory_lock_released(0x4265, cluster.pk)
@@ -151,5 +151,5 @@ def test_a_round_the_engine_wants_before_the_next_beat_is_scheduled(sent, settin
     tasks._schedule_wake(4, now + 60)  # the beat comes first
     tasks._schedule_wake(5, now - 1)  # due now: the round that just ran handled it
     tasks._schedule_wake(6, None)
-    assert [c["args"] for c in sent] == [[3]]
+    assert [c["args"] for c in sent] == [(3,)]
     assert 3.5 < sent[0]["countdown"] <= 5

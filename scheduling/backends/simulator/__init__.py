@@ -1,6 +1,7 @@
 """Deterministic discrete-event cluster: the simulator backend (DESIGN §5).
 
-It implements the `ClusterBackend` protocol (`snapshot()`, `apply(plan)`) over its own clock,
+It implements the `ClusterBackend` protocol over its own clock (`snapshot`, `apply`; `cancel` and
+`job_output` raise `UnsupportedOperationError`: a trace's jobs end as the trace says and print nothing),
 plus what a replay needs to drive time: `register` (the hidden true work of a job, as a real
 cluster would discover it), `next_event_at` and `advance_to`.  It translates and never decides:
 it starts jobs on exactly the GPUs a plan names, kills at ``kill_at`` and refuses anything that
@@ -259,8 +260,6 @@ class SimulatorBackend:
         results.extend(self._start(action) for action in plan.starts)
         return results
 
-    # ---- internals ----
-
     def cancel(self, job_id: str) -> ActionResult:
         """Not in a trace replay: its jobs end as the trace says (the portal's simulated clusters
         use `LiveSimBackend`, which cancels)."""
@@ -269,6 +268,8 @@ class SimulatorBackend:
     def job_output(self, job_id: str, *, backend_ref: str = "", tail_lines: int = 200) -> JobOutput:
         """Nothing: trace jobs print nothing."""
         raise UnsupportedOperationError("the trace simulator keeps no job output")
+
+    # ---- internals ----
 
     def _push(self, at: float, kind: int, job_id: str, version: int) -> None:
         self._seq += 1
