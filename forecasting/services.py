@@ -496,7 +496,7 @@ def forecast_refresh_request(*, cluster_id: int) -> dict[str, Any]:
     if state is not None and state.get("status") in ("queued", "running"):
         return state
     _refresh_state_set(cluster_id, status="queued", done=0, total=0, message="Waiting for a worker.")
-    transaction.on_commit(lambda: forecast_refresh_now.apply_async(args=(cluster_id,), expires=3600))
+    transaction.on_commit(lambda: forecast_refresh_now.apply_async(args=[cluster_id], expires=3600))
     state = forecast_refresh_state_get(cluster_id=cluster_id)
     return state or {"cluster_id": cluster_id, "status": "queued", "done": 0, "total": 0, "message": ""}
 
