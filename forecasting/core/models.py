@@ -90,8 +90,9 @@ class BerthConfig:
     level_hours: int = 3  # residual window of the level correction
     weight_step: float = 0.1  # grid step of the blend weights
     # The weights are the mean of every grid blend whose calibration MAE is within this
-    # share of the best one (0: the best blend alone).
-    near_best: float = 0.05
+    # share of the best one.  Off (0: the best blend alone): 0.05 helps the Earth total
+    # but hurts Venus, the teams and session demand (docs/forecasting.md).
+    near_best: float = 0.0
     # No value of the forecast exceeds this multiple of the fitted history's maximum: a
     # log-space band (or a Prophet trend) on a near-zero series can otherwise explode.
     ceiling_factor: float = 2.0
@@ -112,9 +113,10 @@ class BerthModel:
     3. *Blend* (in log space) of ``P``, the 24 h and 168 h seasonal naives, the last value,
        the median of the last 24 hours and exponential smoothing (level + daily season,
        its gain chosen by one-step error before the calibration window), with weights on
-       a simplex grid, one set for hours 1-6 and one for 7-24: the mean of the grid blends
-       within ``near_best`` of the smallest original-scale MAE of the forecasts made from
-       every hour of the last ``calibration_days`` days (pseudo-origins; no refits).
+       a simplex grid, one set for hours 1-6 and one for 7-24, minimising the
+       original-scale MAE of the forecasts made from every hour of the last
+       ``calibration_days`` days (pseudo-origins; no refits).  Optionally (``near_best``,
+       off) the mean of the grid blends within that share of the smallest MAE.
     4. *Conformal interval*: the 80% quantile of the absolute pseudo-origin errors per
        horizon (pooled over h +- 3); while the calibration window is shorter than
        ``calibration_days`` (a young series), widened to the 10%/90% quantiles of
@@ -518,7 +520,7 @@ _ABLATIONS: dict[str, dict[str, Any]] = {
     "berth_plus_level": {"level_correction": True},
     "berth_no_median": {"median_component": False},
     "berth_no_smoothing": {"smoothing_component": False},
-    "berth_no_near_best": {"near_best": 0.0},
+    "berth_plus_near_best": {"near_best": 0.05},
     "berth_no_blend": {"ensemble": False},
     "berth_no_conformal": {"conformal": False},
     "berth_no_holdout": {"holdout_fit": False},
