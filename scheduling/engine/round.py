@@ -97,6 +97,8 @@ class Round:
         # the interactive pool over time (None: only ``interactive_headroom`` for now)
         self.pool_forecast = PoolForecast.of(policy) if composition.pool is not None else None
         self._booked: BookedWindows | None = None
+        # non-preemptible jobs `admit.pool_admits` refused -> the low-demand window it found
+        self.low_windows: dict[str, float] = {}
         # GPUs per type held by work sessions cannot take back (batch work without consent
         # that did not start lent: `preemption.is_consenting`)
         self.pinned_by_type: dict[str, int] = {}
