@@ -222,7 +222,6 @@ class Reserve:
                 return
             if reclaim_for_wide(rnd, job, types, estimate):
                 return
-        now = rnd.now
         available = rnd.availability(for_job=job.id)
         if not_before is not None:
             available = {gpu: max(at, not_before) for gpu, at in available.items()}
@@ -266,19 +265,24 @@ class Reserve:
                 end_at=shadow.start_at + estimate.hold_s,
             )
         )
-        if rnd.top_fragmented:
-            rnd.out.wait(
-                job.id,
-                PendingReason.FRAGMENTATION,
-                f"Top of the queue; {free_total} fitting GPUs are free but no node has {job.gpu_count} "
-                f"of them together. GPUs are reserved for it from +{fmt_s(shadow.start_at - now)}.",
-                shadow.start_at,
-            )
-            return
+        _explain_top(rnd, job, free_total, shadow.start_at)
+
+
+def _explain_top(rnd: Round, job: JobRequest, free_total: int, start_at: float) -> None:
+    """The top job's sentence: fragments, or too few free GPUs; reserved from ``start_at``."""
+    reserved = f"GPUs are reserved for it from +{fmt_s(start_at - rnd.now)}."
+    if rnd.top_fragmented:
         rnd.out.wait(
             job.id,
-            PendingReason.RESOURCES,
-            f"Top of the queue; needs {job.gpu_count} GPUs, {free_total} fitting ones are free now. "
-            f"GPUs are reserved for it from +{fmt_s(shadow.start_at - now)}.",
-            shadow.start_at,
+            PendingReason.FRAGMENTATION,
+            f"Top of the queue; {free_total} fitting GPUs are free but no node has {job.gpu_count} "
+            f"of them together. {reserved}",
+            start_at,
         )
+        return
+    rnd.out.wait(
+        job.id,
+        PendingReason.RESOURCES,
+        f"Top of the queue; needs {job.gpu_count} GPUs, {free_total} fitting ones are free now. {reserved}",
+        start_at,
+    )
