@@ -26,6 +26,7 @@ from scheduling.engine.types import (
     ClusterSnapshot,
     JobKind,
     JobRequest,
+    Node,
     PolicyConfig,
     ProjectShare,
     RunningJob,
@@ -79,6 +80,23 @@ def build_snapshot(
                 job=job, gpu_ids=gpu_ids, started_at=-rng.uniform(0, requested), is_preemptible=is_preemptible
             )
         )
+    pending_jobs = _pending_jobs(rng, pending, users, gpus_per_node)
+    kept = _bookings(rng, inventory.nodes, nodes, gpus_per_node, users)
+    return ClusterSnapshot(
+        cluster=inventory.name,
+        gpu_types=inventory.gpu_types,
+        nodes=inventory.nodes,
+        running=tuple(running_jobs),
+        pending=tuple(pending_jobs),
+        bookings=tuple(kept),
+        projects=tuple(ProjectShare(name=p, decayed_usage=rng.uniform(0, 500)) for p in projects),
+    )
+
+
+def _pending_jobs(
+    rng: random.Random, pending: int, users: list[tuple[str, str]], gpus_per_node: int
+) -> list[JobRequest]:
+    """``pending`` waiting jobs (5 % interactive sessions), drawn after the running ones."""
     pending_jobs: list[JobRequest] = []
     for index in range(pending):
         user, project = users[rng.randrange(len(users))]
@@ -98,9 +116,20 @@ def build_snapshot(
                 is_preemptible=not is_interactive and rng.random() < 0.5,
             )
         )
+    return pending_jobs
+
+
+def _bookings(
+    rng: random.Random,
+    nodes: tuple[Node, ...],
+    node_count: int,
+    gpus_per_node: int,
+    users: list[tuple[str, str]],
+) -> list[Booking]:
+    """One booking per 20 nodes over the next day, none overlapping another on a GPU."""
     bookings = []
-    for index in range(max(1, nodes // 20)):
-        node = inventory.nodes[rng.randrange(len(inventory.nodes))]
+    for index in range(max(1, node_count // 20)):
+        node = nodes[rng.randrange(len(nodes))]
         start = rng.uniform(600, 86_400)
         count = min(gpus_per_node, rng.choice((1, 2, 4)))
         user, project = users[rng.randrange(len(users))]
@@ -123,15 +152,7 @@ def build_snapshot(
             for other in kept
         ):
             kept.append(booking)
-    return ClusterSnapshot(
-        cluster=inventory.name,
-        gpu_types=inventory.gpu_types,
-        nodes=inventory.nodes,
-        running=tuple(running_jobs),
-        pending=tuple(pending_jobs),
-        bookings=tuple(kept),
-        projects=tuple(ProjectShare(name=p, decayed_usage=rng.uniform(0, 500)) for p in projects),
-    )
+    return kept
 
 
 def time_policy(plan_fn: Any, snapshot: ClusterSnapshot, *, policy: str, rounds: int) -> dict[str, float]:

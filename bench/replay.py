@@ -230,32 +230,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     bound_values: dict[str, Any] = {}
     replayed = list(policies)
     if not args.no_bounds:
-        capacity_by_type: dict[str, int] = {}
-        for node in inventory.nodes:
-            capacity_by_type[node.gpu_type] = capacity_by_type.get(node.gpu_type, 0) + len(node.gpu_ids)
-        bounds_started = time.perf_counter()
-        bound_values["session_floor"] = bounds.session_floor(overlay, capacity_gpus=inventory.capacity_gpus)
-        bound_values["busy_util_packing"] = bounds.busy_util_packing(
-            trace, overlay, capacity_by_type=capacity_by_type
-        )
-        bound_values["packing_wall_s"] = time.perf_counter() - bounds_started
+        bound_values = _workload_bounds(trace, overlay, inventory)
         replayed.append(ORACLE)
     try:
         results = _replay_all(replayed, workers)
     finally:
         _WORKLOAD = None
     if not args.no_bounds:
-        # per policy on its own queue windows (scheduling.sim.bounds): the largest bounds them all
-        bound_values["busy_util_ceiling"] = max(m["busy_util_ceiling"] for m in results.values())
-    if ORACLE in results:
-        oracle = results.pop(ORACLE)
-        bound_values["easy_oracle"] = {
-            key: oracle[key] for key in ("busy_utilization", "wait_mean_s", "bounded_slowdown_mean")
-        } | {
-            "wall_s": oracle["wall_s"],
-            "interactive_over_60s_share": oracle["interactive_over_60s_share"],
-            "busy_util_ceiling": oracle["busy_util_ceiling"],
-        }
+        _replayed_bounds(results, bound_values)
     total_s = time.perf_counter() - started
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu_s = time.process_time() - cpu_started + children.ru_utime + children.ru_stime
@@ -265,6 +247,51 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         f"(load average {load[0]:.2f})",
         file=sys.stderr,
     )
+    run_info = {"wall_s": total_s, "cpu_s": cpu_s, "load_average_1m": load[0], "workers": workers}
+    return _document(args, trace, inventory, overlay, results, bound_values, forecast, run_info)
+
+
+def _workload_bounds(trace: Trace, overlay: Overlay, inventory: Inventory) -> dict[str, Any]:
+    """The bounds computed from the workload alone: the session floor and the packing bound."""
+    capacity_by_type: dict[str, int] = {}
+    for node in inventory.nodes:
+        capacity_by_type[node.gpu_type] = capacity_by_type.get(node.gpu_type, 0) + len(node.gpu_ids)
+    bounds_started = time.perf_counter()
+    found: dict[str, Any] = {
+        "session_floor": bounds.session_floor(overlay, capacity_gpus=inventory.capacity_gpus),
+        "busy_util_packing": bounds.busy_util_packing(trace, overlay, capacity_by_type=capacity_by_type),
+    }
+    found["packing_wall_s"] = time.perf_counter() - bounds_started
+    return found
+
+
+def _replayed_bounds(results: dict[str, Any], bound_values: dict[str, Any]) -> None:
+    """Add the bounds that come from the replays to ``bound_values``; the oracle's replay
+    leaves ``results`` (it is a bound, not a policy)."""
+    # per policy on its own queue windows (scheduling.sim.bounds): the largest bounds them all
+    bound_values["busy_util_ceiling"] = max(m["busy_util_ceiling"] for m in results.values())
+    if ORACLE in results:
+        oracle = results.pop(ORACLE)
+        bound_values["easy_oracle"] = {
+            key: oracle[key] for key in ("busy_utilization", "wait_mean_s", "bounded_slowdown_mean")
+        } | {
+            "wall_s": oracle["wall_s"],
+            "interactive_over_60s_share": oracle["interactive_over_60s_share"],
+            "busy_util_ceiling": oracle["busy_util_ceiling"],
+        }
+
+
+def _document(
+    args: argparse.Namespace,
+    trace: Trace,
+    inventory: Inventory,
+    overlay: Overlay,
+    results: dict[str, Any],
+    bound_values: dict[str, Any],
+    forecast: SessionForecast | None,
+    run_info: dict[str, Any],
+) -> dict[str, Any]:
+    """The benchmark's JSON document (DESIGN §8 keys)."""
     return {
         "trace": trace.name,
         "jobs": len(trace.jobs),
@@ -290,7 +317,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "policies": results,
         "bounds": bound_values,
         "forecast": forecast.report() if forecast is not None else None,
-        "run": {"wall_s": total_s, "cpu_s": cpu_s, "load_average_1m": load[0], "workers": workers},
+        "run": run_info,
     }
 
 

@@ -97,22 +97,10 @@ class Round:
         # the interactive pool over time (None: only ``interactive_headroom`` for now)
         self.pool_forecast = PoolForecast.of(policy) if composition.pool is not None else None
         self._booked: BookedWindows | None = None
-        # GPUs per type held by work sessions cannot take back (batch work without consent
-        # that did not start lent: `preemption.is_consenting`)
-        self.pinned_by_type: dict[str, int] = {}
-        if self.pool_forecast is not None:
-            for running in state.snapshot.running:
-                if running.job.kind == JobKind.BATCH and not is_consenting(running):
-                    for gpu in running.gpu_ids:
-                        name = state.gpu_type.get(gpu, "")
-                        self.pinned_by_type[name] = self.pinned_by_type.get(name, 0) + 1
-        self._types_cache: dict[tuple[str, ...], list[str]] = {}
-        self._all_types: list[str] | None = None  # `types_for` of an unconstrained job
-        # `admit.never_startable_of` per job shape (constraints, size, project, kind, consent)
-        self.never_cache: dict[tuple[object, ...], Unstartable | None] = {}
-        # project -> whether it has quotas (the never-startable verdict depends on them only then)
-        self.quota_projects: dict[str, bool] = {}
-        self._nodes_cache: dict[tuple[tuple[str, ...], bool], NodeGpus] = {}
+        # non-preemptible jobs `admit.pool_admits` refused -> the low-demand window it found
+        self.low_windows: dict[str, float] = {}
+        self.pinned_by_type = self._pinned_by_type()
+        self._init_caches()
         # static: batch jobs wider than the batch partition, which may span both sides
         self.wide: frozenset[str] = frozenset()
         self.span_pool: SpanPool | None = None
@@ -125,19 +113,47 @@ class Round:
         self.drain_chooser = (
             DrainAwareChooser(state, self.active_booking_gpu) if composition.place.is_drain_aware else None
         )
-        if model.has_partition:
-            partition_gpus = {g for i in self.partition_nodes for g in state.nodes[i].gpu_ids}
-            self.inter_pool = self._pool(free & partition_gpus)
-            self.batch_pool = self._pool(free - partition_gpus)
-        else:
-            self.batch_pool = self._pool(free)
-            self.inter_pool = self.batch_pool
+        self.inter_pool, self.batch_pool = self._pools(free, has_partition=model.has_partition)
         reserve.hold_bookings(self)
         self._init_quotas()
         if model.has_partition and model.spans_wide_jobs:
             from scheduling.engine.stages.partition import open_span  # here: it imports this module
 
             open_span(self)
+
+    def _init_caches(self) -> None:
+        """The round's memos (they only save work: every answer is the same without them)."""
+        self._types_cache: dict[tuple[str, ...], list[str]] = {}
+        self._all_types: list[str] | None = None  # `types_for` of an unconstrained job
+        # `admit.never_startable_of` per job shape (constraints, size, project, kind, consent)
+        self.never_cache: dict[tuple[object, ...], Unstartable | None] = {}
+        # project -> whether it has quotas (the never-startable verdict depends on them only then)
+        self.quota_projects: dict[str, bool] = {}
+        self._nodes_cache: dict[tuple[tuple[str, ...], bool], NodeGpus] = {}
+
+    def _pinned_by_type(self) -> dict[str, int]:
+        """GPUs per type held by work sessions cannot take back (batch work without consent
+        that did not start lent: `preemption.is_consenting`); only with a pool forecast."""
+        pinned: dict[str, int] = {}
+        if self.pool_forecast is None:
+            return pinned
+        state = self.state
+        for running in state.snapshot.running:
+            if running.job.kind == JobKind.BATCH and not is_consenting(running):
+                for gpu in running.gpu_ids:
+                    name = state.gpu_type.get(gpu, "")
+                    pinned[name] = pinned.get(name, 0) + 1
+        return pinned
+
+    def _pools(self, free: set[int], *, has_partition: bool) -> tuple[FreePool, FreePool]:
+        """(interactive pool, batch pool): the partition's free GPUs and the rest (static), else
+        one pool for both."""
+        if has_partition:
+            nodes = self.state.nodes
+            partition_gpus = {g for i in self.partition_nodes for g in nodes[i].gpu_ids}
+            return self._pool(free & partition_gpus), self._pool(free - partition_gpus)
+        pool = self._pool(free)
+        return pool, pool
 
     def _pool(self, free: set[int]) -> FreePool:
         topology = self.state.topology

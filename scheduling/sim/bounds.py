@@ -142,136 +142,167 @@ def _packed_busy_util(
 ) -> float:
     """busy_utilization of the relaxed cluster that fills every gap at once; waiting jobs are
     tried largest first (``largest_first``) or in submit order, each started wherever it fits."""
-    capacity = sum(capacity_by_type.values())
-    if capacity <= 0 or not trace.jobs:
+    if sum(capacity_by_type.values()) <= 0 or not trace.jobs:
         return 0.0
-    free = Counter(capacity_by_type)
-    types = sorted(capacity_by_type)
+    return _Packer(trace, overlay, capacity_by_type, largest_first=largest_first).run()
 
-    def fits_empty(gpus: int, gpu_type: str | None) -> bool:
-        return gpus <= (capacity_by_type.get(gpu_type, 0) if gpu_type else capacity)
 
-    # events: (t, order, kind, payload); kind 0 end (type, gpus), 1 owner in, 2 batch, 3 session
-    events: list[tuple[float, int, int, object]] = []
-    seq = 0
+class _Packer:
+    """The relaxed cluster of `_packed_busy_util`: free GPUs per type, an event queue, the jobs
+    and sessions waiting, and what ran (segments) while some job waited (windows)."""
 
-    def push(t: float, kind: int, payload: object) -> None:
-        nonlocal seq
-        seq += 1
-        heapq.heappush(events, (t, seq if kind else -1, kind, payload))
+    def __init__(
+        self, trace: Trace, overlay: Overlay, capacity_by_type: dict[str, int], *, largest_first: bool
+    ) -> None:
+        self.capacity_by_type = capacity_by_type
+        self.capacity = sum(capacity_by_type.values())
+        self.largest_first = largest_first
+        self.free = Counter(capacity_by_type)
+        self.types = sorted(capacity_by_type)
+        # events: (t, order, kind, payload); kind 0 end (type, gpus), 1 owner in, 2 batch, 3 session
+        self.events: list[tuple[float, int, int, object]] = []
+        self.seq = 0
+        for start, end, gpus, gpu_type in _owner_intervals(overlay):
+            self.push(start, 1, (end, gpus, gpu_type))
+        for job in trace.jobs:
+            self.push(job.submit_at, 2, job)
+        self.patience = overlay.config.session_patience_s
+        for session in overlay.sessions:
+            self.push(session.submit_at, 3, session)
+        self.waiting: dict[int, list[TraceJob]] = {}  # GPUs -> waiting jobs of that size, in submit order
+        self.sessions: list[InteractiveSession] = []
+        self.segments: list[tuple[float, float, int]] = []
+        self.windows: list[tuple[float, float]] = []
+        self.feasible_waiting = 0
 
-    for start, end, gpus, gpu_type in _owner_intervals(overlay):
-        push(start, 1, (end, gpus, gpu_type))
-    for job in trace.jobs:
-        push(job.submit_at, 2, job)
-    patience = overlay.config.session_patience_s
-    for session in overlay.sessions:
-        push(session.submit_at, 3, session)
-    waiting: dict[int, list[TraceJob]] = {}  # GPUs -> waiting jobs of that size, in submit order
-    sessions: list[InteractiveSession] = []
-    segments: list[tuple[float, float, int]] = []
-    windows: list[tuple[float, float]] = []
-    last_t = 0.0
-    feasible_waiting = 0
+    def fits_empty(self, gpus: int, gpu_type: str | None) -> bool:
+        return gpus <= (self.capacity_by_type.get(gpu_type, 0) if gpu_type else self.capacity)
 
-    def take(gpus: int, gpu_type: str | None) -> str | None:
+    def push(self, t: float, kind: int, payload: object) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq if kind else -1, kind, payload))
+
+    def take(self, gpus: int, gpu_type: str | None) -> str | None:
+        free = self.free
         if gpu_type is not None:
             return gpu_type if free[gpu_type] >= gpus else None
-        fitting = [t for t in types if free[t] >= gpus]
+        fitting = [t for t in self.types if free[t] >= gpus]
         return min(fitting, key=lambda t: free[t]) if fitting else None
 
-    while events:
-        t = events[0][0]
-        if feasible_waiting and t > last_t:
-            if windows and windows[-1][1] >= last_t:
-                windows[-1] = (windows[-1][0], t)
-            else:
-                windows.append((last_t, t))
-        last_t = t
-        while events and events[0][0] <= t:
-            _, _, kind, payload = heapq.heappop(events)
-            if kind == 0:
-                freed_type, gpus = cast(tuple[str, int], payload)
-                free[freed_type] += gpus
-            elif kind == 1:
-                end, gpus, owner_type = cast(tuple[float, int, str | None], payload)
-                held = owner_type or max(types, key=lambda name: free[name])
-                free[held] -= gpus  # owners take theirs first (may go negative: batch waits)
-                push(end, 0, (held, gpus))
-            elif kind == 2:
-                job = cast(TraceJob, payload)
-                waiting.setdefault(job.gpu_count, []).append(job)
-                if fits_empty(job.gpu_count, job.gpu_type):
-                    feasible_waiting += 1
-            elif kind == 3:
-                arrived = cast(InteractiveSession, payload)
-                sessions.append(arrived)
-                if patience > 0:
-                    push(arrived.submit_at + patience, 4, None)
+    def run(self) -> float:
+        events = self.events
+        last_t = 0.0
+        while events:
+            t = events[0][0]
+            windows = self.windows
+            if self.feasible_waiting and t > last_t:
+                if windows and windows[-1][1] >= last_t:
+                    windows[-1] = (windows[-1][0], t)
+                else:
+                    windows.append((last_t, t))
+            last_t = t
+            while events and events[0][0] <= t:
+                _, _, kind, payload = heapq.heappop(events)
+                self.handle(kind, payload)
+            self.seat_sessions(t)
+            largest_free = max(self.free.values())
+            if largest_free > 0 and self.waiting and not self.largest_first:
+                self.fill_in_submit_order(t, largest_free)
+            elif largest_free > 0 and self.waiting:
+                self.fill_largest_first(t, largest_free)
+        return self.useful_share()
+
+    def handle(self, kind: int, payload: object) -> None:
+        free = self.free
+        if kind == 0:
+            freed_type, gpus = cast(tuple[str, int], payload)
+            free[freed_type] += gpus
+        elif kind == 1:
+            end, gpus, owner_type = cast(tuple[float, int, str | None], payload)
+            held = owner_type or max(self.types, key=lambda name: free[name])
+            free[held] -= gpus  # owners take theirs first (may go negative: batch waits)
+            self.push(end, 0, (held, gpus))
+        elif kind == 2:
+            job = cast(TraceJob, payload)
+            self.waiting.setdefault(job.gpu_count, []).append(job)
+            if self.fits_empty(job.gpu_count, job.gpu_type):
+                self.feasible_waiting += 1
+        elif kind == 3:
+            arrived = cast(InteractiveSession, payload)
+            self.sessions.append(arrived)
+            if self.patience > 0:
+                self.push(arrived.submit_at + self.patience, 4, None)
+
+    def seat_sessions(self, t: float) -> None:
+        patience = self.patience
         still_sessions: list[InteractiveSession] = []
-        for session in sessions:
+        for session in self.sessions:
             if patience > 0 and t - session.submit_at >= patience:
                 continue
-            chosen = take(session.gpu_count, None)
+            chosen = self.take(session.gpu_count, None)
             if chosen is None:
                 still_sessions.append(session)
                 continue
-            free[chosen] -= session.gpu_count
-            segments.append((t, t + session.duration_s, session.gpu_count))
-            push(t + session.duration_s, 0, (chosen, session.gpu_count))
-        sessions = still_sessions
-        largest_free = max(free.values())
-        if largest_free > 0 and waiting and not largest_first:
-            queue = sorted(
-                ((job.submit_at, size, job) for size, jobs in waiting.items() for job in jobs),
-                key=lambda item: item[0],
-            )
-            waiting = {}
-            for _, size, job in queue:
-                chosen = take(size, job.gpu_type) if size <= largest_free else None
+            self.free[chosen] -= session.gpu_count
+            self.segments.append((t, t + session.duration_s, session.gpu_count))
+            self.push(t + session.duration_s, 0, (chosen, session.gpu_count))
+        self.sessions = still_sessions
+
+    def start(self, t: float, job: TraceJob, size: int, chosen: str) -> int:
+        """Start ``job`` on ``chosen``; the largest free count left."""
+        self.free[chosen] -= size
+        if self.fits_empty(size, job.gpu_type):
+            self.feasible_waiting -= 1
+        end = t + job.runtime_s
+        self.segments.append((t, end, size))
+        self.push(end, 0, (chosen, size))
+        return max(self.free.values())
+
+    def fill_in_submit_order(self, t: float, largest_free: int) -> None:
+        queue = sorted(
+            ((job.submit_at, size, job) for size, jobs in self.waiting.items() for job in jobs),
+            key=lambda item: item[0],
+        )
+        waiting: dict[int, list[TraceJob]] = {}
+        self.waiting = waiting
+        for _, size, job in queue:
+            chosen = self.take(size, job.gpu_type) if size <= largest_free else None
+            if chosen is None:
+                waiting.setdefault(size, []).append(job)
+                continue
+            largest_free = self.start(t, job, size, chosen)
+
+    def fill_largest_first(self, t: float, largest_free: int) -> None:
+        waiting = self.waiting
+        for size in sorted((k for k in waiting if k <= largest_free), reverse=True):
+            kept: list[TraceJob] = []
+            for job in waiting[size]:
+                chosen = self.take(size, job.gpu_type) if size <= largest_free else None
                 if chosen is None:
-                    waiting.setdefault(size, []).append(job)
+                    kept.append(job)
                     continue
-                free[chosen] -= size
-                largest_free = max(free.values())
-                if fits_empty(size, job.gpu_type):
-                    feasible_waiting -= 1
-                end = t + job.runtime_s
-                segments.append((t, end, size))
-                push(end, 0, (chosen, size))
-        elif largest_free > 0 and waiting:
-            for size in sorted((k for k in waiting if k <= largest_free), reverse=True):
-                bucket = waiting[size]
-                kept: list[TraceJob] = []
-                for job in bucket:
-                    chosen = take(size, job.gpu_type) if size <= largest_free else None
-                    if chosen is None:
-                        kept.append(job)
-                        continue
-                    free[chosen] -= size
-                    largest_free = max(free.values())
-                    if fits_empty(size, job.gpu_type):
-                        feasible_waiting -= 1
-                    end = t + job.runtime_s
-                    segments.append((t, end, size))
-                    push(end, 0, (chosen, size))
-                if kept:
-                    waiting[size] = kept
-                else:
-                    del waiting[size]
-                if largest_free <= 0:
-                    break
-    window_s = sum(end - start for start, end in windows)
-    if window_s <= 0:
-        return 0.0
-    useful = 0.0
-    starts = [w[0] for w in windows]
-    for start, end, gpus in segments:
-        index = max(0, bisect.bisect_right(starts, start) - 1)
-        while index < len(windows) and windows[index][0] < end:
-            w_start, w_end = windows[index]
-            overlap = min(end, w_end) - max(start, w_start)
-            if overlap > 0:
-                useful += overlap * gpus
-            index += 1
-    return useful / (capacity * window_s)
+                largest_free = self.start(t, job, size, chosen)
+            if kept:
+                waiting[size] = kept
+            else:
+                del waiting[size]
+            if largest_free <= 0:
+                break
+
+    def useful_share(self) -> float:
+        """Useful GPU-time inside the waiting windows over the capacity in them."""
+        windows = self.windows
+        window_s = sum(end - start for start, end in windows)
+        if window_s <= 0:
+            return 0.0
+        useful = 0.0
+        starts = [w[0] for w in windows]
+        for start, end, gpus in self.segments:
+            index = max(0, bisect.bisect_right(starts, start) - 1)
+            while index < len(windows) and windows[index][0] < end:
+                w_start, w_end = windows[index]
+                overlap = min(end, w_end) - max(start, w_start)
+                if overlap > 0:
+                    useful += overlap * gpus
+                index += 1
+        return useful / (self.capacity * window_s)

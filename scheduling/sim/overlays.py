@@ -295,22 +295,63 @@ def build_overlay(trace: Trace, config: OverlayConfig, *, inventory: Inventory |
     span_end = max((job.submit_at for job in jobs), default=0.0)
     target_s = trace.gpu_hours * HOUR_S
     users = [(job.user, job.project) for job in jobs] or [("user", "default")]
-    phase = trace.week_phase_s
     projects = _projects(trace, config, inventory)
-
     # Batch flags first, one draw per job in submit order, so the flags do not depend on the
     # overlay shares.
+    preemptible, checkpointable = _batch_flags(rng, trace, config)
+    sessions = _draw_sessions(
+        random.Random(rng.getrandbits(64)),
+        config,
+        want_s=config.interactive_share * target_s,
+        span_end=span_end,
+        week_phase_s=trace.week_phase_s,
+        users=users,
+    )
+    requests = _draw_booking_requests(
+        random.Random(rng.getrandbits(64)),
+        config,
+        want_s=config.booking_share * target_s,
+        span_end=span_end,
+        week_phase_s=trace.week_phase_s,
+        users=users,
+        inventory=inventory,
+    )
+    bookings, refused = _admit_bookings(requests, _Admission(inventory, projects))
+    return Overlay(
+        sessions=tuple(sessions),
+        bookings=tuple(bookings),
+        preemptible=frozenset(preemptible),
+        checkpointable=frozenset(checkpointable),
+        checkpoint_interval_s=config.checkpoint_interval_s,
+        projects=projects,
+        bookings_refused=refused,
+        config=config,
+    )
+
+
+def _batch_flags(rng: random.Random, trace: Trace, config: OverlayConfig) -> tuple[set[str], set[str]]:
+    """(preemptible, checkpointable) batch job ids: one draw per job in submit order."""
     preemptible: set[str] = set()
     checkpointable: set[str] = set()
-    for job in jobs:
+    for job in trace.jobs:
         if rng.random() < config.preemptible_share:
             preemptible.add(job.id)
             if rng.random() < config.checkpointable_share:
                 checkpointable.add(job.id)
+    return preemptible, checkpointable
 
-    session_rng = random.Random(rng.getrandbits(64))
+
+def _draw_sessions(
+    session_rng: random.Random,
+    config: OverlayConfig,
+    *,
+    want_s: float,
+    span_end: float,
+    week_phase_s: float,
+    users: list[tuple[str, str]],
+) -> list[InteractiveSession]:
+    """On-demand sessions totalling ``want_s`` GPU-seconds on the diurnal and weekly process."""
     sessions: list[InteractiveSession] = []
-    want_s = config.interactive_share * target_s
     drawn: list[tuple[float, int]] = []
     total = 0.0
     while total < want_s:
@@ -319,7 +360,7 @@ def build_overlay(trace: Trace, config: OverlayConfig, *, inventory: Inventory |
         drawn.append((duration, gpus))
         total += duration * gpus
     times = _sample_times(
-        session_rng, len(drawn), end=span_end, week_phase_s=phase, day_cv=config.session_day_cv
+        session_rng, len(drawn), end=span_end, week_phase_s=week_phase_s, day_cv=config.session_day_cv
     )
     for index, (submit_at, (duration, gpus)) in enumerate(zip(times, drawn, strict=True)):
         user, project = users[session_rng.randrange(len(users))]
@@ -334,9 +375,21 @@ def build_overlay(trace: Trace, config: OverlayConfig, *, inventory: Inventory |
                 requested_s=math.ceil(duration / 1_800.0) * 1_800.0,
             )
         )
+    return sessions
 
-    booking_rng = random.Random(rng.getrandbits(64))
-    want_s = config.booking_share * target_s
+
+def _draw_booking_requests(
+    booking_rng: random.Random,
+    config: OverlayConfig,
+    *,
+    want_s: float,
+    span_end: float,
+    week_phase_s: float,
+    users: list[tuple[str, str]],
+    inventory: Inventory | None,
+) -> list[tuple[float, BookingPlan]]:
+    """Advance booking requests totalling ``want_s`` booked GPU-seconds, as (created_at, plan)
+    in the order they are made (not yet admitted: no id, no GPUs)."""
     total = 0.0
     shapes: list[tuple[float, int]] = []
     while total < want_s:
@@ -347,7 +400,7 @@ def build_overlay(trace: Trace, config: OverlayConfig, *, inventory: Inventory |
     # Bookings start on the hour, more often in office hours.
     starts = [
         math.floor(t / HOUR_S) * HOUR_S + HOUR_S
-        for t in _sample_times(booking_rng, len(shapes), end=span_end, week_phase_s=phase, day_cv=0.0)
+        for t in _sample_times(booking_rng, len(shapes), end=span_end, week_phase_s=week_phase_s, day_cv=0.0)
     ]
     type_weights: list[tuple[str, int]] = []
     if inventory is not None:
@@ -357,40 +410,59 @@ def build_overlay(trace: Trace, config: OverlayConfig, *, inventory: Inventory |
         type_weights = sorted(by_type.items())
     requests: list[tuple[float, BookingPlan]] = []
     for start_at, (duration, gpus) in zip(starts, shapes, strict=True):
-        lead = booking_rng.uniform(1.0, 72.0) * HOUR_S
-        end_at = start_at + duration
-        use_start: float | None = start_at
-        use_end: float | None = end_at
-        if booking_rng.random() < config.booking_no_show:
-            use_start = use_end = None
-        else:
-            if booking_rng.random() < config.booking_late_share:
-                use_start = start_at + booking_rng.uniform(120.0, 1_200.0)
-            else:
-                use_start = start_at + booking_rng.uniform(0.0, 120.0)  # a minute or two late
-            if booking_rng.random() < config.booking_early_end_share:
-                use_end = use_start + booking_rng.uniform(0.4, 0.95) * (end_at - use_start)
-        user, project = users[booking_rng.randrange(len(users))]
-        gpu_type = None
-        if type_weights:
-            names, weights = zip(*type_weights, strict=True)
-            gpu_type = booking_rng.choices(names, weights=weights)[0]
-        plan = BookingPlan(
-            id="",
-            user=user,
-            project=project,
-            created_at=max(0.0, start_at - lead),
-            start_at=start_at,
-            end_at=end_at,
-            gpu_count=gpus,
-            use_start_at=use_start,
-            use_end_at=use_end,
-            gpu_type=gpu_type,
-        )
+        plan = _booking_request(booking_rng, config, start_at, duration, gpus, users, type_weights)
         requests.append((plan.created_at, plan))
-    # Admission in the order the requests are made, as the portal sees them.
     requests.sort(key=lambda item: item[0])
-    gate = _Admission(inventory, projects)
+    return requests
+
+
+def _booking_request(
+    booking_rng: random.Random,
+    config: OverlayConfig,
+    start_at: float,
+    duration: float,
+    gpus: int,
+    users: list[tuple[str, str]],
+    type_weights: list[tuple[str, int]],
+) -> BookingPlan:
+    """One booking request: its lead time, how its owner uses it, its user and GPU type."""
+    lead = booking_rng.uniform(1.0, 72.0) * HOUR_S
+    end_at = start_at + duration
+    use_start: float | None = start_at
+    use_end: float | None = end_at
+    if booking_rng.random() < config.booking_no_show:
+        use_start = use_end = None
+    else:
+        if booking_rng.random() < config.booking_late_share:
+            use_start = start_at + booking_rng.uniform(120.0, 1_200.0)
+        else:
+            use_start = start_at + booking_rng.uniform(0.0, 120.0)  # a minute or two late
+        if booking_rng.random() < config.booking_early_end_share:
+            use_end = use_start + booking_rng.uniform(0.4, 0.95) * (end_at - use_start)
+    user, project = users[booking_rng.randrange(len(users))]
+    gpu_type = None
+    if type_weights:
+        names, weights = zip(*type_weights, strict=True)
+        gpu_type = booking_rng.choices(names, weights=weights)[0]
+    return BookingPlan(
+        id="",
+        user=user,
+        project=project,
+        created_at=max(0.0, start_at - lead),
+        start_at=start_at,
+        end_at=end_at,
+        gpu_count=gpus,
+        use_start_at=use_start,
+        use_end_at=use_end,
+        gpu_type=gpu_type,
+    )
+
+
+def _admit_bookings(
+    requests: list[tuple[float, BookingPlan]], gate: _Admission
+) -> tuple[list[BookingPlan], int]:
+    """Admission in the order the requests are made, as the portal sees them: (admitted
+    bookings with ids and GPUs, refused count)."""
     bookings: list[BookingPlan] = []
     refused = 0
     for created_at, plan in requests:
@@ -406,16 +478,7 @@ def build_overlay(trace: Trace, config: OverlayConfig, *, inventory: Inventory |
             refused += 1
             continue
         bookings.append(dataclasses.replace(plan, id=f"bk-{len(bookings):06d}", gpu_ids=gpu_ids))
-    return Overlay(
-        sessions=tuple(sessions),
-        bookings=tuple(bookings),
-        preemptible=frozenset(preemptible),
-        checkpointable=frozenset(checkpointable),
-        checkpoint_interval_s=config.checkpoint_interval_s,
-        projects=projects,
-        bookings_refused=refused,
-        config=config,
-    )
+    return bookings, refused
 
 
 def session_demand_intervals(overlay: Overlay) -> list[tuple[float, float, int]]:

@@ -18,6 +18,10 @@ and a tick while something is pending and a GPU is free (30 s, doubling up to
 ``max_tick_s`` while rounds change nothing, reset by any other event).  `plan_round` runs after
 every event batch except batch arrivals while no GPU is free (nothing could start, and batch
 arrivals cannot trigger a preemption: the replay configures no guaranteed quotas).
+
+Bookings (admission, seating owners, no-shows) are in `scheduling.sim.replay_bookings`; the
+options, the per-policy set-up and the arguments in `scheduling.sim.replay_setup` (re-exported
+here).
 """
 
 from __future__ import annotations
@@ -27,85 +31,63 @@ import heapq
 import math
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Required, TypedDict, Unpack
+from typing import Unpack
 
-from scheduling import admission, inputs
+from scheduling import inputs
 from scheduling.backends.simulator import SimulatorBackend, TransitionKind
 from scheduling.engine.types import (
-    Booking,
     ClusterSnapshot,
     IdleReason,
     JobKind,
     JobRequest,
     Plan,
-    PolicyConfig,
     RunningJob,
 )
 from scheduling.sim import bounds
-from scheduling.sim.forecast import SessionForecast
 from scheduling.sim.inventory import Inventory
-from scheduling.sim.metrics import UNEXPLAINED, BookingOutcome, JobOutcome, ReplayRecord, percentile
-from scheduling.sim.overlays import BookingPlan, Overlay, demand_series
-from scheduling.sim.runtime import RuntimePredictor
-from scheduling.sim.trace import Trace
-
-PlanFn = Callable[..., Plan]  # plan_round(snapshot, policy=PolicyConfig, now=float) -> Plan
-
-POLICIES = ("fifo", "easy", "static", "berth")
-
-_REASON_VALUE = {reason: reason.value for reason in IdleReason}  # cheaper than the enum's .value
-
-# Event kinds, in processing order within one instant.
-(
+from scheduling.sim.metrics import UNEXPLAINED, JobOutcome, ReplayRecord
+from scheduling.sim.overlays import Overlay
+from scheduling.sim.replay_bookings import (
+    _ABANDON,
     _ARRIVE,
-    _SESSION,
     _BK_CREATE,
-    _BK_WAKE,
-    _BK_OWNER_IN,
-    _BK_OWNER_OUT,
     _BK_END,
     _BK_NO_SHOW,
-    _ABANDON,
-    _WAKE,
+    _BK_OWNER_IN,
+    _BK_OWNER_OUT,
+    _BK_WAKE,
+    _KIND_NAMES,
+    _SESSION,
     _TICK,
-) = range(11)
-_KIND_NAMES = (
-    "arrival",
-    "session",
-    "booking",
-    "booking",
-    "booking",
-    "booking",
-    "booking",
-    "booking",
-    "abandon",
-    "engine_wake",
-    "tick",
+    _WAKE,
+    HONORED_WITHIN_S,
+    BookingDesk,
+    _BookingState,
 )
-# the portal extends a running job's allocation this far ahead before it lapses
-# (`rounds._EXTEND_BY`), so an overrunning job blocks bookings only that long
-_EXTEND_S = 1_800.0
-HONORED_WITHIN_S = 60.0  # a booking owner served within this of arriving is honored
+from scheduling.sim.replay_setup import (
+    _SETUP_KEYS,
+    POLICIES,
+    PlanFn,
+    ReplayOptions,
+    ReplaySetup,
+    policy_config,
+)
+from scheduling.sim.trace import Trace
+
+__all__ = [
+    "HONORED_WITHIN_S",
+    "POLICIES",
+    "PlanFn",
+    "Replay",
+    "ReplayOptions",
+    "ReplaySetup",
+    "policy_config",
+    "run_replay",
+]
 
 
-@dataclass(frozen=True, slots=True)
-class ReplayOptions:
-    tick_s: float = 30.0
-    max_tick_s: float = 600.0
-    static_quantile: float = 95.0  # static partition sized for this percentile of overlay demand
-    predict_for: frozenset[str] = frozenset({"berth"})  # policies that get runtime predictions
-    strict: bool = True  # raise on a double allocation instead of refusing the start
-    horizon_s: float = 7 * 86_400.0  # bookings passed to the engine: starting before now + horizon
-    # "engine": bookings reach the engine without GPUs and take those of the engine's
-    # ReserveAction at their start (the portal's own assignment is the admission check and the
-    # fallback); "portal": the portal's assignment is final.
-    booking_gpus: str = "portal"
-    max_idle_rounds: int = 3  # stop when only ticks remain and this many rounds changed nothing
-    # Stop at this simulated instant (what is running or queued then stays so in the record);
-    # the demo lab's history replay ends at "now".  inf: until every job is done.
-    stop_at_s: float = math.inf
+_REASON_VALUE = {reason: reason.value for reason in IdleReason}  # cheaper than the enum's .value
 
 
 @dataclass(slots=True)
@@ -118,65 +100,7 @@ class _Meta:
     saved_s: float = 0.0  # kept progress so far
 
 
-@dataclass(slots=True)
-class _BookingState:
-    plan: BookingPlan
-    gpu_ids: tuple[int, ...]  # the portal's assignment until fixed, then the final GPUs
-    booking: Booking
-    is_fixed: bool = False
-    engine_gpu_ids: tuple[int, ...] = ()
-    owner_arrived_at: float | None = None
-    holding_since: float | None = None
-    is_closed: bool = False
-
-
-def policy_config(
-    policy: str, *, inventory: Inventory, overlay: Overlay, options: ReplayOptions, seed: int = 0
-) -> PolicyConfig:
-    """The per-policy set-up: ``static`` gets a fixed interactive partition sized for the
-    overlay's p95 interactive + booking demand; the others start from the defaults (``berth``'s
-    headroom is updated every hour from the forecast during the replay)."""
-    if policy not in POLICIES:
-        raise ValueError(f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
-    restore_s = overlay.config.restore_s
-    if policy != "static":
-        return PolicyConfig(name=policy, restore_s=restore_s)
-    demand = [float(level) for _, level in demand_series(overlay)]
-    want = math.ceil(percentile(demand, options.static_quantile))
-    partition: list[str] = []
-    covered = 0
-    for node in reversed(inventory.nodes):  # the last nodes form the partition
-        if covered >= want:
-            break
-        partition.append(node.id)
-        covered += len(node.gpu_ids)
-    return PolicyConfig(name=policy, interactive_partition=tuple(sorted(partition)), restore_s=restore_s)
-
-
-class ReplaySetup(TypedDict, total=False):
-    """The keyword arguments of `Replay` and `run_replay` (one declaration for both).
-
-    ``policy`` and ``plan_fn`` are required; ``predictor`` gives runtime predictions to the
-    policies in ``options.predict_for``; ``seed`` (default 0) seeds the policy set-up;
-    ``config`` overrides the policy set-up of `policy_config`; ``forecast`` is the session-demand
-    forecast that sizes berth's headroom and pool (None: berth gets none); ``oracle`` replaces
-    every batch job's runtime estimate by its true runtime (the ``easy_oracle`` bound).
-    """
-
-    policy: Required[str]
-    plan_fn: Required[PlanFn]
-    predictor: RuntimePredictor | None
-    options: ReplayOptions | None
-    seed: int
-    config: PolicyConfig | None
-    forecast: SessionForecast | None
-    oracle: bool
-
-
-_SETUP_KEYS = ReplaySetup.__required_keys__ | ReplaySetup.__optional_keys__
-
-
-class Replay:
+class Replay(BookingDesk):
     """One policy over one workload.  Use `run_replay` unless you need the internals."""
 
     def __init__(
@@ -500,132 +424,6 @@ class Replay:
                 self._enqueue(request, meta)
         return bool(transitions)
 
-    # ---- bookings ----
-
-    def _create_booking(self, plan: BookingPlan, t: float) -> None:
-        """The booking as the portal admitted it (`scheduling.sim.overlays`: the portal's rules)."""
-        chosen = plan.gpu_ids
-        if self.options.booking_gpus == "portal" and chosen:
-            chosen = self._admission_gpus(plan, t) or chosen
-        for gpu in chosen:
-            self._booked_windows.setdefault(gpu, []).append((plan.start_at, plan.end_at))
-        booking = Booking(
-            id=plan.id,
-            user=plan.user,
-            project=plan.project,
-            gpu_count=plan.gpu_count,
-            start_at=plan.start_at,
-            end_at=plan.end_at,
-            gpu_type=plan.gpu_type,
-            gpu_ids=tuple(sorted(chosen)) if self.options.booking_gpus == "portal" else (),
-        )
-        state = _BookingState(plan, tuple(sorted(chosen)), booking, is_fixed=bool(booking.gpu_ids))
-        self._bookings[plan.id] = state
-        index = int(plan.id.split("-")[1])
-        lead = self.config.booking_lead_s + self.config.grace_s
-        if plan.start_at - lead > t:
-            self._push(plan.start_at - lead, _BK_WAKE, index)
-        self._push(plan.start_at, _BK_WAKE, index)
-        grace = self.overlay.config.booking_grace_s
-        if plan.use_start_at is not None and plan.use_end_at is not None:
-            self._push(plan.use_start_at, _BK_OWNER_IN, index)
-            self._push(plan.use_end_at, _BK_OWNER_OUT, index)
-        if grace > 0 and plan.start_at + grace < plan.end_at:
-            self._push(plan.start_at + grace, _BK_NO_SHOW, index)
-        self._push(plan.end_at, _BK_END, index)
-
-    def _admission_gpus(self, plan: BookingPlan, t: float) -> tuple[int, ...] | None:
-        """The GPUs `booking_create` picks at ``t``: of the booking's type, with no blocking
-        allocation overlapping its window (other bookings, and running jobs until their
-        allocation's end: the start's expected end, or about ``_EXTEND_S`` ahead while the job
-        overruns it, as `rounds._extend_running` keeps it); None when none fit (the overlay's
-        admission, which counted capacity minus overlapping bookings, admitted it: its own
-        pick is kept, as the portal cannot see that the replay would have refused it)."""
-        start, end = plan.start_at, plan.end_at
-        busy_until: dict[int, float] = {}
-        for job_id, running in self._running.items():
-            alloc_end = max(self._alloc_end.get(job_id, math.inf), t + _EXTEND_S)
-            for gpu in running.gpu_ids:
-                busy_until[gpu] = alloc_end
-        free: list[admission.FreeNode] = []
-        for index, node in enumerate(self.inventory.nodes):
-            if plan.gpu_type is not None and node.gpu_type != plan.gpu_type:
-                continue
-            ids = []
-            for gpu in node.gpu_ids:
-                if busy_until.get(gpu, -math.inf) > start:
-                    continue
-                windows = self._booked_windows.get(gpu)
-                if windows:
-                    windows[:] = [w for w in windows if w[1] > t]
-                    if any(w_start < end and start < w_end for w_start, w_end in windows):
-                        continue
-                ids.append(gpu)
-            if ids:
-                free.append(admission.FreeNode(index, node.id, 0, tuple(ids)))
-        pick = admission.pick_gpus(free, gpu_count=plan.gpu_count)
-        return tuple(sorted(pick[0])) if pick is not None else None
-
-    def _booking_event(self, kind: int, plan: BookingPlan, t: float) -> None:
-        state = self._bookings.get(plan.id)
-        if state is None or state.is_closed:
-            return
-        if kind == _BK_NO_SHOW:
-            if state.owner_arrived_at is None:
-                # Nobody came within the grace: the portal releases the booking.
-                self._released_no_show += 1
-                self._close_booking(state, t, is_no_show=True)
-        elif kind == _BK_OWNER_IN:
-            state.owner_arrived_at = t
-            state.booking = dataclasses.replace(state.booking, is_in_use=True)
-            self._waiting_owners.append(plan.id)
-        elif kind in (_BK_OWNER_OUT, _BK_END):
-            self._close_booking(state, t)
-
-    def _seat_owners(self, t: float) -> bool:
-        """Give waiting booking owners their GPUs where free; True if anyone was seated."""
-        still: list[str] = []
-        for booking_id in self._waiting_owners:
-            state = self._bookings.get(booking_id)
-            if state is None or state.is_closed:
-                continue
-            if not state.is_fixed:
-                still.append(booking_id)  # its GPUs are fixed by the round at its start
-                continue
-            if self.backend.hold(booking_id, state.gpu_ids):
-                state.holding_since = t
-                assert state.owner_arrived_at is not None
-                wait = t - state.owner_arrived_at
-                self.record.bookings.append(
-                    BookingOutcome(booking_id, is_honored=wait <= HONORED_WITHIN_S + 1e-6, owner_wait_s=wait)
-                )
-            else:
-                still.append(booking_id)
-        seated = len(still) != len(self._waiting_owners)
-        self._waiting_owners = still
-        return seated
-
-    def _close_booking(self, state: _BookingState, t: float, *, is_no_show: bool = False) -> None:
-        state.is_closed = True
-        booking_id = state.plan.id
-        if state.holding_since is not None:
-            self.backend.unhold(booking_id)
-            self._add_segment("booking", state.holding_since, t, len(state.gpu_ids))
-        elif state.owner_arrived_at is not None:
-            # The owner came and never got the GPUs.
-            self.record.bookings.append(
-                BookingOutcome(booking_id, is_honored=False, owner_wait_s=t - state.owner_arrived_at)
-            )
-        elif state.plan.use_start_at is None or is_no_show:
-            self.record.bookings.append(BookingOutcome(booking_id, is_honored=None))
-        # The rest of the window is given back: the portal shortens the booking.
-        window = (state.plan.start_at, state.plan.end_at)
-        for gpu in state.gpu_ids:
-            windows = self._booked_windows.get(gpu)
-            if windows and window in windows:
-                windows.remove(window)
-        del self._bookings[booking_id]
-
     def _add_segment(self, kind: str, start: float, useful_end: float, gpus: int) -> None:
         self.record.segments.append((start, useful_end, gpus))
         by_kind = self.record.useful_gpu_s_by_kind
@@ -721,18 +519,6 @@ class Replay:
             acted = True
         self._count_idle(plan)
         return acted
-
-    def _fix_bookings(self, plan: Plan, t: float) -> None:
-        """Track the engine's GPU choice for bookings; fix it once a booking has started."""
-        for reservation in plan.reservations:
-            state = self._bookings.get(reservation.holder_id)
-            if state is not None and not state.is_fixed and len(reservation.gpu_ids) == state.plan.gpu_count:
-                state.engine_gpu_ids = tuple(sorted(reservation.gpu_ids))
-        for state in self._bookings.values():
-            if not state.is_fixed and state.plan.start_at <= t:
-                state.gpu_ids = state.engine_gpu_ids or state.gpu_ids
-                state.booking = dataclasses.replace(state.booking, gpu_ids=state.gpu_ids)
-                state.is_fixed = True
 
     def _count_idle(self, plan: Plan) -> None:
         counts: Counter[str] = Counter()

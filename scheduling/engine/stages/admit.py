@@ -221,6 +221,7 @@ def pool_admits(rnd: Round, job: JobRequest, gpus: tuple[int, ...], estimate: Es
     window = forecast.low_window(everything, now, estimate.hold_s, room_all, booked=booked)
     if window is None:
         return True
+    rnd.low_windows[job.id] = max(window, now)
     rnd.out.wait(
         job.id,
         PendingReason.HEADROOM,

@@ -60,6 +60,13 @@ class EasyPass:
             estimate = state.estimate(job)
             if try_start(rnd, job, types, estimate):
                 continue
+            low_window = rnd.low_windows.get(job.id)
+            if low_window is not None:
+                # non-preemptible and kept out of the pool's peak: it heads the queue, so it
+                # gets its reservation at the earliest low-demand window (not starved by work
+                # that keeps filling that window)
+                composition.reserve.top(rnd, job, types, estimate, not_before=low_window)
+                continue
             if job.id in out.verdicts:
                 continue  # waits on quota
             if reclaim is not None:

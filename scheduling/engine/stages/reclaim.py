@@ -81,15 +81,7 @@ class Reclaim:
         now = rnd.now
         pool = rnd.pool_for(job)
         until = now + estimate.hold_s
-        incoming: dict[int, float] = {}
-        for running in state.snapshot.running:
-            if running.grace_until is not None or running.job.id in out.preempted:
-                for gpu in running.gpu_ids:
-                    if gpu not in out.promised or running.grace_until is not None:
-                        incoming[gpu] = max(running.grace_until or now, now)
-        # GPUs promised to a demand earlier in this round are not arriving for this one
-        for gpu in rnd.round_promised:
-            incoming.pop(gpu, None)
+        incoming = _incoming(rnd)
         is_high_class = job.kind == JobKind.INTERACTIVE or is_quota_claim
         # the top job's shadow without reclaim, computed at most once per call: nothing this
         # call reads changes before it decides
@@ -256,6 +248,22 @@ class Reclaim:
         gained = (shadow.start_at - reclaim.ready_at) * len(reclaim.free_gpus)
         lost = sum(v.lost_gpu_s for v in reclaim.victims)
         return gained > lost
+
+
+def _incoming(rnd: Round) -> dict[int, float]:
+    """GPUs of work already in grace (or signalled this round and not promised to another
+    demand) -> when they come free; none promised to a demand earlier in this round."""
+    now = rnd.now
+    out = rnd.out
+    incoming: dict[int, float] = {}
+    for running in rnd.state.snapshot.running:
+        if running.grace_until is not None or running.job.id in out.preempted:
+            for gpu in running.gpu_ids:
+                if gpu not in out.promised or running.grace_until is not None:
+                    incoming[gpu] = max(running.grace_until or now, now)
+    for gpu in rnd.round_promised:
+        incoming.pop(gpu, None)
+    return incoming
 
 
 def regular_shadow(

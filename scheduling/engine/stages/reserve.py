@@ -201,20 +201,33 @@ class InteractivePool:
 class Reserve:
     """The EASY top-job reservation (see the module docstring)."""
 
-    def top(self, rnd: Round, job: JobRequest, types: Sequence[str], estimate: Estimate) -> None:
+    def top(
+        self,
+        rnd: Round,
+        job: JobRequest,
+        types: Sequence[str],
+        estimate: Estimate,
+        *,
+        not_before: float | None = None,
+    ) -> None:
         """Make the blocked head job the top job: reclaim consenting work for it (with a
-        reclaim stage), or reserve its shadow."""
+        reclaim stage), or reserve its shadow (from ``not_before`` on when given: a
+        non-preemptible job's low-demand window, `admit.pool_admits`; nothing is reclaimed
+        to start it sooner)."""
         pool = rnd.pool_for(job)
         single = rnd.is_single_node(types, job.gpu_count)
         reclaim = rnd.composition.reclaim
-        if reclaim is not None and reclaim.for_demand(rnd, job, types, estimate, single=single):
-            return
-        if reclaim is not None and reclaim_for_wide(rnd, job, types, estimate):
-            return
-        now = rnd.now
+        if not_before is None and reclaim is not None:
+            if reclaim.for_demand(rnd, job, types, estimate, single=single):
+                return
+            if reclaim_for_wide(rnd, job, types, estimate):
+                return
+        available = rnd.availability(for_job=job.id)
+        if not_before is not None:
+            available = {gpu: max(at, not_before) for gpu, at in available.items()}
         shadow = earliest_start(
             node_gpus=rnd.node_gpus_for(job, types),
-            available=rnd.availability(for_job=job.id),
+            available=available,
             gpu_count=job.gpu_count,
             is_single_node=single,
             duration_s=estimate.hold_s,
@@ -252,19 +265,24 @@ class Reserve:
                 end_at=shadow.start_at + estimate.hold_s,
             )
         )
-        if rnd.top_fragmented:
-            rnd.out.wait(
-                job.id,
-                PendingReason.FRAGMENTATION,
-                f"Top of the queue; {free_total} fitting GPUs are free but no node has {job.gpu_count} "
-                f"of them together. GPUs are reserved for it from +{fmt_s(shadow.start_at - now)}.",
-                shadow.start_at,
-            )
-            return
+        _explain_top(rnd, job, free_total, shadow.start_at)
+
+
+def _explain_top(rnd: Round, job: JobRequest, free_total: int, start_at: float) -> None:
+    """The top job's sentence: fragments, or too few free GPUs; reserved from ``start_at``."""
+    reserved = f"GPUs are reserved for it from +{fmt_s(start_at - rnd.now)}."
+    if rnd.top_fragmented:
         rnd.out.wait(
             job.id,
-            PendingReason.RESOURCES,
-            f"Top of the queue; needs {job.gpu_count} GPUs, {free_total} fitting ones are free now. "
-            f"GPUs are reserved for it from +{fmt_s(shadow.start_at - now)}.",
-            shadow.start_at,
+            PendingReason.FRAGMENTATION,
+            f"Top of the queue; {free_total} fitting GPUs are free but no node has {job.gpu_count} "
+            f"of them together. {reserved}",
+            start_at,
         )
+        return
+    rnd.out.wait(
+        job.id,
+        PendingReason.RESOURCES,
+        f"Top of the queue; needs {job.gpu_count} GPUs, {free_total} fitting ones are free now. {reserved}",
+        start_at,
+    )

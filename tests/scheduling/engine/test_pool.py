@@ -162,3 +162,19 @@ def test_booked_gpus_count_in_the_peak_that_non_preemptible_work_must_leave_free
     plan = plan_round(snapshot(nodes, pending=[narrow], bookings=[booking]), policy, NOW)
     assert [s.job_id for s in plan.starts] == ["narrow"]
     assert [s.job_id for s in plan_round(snapshot(nodes, pending=[wide]), policy, NOW).starts] == ["wide"]
+
+
+def test_a_non_preemptible_head_job_kept_out_of_the_peak_reserves_the_low_demand_window() -> None:
+    """The 2-GPU non-preemptible job the forecast keeps out of the next hours heads the queue:
+    it becomes the top job with GPUs reserved from the earliest low-demand window (+3 h), so
+    work that starts later cannot keep taking that window from it."""
+    nodes = make_nodes(4, 1)
+    policy = PolicyConfig(name="berth", interactive_pool=_pool(0, 3, 3, 0, 0, 0))
+    wide = job("wide", 2, requested_s=2 * H)
+    plan = plan_round(snapshot(nodes, pending=[wide]), policy, NOW)
+    assert plan.starts == ()
+    (reservation,) = [r for r in plan.reservations if r.holder_id == "wide"]
+    assert reservation.start_at == NOW + 3 * H
+    assert len(reservation.gpu_ids) == 2
+    (explanation,) = plan.pending
+    assert explanation.eta_p50_at == NOW + 3 * H
