@@ -34,6 +34,16 @@ def fmt_s(seconds: float) -> str:
     return text
 
 
+def fmt_gpus(count: int) -> str:
+    """A GPU count for a sentence: 1 GPU, 4 GPUs."""
+    return "1 GPU" if count == 1 else f"{count} GPUs"
+
+
+def job_label(job_id: str, name: str) -> str:
+    """How a sentence names another job: its name in quotes when it has one, else its id."""
+    return f"\u201c{name}\u201d" if name else job_id
+
+
 @dataclass(slots=True)
 class Verdict:
     """Why a job waits, with the numbers a sentence needs; ETAs are filled in by explain."""

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from scheduling.engine.outcome import Verdict, fmt_s
+from scheduling.engine.outcome import Verdict, fmt_gpus, fmt_s, job_label
 from scheduling.engine.placement import INF
 from scheduling.engine.stages.admit import hold_pool
 from scheduling.engine.stages.reserve import HEADROOM
@@ -131,7 +131,11 @@ def explain_blocked(rnd: Round, job: JobRequest, types: Sequence[str], estimate:
             whom = (
                 "interactive headroom"
                 if what == HEADROOM
-                else ("the top job " + what if top is not None and what == top.id else "booking " + what)
+                else (
+                    "the top job " + job_label(top.id, top.name)
+                    if top is not None and what == top.id
+                    else "booking " + what
+                )
             )
             rnd.out.wait(
                 job.id,
@@ -146,11 +150,15 @@ def explain_blocked(rnd: Round, job: JobRequest, types: Sequence[str], estimate:
             f"{free} fitting GPUs are free in total, but no node has {job.gpu_count} of them together.",
         )
         return
-    ahead = f"; top job {top.id} holds the next free GPUs" if top is not None else ""
+    ahead = (
+        f"; the next free GPUs go to job {job_label(top.id, top.name)}, first in line"
+        if top is not None
+        else ""
+    )
     rnd.out.wait(
         job.id,
         PendingReason.RESOURCES if top is None or top.id == job.id else PendingReason.PRIORITY,
-        f"Needs {job.gpu_count} GPUs of type {'/'.join(types)}; {free} are free{ahead}.",
+        f"Needs {fmt_gpus(job.gpu_count)} of type {'/'.join(types)}; {free} are free{ahead}.",
     )
 
 

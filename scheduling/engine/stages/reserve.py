@@ -21,7 +21,7 @@ from scheduling.engine.backfill import Shadow, earliest_start
 from scheduling.engine.booking_fit import cheapest_booking_gpus
 from scheduling.engine.fragmentation import reclaim_for_wide
 from scheduling.engine.headroom import headroom_need
-from scheduling.engine.outcome import fmt_s
+from scheduling.engine.outcome import fmt_gpus, fmt_s
 from scheduling.engine.placement import INF, Hold
 from scheduling.engine.preemption import is_cheap_to_reclaim, is_reclaimable, kill_time
 from scheduling.engine.types import Booking, JobRequest, PendingReason, ReserveAction
@@ -238,7 +238,7 @@ class Reserve:
             rnd.out.wait(
                 job.id,
                 PendingReason.CONSTRAINT,
-                f"Needs {job.gpu_count} GPUs of type {'/'.join(types)}; not that many are {where} "
+                f"Needs {fmt_gpus(job.gpu_count)} of type {'/'.join(types)}; not that many are {where} "
                 f"(nodes down or draining, or the cluster is too small for it).",
             )
             rnd.out.verdicts[job.id].has_eta = False
