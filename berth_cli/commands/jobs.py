@@ -25,7 +25,7 @@ from berth_cli.app import (
 from berth_cli.errors import EXIT_FAILED, BerthCliError
 from berth_cli.timefmt import duration_text, local_text, now_utc, relative_text, when_text
 
-OPEN = "pending,starting,running,preempted"
+OPEN = "pending,starting,running"
 TERMINAL = {"completed", "failed", "cancelled"}
 
 
@@ -35,7 +35,7 @@ def _gpus(job: dict[str, Any]) -> str:
 
 def _reason(job: dict[str, Any]) -> str:
     """What the server says about the job's state (its pending sentence while it waits)."""
-    if job["status"] in ("pending", "preempted"):
+    if job["status"] == "pending":
         return str(job.get("pending_sentence") or job.get("status_message") or "Waiting for the next round.")
     if job["status"] == "starting":
         return "placed; waiting for the backend to start it"
@@ -46,7 +46,7 @@ def _reason(job: dict[str, Any]) -> str:
 
 
 def _eta(job: dict[str, Any]) -> str:
-    if job["status"] not in ("pending", "preempted") or not job.get("eta_p50_at"):
+    if job["status"] != "pending" or not job.get("eta_p50_at"):
         return "-"
     return f"{relative_text(job['eta_p50_at'])} / {relative_text(job.get('eta_p90_at'))}"
 
@@ -75,7 +75,7 @@ def show_job(job: dict[str, Any]) -> None:
                 f"p90 {duration_text(job.get('predicted_p90_s') or job['predicted_p50_s'])}",
             )
         )
-    if job["status"] in ("pending", "preempted"):
+    if job["status"] == "pending":
         rows.append(("why", _reason(job)))
         if job.get("eta_p50_at"):
             rows.append(("eta p50", when_text(job["eta_p50_at"])))
@@ -84,7 +84,7 @@ def show_job(job: dict[str, Any]) -> None:
         rows.append(("started", when_text(job["started_at"])))
     if job.get("ended_at"):
         rows.append(("ended", when_text(job["ended_at"])))
-    if job.get("status_message") and job["status"] not in ("pending", "preempted"):
+    if job.get("status_message") and job["status"] != "pending":
         rows.append(("message", job["status_message"]))
     payload = job.get("payload") or {}
     if payload.get("command"):
