@@ -39,8 +39,11 @@ def fmt_gpus(count: int) -> str:
     return "1 GPU" if count == 1 else f"{count} GPUs"
 
 
-def job_label(job_id: str, name: str) -> str:
-    """How a sentence names another job: its name in quotes when it has one, else its id."""
+def job_label(job_id: str, name: str, *, same_owner: bool = True) -> str:
+    """How a sentence names another job: its name in quotes when the reader owns it too (else its id),
+    and "another user's job" when it is someone else's (a sentence never shows others' job names)."""
+    if not same_owner:
+        return "another user's job"
     return f"\u201c{name}\u201d" if name else job_id
 
 

@@ -25,7 +25,7 @@ t0 = loop.t0
 
 pytestmark = pytest.mark.django_db
 
-STEM = "Needs 4 GPUs of type A100; 0 are free; the next free GPUs go to job 7, first in line."
+STEM = "Needs 4 GPUs of type A100; 0 are free; the next free GPUs go to the job first in line, 7."
 
 
 def _said(p50: float, p90: float, now_s: float) -> str:
@@ -45,7 +45,7 @@ def test_a_sentence_that_differs_only_in_its_eta_text_is_kept_with_its_etas() ->
     stale = ("priority", _said(*old, now_s - 86_400), *old)
     assert rounds._explanation_changed(row, stale, now_s=now_s)
     # Another stem, another reason, or an ETA outside the slack: written.
-    other = (1, "priority", _said(*new, now_s).replace("job 7,", "job 8,"), *new)
+    other = (1, "priority", _said(*new, now_s).replace("line, 7.", "line, 8."), *new)
     assert rounds._explanation_changed(other, stored, now_s=now_s)
     assert rounds._explanation_changed((1, "resources", *row[2:]), stored, now_s=now_s)
     far = (old[0] + 3 * 86_400, old[1])

@@ -132,7 +132,7 @@ def explain_blocked(rnd: Round, job: JobRequest, types: Sequence[str], estimate:
                 "interactive headroom"
                 if what == HEADROOM
                 else (
-                    "the top job " + job_label(top.id, top.name)
+                    "the top job, " + job_label(top.id, top.name, same_owner=top.user == job.user)
                     if top is not None and what == top.id
                     else "booking " + what
                 )
@@ -151,7 +151,8 @@ def explain_blocked(rnd: Round, job: JobRequest, types: Sequence[str], estimate:
         )
         return
     ahead = (
-        f"; the next free GPUs go to job {job_label(top.id, top.name)}, first in line"
+        "; the next free GPUs go to the job first in line, "
+        + job_label(top.id, top.name, same_owner=top.user == job.user)
         if top is not None
         else ""
     )

@@ -16,6 +16,7 @@ def test_gpu_counts_and_job_labels() -> None:
     assert fmt_gpus(8) == "8 GPUs"
     assert job_label("j7", "era5-emulator") == "\u201cera5-emulator\u201d"
     assert job_label("j7", "") == "j7"
+    assert job_label("j7", "era5-emulator", same_owner=False) == "another user's job"
 
 
 def test_a_waiting_job_behind_the_top_job_names_it_and_counts_one_gpu_as_one() -> None:
@@ -35,3 +36,21 @@ def test_a_waiting_job_behind_the_top_job_names_it_and_counts_one_gpu_as_one() -
     assert small.sentence.startswith("Needs 1 GPU of type A100; 0 are free;"), small.sentence
     assert "\u201cclimate-run\u201d" in small.sentence, small.sentence
     assert "big" not in small.sentence, small.sentence
+
+
+def test_a_sentence_never_shows_another_users_job_name() -> None:
+    nodes = make_nodes(1, 4)
+    busy = running(job("r", 4, requested_s=1_000), (0, 1, 2, 3), started_at=NOW - 100)
+    snap = snapshot(
+        nodes,
+        running_jobs=[busy],
+        pending=[
+            job("theirs", 4, submit_at=1, user="v", name="secret-sweep"),
+            job("mine", 1, submit_at=2, requested_s=10, name="probe"),
+        ],
+    )
+    plan = plan_round(snap, PolicyConfig(name="easy"), NOW)
+    (mine,) = [e for e in plan.pending if e.job_id == "mine"]
+    assert "secret-sweep" not in mine.sentence, mine.sentence
+    assert "theirs" not in mine.sentence, mine.sentence
+    assert "another user's job" in mine.sentence, mine.sentence
