@@ -209,6 +209,7 @@ class RoundState:
         "running_by_gpu",
         "running_by_id",
         "snapshot",
+        "takeable_by_node",
         "topology",
         "type_order",
         "types",
@@ -254,6 +255,8 @@ class RoundState:
             self.end_hold[running.job.id] = hold
         self._eligible_cache = topology.eligible_cache
         self._estimates = estimates_by_job(policy, is_predicted=is_predicted)
+        # node index -> its running work a demand may ever take (`preemption.takeable_on`)
+        self.takeable_by_node: dict[int, tuple[RunningJob, ...]] = {}
 
     def eligible_types(self, job: JobRequest) -> tuple[str, ...]:
         """Types present in the cluster that satisfy the job, in ``type_order``."""

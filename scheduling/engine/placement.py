@@ -109,6 +109,8 @@ class FreePool:
         "_plain",
         "_type_free",
         "_type_plain",
+        "holds",
+        "takes",
     )
 
     def __init__(
@@ -158,6 +160,9 @@ class FreePool:
             type_free[name] += count
         self._type_free = type_free
         self._type_plain: dict[str, int] = dict(type_free)
+        # how many times `take` and `hold` changed the pool (memos of a round key on them)
+        self.takes = 0
+        self.holds = 0
 
     # ---- reads ----
 
@@ -206,6 +211,7 @@ class FreePool:
     def take(self, gpus: Iterable[int]) -> None:
         """Remove GPUs from the pool (they were started on, claimed or set aside)."""
         self._memo.clear()
+        self.takes += 1
         for gpu in gpus:
             node = self._gpu_node[gpu]
             free = self._free[node]
@@ -230,6 +236,7 @@ class FreePool:
     def hold(self, gpus: Iterable[int], hold: Hold) -> None:
         """Put a hold on free GPUs (non-free ones are ignored); holds on one GPU merge."""
         self._memo.clear()
+        self.holds += 1
         free, held, gpu_node, node_types = self._free, self._held, self._gpu_node, self._node_type
         # the group of GPUs under ``hold`` itself, per type (looked up once: hashing a Hold is not free)
         own_group: dict[str, set[int]] = {}

@@ -120,6 +120,26 @@ def is_reclaimable(running: RunningJob, *, excluded: set[str]) -> bool:
     )
 
 
+def takeable_on(state: RoundState, node_index: int) -> tuple[RunningJob, ...]:
+    """The running jobs on a node that are reclaimable this round before this round's own
+    signals (`is_reclaimable` with nothing excluded), in the order of their first GPU on it;
+    indexed once per node and round (the snapshot does not change)."""
+    cache = state.takeable_by_node
+    found = cache.get(node_index)
+    if found is None:
+        seen: dict[str, RunningJob] = {}
+        nothing: set[str] = set()
+        running_by_gpu = state.running_by_gpu
+        for gpu in state.nodes[node_index].gpu_ids:
+            running = running_by_gpu.get(gpu)
+            if running is None or running.job.id in seen:
+                continue
+            if is_reclaimable(running, excluded=nothing):
+                seen[running.job.id] = running
+        found = cache[node_index] = tuple(seen.values())
+    return found
+
+
 def _victim_order(state: RoundState, victim: Victim) -> tuple[bool, float, float, str]:
     # Past their minimum runtime first (the demand waits only the grace), then least lost work
     # (since the last checkpoint plus the restore, or all of it for restartable work), then
@@ -158,14 +178,8 @@ def plan_reclaim(
         free = free_on_node(node_index)
         arriving = sorted((incoming[g], g) for g in node.gpu_ids if g in incoming)
         victims: dict[str, Victim] = {}
-        for gpu in node.gpu_ids:
-            running = state.running_by_gpu.get(gpu)
-            if (
-                running is not None
-                and running.job.id not in victims
-                and is_reclaimable(running, excluded=excluded_jobs)
-                and (may_take is None or may_take(running))
-            ):
+        for running in takeable_on(state, node_index):
+            if running.job.id not in excluded_jobs and (may_take is None or may_take(running)):
                 victims[running.job.id] = victim_of(state, running, is_high_class=is_high_class)
         if not is_single_node:
             pool_free.extend(free)

@@ -130,6 +130,9 @@ class Round:
         # project -> whether it has quotas (the never-startable verdict depends on them only then)
         self.quota_projects: dict[str, bool] = {}
         self._nodes_cache: dict[tuple[tuple[str, ...], bool], NodeGpus] = {}
+        # a session's demand shape -> (what the round had signalled, promised and held, the
+        # pool's takes or None) when its reclaim failed (`stages.reclaim._FailMemo`)
+        self.reclaim_failed: dict[tuple[object, ...], tuple[tuple[int, int, int, int], int | None]] = {}
 
     def _pinned_by_type(self) -> dict[str, int]:
         """GPUs per type held by work sessions cannot take back (batch work without consent

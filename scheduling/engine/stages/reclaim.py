@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from scheduling.engine.backfill import Shadow, earliest_start
 from scheduling.engine.outcome import fmt_s
-from scheduling.engine.placement import INF
+from scheduling.engine.placement import INF, FreePool
 from scheduling.engine.preemption import Reclaim as ReclaimPlan
 from scheduling.engine.preemption import demand_may_take, is_reclaimable, kill_time, plan_reclaim
 from scheduling.engine.types import JobKind, JobRequest, PendingReason, RunningJob
@@ -80,6 +80,9 @@ class Reclaim:
         out = rnd.out
         now = rnd.now
         pool = rnd.pool_for(job)
+        memo = _FailMemo.of(rnd, job, types, estimate, pool, single=single, is_quota_claim=is_quota_claim)
+        if memo is not None and memo.has_failed():
+            return False
         until = now + estimate.hold_s
         incoming = _incoming(rnd)
         is_high_class = job.kind == JobKind.INTERACTIVE or is_quota_claim
@@ -95,6 +98,8 @@ class Reclaim:
             is_reclaimable(running, excluded=out.preempted) and (may_take is None or may_take(running))
             for running in state.snapshot.running
         ):
+            if memo is not None:
+                memo.failed(whatever_is_taken=True)
             return False  # no victim and nothing arriving: a plan could only use free GPUs
         reclaim = plan_reclaim(
             state,
@@ -108,6 +113,9 @@ class Reclaim:
             is_high_class=is_high_class,
         )
         if reclaim is None or (not reclaim.victims and not reclaim.incoming_gpus):
+            if memo is not None:
+                # too few GPUs stays too few when the pool loses some; enough free ones may not
+                memo.failed(whatever_is_taken=reclaim is None)
             return False
         if not is_high_class and not self.is_worth_it(
             rnd, job, types, estimate, reclaim, single, shadow_memo
@@ -248,6 +256,62 @@ class Reclaim:
         gained = (shadow.start_at - reclaim.ready_at) * len(reclaim.free_gpus)
         lost = sum(v.lost_gpu_s for v in reclaim.victims)
         return gained > lost
+
+
+class _FailMemo:
+    """A session's failed reclaim, remembered per demand shape for the rest of the round.
+
+    A session's search (`Reclaim.for_demand`) reads only its eligible types, GPU count,
+    single-node need and hold time (the planned end of its free GPUs' use and the GPU-time
+    `preemption.demand_may_take` weighs), the interactive pool, and what this round signalled
+    or promised (``out.preempted``, ``out.promised``, ``round_promised``): an identical session
+    asking again gets the same "no" without the search while none of those changed.  A hold
+    on the pool (``FreePool.holds``) always forgets the answer; GPUs taken from the pool
+    (``FreePool.takes``) only forget a failure that found enough GPUs on free ones alone
+    (fewer free GPUs may now need victims, so a plan with victims may be found): with fewer
+    free GPUs a demand that could not assemble enough GPUs still cannot.  Identical plans;
+    `tests/scheduling/engine/test_reclaim_memo.py`.
+    """
+
+    __slots__ = ("key", "marks", "pool", "rnd")
+
+    def __init__(self, rnd: Round, key: tuple[object, ...], pool: FreePool) -> None:
+        self.rnd = rnd
+        self.key = key
+        self.pool = pool
+        out = rnd.out
+        self.marks = (len(out.preempted), len(out.promised), len(rnd.round_promised), pool.holds)
+
+    @staticmethod
+    def of(
+        rnd: Round,
+        job: JobRequest,
+        types: Sequence[str],
+        estimate: Estimate,
+        pool: FreePool,
+        *,
+        single: bool,
+        is_quota_claim: bool,
+    ) -> _FailMemo | None:
+        """The memo of a session's demand (None for other demands: their search reads more)."""
+        if job.kind != JobKind.INTERACTIVE or is_quota_claim or type(pool) is not FreePool:
+            return None
+        if rnd.wide and job.id in rnd.wide:
+            return None
+        return _FailMemo(rnd, (tuple(types), job.gpu_count, single, estimate.hold_s), pool)
+
+    def has_failed(self) -> bool:
+        """Whether an identical demand failed since nothing its search reads changed."""
+        seen = self.rnd.reclaim_failed.get(self.key)
+        if seen is None:
+            return False
+        marks, takes = seen
+        return marks == self.marks and (takes is None or takes == self.pool.takes)
+
+    def failed(self, *, whatever_is_taken: bool) -> None:
+        """Remember this failure (``whatever_is_taken``: it holds however many GPUs the pool
+        loses)."""
+        self.rnd.reclaim_failed[self.key] = (self.marks, None if whatever_is_taken else self.pool.takes)
 
 
 def _incoming(rnd: Round) -> dict[int, float]:
