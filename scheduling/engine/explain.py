@@ -181,18 +181,24 @@ def waiting_kinds(sched: Round, queue: list[JobRequest]) -> set[Kind]:
     return kinds
 
 
+_FRAGMENT_REASONS = frozenset({PendingReason.FRAGMENTATION, PendingReason.PREEMPTING})
+
+
 def fragmented_types(sched: Round, queue: list[JobRequest], kinds: Collection[Kind]) -> set[str]:
     """GPU types of waiting jobs that fragmentation blocks and that still have enough fitting
     GPUs free in total after this round's starts (`_still_fragmented`); one pass over the queue
-    only when some job waits for that reason."""
-    if not any(reason == PendingReason.FRAGMENTATION for _types, reason in kinds):
+    only when some job waits for that reason.  A job whose GPUs are being reclaimed
+    (``preempting``) while enough fitting GPUs sit idle in total counts too: it takes others'
+    GPUs because the idle ones are not together, so those idle GPUs are fragmentation's, not
+    idle for lack of demand."""
+    if not any(reason in _FRAGMENT_REASONS for _types, reason in kinds):
         return set()
     started = {start.job_id for start in sched.out.starts}
     verdicts = sched.out.verdicts
     types: set[str] = set()
     for job in queue:
         verdict = verdicts.get(job.id)
-        if verdict is None or verdict.reason != PendingReason.FRAGMENTATION or job.id in started:
+        if verdict is None or verdict.reason not in _FRAGMENT_REASONS or job.id in started:
             continue
         if _still_fragmented(sched, job):
             types.update(sched.state.eligible_types(job))
