@@ -24,12 +24,6 @@ pytestmark = pytest.mark.django_db
 DAY = datetime(2026, 11, 2, tzinfo=UTC)
 
 
-@pytest.fixture
-def staff_web(client: Client, staff: User) -> Client:
-    client.force_login(staff)
-    return client
-
-
 def _ran(
     project: Project, cluster: Cluster, gpu_type: GpuType, node: Node, start: datetime, hours: float
 ) -> Job:

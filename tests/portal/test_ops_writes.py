@@ -3,89 +3,24 @@ replays to done.  Split from test_ops.py (house rule: files under 600 lines)."""
 
 from __future__ import annotations
 
-import csv
-import io
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.contrib.postgres.fields.ranges import DateTimeTZRange
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
 from portal.accounts.models import Project
 from portal.ops import services, views
-from portal.ops.selectors import Range
-from scheduling.models import Allocation, AuditEvent, Cluster, GpuType, Job, Node
+from scheduling.models import AuditEvent, Cluster, GpuType, Job, Node
 from scheduling.snapshots import policy_config_for_cluster
-from tests.factories import JobFactory, QuotaFactory, UserFactory
+from tests.factories import QuotaFactory, UserFactory
+from tests.portal.ops_helpers import csv_rows as _csv_rows
+from tests.portal.ops_helpers import ran as _ran
 
 pytestmark = pytest.mark.django_db
-
-PAGES = [
-    ("ops:home", {}),
-    ("ops:utilization", {}),
-    ("ops:fairness", {}),
-    ("ops:idle", {}),
-    ("ops:capacity", {}),
-    ("ops:quotas", {}),
-    ("ops:policy", {}),
-    ("ops:audit", {}),
-]
-
-# A fixed past day, whole hours (UTC): the selectors get `now` after it.
-DAY = datetime(2026, 11, 2, tzinfo=UTC)
-
-
-@pytest.fixture
-def staff_web(client: Client, staff: User) -> Client:
-    client.force_login(staff)
-    return client
-
-
-def _ran(
-    job_project: Project,
-    cluster: Cluster,
-    gpu_type: GpuType,
-    node: Node,
-    start: datetime,
-    hours: float,
-    *,
-    index: int = 0,
-    kind: str = "batch",
-    wait_s: float = 600.0,
-) -> Job:
-    """A finished job that held GPU ``index`` of ``node`` for ``hours`` from ``start``."""
-    end = start + timedelta(hours=hours)
-    job = JobFactory(
-        project=job_project,
-        cluster=cluster,
-        gpu_type=gpu_type,
-        kind=kind,
-        status=Job.Status.COMPLETED,
-        submitted_at=start - timedelta(seconds=wait_s),
-        started_at=start,
-        ended_at=end,
-    )
-    Allocation.objects.create(
-        gpu=node.gpus.get(index=index),
-        job=job,
-        period=DateTimeTZRange(start, end, "[)"),
-        state=Allocation.State.ENDED,
-    )
-    return job
-
-
-def _day_range() -> Range:
-    return Range(start_at=DAY, end_at=DAY + timedelta(days=1), bucket="hour")
-
-
-def _csv_rows(response: Any) -> list[list[str]]:
-    assert response["Content-Type"].startswith("text/csv")
-    return list(csv.reader(io.StringIO(response.content.decode())))
-
 
 # ---- quotas and policy ----
 

@@ -8,7 +8,6 @@ import html
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.contrib.auth.models import User
 from django.contrib.postgres.fields.ranges import DateTimeTZRange
 from django.template import Context, Template
 from django.test import Client
@@ -27,12 +26,6 @@ from tests.factories import JobFactory, MembershipFactory, ProjectFactory
 pytestmark = pytest.mark.django_db
 
 DAY = datetime(2026, 11, 2, tzinfo=UTC)
-
-
-@pytest.fixture
-def staff_web(client: Client, staff: User) -> Client:
-    client.force_login(staff)
-    return client
 
 
 def _ran(cluster: Cluster, gpu_type: GpuType, node: Node, start: datetime, hours: float) -> Job:
