@@ -27,13 +27,10 @@ HOURS = (1, 8, 48)
 def calendar_fill(*, bookings: int, now: datetime, seed: int) -> dict[str, Any]:
     """The calendar cluster and its bookings; returns the objects the search needs."""
     from django.contrib.auth import get_user_model
-    from django.db import connection
-    from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 
     from portal.accounts.models import Membership, Project
-    from scheduling.models import Allocation, Booking, Cluster, Gpu, GpuType, Node
+    from scheduling.models import Cluster, Gpu, GpuType, Node
 
-    rng = random.Random(seed)
     # 96 GiB: no other type has as much, so the bench-round cluster's A100s are not candidates.
     gpu_type = GpuType.objects.create(name="CAL96", memory_gib=96.0, precisions=["bf16"], value=1.0)
     cluster = Cluster.objects.create(name="bench-calendar", backend=Cluster.Backend.SIMULATOR)
@@ -42,20 +39,39 @@ def calendar_fill(*, bookings: int, now: datetime, seed: int) -> dict[str, Any]:
         for i in range(CALENDAR_NODES)
     )
     Gpu.objects.bulk_create(Gpu(node=n, index=i) for n in nodes for i in range(CALENDAR_GPUS_PER_NODE))
-    gpus: dict[int, list[int]] = {n.pk: [] for n in nodes}
-    for node_id, gpu_id in (
-        Gpu.objects.filter(node__cluster=cluster).order_by("index").values_list("node_id", "id")
-    ):
-        gpus[node_id].append(gpu_id)
     project = Project.objects.create(slug="calendar", name="Calendar")
     user = get_user_model().objects.create(username="calendar")
     Membership.objects.create(user=user, project=project, role=Membership.Role.MEMBER)
+    reach = bookings_fill(
+        cluster=cluster, gpu_type=gpu_type, user=user, project=project, bookings=bookings, now=now, seed=seed
+    )
+    return {"gpu_type": gpu_type, "cluster": cluster, "reach": reach}
+
+
+def bookings_fill(
+    *, cluster: Any, gpu_type: Any, user: Any, project: Any, bookings: int, now: datetime, seed: int
+) -> timedelta:
+    """``bookings`` non-overlapping bookings of ``cluster``'s ``gpu_type`` nodes from ``now`` on:
+    1 to all GPUs of one node, 1-8 h long, gaps of 0-60 min, written in bulk (the service would
+    take minutes; the search reads only the rows).  Returns how far ahead the calendar reaches."""
+    from django.db import connection
+    from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
+
+    from scheduling.models import Allocation, Booking, Gpu, Node
+
+    rng = random.Random(seed)
+    nodes = list(Node.objects.filter(cluster=cluster, gpu_type=gpu_type).order_by("id"))
+    gpus: dict[int, list[int]] = {n.pk: [] for n in nodes}
+    for node_id, gpu_id in (
+        Gpu.objects.filter(node__in=nodes).order_by("node_id", "index").values_list("node_id", "id")
+    ):
+        gpus[node_id].append(gpu_id)
     free_at = {g: now for ids in gpus.values() for g in ids}
     rows: list[Any] = []
     spans: list[tuple[list[int], datetime, datetime]] = []
     for _ in range(bookings):
         node = rng.choice(nodes)
-        chosen = rng.sample(gpus[node.pk], rng.randint(1, CALENDAR_GPUS_PER_NODE))
+        chosen = rng.sample(gpus[node.pk], rng.randint(1, len(gpus[node.pk])))
         start = max(free_at[g] for g in chosen) + timedelta(minutes=rng.choice((0, 0, 30, 60)))
         end = start + timedelta(hours=rng.randint(1, 8))
         for g in chosen:
@@ -83,7 +99,7 @@ def calendar_fill(*, bookings: int, now: datetime, seed: int) -> dict[str, Any]:
     )
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE scheduling_allocation")
-    return {"gpu_type": gpu_type, "cluster": cluster, "reach": max(free_at.values()) - now}
+    return max(free_at.values(), default=now) - now
 
 
 def alternatives_phase(*, bookings: int, now: datetime, seed: int, repeat: int = 4) -> dict[str, Any]:

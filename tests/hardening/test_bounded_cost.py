@@ -4,17 +4,16 @@ calendar, crafted cursors, deeply nested JSON, pending-job limits."""
 from __future__ import annotations
 
 import base64
-import random
 import statistics
 import time
 from datetime import timedelta
 from urllib.parse import urlencode
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 
-from scheduling.models import Allocation, Booking, Gpu, Node
+from bench._calendar import bookings_fill
+from scheduling.models import Allocation, Booking
 from scheduling.selectors import booking_alternatives
 from tests.conftest import token_client
 from tests.factories import NodeFactory
@@ -23,48 +22,16 @@ pytestmark = pytest.mark.django_db
 
 
 def _fill_calendar(*, cluster, gpu_type, user, project, bookings: int, seed: int = 7) -> None:
-    """``bookings`` non-overlapping bookings (1-8 GPUs of one node, 1-8 h, small gaps) from now on,
-    written in bulk (the service would take minutes; the search reads only the rows)."""
-    rng = random.Random(seed)
-    nodes = list(Node.objects.filter(cluster=cluster, gpu_type=gpu_type).order_by("id"))
-    gpus = {
-        n.pk: list(Gpu.objects.filter(node=n).order_by("index").values_list("id", flat=True)) for n in nodes
-    }
-    free_at = {g: timezone.now() for ids in gpus.values() for g in ids}
-    rows, allocations = [], []
-    for _ in range(bookings):
-        node = rng.choice(nodes)
-        count = rng.randint(1, len(gpus[node.pk]))
-        chosen = rng.sample(gpus[node.pk], count)
-        start = max(free_at[g] for g in chosen) + timedelta(minutes=rng.choice([0, 0, 30, 60]))
-        end = start + timedelta(hours=rng.randint(1, 8))
-        for g in chosen:
-            free_at[g] = end
-        rows.append(
-            Booking(
-                user=user,
-                project=project,
-                cluster=cluster,
-                gpu_type=gpu_type,
-                gpu_count=count,
-                start_at=start,
-                end_at=end,
-            )
-        )
-        allocations.append((chosen, start, end))
-    Booking.objects.bulk_create(rows, batch_size=2000)
-    from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
-
-    Allocation.objects.bulk_create(
-        [
-            Allocation(gpu_id=g, booking=b, period=DateTimeTZRange(start, end, "[)"))
-            for b, (chosen, start, end) in zip(rows, allocations, strict=True)
-            for g in chosen
-        ],
-        batch_size=5000,
+    """``bookings`` non-overlapping bookings from now on, as the bench's calendar has them."""
+    bookings_fill(
+        cluster=cluster,
+        gpu_type=gpu_type,
+        user=user,
+        project=project,
+        bookings=bookings,
+        now=timezone.now(),
+        seed=seed,
     )
-    with connection.cursor() as cursor:
-        cursor.execute("ANALYZE scheduling_allocation")
 
 
 @pytest.mark.slow
