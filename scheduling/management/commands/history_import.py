@@ -23,8 +23,9 @@ report lists how many rows were imported and, grouped by reason, what was skippe
 from __future__ import annotations
 
 import gzip
+import math
 from argparse import ArgumentParser
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -66,17 +67,23 @@ def _read(path: Path) -> str:
     return text
 
 
-def _slurm_time(text: str | None, flag: str, zone: ZoneInfo) -> str | None:
-    """``--since``/``--until`` (ISO 8601; no zone: the Slurm host's) as a Slurm time in that zone."""
+def _slurm_time(text: str | None, flag: str, zone: ZoneInfo, *, now: datetime | None = None) -> str | None:
+    """``--since``/``--until`` (ISO 8601; no zone: ``--tz``) as a Slurm time.
+
+    Sent as ``now-N`` seconds (Slurm's relative form), which slurmrestd resolves on its own clock:
+    the window is right even when the host's zone is not ``--tz`` (an absolute ``YYYY-MM-DDTHH:MM:SS``
+    is read in the host's local zone, which the portal cannot see).
+    """
     if text is None:
         return None
     try:
         value = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError as exc:
         raise CommandError(f"{flag} {text!r}: give an ISO 8601 date or time, e.g. 2025-01-01") from exc
-    if value.tzinfo is not None:
-        value = value.astimezone(zone).replace(tzinfo=None)
-    return value.strftime("%Y-%m-%dT%H:%M:%S")
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=zone)
+    ago = ((now or datetime.now(UTC)) - value).total_seconds()
+    return f"now-{max(0, math.ceil(ago))}" if ago >= 0 else f"now+{math.floor(-ago)}"
 
 
 def _slurmrestd_backend(cluster: Cluster, url: str | None) -> Any:
@@ -125,7 +132,10 @@ class Command(BaseCommand):
         )
         parser.add_argument("--cluster", required=True, help="cluster name the jobs ran on")
         parser.add_argument(
-            "--tz", default="UTC", help="sacct/scontrol/slurmrestd: the Slurm host's zone (default UTC)"
+            "--tz",
+            default="UTC",
+            help="sacct/scontrol: the zone of the dump's times; slurmrestd: of a --since/--until "
+            "without one (default UTC)",
         )
         parser.add_argument("--url", help="slurmrestd: its URL (default: the cluster's Slurm settings)")
         parser.add_argument(
@@ -192,7 +202,7 @@ class Command(BaseCommand):
             zone = ZoneInfo(options["tz"])
         except (ZoneInfoNotFoundError, ValueError) as exc:
             raise CommandError(f"--tz {options['tz']!r}: not a time zone") from exc
-        since = _slurm_time(options["since"], "--since", zone) or "1970-01-02T00:00:00"
+        since = _slurm_time(options["since"], "--since", zone) or "1970-01-02T00:00:00"  # all
         until = _slurm_time(options["until"], "--until", zone)
         backend = _slurmrestd_backend(cluster, options["url"])
         url = backend.config.url

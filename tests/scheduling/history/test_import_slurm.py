@@ -19,6 +19,7 @@ import subprocess
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -237,6 +238,18 @@ def _association(account: str) -> None:
         capture_output=True, text=True, timeout=30, check=True,
     ).stdout.split()  # fmt: skip
     assert JOB_USER in shown, f"sacctmgr did not create the association: {shown}"
+    # slurmdbd pushes a new association to slurmctld asynchronously; a job submitted before the
+    # controller has it is stored without one (user and account null in the accounting API).
+    deadline = time.monotonic() + 30
+    while True:
+        cached = subprocess.run(
+            ["scontrol", "show", "assoc_mgr", f"users={JOB_USER}", f"accounts={account}", "flags=assoc"],
+            capture_output=True, text=True, timeout=30, check=False,
+        ).stdout  # fmt: skip
+        if f"UserName={JOB_USER}" in cached:
+            return
+        assert time.monotonic() < deadline, f"slurmctld never got the association: {cached}"
+        time.sleep(0.2)
 
 
 @_NEEDS_SLURMDBD
@@ -284,7 +297,7 @@ def test_slurmrestd_accounting_imports_the_same_jobs_as_sacct(tmp_path: Path) ->
     report = out.getvalue()
     # Only this test's jobs started after `since`, but other tests' jobs may have run alongside.
     jobs = {j.payload["import_key"]: j for j in Job.objects.filter(cluster=cluster)}
-    assert {f"sacct:{i}" for i in runs[:3]} <= set(jobs)
+    assert {f"sacct:{i}" for i in runs[:3]} <= set(jobs), report
     assert f"sacct:{runs[3]}" not in jobs
     assert "no GPUs (CPU-only job)" in report
     # The same records as the sacct path gives for these jobs, field by field.
@@ -313,8 +326,12 @@ def test_slurmrestd_accounting_imports_the_same_jobs_as_sacct(tmp_path: Path) ->
     assert p50 < 60
 
     count = Job.objects.filter(cluster=cluster).count()
+    # The re-import gives --since as a wall time in a zone 14 h ahead of this (UTC) host, with --tz:
+    # the window is sent relative to slurmrestd's own clock, so its zone does not matter.
+    ahead = ZoneInfo("Pacific/Kiritimati")
+    local_since = since.astimezone(ahead).replace(tzinfo=None).isoformat()
     again = io.StringIO()
-    call_command(*args, stdout=again)
+    call_command(*args[:-4], "--since", local_since, "--tz", str(ahead), *args[-2:], stdout=again)
     assert "imported 0 job(s)" in again.getvalue()
     assert "already imported" in again.getvalue()
     path = tmp_path / "sacct.txt"
