@@ -32,14 +32,19 @@ if TYPE_CHECKING:
     from scheduling.engine.round import Round
 
 
-def _profiles(sched: Round) -> dict[str, tuple[list[float], list[float], int, float, float]]:
+_Profile = tuple[list[float], list[float], int, float, float]
+_EMPTY: _Profile = ([], [], 0, 0.0, 0.0)
+_NO_ETA = (PendingReason.CONSTRAINT, PendingReason.QUOTA)
+
+
+def _profiles(sched: Round) -> dict[str, _Profile]:
     """Per type: sorted expected free times (p50, planning) of its usable GPUs, capacity, and
     the GPU-seconds still to run on them (p50, planning)."""
     by_type = sched.state.topology.by_type
     p50 = sched.avail_p50
     hold = sched.avail_hold
     now = sched.now
-    profiles: dict[str, tuple[list[float], list[float], int, float, float]] = {}
+    profiles: dict[str, _Profile] = {}
     for name, gpus in by_type.items():
         p50s = [p50.get(g, now) for g in gpus]
         holds = [hold.get(g, now) for g in gpus]
@@ -69,9 +74,7 @@ def explain_pending(
     per_type: dict[str, list[Any]] = {}
     estimate_of = sched.state.estimate
     types_for = sched.types_for
-    no_eta = (PendingReason.CONSTRAINT, PendingReason.QUOTA)
-    empty: tuple[list[float], list[float], int, float, float] = ([], [], 0, 0.0, 0.0)
-    floor50 = floor90 = now
+    floor = [now, now]  # strict order: the ETAs (p50, p90) of the job ahead
     explanations: list[PendingExplanation] = []
     append = explanations.append
     behind: dict[int, Verdict] = {}
@@ -88,32 +91,10 @@ def explain_pending(
                     PendingReason.PRIORITY, f"Waiting behind higher-priority work for {count} GPUs."
                 )
         types = types_for(job)
-        eta50: float | None = None
-        eta90: float | None = None
-        entries = []
-        for name in types:
-            entry = per_type.get(name)
-            if entry is None:
-                p50s, holds, capacity, backlog50, backlog90 = profiles.get(name, empty)
-                entry = per_type[name] = [p50s, holds, capacity, backlog50, backlog90, 0.0, 0.0]
-            entries.append(entry)
-            p50s, holds, capacity, backlog50, backlog90, ahead50, ahead90 = entry
-            if len(holds) < count:
-                continue
-            t50 = p50s[count - 1]
-            t90 = holds[count - 1]
-            # running work plus higher-priority waiting work, spread over the type's GPUs
-            queue50 = now + (backlog50 + ahead50) / capacity
-            queue90 = now + (backlog90 + ahead90) / capacity
-            if queue50 > t50:
-                t50 = queue50
-            if queue90 > t90:
-                t90 = queue90
-            if eta50 is None or t50 < eta50:
-                eta50 = t50
-            if eta90 is None or t90 < eta90:
-                eta90 = t90
+        entries = [_type_entry(per_type, profiles, name) for name in types]
+        eta50, eta90 = _queue_eta(entries, count, now)
         if types:
+            # this job is now work queued ahead of the next ones on each of its types
             estimate = estimate_of(job)
             share = count / len(types)
             work50 = share * estimate.p50_s
@@ -121,29 +102,85 @@ def explain_pending(
             for entry in entries:
                 entry[5] += work50
                 entry[6] += work90
-        own = verdict.eta_p50_at
-        if own is not None:
-            # the scheduler knows better for the top job and reclaims: its own start time
-            eta90 = own if eta90 is None else max(eta90, own)
-            eta50 = own if eta50 is None else min(max(eta50, now), own)
-            if verdict.reason == PendingReason.HEADROOM:
-                eta50 = own  # held back until then (the pool's low-demand window), not before
-        if not verdict.has_eta:
-            eta50 = eta90 = None
-        if eta50 is None or eta90 is None or (verdict.reason in no_eta and own is None and not types):
-            sentence = verdict.sentence
-        else:
-            if is_strict_order:
-                eta50 = max(eta50, floor50)
-                eta90 = max(eta90, floor90)
-                floor50, floor90 = eta50, eta90
-            if eta90 < eta50:
-                eta90 = eta50
-            sentence = (
-                f"{verdict.sentence} Expected start in {fmt_s(eta50 - now)} (p90 {fmt_s(eta90 - now)})."
+        append(
+            _explanation(
+                job_id,
+                verdict,
+                eta50,
+                eta90,
+                now,
+                has_types=bool(types),
+                strict_floor=floor if is_strict_order else None,
             )
-        append(PendingExplanation(job_id, verdict.reason, sentence, eta50, eta90))
+        )
     return tuple(explanations)
+
+
+def _type_entry(per_type: dict[str, list[Any]], profiles: dict[str, _Profile], name: str) -> list[Any]:
+    """The type's running state in `explain_pending`: its profile plus the GPU-seconds (p50,
+    planning) queued ahead so far."""
+    entry = per_type.get(name)
+    if entry is None:
+        p50s, holds, capacity, backlog50, backlog90 = profiles.get(name, _EMPTY)
+        entry = per_type[name] = [p50s, holds, capacity, backlog50, backlog90, 0.0, 0.0]
+    return entry
+
+
+def _queue_eta(entries: list[list[Any]], count: int, now: float) -> tuple[float | None, float | None]:
+    """Earliest (p50, planning) ETA over the job's types: the later of its ``count``-th GPU
+    expected free and the work running plus queued ahead spread over the type's GPUs."""
+    eta50: float | None = None
+    eta90: float | None = None
+    for p50s, holds, capacity, backlog50, backlog90, ahead50, ahead90 in entries:
+        if len(holds) < count:
+            continue
+        t50 = p50s[count - 1]
+        t90 = holds[count - 1]
+        queue50 = now + (backlog50 + ahead50) / capacity
+        queue90 = now + (backlog90 + ahead90) / capacity
+        if queue50 > t50:
+            t50 = queue50
+        if queue90 > t90:
+            t90 = queue90
+        if eta50 is None or t50 < eta50:
+            eta50 = t50
+        if eta90 is None or t90 < eta90:
+            eta90 = t90
+    return eta50, eta90
+
+
+def _explanation(
+    job_id: str,
+    verdict: Verdict,
+    eta50: float | None,
+    eta90: float | None,
+    now: float,
+    *,
+    has_types: bool,
+    strict_floor: list[float] | None,
+) -> PendingExplanation:
+    """The job's explanation from its verdict and queue ETA.  The verdict's own ETA (the top
+    job's start, a reclaim, a low-demand window) bounds the queue's; a verdict without ETA
+    (cannot start as things are) gets none.  ``strict_floor`` (fifo): the ETAs of the job
+    ahead, raised to this job's."""
+    own = verdict.eta_p50_at
+    if own is not None:
+        eta90 = own if eta90 is None else max(eta90, own)
+        eta50 = own if eta50 is None else min(max(eta50, now), own)
+        if verdict.reason == PendingReason.HEADROOM:
+            eta50 = own  # held back until then (the pool's low-demand window), not before
+    if not verdict.has_eta:
+        eta50 = eta90 = None
+    if eta50 is None or eta90 is None or (verdict.reason in _NO_ETA and own is None and not has_types):
+        return PendingExplanation(job_id, verdict.reason, verdict.sentence, eta50, eta90)
+    if strict_floor is not None:
+        eta50 = max(eta50, strict_floor[0])
+        eta90 = max(eta90, strict_floor[1])
+        strict_floor[0], strict_floor[1] = eta50, eta90
+    if eta90 < eta50:
+        eta90 = eta50
+    sentence = f"{verdict.sentence} Expected start in {fmt_s(eta50 - now)} (p90 {fmt_s(eta90 - now)})."
+    return PendingExplanation(job_id, verdict.reason, sentence, eta50, eta90)
 
 
 def _still_fragmented(sched: Round, job: JobRequest) -> bool:

@@ -94,10 +94,7 @@ class Reclaim:
         )
         if may_take is not None:
             may_take = _memoised(may_take)
-        if not incoming and not any(
-            is_reclaimable(running, excluded=out.preempted) and (may_take is None or may_take(running))
-            for running in state.snapshot.running
-        ):
+        if not incoming and not _has_victim(rnd, may_take):
             if memo is not None:
                 memo.failed(whatever_is_taken=True)
             return False  # no victim and nothing arriving: a plan could only use free GPUs
@@ -121,34 +118,7 @@ class Reclaim:
             rnd, job, types, estimate, reclaim, single, shadow_memo
         ):
             return False
-        for victim in reclaim.victims:
-            rnd.preempt(
-                victim.running,
-                for_id=job.id,
-                why=(
-                    "interactive session "
-                    if job.kind == JobKind.INTERACTIVE
-                    else ("guaranteed quota of job " if is_quota_claim else "top job ")
-                )
-                + job.id,
-                is_high_class=is_high_class,
-            )
-        pool.take(reclaim.free_gpus)
-        for gpu in reclaim.free_gpus:
-            out.claimed[gpu] = job.id
-        rnd.round_promised.update(reclaim.incoming_gpus)
-        out.promised.update(reclaim.incoming_gpus)
-        if rnd.top is None and job.kind != JobKind.INTERACTIVE:
-            rnd.top = job
-        out.wait(
-            job.id,
-            PendingReason.PREEMPTING,
-            f"{len(reclaim.free_gpus)} of its {job.gpu_count} GPUs are free and the rest are being "
-            f"reclaimed from preemptible work ({len(reclaim.victims)} job(s) signalled now); "
-            f"it starts in about {fmt_s(reclaim.ready_at - now)}.",
-            reclaim.ready_at,
-        )
-        out.wake_at(reclaim.ready_at, now)
+        _commit(rnd, job, reclaim, pool, is_quota_claim=is_quota_claim, is_high_class=is_high_class)
         return True
 
     def _may_take_for(
@@ -256,6 +226,58 @@ class Reclaim:
         gained = (shadow.start_at - reclaim.ready_at) * len(reclaim.free_gpus)
         lost = sum(v.lost_gpu_s for v in reclaim.victims)
         return gained > lost
+
+
+def _has_victim(rnd: Round, may_take: Callable[[RunningJob], bool] | None) -> bool:
+    """Whether some running job is reclaimable now and ``may_take`` (None: any) allows it."""
+    excluded = rnd.out.preempted
+    return any(
+        is_reclaimable(running, excluded=excluded) and (may_take is None or may_take(running))
+        for running in rnd.state.snapshot.running
+    )
+
+
+def _commit(
+    rnd: Round,
+    job: JobRequest,
+    reclaim: ReclaimPlan,
+    pool: FreePool,
+    *,
+    is_quota_claim: bool,
+    is_high_class: bool,
+) -> None:
+    """Act on a reclaim plan for ``job``: signal its victims, claim its free GPUs, promise the
+    arriving ones, and record that it starts once they are all there."""
+    out = rnd.out
+    now = rnd.now
+    for victim in reclaim.victims:
+        rnd.preempt(
+            victim.running,
+            for_id=job.id,
+            why=(
+                "interactive session "
+                if job.kind == JobKind.INTERACTIVE
+                else ("guaranteed quota of job " if is_quota_claim else "top job ")
+            )
+            + job.id,
+            is_high_class=is_high_class,
+        )
+    pool.take(reclaim.free_gpus)
+    for gpu in reclaim.free_gpus:
+        out.claimed[gpu] = job.id
+    rnd.round_promised.update(reclaim.incoming_gpus)
+    out.promised.update(reclaim.incoming_gpus)
+    if rnd.top is None and job.kind != JobKind.INTERACTIVE:
+        rnd.top = job
+    out.wait(
+        job.id,
+        PendingReason.PREEMPTING,
+        f"{len(reclaim.free_gpus)} of its {job.gpu_count} GPUs are free and the rest are being "
+        f"reclaimed from preemptible work ({len(reclaim.victims)} job(s) signalled now); "
+        f"it starts in about {fmt_s(reclaim.ready_at - now)}.",
+        reclaim.ready_at,
+    )
+    out.wake_at(reclaim.ready_at, now)
 
 
 class _FailMemo:
