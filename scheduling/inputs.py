@@ -75,13 +75,30 @@ class UsageLedger:
         """Usage per project at ``now`` (>= every end added): finished runs plus ``running``
         ``(project, gpu_value, started_at)`` up to ``now``."""
         out: dict[str, float] = {}
+        half_life_s = self._half_life_s
+        if half_life_s <= 0:  # no memory: every value decays to 0 (`decay_usage`)
+            for name in self._value:
+                out[name] = 0.0
+            for project, gpu_value, _started_at in running:
+                out[project] = out.get(project, 0.0) + gpu_value * 0.0
+            return out
+        # `decay_usage` and `decayed_gpu_hours` written out (the same operations, so the same
+        # floats): a replay asks every round, for every project and every running job
+        power = math.pow
         if self._value:
-            elapsed = max(0.0, now - self._as_of)
+            as_of = self._as_of
+            value_at = self._value_at
+            elapsed = max(0.0, now - as_of)
             for name, value in self._value.items():
-                behind = self._as_of - self._value_at[name]
-                out[name] = decay_usage(value, elapsed_s=behind + elapsed, half_life_s=self._half_life_s)
+                behind = (as_of - value_at[name]) + elapsed
+                out[name] = value * power(0.5, (behind if behind > 0.0 else 0.0) / half_life_s)
+        scale_s = half_life_s / math.log(2.0)
         for project, gpu_value, started_at in running:
-            hours = decayed_gpu_hours(start_at=started_at, end_at=now, now=now, half_life_s=self._half_life_s)
+            if now <= started_at:
+                hours = 0.0
+            else:
+                since = now - started_at
+                hours = scale_s * (1.0 - power(0.5, (since if since > 0.0 else 0.0) / half_life_s)) / HOUR_S
             out[project] = out.get(project, 0.0) + gpu_value * hours
         return out
 

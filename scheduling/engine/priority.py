@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from operator import attrgetter
 
 from scheduling.engine.cluster import RoundState
 from scheduling.engine.fairshare import fairshare_factors
@@ -15,8 +16,16 @@ def submitted_at(job: JobRequest) -> float:
     return job.first_submit_at if job.first_submit_at is not None else job.submit_at
 
 
+_FIRST_SUBMIT = attrgetter("first_submit_at")
+_FIRST_SUBMIT_AND_ID = attrgetter("first_submit_at", "id")
+
+
 def fifo_order(jobs: tuple[JobRequest, ...]) -> list[JobRequest]:
     """Strict arrival order (ties by id, so the order is total)."""
+    if None not in map(_FIRST_SUBMIT, jobs):
+        # every job knows its first submit: the same key as `submitted_at`, read in C (a fifo
+        # queue is thousands of jobs long every round)
+        return sorted(jobs, key=_FIRST_SUBMIT_AND_ID)
     return sorted(jobs, key=lambda job: (submitted_at(job), job.id))
 
 

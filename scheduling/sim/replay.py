@@ -136,6 +136,8 @@ class Replay(BookingDesk):
         self._seq = 0
         self._pending: dict[str, JobRequest] = {}
         self._running: dict[str, RunningJob] = {}
+        # job id -> (project, GPUs x value, started_at) of running work, for the usage ledger
+        self._running_usage: dict[str, tuple[str, float, float]] = {}
         self._meta: dict[str, _Meta] = {}
         self._feasible_pending = 0
         self._pending_widths: Counter[int] = Counter()  # GPUs -> pending jobs of that size
@@ -264,7 +266,8 @@ class Replay(BookingDesk):
             return False
         if self._interactive_gpus:
             return True  # counts running sessions too: cheap, and only errs towards ticking
-        return any(job.gpu_count <= free for job in self._pending.values())
+        # by width (a few sizes), not by job: the queue can be thousands long every round
+        return any(width <= free for width, count in self._pending_widths.items() if count > 0)
 
     def _schedule_tick(self, t: float, *, after_tick: bool, acted: bool) -> None:
         self._tick_gen += 1
@@ -383,6 +386,7 @@ class Replay(BookingDesk):
         for tr in transitions:
             meta = self._meta[tr.job_id]
             running = self._running.pop(tr.job_id)
+            del self._running_usage[tr.job_id]
             self._alloc_end.pop(tr.job_id, None)
             if meta.kind == JobKind.INTERACTIVE:
                 self._interactive_gpus -= running.job.gpu_count
@@ -437,9 +441,7 @@ class Replay(BookingDesk):
             state.booking for state in self._bookings.values() if state.booking.start_at < horizon
         )
         running = tuple(self._running.values())
-        usage = self._usage.usage_at(
-            t, running=[(r.job.project, self._run_value(r.gpu_ids), r.started_at) for r in running]
-        )
+        usage = self._usage.usage_at(t, running=self._running_usage.values())
         return ClusterSnapshot(
             cluster=self.inventory.name,
             gpu_types=self.inventory.gpu_types,
@@ -496,12 +498,14 @@ class Replay(BookingDesk):
                 if math.isfinite(action.expected_end_at)
                 else t + (request.requested_s or math.inf)
             )
+            gpu_ids = tuple(action.gpu_ids)
             self._running[action.job_id] = RunningJob(
                 job=request,
-                gpu_ids=tuple(action.gpu_ids),
+                gpu_ids=gpu_ids,
                 started_at=t,
                 is_preemptible=action.is_preemptible,
             )
+            self._running_usage[action.job_id] = (request.project, self._run_value(gpu_ids), t)
             acted = True
         for preempt, result in zip(
             plan.preemptions, [r for r in results if r.action == "preempt"], strict=True

@@ -203,9 +203,11 @@ class StrictPass:
             # everyone behind it waits for it (one sentence for a queue that can be long)
             sentence = f"Strict arrival order: job {blocker}, submitted earlier, does not fit yet."
             verdicts = rnd.out.verdicts
+            # one verdict for all of them (only read from here on: explain shares them too)
+            waiting = Verdict(PendingReason.PRIORITY, sentence)
             for job in queue[behind:]:
                 if job.id not in verdicts:
-                    verdicts[job.id] = Verdict(PendingReason.PRIORITY, sentence)
+                    verdicts[job.id] = waiting
 
 
 @dataclass(frozen=True, slots=True)
