@@ -42,21 +42,24 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from forecasting.core.runtime import HistoryRuntimePredictor
+from forecasting.core.runtime import DEFAULT_LEVELS, HistoryRuntimePredictor
 from scheduling.engine.types import JobRequest
 
 _FLOOR_S = 1.0
 
 
-def _jobs_from_csv(path: str | Path) -> tuple[list[JobRequest], list[float], list[float]]:
-    """Jobs with a known runtime in submit order, their actual runtimes (s) and end times."""
+def _jobs_from_csv(path: str | Path) -> tuple[list[JobRequest], list[float], list[float], list[str | None]]:
+    """Jobs with a known runtime in submit order, their actual runtimes (s), end times and
+    statuses (None where the trace has none)."""
     df = pd.read_csv(path, dtype={"user": "string", "group": "string", "job_id": "string"})
     df = df.dropna(subset=["start_time", "end_time", "submit_time"])
     df = df.sort_values(["submit_time", "job_id"], kind="stable")
     has_req = "requested_time" in df.columns
+    has_status = "status" in df.columns
     jobs: list[JobRequest] = []
     runtimes: list[float] = []
     ends: list[float] = []
+    statuses: list[str | None] = []
     for row in df.itertuples(index=False):
         req = float(row.requested_time) if has_req and pd.notna(row.requested_time) else None
         user = str(row.user) if pd.notna(row.user) else ""
@@ -73,7 +76,8 @@ def _jobs_from_csv(path: str | Path) -> tuple[list[JobRequest], list[float], lis
         )
         runtimes.append(max(float(row.end_time) - float(row.start_time), 0.0))
         ends.append(float(row.end_time))
-    return jobs, runtimes, ends
+        statuses.append(str(row.status) if has_status and pd.notna(row.status) else None)
+    return jobs, runtimes, ends, statuses
 
 
 def _score(pred: np.ndarray, actual: np.ndarray, p90: np.ndarray | None = None) -> dict[str, float | None]:
@@ -115,73 +119,105 @@ class LastTwo:
 
 
 def _repeated(
-    jobs: list[JobRequest], runtimes: list[float], ends: list[float], k: int
-) -> tuple[list[JobRequest], list[float], list[float]]:
+    jobs: list[JobRequest], runtimes: list[float], ends: list[float], statuses: list[str | None], k: int
+) -> tuple[list[JobRequest], list[float], list[float], list[str | None]]:
     """The trace ``k`` times back to back, each copy shifted by the span (new job ids)."""
     if k <= 1 or not jobs:
-        return jobs, runtimes, ends
+        return jobs, runtimes, ends, statuses
     span = max(ends) - min(j.submit_at for j in jobs) + 1.0
     out_j: list[JobRequest] = []
     out_e: list[float] = []
     for c in range(k):
         out_j += [replace(j, id=f"{j.id}#{c}", submit_at=j.submit_at + c * span) for j in jobs]
         out_e += [e + c * span for e in ends]
-    return out_j, runtimes * k, out_e
+    return out_j, runtimes * k, out_e, statuses * k
 
 
-def run(trace: str | Path, *, repeat: int = 1) -> dict[str, Any]:
-    """Replay ``trace`` online (``repeat`` times back to back) and return the JSON document."""
-    jobs, runtimes, ends = _repeated(*_jobs_from_csv(trace), repeat)
+def run(
+    trace: str | Path, *, repeat: int = 1, end_info: bool = True, ablation: bool = False
+) -> dict[str, Any]:
+    """Replay ``trace`` online (``repeat`` times back to back) and return the JSON document.
+
+    ``end_info``: the predictor's ``observe`` gets each job's end time and status (what the
+    portal knows); off, it gets only the runtime.  ``ablation`` adds ``predictor_static``:
+    the same predictor without the session keys and with fixed level weights (the model
+    shipped before them), scored on the same run.
+    """
+    jobs, runtimes, ends, statuses = _repeated(*_jobs_from_csv(trace), repeat)
     last_copy_from = len(jobs) - len(jobs) // max(repeat, 1)
     predict_last_s = 0.0
     predictor = HistoryRuntimePredictor()
+    static = HistoryRuntimePredictor(levels=DEFAULT_LEVELS, learn_weights=False) if ablation else None
+    static_p = np.empty(len(jobs))
+    static_p90 = np.empty(len(jobs))
     last_two = LastTwo()
     last_two_p = np.empty(len(jobs))
     finished: list[tuple[float, int]] = []  # heap of (end_at, index) for started jobs
     p50s = np.empty(len(jobs))
     p90s = np.empty(len(jobs))
-    predict_s = observe_s = 0.0
+    predict_s = observe_s = predict_cpu_s = predict_cpu_last_s = 0.0
     n_observed = 0
     for i, job in enumerate(jobs):
         while finished and finished[0][0] < job.submit_at:
             _, k = heapq.heappop(finished)
             t0 = time.perf_counter()
-            predictor.observe(jobs[k], runtimes[k])
+            if end_info:
+                predictor.observe(jobs[k], runtimes[k], ended_at=ends[k], status=statuses[k])
+            else:
+                predictor.observe(jobs[k], runtimes[k])
             observe_s += time.perf_counter() - t0
+            if static is not None:
+                static.observe(jobs[k], runtimes[k])
             last_two.observe(jobs[k], runtimes[k])
             n_observed += 1
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         p50s[i], p90s[i] = predictor.predict(job)
-        dt = time.perf_counter() - t0
+        dt, dc = time.perf_counter() - t0, time.process_time() - c0
         predict_s += dt
+        predict_cpu_s += dc
         if i >= last_copy_from:
             predict_last_s += dt
+            predict_cpu_last_s += dc
         last_two_p[i] = last_two.predict(job)
+        if static is not None:
+            static_p[i], static_p90[i] = static.predict(job)
         # The end time only decides when the job enters the history, never the prediction.
         heapq.heappush(finished, (ends[i], i))
     actual = np.asarray(runtimes)
     req = np.array([j.requested_s if j.requested_s else np.nan for j in jobs])
     has_req = ~np.isnan(req)
-    predictor_scores = _score(p50s, actual, p90s)
+    predictor_scores: dict[str, Any] = dict(_score(p50s, actual, p90s))
     predictor_scores["coverage_p90"] = predictor_scores["p90_coverage"]
     predictor_scores["predict_us"] = 1e6 * predict_s / max(len(jobs), 1)
     predictor_scores["observe_us"] = 1e6 * observe_s / max(n_observed, 1)
     predictor_scores["predict_us_last_copy"] = 1e6 * predict_last_s / max(len(jobs) - last_copy_from, 1)
+    # CPU time of this process: on a shared machine the wall time also counts waiting for a core.
+    predictor_scores["predict_cpu_us"] = 1e6 * predict_cpu_s / max(len(jobs), 1)
+    predictor_scores["predict_cpu_us_last_copy"] = (
+        1e6 * predict_cpu_last_s / max(len(jobs) - last_copy_from, 1)
+    )
     predictor_scores["history_jobs_at_end"] = n_observed
-    return {
+    predictor_scores["level_weights"] = predictor.level_weights
+    doc: dict[str, Any] = {
         "trace": str(trace),
         "jobs": len(jobs),
         "repeat": repeat,
+        "end_info": end_info,
         "predictor": predictor_scores,
         "user_estimate": _score(req[has_req], actual[has_req]),
         "last_two": _score(last_two_p, actual),
     }
+    if static is not None:
+        doc["predictor_static"] = _score(static_p, actual, static_p90)
+    return doc
 
 
 def _print_table(doc: dict[str, Any]) -> None:
     print(f"{doc['trace']}: {doc['jobs']} jobs")
     print(f"{'model':<16}{'within_2x':>10}{'mae_s':>10}{'median_ae_s':>13}{'p90_cov':>9}{'under_2x':>10}")
-    for name in ("predictor", "user_estimate", "last_two"):
+    for name in ("predictor", "predictor_static", "user_estimate", "last_two"):
+        if name not in doc:
+            continue
         r = doc[name]
         if not r["n"]:
             print(f"{name:<16}  (no job to score)")
@@ -193,7 +229,8 @@ def _print_table(doc: dict[str, Any]) -> None:
     p = doc["predictor"]
     print(
         f"predictor: predict {p['predict_us']:.1f} us, observe {p['observe_us']:.1f} us per call; "
-        f"{p['predict_us_last_copy']:.1f} us per predict with {p['history_jobs_at_end']} jobs of history"
+        f"{p['predict_us_last_copy']:.1f} us per predict ({p['predict_cpu_us_last_copy']:.1f} us CPU) "
+        f"with {p['history_jobs_at_end']} jobs of history"
     )
 
 
@@ -202,9 +239,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.runtime", description=__doc__.split("\n")[0])
     parser.add_argument("--trace", required=True, help="job trace CSV (traces README format)")
     parser.add_argument("--repeat", type=int, default=1, help="replay the trace K times back to back")
+    parser.add_argument(
+        "--no-end-info",
+        action="store_true",
+        help="observe() gets only the runtime, not the end time and status (what the replay passes)",
+    )
+    parser.add_argument(
+        "--ablation",
+        action="store_true",
+        help="also score the predictor without session keys (predictor_static)",
+    )
     parser.add_argument("--out", required=True, help="where to write the JSON result")
     args = parser.parse_args(argv)
-    doc = run(args.trace, repeat=args.repeat)
+    doc = run(args.trace, repeat=args.repeat, end_info=not args.no_end_info, ablation=args.ablation)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
     _print_table(doc)

@@ -83,7 +83,7 @@ def _observe_finished(
     rows = list(
         jobs.order_by("-ended_at", "-id").values_list(
             "id", "user__username", "project__slug", "name", "gpu_count", "submitted_at", "requested_s",
-            "kind", "gpu_type__name", "started_at", "ended_at",
+            "kind", "gpu_type__name", "started_at", "ended_at", "status",
         )[: settings.BERTH_RUNTIME_HISTORY_JOBS]
     )  # fmt: skip
     cursor = after
@@ -99,6 +99,7 @@ def _observe_finished(
         type_name,
         started,
         ended,
+        status,
     ) in reversed(rows):
         if started is None or ended is None:  # filtered above; for the type checker
             continue
@@ -106,7 +107,14 @@ def _observe_finished(
             job_id=job_id, username=username, project_slug=slug, name=name, gpu_count=gpus,
             submitted_at=submitted, requested_s=requested, kind=kind, gpu_type=type_name,
         )  # fmt: skip
-        predictor.observe(request, max((ended - started).total_seconds(), 0.0))
+        # The end time and outcome feed the user's session context (the last job failed
+        # within a minute, how long ago it ended).
+        predictor.observe(
+            request,
+            max((ended - started).total_seconds(), 0.0),
+            ended_at=ended.timestamp(),
+            status=str(status),
+        )
         cursor = (ended, job_id)
     return cursor
 

@@ -90,9 +90,16 @@ class BerthConfig:
     level_hours: int = 3  # residual window of the level correction
     weight_step: float = 0.1  # grid step of the blend weights
     # The weights are the mean of every grid blend whose calibration MAE is within this
-    # share of the best one.  Off (0: the best blend alone): 0.05 helps the Earth total
-    # but hurts Venus, the teams and session demand (docs/forecasting.md).
+    # share of the best one (0: the best blend alone).  A fixed 0.05 helps the Earth total
+    # but hurts Venus, the teams and session demand (docs/forecasting.md), so by default
+    # the share is chosen per fit instead (``near_best_cv``); ``near_best`` only applies
+    # with ``near_best_cv=()``.
     near_best: float = 0.0
+    # Choose ``near_best`` among 0 and these values on the fitted history: weights from the
+    # older half of the calibration window's pseudo-origins, scored on the newer half (a
+    # forward inner backtest; ``near_best_cv_forward=False`` also scores the other way).
+    near_best_cv: tuple[float, ...] = (0.02, 0.05, 0.1)
+    near_best_cv_forward: bool = True
     # No value of the forecast exceeds this multiple of the fitted history's maximum: a
     # log-space band (or a Prophet trend) on a near-zero series can otherwise explode.
     ceiling_factor: float = 2.0
@@ -115,8 +122,10 @@ class BerthModel:
        its gain chosen by one-step error before the calibration window), with weights on
        a simplex grid, one set for hours 1-6 and one for 7-24, minimising the
        original-scale MAE of the forecasts made from every hour of the last
-       ``calibration_days`` days (pseudo-origins; no refits).  Optionally (``near_best``,
-       off) the mean of the grid blends within that share of the smallest MAE.
+       ``calibration_days`` days (pseudo-origins; no refits), or the mean of the grid
+       blends within a share ``near_best`` of the smallest MAE; that share (0, i.e. the
+       best blend alone, or one of ``near_best_cv``) is chosen per fit by a forward inner
+       backtest: weights from the older half of the pseudo-origins, scored on the newer.
     4. *Conformal interval*: the 80% quantile of the absolute pseudo-origin errors per
        horizon (pooled over h +- 3); while the calibration window is shorter than
        ``calibration_days`` (a young series), widened to the 10%/90% quantiles of
@@ -230,7 +239,9 @@ class BerthModel:
             comps = self._components(z, idx, path)
             target = z[idx]
             if cfg.ensemble:
-                weights = self._blend_weights(comps, target, available)
+                near_best = self._pick_near_best(comps, target, available)
+                self._state["near_best"] = near_best
+                weights = self._blend_weights(comps, target, available, near_best=near_best)
             errors = target - self._blend(comps, weights)
         self._state.update(
             z=z, future=pf.future, fitted=pf.fitted, resid=z - pf.fitted, beta=beta,
@@ -299,10 +310,50 @@ class BerthModel:
             out[:, lo:hi] = np.tensordot(weights[b], comps[:, :, lo:hi], axes=1)
         return out
 
-    def _blend_weights(self, comps: FloatArray, target: FloatArray, available: list[bool]) -> FloatArray:
+    def _pick_near_best(self, comps: FloatArray, target: FloatArray, available: list[bool]) -> float:
+        """``config.near_best``, or with ``near_best_cv`` the candidate (0 included) whose
+        weights, fitted on one half of the pseudo-origins, forecast the other half best
+        (original-scale MAE summed over both directions; ties to the smallest)."""
+        cands = self.config.near_best_cv
+        n = comps.shape[1]
+        if not cands or n < 48:
+            return self.config.near_best
+        # Halves split by time with a day's gap, so no origin's 24 hours overlap the other half.
+        half = n // 2
+        folds: tuple[tuple[slice, slice], ...] = (
+            (slice(0, half - 12), slice(half + 12, n)),
+            (slice(half + 12, n), slice(0, half - 12)),
+        )
+        if self.config.near_best_cv_forward:
+            folds = folds[:1]
+        options = (0.0, *cands)
+        err = np.zeros(len(options))
+        for fit_on, score_on in folds:
+            t = target[score_on]
+            ok = np.isfinite(t)
+            if not ok.any():
+                continue
+            actual = self._inv(t[ok])
+            sets = self._blend_weight_sets(comps[:, fit_on], target[fit_on], available, options)
+            for k, w in enumerate(sets):
+                err[k] += float(np.abs(self._inv(self._blend(comps[:, score_on], w)[ok]) - actual).mean())
+        # Ties (and float noise) go to the first option, the best blend alone.
+        return float(options[int(np.flatnonzero(err <= err.min() * (1 + 1e-9))[0])])
+
+    def _blend_weights(
+        self, comps: FloatArray, target: FloatArray, available: list[bool], *, near_best: float | None = None
+    ) -> FloatArray:
+        """The blend weights (bucket, component) minimising the calibration MAE."""
+        nb = self.config.near_best if near_best is None else near_best
+        return self._blend_weight_sets(comps, target, available, (nb,))[0]
+
+    def _blend_weight_sets(
+        self, comps: FloatArray, target: FloatArray, available: list[bool], near_bests: Sequence[float]
+    ) -> list[FloatArray]:
+        """One set of blend weights per ``near_bests`` value from one screening of the grid."""
         grid = _simplex_grid(self._N_COMPONENTS, round(1.0 / self.config.weight_step))
         grid = grid[(grid[:, ~np.array(available)] == 0).all(axis=1)]
-        weights = np.zeros((len(self._BUCKETS), self._N_COMPONENTS))
+        out = [np.zeros((len(self._BUCKETS), self._N_COMPONENTS)) for _ in near_bests]
         for b, (lo, hi) in enumerate(self._BUCKETS):
             t = target[:, lo:hi]
             ok = np.isfinite(t)
@@ -328,14 +379,15 @@ class BerthModel:
             tied = cand[errs <= errs.min() * (1 + 1e-9) + 1e-12]
             uniform = np.array(available, dtype=float) / sum(available)
             score = -10.0 * grid[tied, 3] + ((grid[tied] - uniform) ** 2).sum(axis=1)
-            weights[b] = grid[tied[int(np.argmin(score))]]
-            near_best = self.config.near_best
-            if near_best > 0 and errs.min() > 1e-9:
-                # Two weeks of errors pick a noisy winner among near-equal blends; their
-                # mean is steadier.  (A window without error keeps the tie rule above.)
-                near = np.flatnonzero(errs32 <= errs32.min() * (1 + near_best))
-                weights[b] = grid[near].mean(axis=0)
-        return weights
+            single = grid[tied[int(np.argmin(score))]]
+            for weights, nb in zip(out, near_bests, strict=True):
+                weights[b] = single
+                if nb > 0 and errs.min() > 1e-9:
+                    # Two weeks of errors pick a noisy winner among near-equal blends; their
+                    # mean is steadier.  (A window without error keeps the tie rule above.)
+                    near = np.flatnonzero(errs32 <= errs32.min() * (1 + nb))
+                    weights[b] = grid[near].mean(axis=0)
+        return out
 
     def forecast(self, horizon_h: int) -> Forecast:
         """Point and 80% interval for the next ``horizon_h`` hours (at most one week)."""
@@ -520,7 +572,9 @@ _ABLATIONS: dict[str, dict[str, Any]] = {
     "berth_plus_level": {"level_correction": True},
     "berth_no_median": {"median_component": False},
     "berth_no_smoothing": {"smoothing_component": False},
-    "berth_plus_near_best": {"near_best": 0.05},
+    "berth_plus_near_best": {"near_best": 0.05, "near_best_cv": ()},
+    "berth_no_near_best_cv": {"near_best_cv": ()},
+    "berth_cv2_near_best": {"near_best_cv_forward": False},
     "berth_no_blend": {"ensemble": False},
     "berth_no_conformal": {"conformal": False},
     "berth_no_holdout": {"holdout_fit": False},

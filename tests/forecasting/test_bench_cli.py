@@ -133,9 +133,9 @@ def test_bench_runtime_only_learns_from_jobs_finished_before_each_submit(
             events.append(("predict", job.id))
             return super().predict(job)
 
-        def observe(self, job, runtime_s):  # type: ignore[no-untyped-def]
+        def observe(self, job, runtime_s, **kwargs):  # type: ignore[no-untyped-def]
             events.append(("observe", job.id))
-            super().observe(job, runtime_s)
+            super().observe(job, runtime_s, **kwargs)
 
     monkeypatch.setattr(bench_runtime, "HistoryRuntimePredictor", Spy)
     bench_runtime.run(trace)

@@ -46,8 +46,8 @@ def test_alpha_is_chosen_by_one_step_error_on_the_history() -> None:
 
 def test_blend_weights_are_the_mean_of_the_near_best_blends() -> None:
     y = seasonal_series(days=21, trend_per_day=0.5, noise=1.0, seed=2)
-    weights = BerthModel(BerthConfig(near_best=0.05)).fit(y)._state["weights"]
-    best = BerthModel(BerthConfig(near_best=0.0)).fit(y)._state["weights"]
+    weights = BerthModel(BerthConfig(near_best=0.05, near_best_cv=())).fit(y)._state["weights"]
+    best = BerthModel(BerthConfig(near_best=0.0, near_best_cv=())).fit(y)._state["weights"]
     np.testing.assert_allclose(weights.sum(axis=1), 1.0)
     # the single best blend sits on the 0.1 grid; the mean of the near-best ones need not
     assert np.allclose(best * 10, np.round(best * 10))
@@ -57,7 +57,7 @@ def test_blend_weights_are_the_mean_of_the_near_best_blends() -> None:
 
 def test_a_window_without_error_keeps_the_tie_rule() -> None:
     flat = seasonal_series(days=21) * 0.0 + 8.0  # pinned at a quota: every blend is exact
-    weights = BerthModel(BerthConfig(near_best=0.05)).fit(flat)._state["weights"]
+    weights = BerthModel(BerthConfig(near_best=0.05, near_best_cv=())).fit(flat)._state["weights"]
     assert (weights[:, 3] == 1.0).all()  # ties go to the last value, not to the mean of all
 
 
@@ -66,3 +66,28 @@ def test_without_the_smoothing_component_it_gets_no_weight() -> None:
     weights = BerthModel(BerthConfig(smoothing_component=False)).fit(y)._state["weights"]
     assert (weights[:, 5] == 0.0).all()
     np.testing.assert_allclose(weights.sum(axis=1), 1.0)
+
+
+def test_the_near_best_share_is_chosen_on_the_fitted_history() -> None:
+    y = seasonal_series(days=21, trend_per_day=0.5, noise=1.0, seed=2)
+    model = BerthModel().fit(y)
+    chosen = model._state["near_best"]
+    assert chosen in (0.0, *model.config.near_best_cv)
+    # the shipped weights are the ones of the chosen share, fitted on the whole window
+    fixed = BerthModel(BerthConfig(near_best=chosen, near_best_cv=())).fit(y)
+    np.testing.assert_allclose(model._state["weights"], fixed._state["weights"])
+    # refitting the same history chooses the same share: nothing random in the choice
+    assert BerthModel().fit(y)._state["near_best"] == chosen
+    # without candidates the configured share is used as it is
+    assert BerthModel(BerthConfig(near_best=0.05, near_best_cv=())).fit(y)._state["near_best"] == 0.05
+
+
+def test_an_exact_component_keeps_the_best_blend_alone() -> None:
+    # Component 0 is the truth: every share gives the same (zero) error on the newer half,
+    # and the tie goes to the best blend alone.
+    rng = np.random.default_rng(0)
+    target = np.log1p(rng.uniform(5, 50, size=(200, 24)))
+    comps = np.stack([target + (0.0 if k == 0 else rng.normal(0, 0.3, target.shape)) for k in range(6)])
+    model = BerthModel()
+    model._state = {"log": True}
+    assert model._pick_near_best(comps, target, [True] * 6) == 0.0

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from forecasting.core.runtime import HistoryRuntimePredictor, window_mode
+from forecasting.core.runtime import DEFAULT_LEVELS, HistoryRuntimePredictor, window_mode
 from scheduling.engine.types import JobRequest
 
 _counter = iter(range(1_000_000))
@@ -148,3 +148,93 @@ def test_gpu_type_and_project_job_name_are_features() -> None:
         q.observe(job("bob", name="eval"), 300.0)
         q.observe(job("bob", name="train"), 36_000.0)
     assert q.predict(job("carol", name="eval"))[0] == pytest.approx(300.0, rel=0.3)
+
+
+def _at(j: JobRequest, submit_at: float) -> JobRequest:
+    return replace(j, submit_at=submit_at)
+
+
+def test_the_outcome_of_the_users_last_job_is_a_feature() -> None:
+    # alice's work alternates: a crash within seconds is followed by a fixed rerun of about
+    # 5000 s, which is followed by the next crash.  Her history as a whole is half and half;
+    # what decides the next job is the last one's outcome, which the session keys see.
+    def replay(p: HistoryRuntimePredictor) -> list[float]:
+        t, errors = 0.0, []
+        for k in range(120):
+            rt = 10.0 if k % 2 == 0 else 5_000.0
+            j = _at(job("alice", requested_s=10_000.0), t)
+            p50, _ = p.predict(j)
+            if k >= 80:
+                errors.append(abs(math.log(p50 / rt)))
+            p.observe(j, rt, ended_at=t + rt, status="failed" if rt < 60 else "completed")
+            t += rt + 30.0
+        return errors
+
+    with_context = replay(HistoryRuntimePredictor())
+    without = replay(HistoryRuntimePredictor(levels=DEFAULT_LEVELS, learn_weights=False))
+    within_2x = sum(e <= math.log(2) for e in with_context) / len(with_context)
+    assert within_2x >= 0.9
+    assert sum(e <= math.log(2) for e in without) / len(without) <= 0.6
+
+
+def test_level_weights_move_to_the_levels_that_are_right() -> None:
+    p = HistoryRuntimePredictor()
+    before = p.level_weights
+    assert sum(before.values()) == pytest.approx(1.0)
+    # Runtimes depend on the GPU count only: user_req_gpus is right, user_req is half wrong.
+    for k in range(300):
+        gpus = 1 if k % 2 else 8
+        j = _at(job("alice", requested_s=50_000.0, gpu_count=gpus), float(k * 100))
+        p.predict(j)
+        p.observe(j, 100.0 if gpus == 1 else 20_000.0)
+    after = p.level_weights
+    assert sum(after.values()) == pytest.approx(1.0)
+    assert after["user_req_gpus"] > before["user_req_gpus"]
+    assert after["user_req"] < before["user_req"]
+    # fixed weights stay where they started
+    q = HistoryRuntimePredictor(learn_weights=False)
+    feed(q, {"user": "alice", "requested_s": 1_000.0}, [100.0] * 20)
+    assert q.level_weights == before
+
+
+def test_queued_and_running_jobs_of_the_user_are_counted_until_they_end() -> None:
+    p = HistoryRuntimePredictor()
+    jobs = [_at(job("alice"), float(k)) for k in range(5)]
+    for j in jobs:
+        p.predict(j)
+    assert p._context(_at(job("alice"), 10.0))[3] == 3  # capped bucket: 3 or more active
+    for j in jobs:
+        p.observe(j, 100.0)
+    fresh = _at(job("alice"), 200.0)
+    gap_b, end_b, prev, busy, _ = p._context(fresh)
+    assert busy == 1  # only the probe job above is still active
+    assert prev == 4  # the last job ran 100 s, no limit: an ordinary outcome
+    assert gap_b > 0
+    assert end_b > 0  # the clock stands in for the end time when none is given
+
+
+def test_raw_levels_need_their_plain_level() -> None:
+    with pytest.raises(ValueError, match="user:raw"):
+        HistoryRuntimePredictor(levels=(("user_req", 1.0), ("user:raw", 0.1)))
+    p = HistoryRuntimePredictor(levels=(("user", 1.0), ("user:raw", 0.5)))
+    # alice asks for 1000 s and runs 100 s: the ratio reading says 200 s for 2000 s, the raw
+    # reading 100 s; both are within 2x of the answer
+    feed(p, {"user": "alice", "requested_s": 1_000.0}, [100.0] * 5)
+    assert 100.0 <= p.predict(job("alice", requested_s=2_000.0))[0] <= 200.0 + 1e-9
+
+
+def test_a_prediction_at_100k_jobs_of_history_takes_under_a_millisecond_of_cpu() -> None:
+    import time
+
+    p = HistoryRuntimePredictor()
+    t = 0.0
+    for k in range(20_000):  # many users and limits: every key has a full window
+        j = _at(job(f"u{k % 200}", requested_s=float(600 * (1 + k % 7)), gpu_count=1 + k % 4), t)
+        p.observe(j, 60.0 * (1 + (k * 7919) % 97), ended_at=t)
+        t += 30.0
+    probes = [_at(job(f"u{k % 200}", requested_s=1800.0, gpu_count=2), t + k) for k in range(300)]
+    c0 = time.process_time()
+    for j in probes:
+        p.predict(j)
+    per_predict_s = (time.process_time() - c0) / len(probes)
+    assert per_predict_s < 1e-3
