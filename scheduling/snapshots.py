@@ -452,7 +452,7 @@ def _open_jobs(*, cluster: Cluster, now: datetime) -> list[_OpenJob]:
     to share): 12,000 open jobs' 21 columns cost ~250 ms a round to read and convert, their
     versions a fraction of it, and a steady round re-reads the few hundred jobs that changed.
     """
-    running = set(RUNNING_STATUSES)
+    running: set[str] = {str(s) for s in RUNNING_STATUSES}
     now_s = epoch(now)
     statuses = [Job.Status.PENDING, *RUNNING_STATUSES]
     with connection.cursor() as cursor:
