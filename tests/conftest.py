@@ -98,7 +98,6 @@ def _fast_password_hashing(request: pytest.FixtureRequest) -> None:
     request.getfixturevalue("settings").PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
-
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup: None) -> Iterator[None]:
     """pytest-django's, and the availability listener's own connection (`scheduling.selectors`)
