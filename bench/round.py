@@ -22,7 +22,10 @@ projects.  Each round runs ``--step-s`` later than the one before on the engine 
 rounds see jobs end, starts and preemptions as a live cluster would.  The first round starts
 the most work (the free GPUs fill); it is reported on its own as ``first_round_ms`` and counted
 in the quantiles like every other round.  The runtime predictor is built before the rounds (a
-long-running worker has it) and its build reported as ``predictor_build_ms``.
+long-running worker has it) and its build reported as ``predictor_build_ms``; so is what a
+worker does when its process starts (`scheduling.rounds.round_process_warm`, ``warm_ms``).
+Rounds run with Python's cyclic collector paused; the collection each leaves is timed apart
+(``per_round[].gc_after_ms``, ``gc_after_ms_p50``), not in ``round_ms``.
 
 ``--running-mix`` (`RUNNING_MIXES`): ``full`` (default) packs the running jobs onto ~95 % of the
 GPUs, ``engine-scale`` like ``bench.engine_scale`` (~70 %).  ``--alternatives-bookings N`` then
@@ -34,6 +37,7 @@ requests).
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import random
 import statistics
@@ -362,11 +366,17 @@ def rounds_run(*, cluster_id: int, rounds: int, now: datetime, step_s: float) ->
         started = time.perf_counter()
         result = engine_round_run(cluster_id=cluster_id, now=at)
         wall_ms = (time.perf_counter() - started) * 1000.0
+        # The round runs with the cyclic collector paused (`rounds.cyclic_gc_paused`); what it
+        # left for the collector, timed apart: the worker pays it after the apply.
+        gc_t0 = time.perf_counter()
+        gc.collect()
+        gc_ms = (time.perf_counter() - gc_t0) * 1000.0
         if result.status != "ok":
             raise SystemExit(f"round {i + 1}: {result.status}: {result.message}")
         out.append(
             {
                 "round_ms": wall_ms,
+                "gc_after_ms": gc_ms,
                 "phases_ms": dict(result.phases_ms),
                 "started": result.started,
                 "finished": result.finished,
@@ -500,10 +510,15 @@ def _measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
     # not once per round: the rounds measured here are a long-running worker's.  The build is
     # reported on its own (``predictor_build_ms``).
     from forecasting.selectors import runtime_predictor_get
+    from scheduling.rounds import round_process_warm
 
     predictor_t0 = time.perf_counter()
     runtime_predictor_get(cluster_id=lab["cluster_id"])
     predictor_build_ms = (time.perf_counter() - predictor_t0) * 1000.0
+    # And what the worker does when its process starts (`scheduling.tasks`): the URL resolver.
+    warm_t0 = time.perf_counter()
+    round_process_warm()
+    warm_ms = (time.perf_counter() - warm_t0) * 1000.0
 
     per_round = rounds_run(cluster_id=lab["cluster_id"], rounds=args.rounds, now=now, step_s=args.step_s)
     check = state_check(cluster_id=lab["cluster_id"])
@@ -526,6 +541,8 @@ def _measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
         "setup_s": setup_s,
         "running_mix": args.running_mix,
         "predictor_build_ms": predictor_build_ms,
+        "warm_ms": warm_ms,
+        "gc_after_ms_p50": _percentile([r["gc_after_ms"] for r in per_round], 50),
         "state": check,
         "per_round": per_round,
     }

@@ -9,8 +9,5 @@ class SchedulingConfig(AppConfig):
         # Berth's gauges are read from the database at scrape time, so every web process that
         # serves /metrics needs the collector (rounds run in worker processes).
         from scheduling.metrics import register_collectors
-        from scheduling.selectors import availability_cache_connect
 
         register_collectors()
-        # Every write that changes availability invalidates the cached answers (selectors).
-        availability_cache_connect()

@@ -7,13 +7,15 @@ Availability is public to every signed-in user: it says how many GPUs are free, 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import math
-import re
-import secrets
+import os
+import threading
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -22,16 +24,13 @@ from typing import Any
 import psycopg
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser, User
-from django.core.cache import cache, caches
-from django.core.cache.backends.redis import RedisCache
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db import connection
+from django.db import connection, connections
 from django.db.models import Count, Prefetch, Q, QuerySet
 from django.http import Http404
 from django.utils import timezone
 
 from portal.accounts.models import Membership, Project
-from portal.security import cache_redis
 from scheduling.alternatives import (  # noqa: F401 (re-exported: their old home)
     Alternative,
     BookingQuota,
@@ -331,8 +330,8 @@ def prepared_fetchall(sql: str, params: Sequence[Any] | dict[str, Any]) -> list[
 
 
 def prepared_execute(sql: str, params: Sequence[Any] | dict[str, Any]) -> None:
-    """``prepared_fetchall`` for a statement that returns no rows.  It bypasses the
-    availability write watch: a caller writing allocations calls ``availability_write_noted``."""
+    """``prepared_fetchall`` for a statement that returns no rows (the availability cache sees
+    its writes like any other: PostgreSQL's triggers tell it)."""
     _connection_ready()
     raw = connection.connection
     with connection.wrap_database_errors, psycopg.Cursor(raw) as cursor:
@@ -351,118 +350,169 @@ def _epoch_s(value: datetime) -> Decimal:
 
 
 # ---- the availability cache ----
-# Availability is read far more often than GPUs are booked: each web process keeps answers
-# for a generation of the data, and every write that can change availability starts a new
-# generation.  The generation is a counter in the default cache (Redis in production, so all
-# processes share it).  A write is noticed at the database-driver level (``_note_writes``, an
-# execute wrapper on every Django connection, web and worker processes alike): any INSERT,
-# UPDATE, DELETE or TRUNCATE that names allocations, GPUs, nodes, clusters or GPU types bumps
-# the generation once it is committed: at once in autocommit, else after its transaction
-# commits.  Answers computed elsewhere while the transaction was open (they cannot have seen
-# its rows) are retired by that bump, and the transaction's own reads bypass the cache.  The
-# commit hooks run before the request ends, so a booking's response is sent only after
-# availability everywhere shows it.  Writes that bypass Django's cursors (psql, another
-# application) are seen once entries expire, after ``BERTH_AVAILABILITY_CACHE_S`` (0 turns
-# the cache off); so is a write whose bump found Redis down.
+# Availability is read far more often than GPUs are booked: each process keeps answers for a
+# *generation* of the data, a counter of its own that a listener thread moves on.
+#
+# Invalidation is PostgreSQL's: statement triggers on allocations, GPUs, nodes, clusters and
+# GPU types (migration 0005) send ``NOTIFY berth_availability`` for every write, whoever makes
+# it (a service, a round, a queryset update, the admin, psql).  A notification is delivered when
+# its transaction commits and never for one that rolls back; PostgreSQL sends one per
+# transaction.  Each process that reads availability LISTENs on its own connection
+# (`_AvailabilityWatch`) and starts a new generation per notification, so a cache hit costs no
+# round trip to anyone.  While the listener is not connected (starting, PostgreSQL away) answers
+# are computed and not cached; on (re)connecting it starts a new generation (it may have missed
+# writes).  A transaction's own reads bypass the cache (it sees writes nobody else sees yet).
+#
+# Read your own writes: a notification reaches other processes a little after the commit, and
+# a client may send its next read sooner.  So every successful write request leaves the
+# PostgreSQL clock after its commits (`AvailabilityStampMiddleware`: cookie and response header
+# ``Berth-Availability-After``; an API client echoes the header), and a read that carries such a
+# stamp uses the cache only once the listener has seen a sync marker sent after that instant:
+# markers (``sync:<epoch>``, from any process, asked for when a reader needs one) are queued
+# behind every notification of a transaction that committed before them.  A reader without a
+# stamp sees another's write once the notification arrives (well under a millisecond on an idle
+# machine); ``BERTH_AVAILABILITY_CACHE_S`` bounds an entry's life whatever happens (0 turns the
+# cache off).
 
-_GENERATION_KEY = "berth:availability:generation"
+_CHANNEL = "berth_availability"
+_SYNC_PREFIX = "sync:"
 _CACHE_MAX_ENTRIES = 2_000
 _cache: dict[tuple[object, ...], tuple[float, Availability]] = {}
-_AVAILABILITY_TABLES = re.compile(r"scheduling_(?:allocation|gpu|node|cluster|gputype)\b", re.IGNORECASE)
-_READ_ONLY_PREFIXES = ("SELECT", "SAVEPOINT", "RELEASE", "ROLLBACK", "BEGIN", "COMMIT", "SET ", "SHOW")
+# The stamp (PostgreSQL epoch seconds) the current request carries; set by the middleware.
+_read_after: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "berth_availability_after", default=None
+)
 
 
-def _new_counter() -> None:
-    # A random start, not 0: a counter lost to a Redis flush or eviction must not count up
-    # again through generations that processes still hold answers for.
-    cache.add(_GENERATION_KEY, secrets.randbits(62), timeout=None)
+class _AvailabilityWatch:
+    """One listener thread per process: the generation and how far the notifications are synced.
 
+    ``generation`` is None while the listener is not listening.  ``synced_to`` (epoch s of the
+    PostgreSQL clock): every transaction that committed before it has been counted.
+    """
 
-def _generation() -> int | None:
-    """The current generation, or ``None`` (no caching) when the cache cannot be read."""
-    try:
-        backend = caches["default"]
-        if isinstance(backend, RedisCache):  # one GET on a kept client (see cache_redis)
-            value = cache_redis(backend, write=False).get(backend.make_and_validate_key(_GENERATION_KEY))
-        else:
-            value = cache.get(_GENERATION_KEY)
-        if value is None:
-            _new_counter()
-            value = cache.get(_GENERATION_KEY)
-    except Exception:  # Redis down: answer from the database
-        logger.warning("availability cache: generation unreadable", exc_info=True)
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.generation: int | None = None
+        self.synced_to = 0.0
+        self._counter = 0
+        self._sync_wanted = threading.Event()
+        self._stop = threading.Event()
+        self._conn: psycopg.Connection[Any] | None = None
+        self._thread = threading.Thread(target=self._run, name="berth-availability-listen", daemon=True)
+        self._thread.start()
+
+    def generation_for(self, after: float | None) -> int | None:
+        """The generation a read may use; None: compute it afresh (and a sync marker is asked for
+        when the listener is behind the read's stamp)."""
+        generation = self.generation
+        if generation is None or after is None or self.synced_to >= after:
+            return generation
+        self._sync_wanted.set()
         return None
-    return int(value) if value is not None else None
 
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        self._sync_wanted.set()
+        self._thread.join(timeout_s)
 
-def availability_changed() -> None:
-    """Start a new generation: cached availability answers are not used any more."""
-    try:
-        backend = caches["default"]
-        if isinstance(backend, RedisCache):
-            # One INCR (Django's incr costs an EXISTS first); a missing counter starts again
-            # at 1, far from the random start of the one it replaces.
-            cache_redis(backend, write=True).incr(backend.make_and_validate_key(_GENERATION_KEY))
+    def _notified(self, notify: psycopg.Notify) -> None:
+        if notify.payload.startswith(_SYNC_PREFIX):
+            with contextlib.suppress(ValueError):
+                self.synced_to = max(self.synced_to, float(notify.payload[len(_SYNC_PREFIX) :]))
             return
-        try:
-            cache.incr(_GENERATION_KEY)
-        except ValueError:  # no counter yet (or it was evicted): any new value retires the old
-            _new_counter()
-    except Exception:  # entries then expire after BERTH_AVAILABILITY_CACHE_S
-        logger.warning("availability cache: generation not bumped", exc_info=True)
+        self._counter += 1
+        self.generation = self._counter
+
+    def _run(self) -> None:
+        backoff_s = 0.5
+        while not self._stop.is_set():
+            try:
+                self._listen()
+                backoff_s = 0.5
+            except Exception:  # PostgreSQL away: answers are computed, not cached, meanwhile
+                logger.warning("availability listener: reconnecting in %.1f s", backoff_s, exc_info=True)
+            self.generation = None
+            if self._conn is not None:
+                with contextlib.suppress(Exception):
+                    self._conn.close()
+                self._conn = None
+            self._stop.wait(backoff_s)
+            backoff_s = min(backoff_s * 2, 10.0)
+
+    def _listen(self) -> None:
+        params = {
+            k: v
+            for k, v in connections["default"].get_connection_params().items()
+            if k not in ("cursor_factory", "context", "prepare_threshold")
+        }
+        conn = psycopg.connect(**params, autocommit=True, application_name="berth-availability-listen")
+        self._conn = conn
+        conn.execute(f"LISTEN {_CHANNEL}")
+        # Anything may have changed while nobody listened: a new generation from now on.
+        self._counter += 1
+        self.generation = self._counter
+        while not self._stop.is_set():
+            # Short waits: a reader that asked for a sync marker gets it within ~50 ms (it
+            # computes its answer meanwhile).  A lost connection raises here.  What arrives
+            # during the marker's own statement waits in psycopg's backlog for the next call.
+            for notify in conn.notifies(timeout=0.05):
+                self._notified(notify)
+                if self._sync_wanted.is_set() or self._stop.is_set():
+                    break
+            if self._sync_wanted.is_set():
+                self._sync_wanted.clear()
+                conn.execute(
+                    "SELECT pg_notify(%s, %s || date_part('epoch', clock_timestamp())::text)",
+                    [_CHANNEL, _SYNC_PREFIX],
+                )
 
 
-def _has_pending_write() -> bool:
-    """Whether this connection's open transaction changed availability (not committed yet):
-    its reads must see its own writes, and what they see must not outlive a rollback."""
-    # Entries are (savepoint ids, callback, robust); django-stubs still lists two fields.
-    return connection.in_atomic_block and any(
-        entry[1] is _bump_after_commit for entry in connection.run_on_commit
-    )
+_watch_lock = threading.Lock()
+_watch: _AvailabilityWatch | None = None
 
 
-def _bump_after_commit() -> None:
-    availability_changed()
+def _availability_watch() -> _AvailabilityWatch:
+    """This process's listener (started on first use; a forked child starts its own)."""
+    global _watch
+    watch = _watch
+    if watch is not None and watch.pid == os.getpid():
+        return watch
+    with _watch_lock:
+        if _watch is None or _watch.pid != os.getpid():
+            _watch = _AvailabilityWatch()
+        return _watch
 
 
-def _note_writes(execute: Any, sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
-    result = execute(sql, params, many, context)
-    text = sql.lstrip()
-    if text[:9].upper().startswith(_READ_ONLY_PREFIXES) or not _AVAILABILITY_TABLES.search(text):
-        return result
-    availability_write_noted(context["connection"])
-    return result
+def availability_watch_stop() -> None:
+    """Stop this process's listener (its connection would keep a test database from being dropped)."""
+    global _watch
+    with _watch_lock:
+        if _watch is not None and _watch.pid == os.getpid():
+            _watch.stop()
+        _watch = None
+    _cache.clear()
 
 
-def availability_write_noted(conn: Any = connection) -> None:
-    """Record that ``conn`` just wrote allocations, GPUs, nodes or clusters (for writes that
-    bypass Django's cursors on purpose, such as ``prepared_execute``)."""
-    if not conn.in_atomic_block:  # autocommit: the write is committed already
-        availability_changed()
-        return
-    # After the commit, once per transaction: a callback registered at savepoints that all
-    # enclose this write survives exactly when this write does (a rolled-back savepoint drops
-    # its callbacks).  Until then other processes cannot see the write, and this transaction's
-    # own reads bypass the cache (_has_pending_write).
-    enclosing = set(conn.savepoint_ids)
-    if not any(func is _bump_after_commit and sids <= enclosing for sids, func, _ in conn.run_on_commit):
-        conn.on_commit(_bump_after_commit)
+def availability_stamp() -> float:
+    """The PostgreSQL clock now (epoch s): a read stamped with it sees every write committed before."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT date_part('epoch', clock_timestamp())")
+        return float(cursor.fetchone()[0])
 
 
-def _install_write_watch(sender: Any, connection: Any, **kwargs: Any) -> None:
-    if _note_writes not in connection.execute_wrappers:
-        connection.execute_wrappers.append(_note_writes)
+@contextlib.contextmanager
+def availability_read_after(stamp: float | None) -> Iterator[None]:
+    """Reads in the block see every write committed before ``stamp`` (`availability_stamp`)."""
+    token = _read_after.set(stamp)
+    try:
+        yield
+    finally:
+        _read_after.reset(token)
 
 
-def availability_cache_connect() -> None:
-    """Watch every Django database connection for writes that change availability
-    (called once from SchedulingConfig.ready, so worker processes bump the generation too)."""
-    from django.db import connections
-    from django.db.backends.signals import connection_created
-
-    connection_created.connect(_install_write_watch, dispatch_uid="berth-availability-writes")
-    for conn in connections.all(initialized_only=True):
-        _install_write_watch(None, conn)
+STAMP_HEADER = "Berth-Availability-After"
+STAMP_COOKIE = "berth_availability_after"
 
 
 def availability_get(
@@ -476,7 +526,9 @@ def availability_get(
     """Free GPUs of one type per time step over ``[start_at, end_at)``, through the
     per-process cache described above (same answer as ``availability_compute``)."""
     ttl = float(settings.BERTH_AVAILABILITY_CACHE_S)
-    generation = _generation() if ttl > 0 and not _has_pending_write() else None
+    generation = None
+    if ttl > 0 and not connection.in_atomic_block:
+        generation = _availability_watch().generation_for(_read_after.get())
     if generation is None:
         return availability_compute(
             gpu_type_name=gpu_type_name,

@@ -396,57 +396,115 @@ class _OpenJob:
     request: et.JobRequest
 
 
-_OPEN_JOBS_SQL = f"""
-    SELECT j.id, u.username, p.slug, j.gpu_count, date_part('epoch', j.submitted_at), j.kind,
-           t.name, j.min_memory_gib, j.precisions, j.requested_s, j.predicted_p50_s, j.predicted_p90_s,
-           j.is_preemptible, j.is_checkpointable, j.checkpoint_interval_s, j.priority, j.name, j.attempt,
-           date_part('epoch', COALESCE(j.first_submitted_at, j.submitted_at)),
-           j.status, date_part('epoch', j.started_at)
+_OPEN_JOBS_COLUMNS = """
+    u.username, p.slug, j.gpu_count, date_part('epoch', j.submitted_at), j.kind,
+    t.name, j.min_memory_gib, j.precisions, j.requested_s, j.predicted_p50_s, j.predicted_p90_s,
+    j.is_preemptible, j.is_checkpointable, j.checkpoint_interval_s, j.priority, j.name, j.attempt,
+    date_part('epoch', COALESCE(j.first_submitted_at, j.submitted_at)),
+    j.status, date_part('epoch', j.started_at)
+"""
+_OPEN_JOBS_FROM = f"""
       FROM {Job._meta.db_table} j
       JOIN {User._meta.db_table} u ON u.id = j.user_id
       JOIN {Project._meta.db_table} p ON p.id = j.project_id
       LEFT JOIN {GpuType._meta.db_table} t ON t.id = j.gpu_type_id
+"""
+# The versions only.  Every UPDATE writes a new row version: a new ``xmin`` (the writing
+# transaction's id) when another transaction writes it, a new ``ctid`` (its place) when the same
+# transaction writes it again, and neither is reused while a reader could have seen the old one
+# (PostgreSQL's own row version; optimistic-locking libraries use ``xmin`` the same way).  So
+# the four rows a request is built from (job, user, project, GPU type) are the ones read before
+# exactly when their versions are.
+_OPEN_JOBS_VERSIONS_SQL = f"""
+    SELECT j.id, j.xmin::text || j.ctid::text, u.xmin::text || u.ctid::text,
+           p.xmin::text || p.ctid::text, t.xmin::text || t.ctid::text {_OPEN_JOBS_FROM}
      WHERE j.cluster_id = %s AND j.status = ANY(%s)
      ORDER BY j.submitted_at, j.id
-"""  # noqa: S608 (table names from the models; values are parameters)
+"""
+# The whole rows (id, then the request's 18 columns, then status and start) of some jobs.
+_OPEN_JOBS_BY_ID_SQL = f"""
+    SELECT j.id, {_OPEN_JOBS_COLUMNS} {_OPEN_JOBS_FROM}
+     WHERE j.id = ANY(%s::bigint[]) AND j.status = ANY(%s)
+"""
 
 
-# Per cluster: job id -> (the columns its request was built from, the request), from the last
-# snapshot built in this process.  A queue changes little between rounds.
-_REQUESTS: dict[int, dict[int, tuple[tuple[Any, ...], et.JobRequest]]] = {}
+@dataclass(frozen=True, slots=True)
+class _Known:
+    """What a snapshot read of one open job left: its rows' versions and the job it built."""
+
+    version: tuple[str | None, ...]
+    job: _OpenJob | None  # None: a running job without a start (its start is the round's now)
+    columns: tuple[Any, ...]
+
+
+# Per cluster: job id -> what the last snapshot built in this process read of it.  A queue
+# changes little between rounds.
+_KNOWN: dict[int, dict[int, _Known]] = {}
 
 
 def _open_jobs(*, cluster: Cluster, now: datetime) -> list[_OpenJob]:
     """The cluster's pending and running jobs as engine requests, in submission order.
 
-    One query of plain columns (epochs computed by PostgreSQL): what ``job_request`` builds from
-    a model instance, without loading 2,000 ``Job`` rows with their payloads every round.  A
-    job whose columns are the same as in this process's last snapshot of the cluster keeps its
-    request (frozen: safe to share), so a round builds requests only for jobs that changed.
+    Plain columns (epochs computed by PostgreSQL), never ``Job`` instances with their payloads.
+    Read in two steps: the row versions of every open job (``xmin`` of the job, its user,
+    project and GPU type), then the whole rows only of jobs whose versions differ from this
+    process's last snapshot of the cluster.  A job read before keeps its request (frozen: safe
+    to share): 12,000 open jobs' 21 columns cost ~250 ms a round to read and convert, their
+    versions a fraction of it, and a steady round re-reads the few hundred jobs that changed.
     """
-    running = set(RUNNING_STATUSES)
+    running: set[str] = {str(s) for s in RUNNING_STATUSES}
     now_s = epoch(now)
+    statuses = [Job.Status.PENDING, *RUNNING_STATUSES]
     with connection.cursor() as cursor:
-        cursor.execute(_OPEN_JOBS_SQL, [cluster.pk, [Job.Status.PENDING, *RUNNING_STATUSES]])
-        rows = cursor.fetchall()
-    known = _REQUESTS.get(cluster.pk, {})
-    kept: dict[int, tuple[tuple[Any, ...], et.JobRequest]] = {}
+        cursor.execute(_OPEN_JOBS_VERSIONS_SQL, [cluster.pk, statuses])
+        versions = cursor.fetchall()
+    known = _KNOWN.get(cluster.pk, {})
+    stale = [row[0] for row in versions if (hit := known.get(row[0])) is None or hit.version != row[1:]]
+    fresh: dict[int, tuple[Any, ...]] = {}
+    if stale:
+        with connection.cursor() as cursor:
+            cursor.execute(_OPEN_JOBS_BY_ID_SQL, [stale, statuses])
+            fresh = {row[0]: row[1:] for row in cursor.fetchall()}
+    kept: dict[int, _Known] = {}
     out = []
-    for row in rows:
-        pk, columns, status, started_at = row[0], row[1:19], row[19], row[20]
+    for pk, *version in versions:
+        columns = fresh.get(pk)
         hit = known.get(pk)
-        request = hit[1] if hit is not None and hit[0] == columns else _job_request_from_row(pk, columns)
-        kept[pk] = (columns, request)
-        out.append(
-            _OpenJob(
-                pk=pk,
-                is_running=status in running,
-                started_at=started_at if started_at is not None else now_s,
-                request=request,
-            )
+        if columns is None and hit is not None and hit.version == tuple(version):
+            kept[pk] = hit
+            out.append(hit.job or _open_job(pk, hit.columns, now_s=now_s, running=running))
+            continue
+        if columns is None:  # no longer open at the second read (it ended, or was deleted)
+            continue
+        # An unchanged request is kept even when another column moved (its status, its start).
+        same = hit is not None and hit.job is not None and hit.columns[:18] == columns[:18]
+        request = hit.job.request if same and hit is not None and hit.job is not None else None
+        job = _open_job(pk, columns, now_s=now_s, running=running, request=request)
+        kept[pk] = _Known(
+            version=tuple(version),
+            job=job if columns[18] not in running or columns[19] is not None else None,
+            columns=columns,
         )
-    _REQUESTS[cluster.pk] = kept
+        out.append(job)
+    _KNOWN[cluster.pk] = kept
     return out
+
+
+def _open_job(
+    pk: int,
+    columns: tuple[Any, ...],
+    *,
+    now_s: float,
+    running: set[str],
+    request: et.JobRequest | None = None,
+) -> _OpenJob:
+    status, started_at = columns[18], columns[19]
+    return _OpenJob(
+        pk=pk,
+        is_running=status in running,
+        started_at=started_at if started_at is not None else now_s,
+        request=request or _job_request_from_row(pk, columns[:18]),
+    )
 
 
 _KINDS = {k.value: k for k in et.JobKind}

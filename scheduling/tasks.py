@@ -20,12 +20,13 @@ from typing import Any
 
 import redis
 from celery import Task
+from celery.signals import worker_init, worker_process_init
 from django.conf import settings
 from django.db import transaction
 
 from scheduling.backends.base import BackendError
 from scheduling.models import Cluster
-from scheduling.rounds import engine_round_run
+from scheduling.rounds import engine_round_run, round_process_warm
 from scheduling.task_policy import active_cluster_ids, berth_task
 
 logger = logging.getLogger(__name__)
@@ -33,6 +34,15 @@ logger = logging.getLogger(__name__)
 _QUEUED_KEY = "berth:engine:queued:{cluster_id}"
 _MIN_WAKE_S = 1.0  # follow-up rounds closer than this are not worth a message
 _TRIGGER_KEY = "berth:engine:trigger:{cluster_id}"
+
+
+@worker_process_init.connect  # a prefork child, before its first task
+@worker_init.connect  # the solo and thread pools
+def _warm_for_rounds(**kwargs: Any) -> None:
+    try:
+        round_process_warm()
+    except Exception:  # a cold first round is slower, never broken
+        logger.warning("could not warm the worker for rounds", exc_info=True)
 
 
 def _redis() -> redis.Redis:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 import pytest
@@ -95,3 +96,13 @@ def _fast_password_hashing(request: pytest.FixtureRequest) -> None:
     if request.node.get_closest_marker("django_db") is None:
         return
     request.getfixturevalue("settings").PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None) -> Iterator[None]:
+    """pytest-django's, and the availability listener's own connection (`scheduling.selectors`)
+    closed before the test database is dropped (an open one would keep it from being dropped)."""
+    yield
+    from scheduling.selectors import availability_watch_stop
+
+    availability_watch_stop()

@@ -81,6 +81,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "scheduling.middleware.AvailabilityStampMiddleware",
     "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
 

@@ -73,6 +73,8 @@ from scheduling.rounds.common import (
     _next_blocking_start,
     _release_job_allocations,
     cluster_round_lock,
+    cyclic_gc_paused,
+    round_process_warm,
 )
 from scheduling.rounds.persist import (
     _UNSTARTABLE_MEMO,
@@ -182,6 +184,8 @@ __all__ = [
     "_write_booking_notes",
     "_write_explanations",
     "cluster_round_lock",
+    "cyclic_gc_paused",
     "engine_round_run",
     "plan_round",
+    "round_process_warm",
 ]

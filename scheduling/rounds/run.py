@@ -29,6 +29,7 @@ from scheduling.rounds.apply import (
 from scheduling.rounds.common import (
     RoundResult,
     cluster_round_lock,
+    cyclic_gc_paused,
     hook,
 )
 from scheduling.rounds.persist import (
@@ -85,7 +86,7 @@ def engine_round_run(*, cluster_id: int, now: datetime | None = None) -> RoundRe
     backend refused it as a whole (the starts were rolled back).
     """
     result = RoundResult(cluster_id=cluster_id)
-    with cluster_round_lock(cluster_id) as acquired:
+    with cluster_round_lock(cluster_id) as acquired, cyclic_gc_paused():
         if not acquired:
             result.status = "locked"
             return result

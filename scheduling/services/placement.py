@@ -27,7 +27,7 @@ from scheduling.models import (
     GpuType,
     Node,
 )
-from scheduling.selectors import availability_write_noted, prepared_fetchall
+from scheduling.selectors import prepared_fetchall
 from scheduling.services.audit import _actor_id, _iso
 from scheduling.services.common import _human
 
@@ -202,7 +202,6 @@ def _booking_insert_audited(
     booking.created_at = booking.updated_at = created_at
     booking._state.adding = False
     booking._state.db = connection.alias
-    availability_write_noted()
 
 
 _pick_gpus = admission.pick_gpus

@@ -129,7 +129,36 @@ def _columns(pk: int) -> tuple:
     from django.db import connection
 
     with connection.cursor() as cursor:
-        cursor.execute(
-            snapshots._OPEN_JOBS_SQL.replace("j.cluster_id = %s AND j.status = ANY(%s)", "j.id = %s"), [pk]
-        )
+        cursor.execute(snapshots._OPEN_JOBS_BY_ID_SQL, [[pk], ["pending", "starting", "running"]])
         return cursor.fetchone()[1:19]
+
+
+def test_the_open_jobs_read_follows_every_row_a_request_is_built_from(t0: datetime) -> None:
+    """Kept requests are re-read when the job, its user or its project row was written, and a
+    job that is no longer open leaves the snapshot; nothing else is re-read."""
+    from django.db import connection
+
+    cluster = make_cluster(nodes=1, gpus_per_node=4)
+    user, project = make_member()
+    job = submit(user, project, cluster, gpus=1, runtime_s=600, now=t0)
+    other = submit(user, project, cluster, gpus=2, runtime_s=600, now=t0)
+    first = {j.pk: j.request for j in snapshots._open_jobs(cluster=cluster, now=t0)}
+    assert set(first) == {job.pk, other.pk}
+
+    with connection.cursor() as cursor:  # a write no Django model method sees
+        cursor.execute("UPDATE scheduling_job SET priority = 7 WHERE id = %s", [job.pk])
+    again = {j.pk: j.request for j in snapshots._open_jobs(cluster=cluster, now=t0)}
+    assert again[job.pk].priority == 7
+    assert again[other.pk] is first[other.pk]  # not re-read: nothing of it changed
+
+    user.username = "renamed"
+    user.save(update_fields=["username"])
+    project.slug = "moved"
+    project.save(update_fields=["slug"])
+    renamed = {j.pk: j.request for j in snapshots._open_jobs(cluster=cluster, now=t0)}
+    assert {(r.user, r.project) for r in renamed.values()} == {("renamed", "moved")}
+
+    Job.objects.filter(pk=other.pk).update(status=Job.Status.CANCELLED)
+    left = snapshots._open_jobs(cluster=cluster, now=t0)
+    assert [j.pk for j in left] == [job.pk]
+    assert left[0].request == snapshots._job_request_from_row(job.pk, _columns(job.pk))

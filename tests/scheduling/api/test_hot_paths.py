@@ -7,6 +7,7 @@ a created booking's response is what reading it back shows.
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -220,6 +221,7 @@ def computed(monkeypatch):
 @pytest.mark.django_db(transaction=True)
 def test_cached_availability_shows_a_booking_at_once(member_client, project, nodes, soon, computed):
     window = (soon, soon + timedelta(hours=2))
+    _generation_settled(selectors._availability_watch())  # until it listens, nothing is cached
     assert [s["free_gpus"] for s in _availability(member_client, *window)["slots"]] == [8, 8]
     assert [s["free_gpus"] for s in _availability(member_client, *window)["slots"]] == [8, 8]
     assert len(computed) == 1  # the second answer came from the cache
@@ -229,28 +231,50 @@ def test_cached_availability_shows_a_booking_at_once(member_client, project, nod
     assert len(computed) == 2
 
 
+def _free_after_write(**window) -> list[int]:
+    """``_free`` read as a client that just wrote would (stamped after the write's commit)."""
+    with selectors.availability_read_after(selectors.availability_stamp()):
+        return _free(**window)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_bulk_writes_and_node_changes_retire_cached_answers(nodes, soon):
     window = {"start_at": soon, "end_at": soon + timedelta(hours=1), "step_s": 3600}
     gpu = Gpu.objects.filter(node=nodes[0]).first()
     AllocationFactory(gpu=gpu, period=DateTimeTZRange(soon, soon + timedelta(hours=1), "[)"))
-    assert _free(**window) == [7]
+    assert _free_after_write(**window) == [7]
     Allocation.objects.update(state=Allocation.State.RELEASED)  # a queryset update: no signal
-    assert _free(**window) == [8]
+    assert _free_after_write(**window) == [8]
     Node.objects.filter(pk=nodes[1].pk).update(status=Node.Status.DOWN)
-    assert _free(**window) == [4]
+    assert _free_after_write(**window) == [4]
 
 
 @pytest.mark.django_db(transaction=True)
 def test_a_write_retires_cached_answers_when_it_commits(nodes, soon):
-    before = selectors._generation()
+    window = {"start_at": soon, "end_at": soon + timedelta(hours=1)}
+    watch = selectors._availability_watch()
+    before = _generation_settled(watch)
     with transaction.atomic():
         Node.objects.filter(pk=nodes[1].pk).update(status=Node.Status.DOWN)
-        during = selectors._generation()
         # Its own transaction reads its write (and caches nothing a rollback could falsify).
-        assert _free(start_at=soon, end_at=soon + timedelta(hours=1)) == [4]
-    assert during == before  # other processes cannot see the write yet
-    assert selectors._generation() == before + 1
+        assert _free(**window) == [4]
+        time.sleep(0.2)
+        during = watch.generation
+    assert during == before  # other processes cannot see the write yet: nobody is told
+    assert _generation_settled(watch) == before + 1  # one notification for the transaction
+
+
+def _generation_settled(watch, *, wait_s: float = 0.3) -> int:
+    """The listener's generation once it has been connected and quiet for ``wait_s``."""
+    deadline = time.monotonic() + 10
+    last, since = watch.generation, time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+        if watch.generation != last or watch.generation is None:
+            last, since = watch.generation, time.monotonic()
+        elif time.monotonic() - since >= wait_s:
+            return last
+    raise AssertionError("the availability listener never settled")
 
 
 @pytest.mark.django_db(transaction=True)
@@ -269,19 +293,15 @@ def test_a_rolled_back_write_leaves_no_cached_trace(nodes, soon):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_write_outside_django_is_seen_within_the_bound(nodes, soon, settings, monkeypatch):
-    settings.BERTH_AVAILABILITY_CACHE_S = 10
-    now = [5000.0]
-    monkeypatch.setattr(selectors.time, "monotonic", lambda: now[0])
+def test_a_write_outside_django_is_seen_at_once(nodes, soon, computed):
     window = {"start_at": soon, "end_at": soon + timedelta(hours=1)}
-    assert _free(**window) == [8]
+    _generation_settled(selectors._availability_watch())
+    assert _free(**window) == _free(**window) == [8]
+    assert len(computed) == 1  # cached
     connection.ensure_connection()
     with connection.connection.cursor() as raw:  # psycopg directly: no Django cursor sees it
         raw.execute("UPDATE scheduling_node SET status = 'down' WHERE id = %s", [nodes[1].pk])
-    now[0] += 9
-    assert _free(**window) == [8]  # cached, within the bound
-    now[0] += 2
-    assert _free(**window) == [4]
+    assert _free_after_write(**window) == [4]  # PostgreSQL's trigger told the listener
 
 
 @pytest.mark.django_db(transaction=True)
