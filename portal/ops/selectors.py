@@ -22,7 +22,6 @@ from portal.ops.tables import BUCKETS, Range, Table, range_get
 from portal.ops.usage import (
     HEATMAP_MAX_COLUMNS,
     fairness_get,
-    jain_index,
     no_work_reason,
     runtime_accuracy_get,
     utilization_get,
@@ -48,7 +47,6 @@ __all__ = [
     "gpu_type_list",
     "idle_drill_get",
     "idle_get",
-    "jain_index",
     "no_work_reason",
     "project_list",
     "quota_list",

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from portal.accounts.models import Project, Quota
 from portal.ops import selectors
-from portal.ops.selectors import Range, jain_index
+from portal.ops.selectors import Range
 from scheduling.models import Allocation, AuditEvent, Cluster, EngineRound, GpuType, Job, Node
 from tests.factories import JobFactory, ProjectFactory, QuotaFactory
 from tests.portal.ops_helpers import DAY, PAGES
@@ -158,12 +158,6 @@ def test_range_page_renders_the_partial_for_htmx(staff_web: Client, nodes: list[
 
 
 # ---- fairness ----
-
-
-def test_jain_index() -> None:
-    assert jain_index([1.0, 1.0, 1.0]) == pytest.approx(1.0)
-    assert jain_index([1.0, 0.0, 0.0, 0.0]) == pytest.approx(0.25)
-    assert jain_index([]) is None
 
 
 def test_fairness_weights_by_gpu_value_and_compares_with_entitlement(
