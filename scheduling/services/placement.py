@@ -28,7 +28,7 @@ from scheduling.models import (
     Node,
 )
 from scheduling.selectors import availability_write_noted, prepared_fetchall
-from scheduling.services.audit import _actor_id, _iso
+from scheduling.services.audit import _actor_id, iso_or_none
 from scheduling.services.common import _human
 
 
@@ -162,8 +162,8 @@ def _booking_insert_audited(
             {
                 "gpu_id": g,
                 "state": state,
-                "lower": _iso(period.lower),
-                "upper": _iso(period.upper),
+                "lower": iso_or_none(period.lower),
+                "upper": iso_or_none(period.upper),
                 "is_preemptible": False,
             }
         )
