@@ -16,14 +16,13 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods
 from django.views.decorators.vary import vary_on_headers
 
+from portal.htmx import UNPROCESSABLE, HtmxHttpRequest, service_errors_add
 from portal.ops import services
 from portal.ops.forms import (
     WhatIfForm,
 )
 from portal.ops.selectors import Table
 from portal.ops.views import (
-    UNPROCESSABLE,
-    HtmxHttpRequest,
     _csv_or_none,
     _is_asked_cluster,
     _query,
@@ -298,8 +297,7 @@ def whatif_new(request: HtmxHttpRequest) -> HttpResponse:
     try:
         state = services.whatif_create(cluster=cluster, user=request.user, **form.cleaned_data)
     except ValidationError as exc:
-        for key, msgs in exc.message_dict.items():
-            form.add_error(key if key in form.fields else None, msgs)
+        service_errors_add(form, exc)
         return render(request, "ops/capacity.html#whatif", context, status=UNPROCESSABLE)
     context["state"] = state
     url = reverse("ops:whatif", args=[state["id"]])
