@@ -1,5 +1,5 @@
 """What every page shares (the researcher pages in `scheduling.views` and the staff pages in
-`portal.ops`): the typed htmx request, full page or partial rendering, swapped-in status codes,
+`ops`): the typed htmx request, full page or partial rendering, swapped-in status codes,
 redirects after a POST, a service's refusal on a form."""
 
 from __future__ import annotations

@@ -12,9 +12,9 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from ops import selectors
+from ops.selectors import Range
 from portal.accounts.models import Project, Quota
-from portal.ops import selectors
-from portal.ops.selectors import Range
 from scheduling.models import Allocation, AuditEvent, Cluster, EngineRound, GpuType, Job, Node
 from tests.factories import JobFactory, ProjectFactory, QuotaFactory
 from tests.portal.ops_helpers import DAY, PAGES
@@ -497,7 +497,7 @@ def test_audit_log_shows_only_changed_fields_before_and_after(staff_web: Client,
 
 
 def test_whatif_refuses_a_pointless_plus_zero_and_defaults_to_a_real_change() -> None:
-    from portal.ops.forms import WhatIfForm
+    from ops.forms import WhatIfForm
 
     assert WhatIfForm(gpu_types=["A100"]).fields["gpu_delta"].initial != 0
     form = WhatIfForm(

@@ -24,7 +24,7 @@ from tests.portal.test_dependencies import _lock
 ROOT = Path(__file__).resolve().parents[2]
 # What the image runs: the portal, its apps and the berth command line (bench/ and tests/ are
 # development tools; bench pulls in nothing the portal lacks, but it is not shipped for use).
-SHIPPED = ("portal", "scheduling", "forecasting", "notifications", "berth_cli")
+SHIPPED = ("portal", "scheduling", "forecasting", "notifications", "ops", "berth_cli")
 
 
 def _dev_only() -> set[str]:

@@ -1,6 +1,6 @@
 """Staff capacity-planning pages: forecast bands per GPU type (cut at 3x capacity, the
 no-signal flag said), the forecasts' track record, "when does demand exceed capacity", the
-forecast refresh and what-if replays.  Split from `portal.ops.views` (house rule: files under
+forecast refresh and what-if replays.  Split from `ops.views` (house rule: files under
 600 lines); the same staff-only rules and partial rendering."""
 
 from __future__ import annotations
@@ -16,19 +16,19 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods
 from django.views.decorators.vary import vary_on_headers
 
-from portal.htmx import UNPROCESSABLE, HtmxHttpRequest, service_errors_add
-from portal.ops import services
-from portal.ops.forms import (
+from ops import services
+from ops.forms import (
     WhatIfForm,
 )
-from portal.ops.selectors import Table
-from portal.ops.views import (
+from ops.selectors import Table
+from ops.views import (
     _csv_or_none,
     _is_asked_cluster,
     _query,
     _range,
     staff_required,
 )
+from portal.htmx import UNPROCESSABLE, HtmxHttpRequest, service_errors_add
 
 # ---- capacity planning ----
 

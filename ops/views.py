@@ -24,10 +24,8 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django.views.decorators.vary import vary_on_headers
 
-from portal.accounts.models import Project, Quota
-from portal.htmx import UNPROCESSABLE, HtmxHttpRequest, redirect_after_post, render_page, service_errors_add
-from portal.ops import selectors, services
-from portal.ops.forms import (
+from ops import selectors, services
+from ops.forms import (
     AuditFilterForm,
     PolicyForm,
     QuotaForm,
@@ -35,7 +33,9 @@ from portal.ops.forms import (
     RangeForm,
     WeightForm,
 )
-from portal.ops.selectors import Table
+from ops.selectors import Table
+from portal.accounts.models import Project, Quota
+from portal.htmx import UNPROCESSABLE, HtmxHttpRequest, redirect_after_post, render_page, service_errors_add
 
 # 25 events a page: each lists its changed fields, so a page of 50 ran to about 6,000 px.
 AUDIT_PAGE_SIZE = 25

@@ -1,7 +1,7 @@
 """Utilization and fairness reads for the staff pages (from allocation periods and jobs).
 
 Queries are bounded: each selector runs a fixed number of queries whatever the range, and
-buckets in Python.  Split from `portal.ops.selectors` (house rule); callers check ``is_staff``.
+buckets in Python.  Split from `ops.selectors` (house rule); callers check ``is_staff``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from django.utils import timezone
 
+from ops.tables import Range, Table, _label
 from portal.accounts.models import Project, Quota
-from portal.ops.tables import Range, Table, _label
 from scheduling.models import Allocation, Job, Node
 from scheduling.stats import jain_index, quantile
 
