@@ -50,7 +50,7 @@ lint: venv
 	$(BIN)/lint-imports
 
 typecheck: venv
-	$(BIN)/mypy portal scheduling forecasting notifications bench berth_cli  # strict on the pure core (pyproject.toml)
+	$(BIN)/mypy portal scheduling forecasting notifications ops bench berth_cli  # strict on the pure core (pyproject.toml)
 
 clean: stop
 	rm -rf .run

@@ -18,6 +18,8 @@ import time
 from datetime import datetime, timedelta
 from typing import Any
 
+from scheduling.stats import quantile
+
 CALENDAR_NODES = 32
 CALENDAR_GPUS_PER_NODE = 8
 COUNTS = (1, 4, 8, 32, 128)
@@ -138,17 +140,9 @@ def alternatives_phase(*, bookings: int, now: datetime, seed: int, repeat: int =
         "calls": len(all_ms),
         "refused_calls": len(times_ms),
         "offered": offered,
-        "alternatives_ms_p50": _quantile(times_ms, 0.5),
-        "alternatives_ms_p99": _quantile(times_ms, 0.99),
+        "alternatives_ms_p50": quantile(times_ms, 0.5, method="nearest"),
+        "alternatives_ms_p99": quantile(times_ms, 0.99, method="nearest"),
         "alternatives_ms_max": max(times_ms, default=0.0),
-        "all_calls_ms_p99": _quantile(all_ms, 0.99),
+        "all_calls_ms_p99": quantile(all_ms, 0.99, method="nearest"),
         "by_request_ms_max": {key: max(values) for key, values in sorted(by_request.items())},
     }
-
-
-def _quantile(values: list[float], q: float) -> float:
-    """Nearest-rank quantile (q in 0..1); 0 for no values."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]

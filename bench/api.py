@@ -45,6 +45,7 @@ from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 from bench._cpu import CpuMeter
+from scheduling.stats import quantile
 
 BENCH_TYPE = "BENCH"
 BENCH_CLUSTER = "bench"
@@ -62,14 +63,6 @@ class Target:
     cluster: str
     full_start: str = ""  # a window every GPU is booked in (refused_booking, mixed)
     full_end: str = ""
-
-
-def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    k = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[k]
 
 
 def setup_bench_lab(*, clients: int, nodes: int) -> tuple[list[str], str, str, str]:
@@ -372,8 +365,8 @@ def _summarize(
     return {
         "rps": round(len(latencies) / duration_s, 1),
         "ok_rps": round(ok / duration_s, 1),
-        "p50_ms": round(_percentile(latencies, 0.50), 2),
-        "p99_ms": round(_percentile(latencies, 0.99), 2),
+        "p50_ms": round(quantile(latencies, 0.50, method="nearest"), 2),
+        "p99_ms": round(quantile(latencies, 0.99, method="nearest"), 2),
         "mean_ms": round(statistics.fmean(latencies), 2) if latencies else 0.0,
         "requests": len(latencies),
         "statuses": statuses,

@@ -32,7 +32,7 @@ from scheduling.engine.types import (
     RunningJob,
 )
 from scheduling.sim.inventory import parse_cluster_spec
-from scheduling.sim.metrics import percentile
+from scheduling.stats import percentile
 
 _SIZES = (1, 1, 1, 2, 2, 4, 8)
 

@@ -49,6 +49,7 @@ from typing import Any
 
 from bench._benchdb import database_create, database_drop, django_setup, redis_keys_delete
 from bench._util import format_table, write_json
+from scheduling.stats import percentile
 
 PHASES = ("backend_snapshot", "reconcile", "snapshot_build", "plan", "persist", "apply")
 DEFAULT_DB = "berth_bench_round"
@@ -58,15 +59,6 @@ DEFAULT_DB = "berth_bench_round"
 RUNNING_MIXES = {"full": (1, 2, 2, 4, 4, 8, 8), "engine-scale": (1, 1, 1, 2, 2, 4, 8)}
 _PENDING_SIZES = (1, 1, 1, 2, 2, 4, 8)
 _REQUESTED_S = (600, 3_600, 4 * 3_600, 12 * 3_600, 48 * 3_600)
-
-
-def _percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100); 0 for no values."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    rank = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[rank]
 
 
 @dataclass
@@ -444,15 +436,17 @@ def state_check(*, cluster_id: int) -> dict[str, int]:
 def summarize(per_round: list[dict[str, Any]]) -> dict[str, Any]:
     times = [r["round_ms"] for r in per_round]
     return {
-        "round_ms_p50": _percentile(times, 50),
-        "round_ms_p99": _percentile(times, 99),
+        "round_ms_p50": percentile(times, 50, method="nearest"),
+        "round_ms_p99": percentile(times, 99, method="nearest"),
         "round_ms_mean": statistics.fmean(times) if times else 0.0,
         "first_round_ms": times[0] if times else 0.0,
         "phases_ms": {
-            phase: _percentile([r["phases_ms"].get(phase, 0.0) for r in per_round], 50) for phase in PHASES
+            phase: percentile([r["phases_ms"].get(phase, 0.0) for r in per_round], 50, method="nearest")
+            for phase in PHASES
         },
         "phases_ms_p99": {
-            phase: _percentile([r["phases_ms"].get(phase, 0.0) for r in per_round], 99) for phase in PHASES
+            phase: percentile([r["phases_ms"].get(phase, 0.0) for r in per_round], 99, method="nearest")
+            for phase in PHASES
         },
     }
 

@@ -16,7 +16,7 @@ from django.views.decorators.vary import vary_on_headers
 from notifications import selectors, services
 from notifications.forms import PreferenceForm, WebhookForm
 from portal.accounts.models import Membership, Project
-from scheduling.views import HtmxHttpRequest, _render
+from portal.htmx import UNPROCESSABLE, HtmxHttpRequest, render_page, service_errors_add
 
 TEMPLATE = "notifications/preferences.html"
 
@@ -55,21 +55,22 @@ def preferences(request: HtmxHttpRequest) -> HttpResponse:
     """Show or save the user's preferences; htmx gets the ``preference-form`` part back."""
     if request.method == "GET":
         if request.htmx and request.GET.get("part") == "deliveries":
-            return _render(request, TEMPLATE, "delivery-log", _context(request))
-        return _render(request, TEMPLATE, "preference-form", _context(request))
+            return render_page(request, TEMPLATE, "delivery-log", _context(request))
+        return render_page(request, TEMPLATE, "preference-form", _context(request))
     form = PreferenceForm(request.POST)
     if form.is_valid():
         try:
             services.preference_update(user=request.user, **form.cleaned_data)
         except ValidationError as exc:
-            for name, errs in exc.message_dict.items():
-                form.add_error(name if name in form.fields else None, errs)
+            service_errors_add(form, exc)
     if not form.is_valid():
-        return _render(request, TEMPLATE, "preference-form", _context(request, form=form), status=422)
+        return render_page(
+            request, TEMPLATE, "preference-form", _context(request, form=form), status=UNPROCESSABLE
+        )
     if not request.htmx:
         messages.success(request, "Notification preferences saved.")
         return HttpResponseRedirect(reverse("notification-preferences"), status=303)
-    return _render(request, TEMPLATE, "preference-form", _context(request, saved=True))
+    return render_page(request, TEMPLATE, "preference-form", _context(request, saved=True))
 
 
 @login_required
@@ -86,8 +87,8 @@ def webhook_create_view(request: HtmxHttpRequest) -> HttpResponse:
             new_secret = (hook.pk, hook.secret)
         except (ValidationError, PermissionDenied) as exc:
             form.add_error(None, " ".join(exc.messages) if isinstance(exc, ValidationError) else str(exc))
-    status = 200 if new_secret else 422
-    return _render(
+    status = 200 if new_secret else UNPROCESSABLE
+    return render_page(
         request,
         TEMPLATE,
         "webhooks",
@@ -103,4 +104,4 @@ def webhook_delete_view(request: HtmxHttpRequest, webhook_id: int) -> HttpRespon
     services.webhook_delete(selectors.webhook_get(user=request.user, webhook_id=webhook_id))
     if not request.htmx:
         return HttpResponseRedirect(reverse("notification-preferences"), status=303)
-    return _render(request, TEMPLATE, "webhooks", _context(request))
+    return render_page(request, TEMPLATE, "webhooks", _context(request))

@@ -11,7 +11,7 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),
     path("", include("django_prometheus.urls")),
     path("", include("portal.accounts.urls")),
-    path("ops/", include(("portal.ops.urls", "ops"), namespace="ops")),
+    path("ops/", include(("ops.urls", "ops"), namespace="ops")),
     path("", include("notifications.urls")),
     path("", include("scheduling.urls")),
 ]

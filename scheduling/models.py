@@ -144,8 +144,6 @@ class Booking(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
     # When it really ended (end early / cancel / completion); None while open.
     ended_at = models.DateTimeField(null=True, blank=True)
-    # Telemetry or an open session says the owner is actually using it (lets the engine lend it).
-    is_in_use = models.BooleanField(default=False)
     status_message = models.CharField(max_length=500, blank=True, default="")
 
     class Meta:

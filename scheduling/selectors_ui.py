@@ -215,10 +215,11 @@ class TypeOutlook:
 def _booked_by_hour(
     *, gpu_type_id: int, start_at: datetime, steps: int, now: datetime
 ) -> tuple[list[int], list[int]]:
-    """Per hour: GPUs held by open bookings, and of those the ones not in use (lendable).
+    """Per hour: GPUs held by open bookings, and of those the ones lendable.
 
-    A booking that has started but is not in use lends its GPUs until it is used; the outlook
-    projects that state through the booking's end.  A booking that has not started lends
+    A booking that has started lends its GPUs to preemptible work (the portal has no telemetry
+    of the owner's own use: what the owner runs through the portal holds the GPUs itself); the
+    outlook projects that through the booking's end.  A booking that has not started lends
     nothing here: before its start its GPUs are simply free or used by other work.
     """
     end_at = start_at + steps * HOUR
@@ -231,14 +232,12 @@ def _booked_by_hour(
     ).exclude(state=Allocation.State.RELEASED)
     booked: list[set[int]] = [set() for _ in range(steps)]
     unused: list[set[int]] = [set() for _ in range(steps)]
-    for gpu_id, period, is_in_use, booking_start in rows.values_list(
-        "gpu_id", "period", "booking__is_in_use", "booking__start_at"
-    ):
+    for gpu_id, period, booking_start in rows.values_list("gpu_id", "period", "booking__start_at"):
         lower = max(period.lower or start_at, start_at)
         upper = min(period.upper or end_at, end_at)
         first = int((lower - start_at).total_seconds() // 3600)
         last = int(((upper - start_at).total_seconds() - 1) // 3600)
-        is_lendable = booking_start <= now and not is_in_use
+        is_lendable = booking_start <= now
         for i in range(max(first, 0), min(last, steps - 1) + 1):
             booked[i].add(gpu_id)
             if is_lendable:

@@ -617,7 +617,6 @@ def cluster_snapshot_build(
             end_at=epoch(b.end_at),
             gpu_type=b.gpu_type.name,
             gpu_ids=tuple(sorted(booking_gpus.get(b.pk, ()))),
-            is_in_use=b.is_in_use,
         )
         for b in bookings
     )

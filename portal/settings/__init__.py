@@ -62,6 +62,7 @@ INSTALLED_APPS = [
     "scheduling",
     "forecasting",
     "notifications",
+    "ops",  # the staff pages, above scheduling and forecasting
 ]
 
 MIDDLEWARE = [
@@ -345,7 +346,7 @@ CELERY_TASK_TIME_LIMIT = env.int("CELERY_TASK_TIME_LIMIT", default=300)
 CELERY_TASK_SOFT_TIME_LIMIT = env.int("CELERY_TASK_SOFT_TIME_LIMIT", default=240)
 CELERY_TASK_ALWAYS_EAGER = False
 # Task modules outside installed apps (autodiscovery covers scheduling and forecasting).
-CELERY_IMPORTS = ["portal.ops.tasks"]
+CELERY_IMPORTS = ["ops.tasks"]
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # A Redis outage pauses the worker and beat; they reconnect by themselves when it is back
 # (never give up: Celery's default stops after 100 attempts and exits).

@@ -11,8 +11,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-import psycopg.errors
-from django.db import DatabaseError, IntegrityError, connection
+from django.db import DatabaseError, connection
 from django.db.models import Min
 
 from notifications.models import EventKind
@@ -30,6 +29,9 @@ from scheduling.services import (
     allocation_state,
     allocations_close,
     audit_event_record,
+    is_exclusion_violation,
+    iso_or_none,
+    job_state,
 )
 
 logger = logging.getLogger(__name__)
@@ -122,19 +124,11 @@ def round_process_warm() -> None:
 
 # ---- audit helpers ----
 
-
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value is not None else None
-
-
-def _job_state(job: Job) -> dict[str, Any]:
-    return {
-        "status": job.status,
-        "started_at": _iso(job.started_at),
-        "ended_at": _iso(job.ended_at),
-        "attempt": job.attempt,
-        "pending_reason": job.pending_reason,
-    }
+# One definition each, in the services: a job's audited state reads the same whether a service
+# or the round changed it.  The round's modules import them from here under these names.
+_iso = iso_or_none
+_job_state = job_state
+_is_exclusion_violation = is_exclusion_violation
 
 
 def _audit(verb: str, entity_type: str, entity_id: int, before: Any, after: Any, at: datetime) -> None:
@@ -154,10 +148,6 @@ def _audit_allocations(
     changes: Sequence[tuple[Allocation, dict[str, Any] | None]], verb: str, at: datetime
 ) -> None:
     allocation_events_record(changes=changes, actor=None, actor_label=ENGINE, verb=verb, at=at)
-
-
-def _is_exclusion_violation(exc: IntegrityError) -> bool:
-    return isinstance(exc.__cause__, psycopg.errors.ExclusionViolation)
 
 
 # ---- the lock ----

@@ -29,9 +29,11 @@ from scheduling.services.audit import (
     allocations_close,
     audit_event_record,
     audit_events_deferred,
+    iso_or_none,
+    job_state,
 )
 from scheduling.services.bookings import booking_cancel, booking_create, booking_end_early
-from scheduling.services.common import BookingConflictError
+from scheduling.services.common import BookingConflictError, is_exclusion_violation
 from scheduling.services.extension import booking_extend, booking_require_extendable
 from scheduling.services.inventory import node_create, node_gpus_sync
 from scheduling.services.jobs import job_cancel, job_submit
@@ -48,7 +50,10 @@ __all__ = [
     "booking_end_early",
     "booking_extend",
     "booking_require_extendable",
+    "is_exclusion_violation",
+    "iso_or_none",
     "job_cancel",
+    "job_state",
     "job_submit",
     "node_create",
     "node_gpus_sync",

@@ -19,26 +19,30 @@ from scheduling.models import (
 )
 
 
-def _iso(value: datetime | None) -> str | None:
+def iso_or_none(value: datetime | None) -> str | None:
+    """An audit state's time: ISO 8601 with its UTC offset, or None."""
     return value.isoformat() if value is not None else None
 
 
 def _booking_state(booking: Booking) -> dict[str, Any]:
     return {
         "status": booking.status,
-        "start_at": _iso(booking.start_at),
-        "end_at": _iso(booking.end_at),
-        "ended_at": _iso(booking.ended_at),
+        "start_at": iso_or_none(booking.start_at),
+        "end_at": iso_or_none(booking.end_at),
+        "ended_at": iso_or_none(booking.ended_at),
         "gpu_count": booking.gpu_count,
     }
 
 
-def _job_state(job: Job) -> dict[str, Any]:
+def job_state(job: Job) -> dict[str, Any]:
+    """A job's audited state (``before``/``after`` of its events), for every writer: the services
+    and the engine round alike, so a job's history reads the same whoever changed it."""
     return {
         "status": job.status,
-        "started_at": _iso(job.started_at),
-        "ended_at": _iso(job.ended_at),
+        "started_at": iso_or_none(job.started_at),
+        "ended_at": iso_or_none(job.ended_at),
         "attempt": job.attempt,
+        "pending_reason": job.pending_reason,
     }
 
 
@@ -47,8 +51,8 @@ def allocation_state(allocation: Allocation) -> dict[str, Any]:
     return {
         "gpu_id": allocation.gpu_id,
         "state": allocation.state,
-        "lower": _iso(period.lower),
-        "upper": _iso(period.upper),
+        "lower": iso_or_none(period.lower),
+        "upper": iso_or_none(period.upper),
         "is_preemptible": allocation.is_preemptible,
     }
 
@@ -129,7 +133,7 @@ def entity_event_record(
     if isinstance(entity, Booking):
         entity_type, after = "booking", _booking_state(entity)
     else:
-        entity_type, after = "job", _job_state(entity)
+        entity_type, after = "job", job_state(entity)
     return audit_event_record(
         actor=actor,
         actor_label=actor_label,

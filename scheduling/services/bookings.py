@@ -29,13 +29,13 @@ from scheduling.services.common import (
     _capacity_by_cluster,
     _engine_round_soon,
     _is_deadlock,
-    _is_exclusion_violation,
     _lock_booking,
     _lock_nodes,
     _now,
     _require_can_manage,
     _require_member_read_quota,
     _utc,
+    is_exclusion_violation,
 )
 from scheduling.services.placement import (
     _booking_insert_audited,
@@ -98,7 +98,7 @@ def booking_create(
             placed = _booking_place(booking, clusters=clusters, quota=quota, actor_label=actor_label, now=now)
         except (IntegrityError, OperationalError) as exc:
             is_retryable = (
-                _is_exclusion_violation(exc) if isinstance(exc, IntegrityError) else _is_deadlock(exc)
+                is_exclusion_violation(exc) if isinstance(exc, IntegrityError) else _is_deadlock(exc)
             )
             if not is_retryable:
                 raise

@@ -98,7 +98,8 @@ def _human(delta: timedelta) -> str:
     return f"{hours / 24:g} days" if hours >= 48 else f"{hours:g} hours"
 
 
-def _is_exclusion_violation(exc: IntegrityError) -> bool:
+def is_exclusion_violation(exc: IntegrityError) -> bool:
+    """The insert hit the allocation exclusion constraint (a GPU already held in that period)."""
     return isinstance(exc.__cause__, psycopg.errors.ExclusionViolation)
 
 

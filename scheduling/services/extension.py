@@ -29,12 +29,12 @@ from scheduling.services.common import (
     BookingConflictError,
     _engine_round_soon,
     _human,
-    _is_exclusion_violation,
     _lock_booking,
     _lock_nodes,
     _now,
     _require_can_manage,
     _utc,
+    is_exclusion_violation,
 )
 from scheduling.services.placement import (
     _check_booking_quota,
@@ -141,7 +141,7 @@ def _allocations_extend(
         with transaction.atomic():
             Allocation.objects.bulk_update([a for a, _ in changed], ["period"])
     except IntegrityError as exc:
-        if not _is_exclusion_violation(exc):
+        if not is_exclusion_violation(exc):
             raise
         return None
     return changed

@@ -20,9 +20,9 @@ from scheduling.models import (
     Job,
 )
 from scheduling.services.audit import (
-    _job_state,
     allocations_close,
     entity_event_record,
+    job_state,
 )
 from scheduling.services.common import (
     _capacity_by_cluster,
@@ -238,7 +238,7 @@ def job_cancel(
     _require_can_manage(user, owner_id=job.user_id, project_id=job.project_id)
     if job.status not in Job.OPEN_STATUSES:
         raise ValidationError({"status": f"This job is already {job.status}."})
-    before = _job_state(job)
+    before = job_state(job)
     job.status = Job.Status.CANCELLED
     job.ended_at = now
     job.pending_reason = Job.PendingReason.NONE

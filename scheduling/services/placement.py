@@ -28,7 +28,7 @@ from scheduling.models import (
     Node,
 )
 from scheduling.selectors import prepared_fetchall
-from scheduling.services.audit import _actor_id, _iso
+from scheduling.services.audit import _actor_id, iso_or_none
 from scheduling.services.common import _human
 
 
@@ -108,11 +108,11 @@ _BOOKING_INSERT_AUDITED_SQL = f"""
 WITH booking AS (
     INSERT INTO {Booking._meta.db_table}
            (user_id, project_id, cluster_id, gpu_type_id, gpu_count, start_at, end_at, status, note,
-            created_at, updated_at, ended_at, is_in_use, status_message)
+            created_at, updated_at, ended_at, status_message)
     VALUES (%(user)s::bigint, %(project)s::bigint, %(cluster)s::bigint, %(gpu_type)s::bigint,
             %(gpu_count)s::smallint, %(start_at)s::timestamptz, %(end_at)s::timestamptz,
             %(status)s::varchar, %(note)s::varchar, %(created_at)s::timestamptz,
-            %(created_at)s::timestamptz, NULL, false, '')
+            %(created_at)s::timestamptz, NULL, '')
     RETURNING id
 ),
 alloc AS (
@@ -162,8 +162,8 @@ def _booking_insert_audited(
             {
                 "gpu_id": g,
                 "state": state,
-                "lower": _iso(period.lower),
-                "upper": _iso(period.upper),
+                "lower": iso_or_none(period.lower),
+                "upper": iso_or_none(period.upper),
                 "is_preemptible": False,
             }
         )

@@ -45,9 +45,9 @@ import math
 from collections import Counter
 from typing import cast
 
-from scheduling.sim.metrics import percentile
 from scheduling.sim.overlays import InteractiveSession, Overlay
 from scheduling.sim.trace import Trace, TraceJob
+from scheduling.stats import percentile
 
 
 def _owner_intervals(overlay: Overlay) -> list[tuple[float, float, int, str | None]]:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scheduling.engine.types import IdleReason
+from scheduling.stats import jain_index, percentile
 
 SLOWDOWN_FLOOR_S = 10.0
 UNEXPLAINED = "unexplained"
@@ -91,25 +92,6 @@ class ReplayRecord:
             self.queue_windows[-1] = (last_start, max(last_end, end))
         else:
             self.queue_windows.append((start, end))
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile, ``q`` in [0, 100]; 0.0 for no values."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
-    return float(ordered[rank - 1])
-
-
-def jain_index(values: list[float]) -> float:
-    """Jain's fairness index (sum x)^2 / (n sum x^2); 1.0 for no values or all zeros."""
-    if not values:
-        return 1.0
-    square_sum = sum(v * v for v in values)
-    if square_sum == 0:
-        return 1.0
-    return sum(values) ** 2 / (len(values) * square_sum)
 
 
 def windows_overlap(windows: list[tuple[float, float]], start: float, end: float) -> float:

@@ -15,9 +15,9 @@ from typing import Required, TypedDict
 from scheduling.engine.types import Plan, PolicyConfig
 from scheduling.sim.forecast import SessionForecast
 from scheduling.sim.inventory import Inventory
-from scheduling.sim.metrics import percentile
 from scheduling.sim.overlays import Overlay, demand_series
 from scheduling.sim.runtime import RuntimePredictor
+from scheduling.stats import percentile
 
 PlanFn = Callable[..., Plan]  # plan_round(snapshot, policy=PolicyConfig, now=float) -> Plan
 

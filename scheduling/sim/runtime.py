@@ -10,6 +10,7 @@ from collections import deque
 from typing import Protocol, runtime_checkable
 
 from scheduling.engine.types import JobRequest
+from scheduling.stats import quantile
 
 
 @runtime_checkable
@@ -23,12 +24,6 @@ class RuntimePredictor(Protocol):
     def observe(self, job: JobRequest, runtime_s: float) -> None:
         """Record a finished job's true runtime (seconds)."""
         ...
-
-
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[index]
 
 
 class SimpleHistoryPredictor:
@@ -58,7 +53,7 @@ class SimpleHistoryPredictor:
             history = store.get(key)
             if history is not None and len(history) >= self._min_samples:
                 values = list(history)
-                p50, p90 = _quantile(values, 0.5), _quantile(values, 0.9)
+                p50, p90 = quantile(values, 0.5, method="nearest"), quantile(values, 0.9, method="nearest")
                 if job.requested_s:
                     p50, p90 = p50 * job.requested_s, p90 * job.requested_s
                 p50 = max(p50, 1.0)

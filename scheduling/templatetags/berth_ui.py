@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 
 from django import template
 
-from portal.ops.labels import pending_reason_label, reason_label
+from scheduling.labels import pending_reason_label, reason_label
 
 register = template.Library()
 

@@ -6,8 +6,9 @@ Each view renders its full page, or only the named partial of that page when htm
 ``HX-Request``.  Views parse input, call one selector or service and render: every write
 goes through ``scheduling.services``; bad input comes back as form errors, never a 500.
 
-One module per page group (``book``, ``availability``, ``bookings``, ``jobs``, ``account``) and
-``htmx``, the helpers they share.  ``scheduling/urls.py`` names the views through this package.
+One module per page group (``book``, ``availability``, ``bookings``, ``jobs``, ``account``); the
+helpers every page shares (these, the staff and the notification pages) are ``portal.htmx``.
+``scheduling/urls.py`` names the views through this package.
 """
 
 from scheduling.views.account import api_tokens, dashboard
@@ -20,12 +21,9 @@ from scheduling.views.bookings import (
     booking_extend_view,
     my_bookings,
 )
-from scheduling.views.htmx import HtmxHttpRequest, _render
 from scheduling.views.jobs import job_cancel_view, job_detail, job_new, job_prediction, my_jobs
 
 __all__ = [
-    "HtmxHttpRequest",
-    "_render",
     "api_tokens",
     "availability_csv",
     "availability_timeline",

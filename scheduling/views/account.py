@@ -16,6 +16,7 @@ from rest_framework.authtoken.models import Token
 
 from portal.accounts.selectors import membership_list, project_list
 from portal.accounts.services import token_create, token_revoke
+from portal.htmx import HtmxHttpRequest, render_page
 from scheduling.forms import (
     next_quarter_hour,
 )
@@ -23,7 +24,6 @@ from scheduling.selectors import (
     gpu_type_list,
 )
 from scheduling.selectors_ui import dashboard_get
-from scheduling.views.htmx import HtmxHttpRequest, _render
 
 DASHBOARD_TEMPLATE = "scheduling/dashboard.html"
 TOKENS_TEMPLATE = "scheduling/tokens.html"
@@ -40,7 +40,7 @@ def dashboard(request: HtmxHttpRequest) -> HttpResponse:
         "now": timezone.now(),
         "memberships": membership_list(request.user),
     }
-    return _render(request, DASHBOARD_TEMPLATE, "dashboard-live", context)
+    return render_page(request, DASHBOARD_TEMPLATE, "dashboard-live", context)
 
 
 def _tokens_context(request: HtmxHttpRequest, *, new_key: str = "") -> dict[str, Any]:
@@ -66,7 +66,7 @@ def api_tokens(request: HtmxHttpRequest) -> HttpResponse:
     """Whether the user has an API token; POST ``action=create`` issues a new one (shown once),
     ``action=revoke`` deletes it.  Both through ``portal.accounts.services``."""
     if request.method == "GET":
-        return _render(request, TOKENS_TEMPLATE, "token-panel", _tokens_context(request))
+        return render_page(request, TOKENS_TEMPLATE, "token-panel", _tokens_context(request))
     action = request.POST.get("action", "")
     new_key = ""
     if action == "create":
@@ -80,7 +80,7 @@ def api_tokens(request: HtmxHttpRequest) -> HttpResponse:
     if new_key:
         # Shown once, on this response only (not through a redirect, which would put it in a URL
         # or the session).
-        return _render(request, TOKENS_TEMPLATE, "token-panel", _tokens_context(request, new_key=new_key))
+        return render_page(request, TOKENS_TEMPLATE, "token-panel", _tokens_context(request, new_key=new_key))
     if request.htmx:
-        return _render(request, TOKENS_TEMPLATE, "token-panel", _tokens_context(request))
+        return render_page(request, TOKENS_TEMPLATE, "token-panel", _tokens_context(request))
     return HttpResponseRedirect(reverse("api-tokens"), status=303)

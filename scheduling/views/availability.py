@@ -18,6 +18,7 @@ from django.utils.text import slugify
 from django.views.decorators.http import require_GET
 from django.views.decorators.vary import vary_on_headers
 
+from portal.htmx import HtmxHttpRequest
 from scheduling.forms import (
     DATETIME_LOCAL_FORMAT,
     next_quarter_hour,
@@ -28,7 +29,6 @@ from scheduling.selectors import (
     gpu_type_list,
 )
 from scheduling.selectors_ui import OutlookHour, TypeOutlook, availability_outlook
-from scheduling.views.htmx import HtmxHttpRequest
 
 TIMELINE_TEMPLATE = "scheduling/availability.html"
 

@@ -18,6 +18,14 @@ from django.views.decorators.http import require_GET, require_http_methods
 from django.views.decorators.vary import vary_on_headers
 
 from portal.accounts.selectors import project_list
+from portal.htmx import (
+    CONFLICT,
+    UNPROCESSABLE,
+    HtmxHttpRequest,
+    redirect_after_post,
+    render_page,
+    service_errors_add,
+)
 from portal.security import refused_booking_record, refused_bookings_retry_after
 from scheduling.alternatives import Alternative, booking_alternatives, booking_quota_get
 from scheduling.forms import (
@@ -34,7 +42,6 @@ from scheduling.services import (
     BookingConflictError,
     booking_create,
 )
-from scheduling.views.htmx import CONFLICT, UNPROCESSABLE, HtmxHttpRequest, _render, redirect_after_post
 
 BOOK_TEMPLATE = "scheduling/book.html"
 
@@ -156,14 +163,7 @@ _FORM_FIELDS = frozenset({"project", "gpu_type", "gpu_count", "start_at", "end_a
 
 
 def _add_service_errors(form: BookingForm, exc: ValidationError) -> None:
-    if hasattr(exc, "error_dict"):
-        for field, errors in exc.message_dict.items():
-            target = field if field in _FORM_FIELDS else None
-            for message in errors:
-                form.add_error(target, message)
-    else:
-        for message in exc.messages:
-            form.add_error(None, message)
+    service_errors_add(form, exc, fields=_FORM_FIELDS)
 
 
 def _book_context(form: BookingForm, **extra: Any) -> dict[str, Any]:
@@ -190,7 +190,7 @@ def booking_new(request: HtmxHttpRequest) -> HttpResponse:
         # Show availability for the initial values at once: an unbound form is never valid,
         # so check a bound copy of its initial data.
         preview = _booking_form(request, initial)
-        return _render(
+        return render_page(
             request, BOOK_TEMPLATE, "booking-form", _book_context(form, availability=_availability(preview))
         )
 
@@ -203,13 +203,13 @@ def booking_new(request: HtmxHttpRequest) -> HttpResponse:
 
     if not form.is_valid():
         context = _book_context(form, availability=box())
-        return _render(request, BOOK_TEMPLATE, "booking-form", context, status=UNPROCESSABLE)
+        return render_page(request, BOOK_TEMPLATE, "booking-form", context, status=UNPROCESSABLE)
     wait_s = refused_bookings_retry_after(request.user.pk)
     if wait_s is not None:
         form.add_error(
             None, f"Too many refused bookings; look at availability, then retry in {int(wait_s) + 1} s."
         )
-        response = _render(
+        response = render_page(
             request, BOOK_TEMPLATE, "booking-form", _book_context(form, availability=box()), status=429
         )
         response["Retry-After"] = str(int(wait_s) + 1)
@@ -229,15 +229,15 @@ def booking_new(request: HtmxHttpRequest) -> HttpResponse:
         refused_booking_record(request.user.pk)
         form.add_error(None, exc.message)
         context = _book_context(form, availability=box(), alternatives=tuple(exc.alternatives))
-        return _render(request, BOOK_TEMPLATE, "booking-form", context, status=CONFLICT)
+        return render_page(request, BOOK_TEMPLATE, "booking-form", context, status=CONFLICT)
     except ValidationError as exc:
         _add_service_errors(form, exc)
         context = _book_context(form, availability=box())
-        return _render(request, BOOK_TEMPLATE, "booking-form", context, status=UNPROCESSABLE)
+        return render_page(request, BOOK_TEMPLATE, "booking-form", context, status=UNPROCESSABLE)
     except PermissionDenied as exc:
         form.add_error("project", str(exc) or "You may not book for this project.")
         context = _book_context(form, availability=box())
-        return _render(request, BOOK_TEMPLATE, "booking-form", context, status=UNPROCESSABLE)
+        return render_page(request, BOOK_TEMPLATE, "booking-form", context, status=UNPROCESSABLE)
 
     start, end = timezone.localtime(booking.start_at), timezone.localtime(booking.end_at)
     messages.success(

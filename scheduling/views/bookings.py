@@ -15,6 +15,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 from django.views.decorators.vary import vary_on_headers
 
+from portal.htmx import HtmxHttpRequest, refusal_text, render_page, row_action_redirect
 from scheduling.models import Booking
 from scheduling.selectors import (
     booking_list,
@@ -25,7 +26,6 @@ from scheduling.services import (
     booking_end_early,
     booking_extend,
 )
-from scheduling.views.htmx import HtmxHttpRequest, _render, refusal_text, row_action_redirect
 
 BOOKINGS_TEMPLATE = "scheduling/my_bookings.html"
 BOOKINGS_PER_PAGE = 50
@@ -60,7 +60,7 @@ def my_bookings(request: HtmxHttpRequest) -> HttpResponse:
         "closed_bookings": closed_bookings,
         "now": timezone.now(),
     }
-    return _render(request, BOOKINGS_TEMPLATE, "booking-list", context)
+    return render_page(request, BOOKINGS_TEMPLATE, "booking-list", context)
 
 
 def _booking_row_action(
@@ -128,4 +128,4 @@ def booking_detail(request: HtmxHttpRequest, booking_id: int) -> HttpResponse:
 
     booking = _my_booking(request, booking_id)
     context = {"booking": booking, "access": booking_access(booking), "now": timezone.now()}
-    return _render(request, BOOKING_DETAIL_TEMPLATE, "booking-access", context)
+    return render_page(request, BOOKING_DETAIL_TEMPLATE, "booking-access", context)

@@ -18,6 +18,15 @@ from django.views.decorators.vary import vary_on_headers
 
 from forecasting.selectors import job_engine_request, runtime_predict
 from portal.accounts.selectors import project_list
+from portal.htmx import (
+    UNPROCESSABLE,
+    HtmxHttpRequest,
+    redirect_after_post,
+    refusal_text,
+    render_page,
+    row_action_redirect,
+    service_errors_add,
+)
 from scheduling.alternatives import job_warnings
 from scheduling.forms import (
     JobForm,
@@ -32,14 +41,6 @@ from scheduling.services import (
     job_cancel,
     job_submit,
 )
-from scheduling.views.htmx import (
-    UNPROCESSABLE,
-    HtmxHttpRequest,
-    _render,
-    redirect_after_post,
-    refusal_text,
-    row_action_redirect,
-)
 
 JOBS_TEMPLATE = "scheduling/my_jobs.html"
 JOB_NEW_TEMPLATE = "scheduling/job_new.html"
@@ -53,14 +54,7 @@ _JOB_FIELD_ALIASES = {"requested_s": "requested_h", "checkpoint_interval_s": "ch
 
 
 def _add_job_service_errors(form: JobForm, exc: ValidationError) -> None:
-    if not hasattr(exc, "error_dict"):
-        for message in exc.messages:
-            form.add_error(None, message)
-        return
-    for field, errors in exc.message_dict.items():
-        target = _JOB_FIELD_ALIASES.get(field, field if field in _JOB_FORM_FIELDS else None)
-        for message in errors:
-            form.add_error(target, message)
+    service_errors_add(form, exc, fields=_JOB_FORM_FIELDS, aliases=_JOB_FIELD_ALIASES)
 
 
 @login_required
@@ -76,12 +70,12 @@ def job_new(request: HtmxHttpRequest) -> HttpResponse:
         first = projects.first()
         initial = {"project": first.slug if first else "", "gpu_count": "1", "requested_h": "1"}
         prediction = _job_prediction(request, JobForm(initial, projects=projects, gpu_types=gpu_types))
-        return _render(request, JOB_NEW_TEMPLATE, "job-form", {"form": form, "prediction": prediction})
+        return render_page(request, JOB_NEW_TEMPLATE, "job-form", {"form": form, "prediction": prediction})
 
     form = JobForm(request.POST, projects=projects, gpu_types=gpu_types)
     if not form.is_valid():
         context = {"form": form, "prediction": _job_prediction(request, form)}
-        return _render(request, JOB_NEW_TEMPLATE, "job-form", context, status=UNPROCESSABLE)
+        return render_page(request, JOB_NEW_TEMPLATE, "job-form", context, status=UNPROCESSABLE)
     data = form.cleaned_data
     try:
         job = job_submit(
@@ -100,10 +94,10 @@ def job_new(request: HtmxHttpRequest) -> HttpResponse:
         )
     except ValidationError as exc:
         _add_job_service_errors(form, exc)
-        return _render(request, JOB_NEW_TEMPLATE, "job-form", {"form": form}, status=UNPROCESSABLE)
+        return render_page(request, JOB_NEW_TEMPLATE, "job-form", {"form": form}, status=UNPROCESSABLE)
     except PermissionDenied as exc:
         form.add_error("project", str(exc) or "You may not submit jobs for this project.")
-        return _render(request, JOB_NEW_TEMPLATE, "job-form", {"form": form}, status=UNPROCESSABLE)
+        return render_page(request, JOB_NEW_TEMPLATE, "job-form", {"form": form}, status=UNPROCESSABLE)
 
     warnings = job_warnings(job)
     if warnings:
@@ -127,7 +121,7 @@ def my_jobs(request: HtmxHttpRequest) -> HttpResponse:
         "status": status if status in valid_statuses else "",
         "statuses": Job.Status.choices,
     }
-    return _render(request, JOBS_TEMPLATE, "job-list", context)
+    return render_page(request, JOBS_TEMPLATE, "job-list", context)
 
 
 @login_required
@@ -166,7 +160,7 @@ def job_detail(request: HtmxHttpRequest, job_id: int) -> HttpResponse:
         job, output = job_list(request.user, mine_only=True).get(pk=job_id), None
         error = f"The cluster cannot be reached right now ({exc}); try again in a minute."
     context = {"job": job, "output": output, "output_error": error}
-    return _render(request, JOB_DETAIL_TEMPLATE, "job-output", context)
+    return render_page(request, JOB_DETAIL_TEMPLATE, "job-output", context)
 
 
 def _job_prediction(request: HtmxHttpRequest, form: JobForm) -> dict[str, Any]:

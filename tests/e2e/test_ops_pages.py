@@ -76,7 +76,7 @@ def test_staff_opens_every_ops_page_and_runs_a_whatif(
     project: Project,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from portal.ops import services, tasks
+    from ops import services, tasks
 
     _history(cluster, a100, nodes, project)
     quota = QuotaFactory(project=project, gpu_type=a100, guaranteed_gpus=2, borrow_limit_gpus=2)

@@ -10,8 +10,8 @@ from typing import Any
 
 from django.contrib.postgres.fields.ranges import DateTimeTZRange
 
+from ops.selectors import Range
 from portal.accounts.models import Project
-from portal.ops.selectors import Range
 from scheduling.models import Allocation, Cluster, GpuType, Job, Node
 from tests.factories import JobFactory
 

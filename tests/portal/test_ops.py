@@ -12,9 +12,9 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from ops import selectors
+from ops.selectors import Range
 from portal.accounts.models import Project, Quota
-from portal.ops import selectors
-from portal.ops.selectors import Range, jain_index
 from scheduling.models import Allocation, AuditEvent, Cluster, EngineRound, GpuType, Job, Node
 from tests.factories import JobFactory, ProjectFactory, QuotaFactory
 from tests.portal.ops_helpers import DAY, PAGES
@@ -158,12 +158,6 @@ def test_range_page_renders_the_partial_for_htmx(staff_web: Client, nodes: list[
 
 
 # ---- fairness ----
-
-
-def test_jain_index() -> None:
-    assert jain_index([1.0, 1.0, 1.0]) == pytest.approx(1.0)
-    assert jain_index([1.0, 0.0, 0.0, 0.0]) == pytest.approx(0.25)
-    assert jain_index([]) is None
 
 
 def test_fairness_weights_by_gpu_value_and_compares_with_entitlement(
@@ -503,7 +497,7 @@ def test_audit_log_shows_only_changed_fields_before_and_after(staff_web: Client,
 
 
 def test_whatif_refuses_a_pointless_plus_zero_and_defaults_to_a_real_change() -> None:
-    from portal.ops.forms import WhatIfForm
+    from ops.forms import WhatIfForm
 
     assert WhatIfForm(gpu_types=["A100"]).fields["gpu_delta"].initial != 0
     form = WhatIfForm(

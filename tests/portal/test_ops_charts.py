@@ -12,10 +12,10 @@ from django.contrib.postgres.fields.ranges import DateTimeTZRange
 from django.test import Client
 from django.urls import reverse
 
+from ops import selectors
+from ops.selectors import Range
+from ops.views_capacity import _whatif_notes
 from portal.accounts.models import Project
-from portal.ops import selectors
-from portal.ops.selectors import Range
-from portal.ops.views_capacity import _whatif_notes
 from scheduling.models import Allocation, Cluster, EngineRound, GpuType, Job, Node
 from tests.factories import JobFactory, NodeFactory
 
@@ -212,7 +212,7 @@ def test_whatif_replay_reports_jobs_too_large_for_the_smaller_cluster(
     """A real replay: an 8-GPU job cannot run on one 4-GPU node, so the what-if never runs it."""
     from django.utils import timezone
 
-    from portal.ops import services
+    from ops import services
 
     base = timezone.now() - timedelta(days=1)
     for k in range(6):

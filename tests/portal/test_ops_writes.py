@@ -12,8 +12,8 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from ops import services, views
 from portal.accounts.models import Project
-from portal.ops import services, views
 from scheduling.models import AuditEvent, Cluster, GpuType, Job, Node
 from scheduling.snapshots import policy_config_for_cluster
 from tests.factories import QuotaFactory, UserFactory
@@ -186,7 +186,7 @@ def test_whatif_new_queues_the_task_after_commit(
     django_capture_on_commit_callbacks: Any,
 ) -> None:
     sent: list[str] = []
-    from portal.ops import tasks
+    from ops import tasks
 
     monkeypatch.setattr(tasks.whatif_run, "delay", lambda whatif_id: sent.append(whatif_id))  # no worker here
     with django_capture_on_commit_callbacks(execute=True):

@@ -15,10 +15,10 @@ from django.urls import reverse
 from django.utils import timezone
 
 from forecasting.models import ForecastPoint, ForecastRun
-from portal.ops import selectors
-from portal.ops.labels import IDLE_REASON_LABELS, idle_reason_label, pending_reason_label
-from portal.ops.selectors import Range
+from ops import selectors
+from ops.selectors import Range
 from scheduling.engine.types import IdleReason, PendingReason
+from scheduling.labels import IDLE_REASON_LABELS, idle_reason_label, pending_reason_label
 from scheduling.models import Allocation, Cluster, EngineRound, GpuType, Job, Node
 from scheduling.templatetags.berth_ui import span
 from tests.factories import JobFactory, MembershipFactory, ProjectFactory

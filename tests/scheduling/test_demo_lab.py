@@ -265,7 +265,7 @@ def test_jobs_running_at_now_stay_running_on_the_live_simulator(tmp_path: Path, 
         assert sorted(record["gpu_ids"]) == sorted(a.gpu_id for a in active)
         assert job.payload["sim_runtime_s"] > 0
     # Busy GPU-hours in each of the last 6 hours before now: the running jobs keep them up.
-    from portal.ops.selectors import Range, utilization_get
+    from ops.selectors import Range, utilization_get
 
     rng = Range(start_at=NOW - timedelta(hours=6), end_at=NOW, bucket="hour")
     by_type = utilization_get(cluster_id=cluster.pk, rng=rng, now=NOW)[0]

@@ -385,7 +385,6 @@ def test_booking_create_stores_the_row_and_audit_events_the_orm_would(member, pr
     assert (stored.gpu_count, stored.start_at, stored.end_at, stored.note) == (2, soon, end, "n")
     assert stored.status == Booking.Status.CONFIRMED
     assert stored.ended_at is None
-    assert stored.is_in_use is False
     assert stored.status_message == ""
     assert not booking._state.adding
     allocations = list(booking.allocations.order_by("id"))

@@ -74,3 +74,14 @@ def test_cancel_pending_job_by_another_user_is_refused(job, outsider):
     with pytest.raises((PermissionDenied, Job.DoesNotExist)):
         job_cancel(job, user=outsider)
     assert Job.objects.get(pk=job.pk).status == Job.Status.PENDING
+
+
+def test_cancel_audits_the_same_job_state_as_the_round(job, member):
+    """One job state for every writer: a cancel's ``before`` keeps why the job was waiting,
+    as the engine round's events do (the services' copy used to drop it)."""
+    Job.objects.filter(pk=job.pk).update(pending_reason=Job.PendingReason.QUOTA)
+    job.refresh_from_db()
+    job_cancel(job, user=member)
+    event = AuditEvent.objects.get(entity_type="job", entity_id=job.pk, verb="job.cancel")
+    assert event.before["pending_reason"] == "quota"
+    assert set(event.before) == {"status", "started_at", "ended_at", "attempt", "pending_reason"}

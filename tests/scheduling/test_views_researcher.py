@@ -251,7 +251,7 @@ def test_outlook_counts_free_booked_and_lendable_with_the_forecast(
         end_at=hour0 + timedelta(hours=3),
     )
     Booking.objects.filter(pk=started.pk).update(
-        start_at=now - timedelta(minutes=5), status=Booking.Status.ACTIVE, is_in_use=False
+        start_at=now - timedelta(minutes=5), status=Booking.Status.ACTIVE
     )
     later_start = hour0 + timedelta(hours=5)
     booking_create(

@@ -280,7 +280,7 @@ def whatif_create(
     }
     _whatif_put(state)
     if enqueue:
-        from portal.ops.tasks import whatif_run
+        from ops.tasks import whatif_run
 
         transaction.on_commit(lambda: whatif_run.delay(state["id"]))
     return state

@@ -1,5 +1,5 @@
 """The shape every staff report takes: a `Table` (chart, HTML table and CSV from the same rows)
-over a `Range` of hour or day buckets.  Split from `portal.ops.selectors` (house rule)."""
+over a `Range` of hour or day buckets.  Split from `ops.selectors` (house rule)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from portal.ops.labels import reason_label
+from scheduling.labels import reason_label
 
 BUCKETS = {"hour": timedelta(hours=1), "day": timedelta(days=1)}
 

@@ -1,6 +1,6 @@
 """Staff capacity-planning pages: forecast bands per GPU type (cut at 3x capacity, the
 no-signal flag said), the forecasts' track record, "when does demand exceed capacity", the
-forecast refresh and what-if replays.  Split from `portal.ops.views` (house rule: files under
+forecast refresh and what-if replays.  Split from `ops.views` (house rule: files under
 600 lines); the same staff-only rules and partial rendering."""
 
 from __future__ import annotations
@@ -16,20 +16,19 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods
 from django.views.decorators.vary import vary_on_headers
 
-from portal.ops import services
-from portal.ops.forms import (
+from ops import services
+from ops.forms import (
     WhatIfForm,
 )
-from portal.ops.selectors import Table
-from portal.ops.views import (
-    UNPROCESSABLE,
-    HtmxHttpRequest,
+from ops.selectors import Table
+from ops.views import (
     _csv_or_none,
     _is_asked_cluster,
     _query,
     _range,
     staff_required,
 )
+from portal.htmx import UNPROCESSABLE, HtmxHttpRequest, service_errors_add
 
 # ---- capacity planning ----
 
@@ -298,8 +297,7 @@ def whatif_new(request: HtmxHttpRequest) -> HttpResponse:
     try:
         state = services.whatif_create(cluster=cluster, user=request.user, **form.cleaned_data)
     except ValidationError as exc:
-        for key, msgs in exc.message_dict.items():
-            form.add_error(key if key in form.fields else None, msgs)
+        service_errors_add(form, exc)
         return render(request, "ops/capacity.html#whatif", context, status=UNPROCESSABLE)
     context["state"] = state
     url = reverse("ops:whatif", args=[state["id"]])

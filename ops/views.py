@@ -16,7 +16,6 @@ from typing import Any
 from urllib.parse import quote
 
 from django.contrib.auth.decorators import login_required
-from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
@@ -24,12 +23,9 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django.views.decorators.vary import vary_on_headers
-from django_htmx.http import HttpResponseClientRedirect
-from django_htmx.middleware import HtmxDetails
 
-from portal.accounts.models import Project, Quota
-from portal.ops import selectors, services
-from portal.ops.forms import (
+from ops import selectors, services
+from ops.forms import (
     AuditFilterForm,
     PolicyForm,
     QuotaForm,
@@ -37,17 +33,13 @@ from portal.ops.forms import (
     RangeForm,
     WeightForm,
 )
-from portal.ops.selectors import Table
+from ops.selectors import Table
+from portal.accounts.models import Project, Quota
+from portal.htmx import UNPROCESSABLE, HtmxHttpRequest, redirect_after_post, render_page, service_errors_add
 
-UNPROCESSABLE = 422
 # 25 events a page: each lists its changed fields, so a page of 50 ran to about 6,000 px.
 AUDIT_PAGE_SIZE = 25
 IDLE_DRILL_PAGE_SIZE = 20
-
-
-class HtmxHttpRequest(HttpRequest):
-    htmx: HtmxDetails
-    user: User
 
 
 def staff_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
@@ -60,13 +52,6 @@ def staff_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpRespo
         return view(request, *args, **kwargs)
 
     return login_required(wrapped)
-
-
-def _render(
-    request: HtmxHttpRequest, template: str, partial: str, context: dict[str, Any], *, status: int = 200
-) -> HttpResponse:
-    is_fragment = bool(request.htmx) and not request.htmx.history_restore_request
-    return render(request, f"{template}#{partial}" if is_fragment else template, context, status=status)
 
 
 def _csv(table: Table) -> HttpResponse:
@@ -127,7 +112,7 @@ def _range_page(
     if (response := _csv_or_none(request, tables)) is not None:
         return response
     context = {"form": form, "tables": tables, "rng": rng, "query": _query(form), "cluster_id": cluster_id}
-    return _render(request, template, "ops-report", context)
+    return render_page(request, template, "ops-report", context)
 
 
 def _range_view(
@@ -199,7 +184,7 @@ def idle_drill(request: HtmxHttpRequest) -> HttpResponse:
         "query": _query(form),
         "drill_query": drill_query,
     }
-    return _render(request, "ops/idle_drill.html", "idle-drill", context)
+    return render_page(request, "ops/idle_drill.html", "idle-drill", context)
 
 
 # ---- quotas and policy ----
@@ -235,11 +220,6 @@ def quotas(request: HtmxHttpRequest) -> HttpResponse:
     return render(request, "ops/quotas.html", _quotas_context())
 
 
-def _form_errors(form: Any, exc: ValidationError) -> None:
-    for key, msgs in exc.message_dict.items():
-        form.add_error(key if key in form.fields else None, msgs)
-
-
 @staff_required
 @require_POST
 def quota_new(request: HtmxHttpRequest) -> HttpResponse:
@@ -255,14 +235,12 @@ def quota_new(request: HtmxHttpRequest) -> HttpResponse:
                 borrow_limit_gpus=d["borrow_limit_gpus"],
             )
         except ValidationError as exc:
-            _form_errors(form, exc)
+            service_errors_add(form, exc)
         else:
-            if request.htmx:
-                return HttpResponseClientRedirect(reverse("ops:quotas"))
-            return HttpResponseRedirect(reverse("ops:quotas"), status=303)
-    context = _quotas_context(new_form=form)
-    name = "ops/quotas.html#quota-new" if request.htmx else "ops/quotas.html"
-    return render(request, name, context, status=UNPROCESSABLE)
+            return redirect_after_post(request, reverse("ops:quotas"))
+    return render_page(
+        request, "ops/quotas.html", "quota-new", _quotas_context(new_form=form), status=UNPROCESSABLE
+    )
 
 
 @staff_required
@@ -280,7 +258,7 @@ def project_weight(request: HtmxHttpRequest, project_id: int) -> HttpResponse:
             )
             saved, status = True, 200
         except ValidationError as exc:
-            _form_errors(form, exc)
+            service_errors_add(form, exc)
     if not request.htmx:
         if saved:
             return HttpResponseRedirect(reverse("ops:quotas"), status=303)
@@ -302,8 +280,7 @@ def quota_edit(request: HtmxHttpRequest, quota_id: int) -> HttpResponse:
             quota = services.quota_update(quota_id=quota.pk, user=request.user, **form.cleaned_data)
             saved = True
         except ValidationError as exc:
-            for key, msgs in exc.message_dict.items():
-                form.add_error(key if key in form.fields else None, msgs)
+            service_errors_add(form, exc)
             saved, status = False, UNPROCESSABLE
     else:
         saved, status = False, UNPROCESSABLE
@@ -337,8 +314,7 @@ def policy(request: HtmxHttpRequest) -> HttpResponse:
                 )
                 saved = True
             except ValidationError as exc:
-                for key, msgs in exc.message_dict.items():
-                    form.add_error(key if key in form.fields else None, msgs)
+                service_errors_add(form, exc)
                 status = UNPROCESSABLE
         else:
             status = UNPROCESSABLE
@@ -362,7 +338,7 @@ def policy(request: HtmxHttpRequest) -> HttpResponse:
         "saved": saved,
         "query": _query(form_range),
     }
-    return _render(request, "ops/policy.html", "policy-form", context, status=status)
+    return render_page(request, "ops/policy.html", "policy-form", context, status=status)
 
 
 # ---- audit log ----
@@ -393,4 +369,4 @@ def audit(request: HtmxHttpRequest) -> HttpResponse:
         "query": query,
         "entity_types": selectors.audit_entity_types(),
     }
-    return _render(request, "ops/audit.html", "audit-list", context)
+    return render_page(request, "ops/audit.html", "audit-list", context)

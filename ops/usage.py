@@ -1,12 +1,11 @@
 """Utilization and fairness reads for the staff pages (from allocation periods and jobs).
 
 Queries are bounded: each selector runs a fixed number of queries whatever the range, and
-buckets in Python.  Split from `portal.ops.selectors` (house rule); callers check ``is_staff``.
+buckets in Python.  Split from `ops.selectors` (house rule); callers check ``is_staff``.
 """
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -16,9 +15,10 @@ from typing import Any
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from django.utils import timezone
 
+from ops.tables import Range, Table, _label
 from portal.accounts.models import Project, Quota
-from portal.ops.tables import Range, Table, _label
 from scheduling.models import Allocation, Job, Node
+from scheduling.stats import jain_index, quantile
 
 HEATMAP_MAX_COLUMNS = 7 * 24
 
@@ -244,22 +244,6 @@ def _heatmap(periods: list[_Busy], rng: Range, *, cluster_id: int, reason: str) 
 # ---- fairness ----
 
 
-def jain_index(values: Sequence[float]) -> float | None:
-    """Jain's fairness index (sum x)^2 / (n sum x^2): 1 = equal, 1/n = one takes all."""
-    xs = [v for v in values if v is not None]
-    square = sum(x * x for x in xs)
-    if not xs or square == 0:
-        return None
-    return sum(xs) ** 2 / (len(xs) * square)
-
-
-def _percentile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q
-    lo, hi = math.floor(k), math.ceil(k)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
-
-
 def fairness_get(*, cluster_id: int, rng: Range, now: datetime | None = None) -> list[Table]:
     """Value-weighted GPU-hour shares against entitlements, Jain's index, and waits.
 
@@ -362,7 +346,8 @@ def _share_rows(
         ratios = [
             shares[s] / entitled[s] for s in slugs if s in weighted and weighted[s][i] > 0 and entitled.get(s)
         ]
-        j = jain_index(ratios)
+        # Nobody ran in the bucket: nothing to judge (blank), not a perfectly fair 1.0.
+        j = jain_index(ratios) if ratios else None
         jain_rows.append((label, round(j, 3) if j is not None else None))
     return share_rows, jain_rows
 
@@ -384,7 +369,7 @@ def _waits_table(*, cluster_id: int, rng: Range, now: datetime) -> Table:
                 f"{slug} / {kind}",
                 len(w),
                 round(sum(w) / len(w) / 60.0, 1),
-                round(_percentile(w, 0.95) / 60.0, 1),
+                round(quantile(w, 0.95, method="linear") / 60.0, 1),
             )
             for (slug, kind), w in sorted(waits.items())
         ),

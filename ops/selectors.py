@@ -16,17 +16,16 @@ from typing import Any
 
 from django.db.models import Q, QuerySet
 
-from portal.accounts.models import Project, Quota
-from portal.ops.idle import IDLE_REASONS, ROUND_HOLD_MAX, IdleDrill, idle_drill_get, idle_get
-from portal.ops.tables import BUCKETS, Range, Table, range_get
-from portal.ops.usage import (
+from ops.idle import IDLE_REASONS, ROUND_HOLD_MAX, IdleDrill, idle_drill_get, idle_get
+from ops.tables import BUCKETS, Range, Table, range_get
+from ops.usage import (
     HEATMAP_MAX_COLUMNS,
     fairness_get,
-    jain_index,
     no_work_reason,
     runtime_accuracy_get,
     utilization_get,
 )
+from portal.accounts.models import Project, Quota
 from scheduling.models import AuditEvent, Cluster
 
 # The report selectors live in `tables`, `usage` and `idle` (house rule: files under 600 lines);
@@ -48,7 +47,6 @@ __all__ = [
     "gpu_type_list",
     "idle_drill_get",
     "idle_get",
-    "jain_index",
     "no_work_reason",
     "project_list",
     "quota_list",

@@ -1,4 +1,4 @@
-"""Celery task for the staff pages: a thin caller of `portal.ops.services.whatif_execute`."""
+"""Celery task for the staff pages: a thin caller of `ops.services.whatif_execute`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from celery import shared_task
 
 @shared_task(acks_late=True, soft_time_limit=900, time_limit=960)
 def whatif_run(whatif_id: str) -> dict[str, Any]:
-    from portal.ops.services import whatif_execute
+    from ops.services import whatif_execute
 
     state = whatif_execute(whatif_id=whatif_id)
     return {"id": whatif_id, "status": state["status"]}

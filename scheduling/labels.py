@@ -1,4 +1,4 @@
-"""Readable names for the engine's machine keys (idle and pending reasons) on the ops pages.
+"""Readable names for the engine's machine keys (idle and pending reasons) on every page.
 
 The engine, the rounds and the CSV downloads keep the keys (``quota_blocked``); people read
 the labels ("Quota-blocked").  One mapping, used by the templates (`berth_ui` filters) and by

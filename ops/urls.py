@@ -1,6 +1,6 @@
 from django.urls import path
 
-from portal.ops import views, views_capacity
+from ops import views, views_capacity
 
 urlpatterns = [
     path("", views.home, name="home"),

@@ -1,9 +1,13 @@
-"""What every page shares: the typed htmx request, full page or partial rendering, swapped-in status codes."""
+"""What every page shares (the researcher pages in `scheduling.views` and the staff pages in
+`ops`): the typed htmx request, full page or partial rendering, swapped-in status codes,
+redirects after a POST, a service's refusal on a form."""
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from typing import Any
 
+from django import forms
 from django.contrib import messages
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -26,7 +30,7 @@ class HtmxHttpRequest(HttpRequest):
     user: User
 
 
-def _render(
+def render_page(
     request: HtmxHttpRequest, template: str, partial: str, context: dict[str, Any], *, status: int = 200
 ) -> HttpResponse:
     """The whole page, or only ``partial`` of it for an htmx request.
@@ -44,6 +48,30 @@ def redirect_after_post(request: HtmxHttpRequest, url: str) -> HttpResponse:
     if request.htmx:
         return HttpResponseClientRedirect(url)
     return HttpResponseRedirect(url, status=303)
+
+
+def service_errors_add(
+    form: forms.BaseForm,
+    exc: ValidationError,
+    *,
+    fields: Collection[str] | None = None,
+    aliases: Mapping[str, str] | None = None,
+) -> None:
+    """A service's ``ValidationError`` on ``form``: a keyed message on its field, the rest on the
+    form as a whole (never a 500 for a key the form lacks).
+
+    ``fields``: the service keys shown at their field (default: every field of the form);
+    ``aliases``: service keys whose field has another name (``requested_s`` -> ``requested_h``).
+    """
+    if not hasattr(exc, "error_dict"):
+        for message in exc.messages:
+            form.add_error(None, message)
+        return
+    shown = form.fields if fields is None else fields
+    for key, errors in exc.message_dict.items():
+        target = (aliases or {}).get(key, key if key in shown else None)
+        for message in errors:
+            form.add_error(target, message)
 
 
 def refusal_text(exc: ValidationError | PermissionDenied) -> str:

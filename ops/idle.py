@@ -1,5 +1,5 @@
 """Idle GPU-hours by reason, reconstructed from the engine rounds, and the drill-down of one
-period.  Split from `portal.ops.selectors` (house rule); callers check ``is_staff``."""
+period.  Split from `ops.selectors` (house rule); callers check ``is_staff``."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any
 from django.db.models import Q
 from django.utils import timezone
 
-from portal.ops.tables import Range, Table, _label
-from portal.ops.usage import _before_record, _no_data_note, _span_text
+from ops.tables import Range, Table, _label
+from ops.usage import _before_record, _no_data_note, _span_text
 from scheduling.engine.types import IdleReason
 from scheduling.models import Allocation, EngineRound, Gpu, Job
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from django import forms
 
-from portal.ops.services import POLICY_NAMES
+from ops.services import POLICY_NAMES
 
 RANGE_DAYS = ((1, "Last day"), (7, "Last 7 days"), (30, "Last 30 days"), (90, "Last 90 days"))
 MAX_HOURLY_DAYS = 7
