@@ -536,7 +536,7 @@ def _measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
         "running_mix": args.running_mix,
         "predictor_build_ms": predictor_build_ms,
         "warm_ms": warm_ms,
-        "gc_after_ms_p50": _percentile([r["gc_after_ms"] for r in per_round], 50),
+        "gc_after_ms_p50": percentile([r["gc_after_ms"] for r in per_round], 50, method="nearest"),
         "state": check,
         "per_round": per_round,
     }
