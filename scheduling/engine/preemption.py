@@ -140,6 +140,15 @@ def takeable_on(state: RoundState, node_index: int) -> tuple[RunningJob, ...]:
     return found
 
 
+def _takeable_gpus(state: RoundState, node_index: int) -> int:
+    """GPUs of the node held by jobs reclaimable this round (`takeable_on`)."""
+    gpu_node = state.gpu_node
+    return sum(
+        sum(1 for g in running.gpu_ids if gpu_node.get(g) == node_index)
+        for running in takeable_on(state, node_index)
+    )
+
+
 def _victim_order(state: RoundState, victim: Victim) -> tuple[bool, float, float, str]:
     # Past their minimum runtime first (the demand waits only the grace), then least lost work
     # (since the last checkpoint plus the restore, or all of it for restartable work), then
@@ -175,8 +184,14 @@ def plan_reclaim(
     pool_victims: dict[str, Victim] = {}
     for node_index in node_indexes:
         node = state.nodes[node_index]
+        if is_single_node and len(node.gpu_ids) < gpu_count:
+            continue  # the node is too small whatever is taken on it
         free = free_on_node(node_index)
         arriving = sorted((incoming[g], g) for g in node.gpu_ids if g in incoming)
+        if is_single_node and len(free) + len(arriving) + _takeable_gpus(state, node_index) < gpu_count:
+            # an upper bound on what reclaim could add here (every takeable job's GPUs on the
+            # node): too few, so the victims need not be costed
+            continue
         victims: dict[str, Victim] = {}
         for running in takeable_on(state, node_index):
             if running.job.id not in excluded_jobs and (may_take is None or may_take(running)):
