@@ -13,6 +13,8 @@ How a prediction is made (all in log space, where runtimes are roughly symmetric
   no requested time: most traces) are skipped for it.  Each key
   keeps the last ``window`` finished jobs: log runtime and, when the job had a requested
   time, log(runtime / requested).
+* **Name templates**: (user, name) and (project, name) with every run of digits in the
+  name replaced, so the runs of a sweep (``sweep-lr0.01-seed3``) pool together.
 * **Session keys** (``CONTEXT_LEVELS``): the same user's jobs split by what the portal
   knows at submit time about the user's own recent activity: the outcome of the user's
   last finished job (ended within a minute, hit its limit, failed, other), the time since
@@ -52,6 +54,7 @@ Runtimes are floored at ``min_runtime_s`` so a zero-length job does not produce 
 from __future__ import annotations
 
 import math
+import re
 from collections import deque
 from collections.abc import Hashable
 from typing import Protocol
@@ -94,8 +97,11 @@ DEFAULT_LEVELS: tuple[tuple[str, float], ...] = (
     ("all", 0.02),
 )
 
-# The user's session state at submit time (see the module docstring).
+# The user's session state at submit time (see the module docstring), and the job name with
+# its numbers dropped: "sweep-lr0.01-seed3" and "sweep-lr0.1-seed4" are one kind of work.
 CONTEXT_LEVELS: tuple[tuple[str, float], ...] = (
+    ("user_template", 0.5),
+    ("project_template", 0.2),
     ("user_req_prev", 0.5),
     ("user_prev", 0.25),
     ("user_req_gap", 0.5),
@@ -122,6 +128,14 @@ def _bucket(gap_s: float | None) -> int:
         if gap_s < edge:
             return i + 1
     return len(_GAP_EDGES_S) + 1
+
+
+_DIGITS = re.compile(r"[0-9]+")
+
+
+def _name_template(name: str) -> str:
+    """The job name with every run of digits replaced by ``#`` (sweeps share a template)."""
+    return _DIGITS.sub("#", name.strip().lower())
 
 
 def _requested(job: JobRequest) -> float | None:
@@ -153,6 +167,10 @@ def _level_key(level: str, job: JobRequest, req: int | None, ctx: _Context = _NO
         return (level, req) if req is not None else None
     if level == "all":
         return (level,)
+    if level == "user_template":
+        return (level, job.user, _name_template(job.name)) if job.name else None
+    if level == "project_template":
+        return (level, job.project, _name_template(job.name)) if job.name else None
     gap_b, end_b, prev, busy, hour_b = ctx
     if level == "user_req_prev":
         return (level, job.user, req, prev) if prev else None

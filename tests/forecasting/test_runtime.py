@@ -271,3 +271,13 @@ def test_the_p90_band_is_calibrated_per_outcome_of_the_last_job() -> None:
     pooled._min_group_residuals = 10**9  # one band for everyone: the old behaviour
     one_band = coverage(pooled)
     assert one_band["alice"] < per_group["alice"] - 0.05 or one_band["bob"] > per_group["bob"] + 0.03
+
+
+def test_runs_of_a_sweep_share_their_name_template() -> None:
+    p = HistoryRuntimePredictor()
+    for seed in range(6):
+        feed(p, {"user": "alice", "name": f"sweep-lr0.01-seed{seed}"}, [3_000.0])
+        feed(p, {"user": "alice", "name": f"eval-{seed}"}, [60.0])
+    # a new seed of the sweep has no history under its exact name, but its template has
+    assert p.predict(job("alice", name="sweep-lr0.02-seed9"))[0] == pytest.approx(3_000.0, rel=0.3)
+    assert p.predict(job("alice", name="eval-17"))[0] == pytest.approx(60.0, rel=0.3)
