@@ -303,6 +303,7 @@ class HistoryRuntimePredictor:
         self._users: dict[str, _UserState] = {}
         # job id -> session context at its first prediction (bounded like _predicted)
         self._contexts: dict[str, _Context] = {}
+        self._context_users: dict[str, str] = {}  # job id -> user, to forget a stale job
         # job id -> (observation count when predicted, log p50); reused while nothing new
         # was observed, and scored against the actual runtime when the job finishes.
         self._predicted: dict[str, tuple[int, float]] = {}
@@ -353,22 +354,20 @@ class HistoryRuntimePredictor:
         hour_b = int((submit % _DAY_S) // (6 * 3600.0)) if math.isfinite(submit) else 0
         ctx = (_bucket(gap), _bucket(since_end), prev, busy, hour_b)
         if len(self._contexts) >= self._max_predicted:
+            # Jobs seen but never finished (cancelled): forget the oldest.
             for stale in list(self._contexts)[: self._max_predicted // 10]:
                 del self._contexts[stale]
-                self._user_discard_active(stale)
+                owner = self._users.get(self._context_users.pop(stale, ""))
+                if owner is not None:
+                    owner.active.discard(stale)
         self._contexts[job.id] = ctx
+        self._context_users[job.id] = job.user
         if state.last_submit_at is None or submit >= state.last_submit_at:
             state.last_submit_at = submit
         state.active.add(job.id)
-        if len(state.active) > 4 * self._max_predicted // max(len(self._users), 1) + 64:
-            state.active.clear()  # cancelled jobs never observed: do not grow without bound
         if math.isfinite(submit):
             self._clock = max(self._clock, submit)
         return ctx
-
-    def _user_discard_active(self, job_id: str) -> None:
-        for state in self._users.values():
-            state.active.discard(job_id)
 
     # ---- prediction ----
 
@@ -493,6 +492,7 @@ class HistoryRuntimePredictor:
         """
         ctx = self._context(job)
         self._contexts.pop(job.id, None)
+        self._context_users.pop(job.id, None)
         state = self._user(job.user)
         state.active.discard(job.id)
         if not math.isfinite(runtime_s):
