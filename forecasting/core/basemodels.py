@@ -6,6 +6,8 @@ module's docstring for the model list and the ``fit``/``forecast`` contract.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import logging
 import warnings
 from collections.abc import Sequence
@@ -260,3 +262,56 @@ class ProphetModel:
         if self._nonneg:
             point, lower, upper, upper_95 = (np.maximum(a, 0.0) for a in (point, lower, upper, upper_95))
         return Forecast(_future_index(self._history, horizon_h), point, lower, upper, upper_95)
+
+
+# ---- numeric helpers of the berth blend (forecasting.core.models) ----
+
+
+def _smoothing_states(
+    z: FloatArray, *, alpha: float, gamma: float, period: int = 24
+) -> tuple[FloatArray, FloatArray, float]:
+    """Additive level + seasonal exponential smoothing (Holt-Winters without trend) of ``z``.
+
+    Returns (level, season, one-step MAE): entry ``t`` is the state *before* ``z[t]`` was
+    seen (``t = len(z)``: after all of it), so the forecast from origin ``t`` for position
+    ``u >= t`` is ``level[t] + season[t, u % period]``.  Unknown values (NaN) leave the
+    state unchanged.  The MAE counts the one-step errors after the first period.
+    """
+    n = len(z)
+    level = np.empty(n + 1)
+    season = np.empty((n + 1, period))
+    first = z[:period]
+    lvl = float(np.nanmean(first)) if np.isfinite(first).any() else 0.0
+    seas = np.zeros(period)
+    seas[: len(first)] = np.where(np.isfinite(first), first - lvl, 0.0)
+    abs_err, counted = 0.0, 0
+    for t in range(n):
+        level[t] = lvl
+        season[t] = seas
+        zt = z[t]
+        if zt == zt:  # not NaN; a scalar test is cheaper than np.isfinite in this loop
+            k = t % period
+            err = zt - lvl - seas[k]
+            lvl += alpha * err
+            seas[k] += gamma * err
+            if t >= period:
+                abs_err += abs(err)
+                counted += 1
+    level[n] = lvl
+    season[n] = seas
+    return level, season, abs_err / counted if counted else np.inf
+
+
+@functools.cache
+def _simplex_grid(k: int, steps: int) -> FloatArray:
+    """All weight vectors of length ``k`` with entries in multiples of 1/steps summing to 1.
+
+    The first row puts everything on component 0.
+    """
+    rows = []
+    for bars in itertools.combinations(range(steps + k - 1), k - 1):
+        edges = (-1, *bars, steps + k - 1)
+        rows.append([edges[i + 1] - edges[i] - 1 for i in range(k)])
+    grid = np.array(rows, dtype=float)[::-1] / steps
+    grid.setflags(write=False)
+    return grid

@@ -19,8 +19,6 @@ Models:
 
 from __future__ import annotations
 
-import functools
-import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +41,8 @@ from forecasting.core.basemodels import (
     _check_history,
     _future_index,
     _nan_quantile,
+    _simplex_grid,
+    _smoothing_states,
     prophet_fit_predict,
 )
 from forecasting.core.events import Event
@@ -483,56 +483,6 @@ class BerthModel:
                 lo[h] = min(-q, day_lo)
                 hi[h] = max(q, day_hi)
         return lo, hi, hi95
-
-
-def _smoothing_states(
-    z: FloatArray, *, alpha: float, gamma: float, period: int = 24
-) -> tuple[FloatArray, FloatArray, float]:
-    """Additive level + seasonal exponential smoothing (Holt-Winters without trend) of ``z``.
-
-    Returns (level, season, one-step MAE): entry ``t`` is the state *before* ``z[t]`` was
-    seen (``t = len(z)``: after all of it), so the forecast from origin ``t`` for position
-    ``u >= t`` is ``level[t] + season[t, u % period]``.  Unknown values (NaN) leave the
-    state unchanged.  The MAE counts the one-step errors after the first period.
-    """
-    n = len(z)
-    level = np.empty(n + 1)
-    season = np.empty((n + 1, period))
-    first = z[:period]
-    lvl = float(np.nanmean(first)) if np.isfinite(first).any() else 0.0
-    seas = np.zeros(period)
-    seas[: len(first)] = np.where(np.isfinite(first), first - lvl, 0.0)
-    abs_err, counted = 0.0, 0
-    for t in range(n):
-        level[t] = lvl
-        season[t] = seas
-        zt = z[t]
-        if zt == zt:  # not NaN; a scalar test is cheaper than np.isfinite in this loop
-            k = t % period
-            err = zt - lvl - seas[k]
-            lvl += alpha * err
-            seas[k] += gamma * err
-            if t >= period:
-                abs_err += abs(err)
-                counted += 1
-    level[n] = lvl
-    season[n] = seas
-    return level, season, abs_err / counted if counted else np.inf
-
-
-@functools.cache
-def _simplex_grid(k: int, steps: int) -> FloatArray:
-    """All weight vectors of length ``k`` with entries in multiples of 1/steps summing to 1.
-
-    The first row puts everything on component 0.
-    """
-    rows = []
-    for bars in itertools.combinations(range(steps + k - 1), k - 1):
-        edges = (-1, *bars, steps + k - 1)
-        rows.append([edges[i + 1] - edges[i] - 1 for i in range(k)])
-    grid = np.array(rows, dtype=float)[::-1] / steps
-    grid.setflags(write=False)
-    return grid
 
 
 def _no_signal_forecast(history: pd.Series, horizon_h: int, *, window_h: int) -> Forecast:

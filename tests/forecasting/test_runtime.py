@@ -238,3 +238,46 @@ def test_a_prediction_at_100k_jobs_of_history_takes_under_a_millisecond_of_cpu()
         p.predict(j)
     per_predict_s = (time.process_time() - c0) / len(probes)
     assert per_predict_s < 1e-3
+
+
+def test_the_p90_band_is_calibrated_per_outcome_of_the_last_job() -> None:
+    # alice's jobs crash within a minute at widely varying times; bob's run about 1000 s,
+    # give or take 10%.  One global band would be too narrow for alice, too wide for bob.
+    import numpy as np
+
+    def coverage(p: HistoryRuntimePredictor) -> dict[str, float]:
+        rng = np.random.default_rng(1)
+        hits: dict[str, list[bool]] = {"alice": [], "bob": []}
+        t = 0.0
+        for k in range(1_600):
+            user = "alice" if k % 2 else "bob"
+            rt = (
+                float(np.exp(rng.uniform(np.log(2), np.log(55))))
+                if user == "alice"
+                else 1000 * rng.uniform(0.9, 1.1)
+            )
+            j = _at(job(user), t)
+            _, p90 = p.predict(j)
+            if k >= 800:
+                hits[user].append(rt <= p90)
+            p.observe(j, rt, ended_at=t + rt)
+            t += 60.0
+        return {user: sum(h) / len(h) for user, h in hits.items()}
+
+    per_group = coverage(HistoryRuntimePredictor())
+    assert 0.82 <= per_group["alice"] <= 0.97
+    assert 0.82 <= per_group["bob"] <= 0.99
+    pooled = HistoryRuntimePredictor()
+    pooled._min_group_residuals = 10**9  # one band for everyone: the old behaviour
+    one_band = coverage(pooled)
+    assert one_band["alice"] < per_group["alice"] - 0.05 or one_band["bob"] > per_group["bob"] + 0.03
+
+
+def test_runs_of_a_sweep_share_their_name_template() -> None:
+    p = HistoryRuntimePredictor()
+    for seed in range(6):
+        feed(p, {"user": "alice", "name": f"sweep-lr0.01-seed{seed}"}, [3_000.0])
+        feed(p, {"user": "alice", "name": f"eval-{seed}"}, [60.0])
+    # a new seed of the sweep has no history under its exact name, but its template has
+    assert p.predict(job("alice", name="sweep-lr0.02-seed9"))[0] == pytest.approx(3_000.0, rel=0.3)
+    assert p.predict(job("alice", name="eval-17"))[0] == pytest.approx(60.0, rel=0.3)
