@@ -9,17 +9,15 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser, User
 from django.db import connection
-from django.db.models import Q
 from django.utils import timezone
 
 from portal.accounts.models import Project
 from scheduling import admission
-from scheduling.models import Booking, Cluster, Gpu, GpuType, Job, Node
+from scheduling.models import Allocation, Booking, Cluster, Gpu, GpuType, Job, Node
 from scheduling.snapshots import job_startability
 
 AnyUser = User | AnonymousUser
@@ -97,8 +95,8 @@ def booking_alternatives(
     """The nearest free windows of the same length: the earliest for the requested type first,
     then the earliest for other types with enough memory, each at or after ``start_at``.
 
-    Bounded work (a refused booking is something anyone can send in a loop): three queries
-    (types, GPUs, overlapping allocations) whatever the horizon, and at most
+    Bounded work (a refused booking is something anyone can send in a loop): one statement
+    (types, GPUs, overlapping allocations: `_SEARCH_SQL`) whatever the horizon, and at most
     ``BERTH_ALTERNATIVES_MAX_ROWS`` allocations read, the earliest first.  When the calendar
     holds more, the search stops where the rows read stop (every window offered is still
     really free: all allocations starting before that instant were read).
@@ -109,115 +107,177 @@ def booking_alternatives(
         start_at + timedelta(seconds=settings.BERTH_ALTERNATIVES_HORIZON_S),
         timezone.now() + timedelta(seconds=settings.BERTH_BOOKING_MAX_ADVANCE_S),
     )
-    types, groups = _candidate_gpus(gpu_type=gpu_type, gpu_count=gpu_count, cluster_ids=cluster_ids)
-    if not groups:
-        return []
-    rows, latest_start = _busy_rows(
-        gpu_ids=[g for ids in groups.values() for g in ids],
+    max_rows = settings.BERTH_ALTERNATIVES_MAX_ROWS
+    groups, rows, later = _search_rows(
+        gpu_type=gpu_type,
+        gpu_count=gpu_count,
+        cluster_ids=cluster_ids,
         start_at=start_at,
-        latest_start=latest_start,
-        duration=duration,
+        until=latest_start + duration,
+        limit=min(_FIRST_ROWS, max_rows),
     )
-    if latest_start < start_at:
+    groups = {key: ids for key, ids in groups.items() if len(ids) >= gpu_count}
+    if not groups or latest_start < start_at:
         return []
     start_s, duration_s = start_at.timestamp(), duration.total_seconds()
-    latest_s = latest_start.timestamp()
     busy: dict[int, list[tuple[float, float | None]]] = defaultdict(list)
     for gpu_id, lower, upper in rows:
         busy[gpu_id].append((-math.inf if lower is None else lower, upper))
+    # The allocations starting later are read in start order, a first part and then (only when
+    # some group found no window in it) the rest up to the bound: most refusals find a window in
+    # the first few hundred rows.  With the rows read so far, every window ending before the
+    # first unread allocation starts is known exactly, so a group's earliest start found within
+    # that bound is its earliest overall.
+    best: dict[tuple[int, str, str], float] = {}
+    read = 0
+    limit = min(_FIRST_ROWS, max_rows)
+    for part in (1, 2):  # at most two reads of later rows: the first part, then the rest
+        next_lower = later[limit][1] if len(later) > limit else None
+        kept = [r for r in later if next_lower is None or (r[1] or 0.0) < next_lower]
+        for gpu_id, lower, upper in kept:
+            busy[gpu_id].append((-math.inf if lower is None else lower, upper))
+        read += len(kept)
+        latest_s = latest_start.timestamp()
+        if next_lower is not None:
+            latest_s = min(latest_s, next_lower - duration_s)
+        for key, gpu_ids in groups.items():
+            if key in best:
+                continue
+            t_s = _earliest_start(
+                gpu_ids=gpu_ids,
+                busy=busy,
+                gpu_count=gpu_count,
+                duration_s=duration_s,
+                start_s=start_s,
+                latest_s=latest_s,
+            )
+            if t_s is not None:
+                best[key] = t_s
+        if part == 2 or next_lower is None or len(best) == len(groups) or read >= max_rows:
+            break
+        limit = max_rows - read
+        later = _later_rows(
+            gpu_ids=[g for key, ids in groups.items() if key not in best for g in ids],
+            after_s=next_lower,
+            until=latest_start + duration,
+            limit=limit,
+        )
 
     best_by_type: dict[int, Alternative] = {}
-    for (type_id, _cluster_id, cluster_name), gpu_ids in sorted(groups.items(), key=lambda kv: kv[0][2]):
-        if len(gpu_ids) < gpu_count:
-            continue
-        t_s = _earliest_start(
-            gpu_ids=gpu_ids,
-            busy=busy,
-            gpu_count=gpu_count,
-            duration_s=duration_s,
-            start_s=start_s,
-            latest_s=latest_s,
-        )
-        if t_s is None:
-            continue
+    for (type_id, type_name, cluster_name), t_s in sorted(best.items(), key=lambda kv: kv[0][2]):
         # The exact requested start when it is free (no float round trip), else an end instant.
         t = start_at if t_s == start_s else datetime.fromtimestamp(t_s, tz=UTC)
         known = best_by_type.get(type_id)
         if known is None or t < known.start_at:
-            best_by_type[type_id] = Alternative(cluster_name, types[type_id].name, gpu_count, t, t + duration)
+            best_by_type[type_id] = Alternative(cluster_name, type_name, gpu_count, t, t + duration)
     same = [best_by_type.pop(gpu_type.pk)] if gpu_type.pk in best_by_type else []
     others = sorted(best_by_type.values(), key=lambda a: (a.start_at, a.gpu_type))
     return (same + others)[:limit]
 
 
-_CANDIDATES_SQL = f"""
-    SELECT g.id, n.gpu_type_id, n.cluster_id, c.name
+# One statement, one round trip (a refused booking is what an attacker loops on, and at load
+# every round trip waits for a core): the bookable GPUs of every type with at least the
+# requested memory, grouped by (type, cluster), only groups with ``gpu_count`` GPUs at all;
+# then the blocking allocations of those GPUs in two parts, what overlaps the requested start
+# (the GiST index) and what starts after it in start order, at most ``limit`` rows (the
+# ``allocation_lower_blocking`` index, so PostgreSQL reads at most the rows returned instead of
+# sorting the whole horizon).  Bounds as epoch seconds via ``date_part`` (the float directly;
+# ``extract`` computes a numeric first, and parsing timestamps in Python was most of the cost).
+_SEARCH_SQL = f"""
+WITH candidates AS MATERIALIZED (
+    SELECT g.id, t.id AS type_id, t.name AS type_name, c.name AS cluster_name,
+           count(*) OVER (PARTITION BY t.id, c.id) AS group_size
       FROM {Gpu._meta.db_table} g
       JOIN {Node._meta.db_table} n ON n.id = g.node_id
       JOIN {Cluster._meta.db_table} c ON c.id = n.cluster_id
-     WHERE n.gpu_type_id = ANY(%s::bigint[]) AND n.status = %s AND c.is_active
+      JOIN {GpuType._meta.db_table} t ON t.id = n.gpu_type_id
+     WHERE (t.id = %(type)s OR t.memory_gib >= %(memory)s) AND n.status = %(up)s AND c.is_active
+       AND (%(clusters)s::bigint[] IS NULL OR c.id = ANY(%(clusters)s::bigint[]))
+), eligible AS MATERIALIZED (
+    SELECT id FROM candidates WHERE group_size >= %(count)s
+)
+SELECT 0, id, type_id, type_name, cluster_name, NULL::float8, NULL::float8
+  FROM candidates WHERE group_size >= %(count)s
+UNION ALL
+SELECT 1, a.gpu_id, NULL, NULL, NULL, date_part('epoch', lower(a.period)), date_part('epoch', upper(a.period))
+  FROM {Allocation._meta.db_table} a
+ WHERE a.gpu_id = ANY(ARRAY(SELECT id FROM eligible)) AND a.state <> 'released'
+   AND a.period && tstzrange(%(start)s, %(start)s, '[]') AND lower(a.period) < %(start)s
+UNION ALL
+(SELECT 2, a.gpu_id, NULL, NULL, NULL,
+        date_part('epoch', lower(a.period)), date_part('epoch', upper(a.period))
+   FROM {Allocation._meta.db_table} a
+  WHERE a.gpu_id = ANY(ARRAY(SELECT id FROM eligible)) AND a.state <> 'released'
+    AND lower(a.period) >= %(start)s AND lower(a.period) < %(until)s
+  ORDER BY lower(a.period) LIMIT %(limit)s)
 """  # noqa: S608 (table names from the models; values are parameters)
 
 
-def _candidate_gpus(
-    *, gpu_type: GpuType, gpu_count: int, cluster_ids: Sequence[int] | None
-) -> tuple[dict[int, GpuType], dict[tuple[int, int, str], list[int]]]:
-    """The types with at least ``gpu_type``'s memory, and the bookable GPUs per (type, cluster)
-    of those groups that have ``gpu_count`` GPUs at all (empty: nothing to offer)."""
-    types = {
-        t.pk: t for t in GpuType.objects.filter(Q(pk=gpu_type.pk) | Q(memory_gib__gte=gpu_type.memory_gib))
-    }
-    # Plain SQL: the ORM spent ~3 ms of CPU building and reading this join for 256 GPUs, as much
-    # as the allocation rows cost.
-    sql = _CANDIDATES_SQL
-    params: list[Any] = [list(types), Node.Status.UP]
-    if cluster_ids is not None:
-        sql += " AND n.cluster_id = ANY(%s::bigint[])"
-        params.append(list(cluster_ids))
-    groups: dict[tuple[int, int, str], list[int]] = defaultdict(list)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        for gpu_id, type_id, cluster_id, cluster_name in cursor.fetchall():
-            groups[(type_id, cluster_id, cluster_name)].append(gpu_id)
-    return types, {key: ids for key, ids in groups.items() if len(ids) >= gpu_count}
+# Allocations starting after the requested start read in a first part of this many rows.
+_FIRST_ROWS = 400
 
 
-def _busy_rows(
-    *, gpu_ids: list[int], start_at: datetime, latest_start: datetime, duration: timedelta
-) -> tuple[list[tuple[int, float | None, float | None]], datetime]:
-    """Blocking allocations of ``gpu_ids`` from ``start_at`` on, at most
-    ``BERTH_ALTERNATIVES_MAX_ROWS`` of those starting later, and the latest start the rows read
-    still cover (earlier than ``latest_start`` when the calendar holds more)."""
-    max_rows = settings.BERTH_ALTERNATIVES_MAX_ROWS
-    # Bounds as epoch seconds: parsing timestamps (or ranges of them) was most of the cost.  Two
-    # parts: what overlaps the requested start (the GiST index), then what starts after it in
-    # start order (the ``allocation_lower_blocking`` index), so PostgreSQL reads at most the
-    # rows returned instead of sorting the whole horizon.
-    # ``::bigint[]``, the column's type: psycopg sends a list of small ints as ``smallint[]``,
-    # and PostgreSQL then tests every row against the whole array (no hashed lookup across
-    # types): 11 ms against 1.8 ms for 4,000 rows of 256 GPUs.  ``date_part`` gives the float
-    # directly (the same value: microseconds / 1e6, correctly rounded); ``extract`` computes a
-    # numeric first, which cost as much again.
-    select = (
-        "SELECT gpu_id, date_part('epoch', lower(period)), date_part('epoch', upper(period)) "
-        "FROM scheduling_allocation WHERE gpu_id = ANY(%s::bigint[]) AND state <> 'released' "
+def _search_rows(
+    *,
+    gpu_type: GpuType,
+    gpu_count: int,
+    cluster_ids: Sequence[int] | None,
+    start_at: datetime,
+    until: datetime,
+    limit: int,
+) -> tuple[
+    dict[tuple[int, str, str], list[int]],
+    list[tuple[int, float | None, float | None]],
+    list[tuple[int, float | None, float | None]],
+]:
+    """`_SEARCH_SQL`: the candidate GPUs per (type id, type name, cluster name), the blocking
+    allocations of those GPUs over ``start_at``, and the first ``limit + 1`` of those starting
+    in ``[start_at, until)``, in start order (``limit + 1``: whether more follow)."""
+    from scheduling.selectors import prepared_fetchall
+
+    found = prepared_fetchall(
+        _SEARCH_SQL,
+        {
+            "type": gpu_type.pk,
+            "memory": gpu_type.memory_gib,
+            "up": str(Node.Status.UP),
+            "clusters": list(cluster_ids) if cluster_ids is not None else None,
+            "count": gpu_count,
+            "start": start_at,
+            "until": until,
+            "limit": limit + 1,
+        },
     )
+    groups: dict[tuple[int, str, str], list[int]] = defaultdict(list)
+    rows: list[tuple[int, float | None, float | None]] = []
+    later: list[tuple[int, float | None, float | None]] = []
+    for part, gpu_id, type_id, type_name, cluster_name, lower, upper in found:
+        if part == 0:
+            groups[(type_id, type_name, cluster_name)].append(gpu_id)
+        else:
+            (rows if part == 1 else later).append((gpu_id, lower, upper))
+    later.sort(key=lambda r: r[1] or 0.0)  # UNION ALL keeps each part's order; not promised
+    return dict(groups), rows, later
+
+
+_LATER_SQL = f"""
+    SELECT gpu_id, date_part('epoch', lower(period)), date_part('epoch', upper(period))
+      FROM {Allocation._meta.db_table}
+     WHERE gpu_id = ANY(%s::bigint[]) AND state <> 'released'
+       AND lower(period) >= to_timestamp(%s) - interval '1 microsecond' AND lower(period) < %s
+     ORDER BY lower(period) LIMIT %s
+"""  # noqa: S608 (the table name is the model's; values are parameters)
+
+
+def _later_rows(
+    *, gpu_ids: list[int], after_s: float, until: datetime, limit: int
+) -> list[tuple[int, float | None, float | None]]:
+    """The next ``limit + 1`` blocking allocations of ``gpu_ids`` starting at or after ``after_s``
+    (from a microsecond before: an epoch float's round trip must not lose a row; a row read
+    twice is the same busy interval twice, which the sweep ignores)."""
     with connection.cursor() as cursor:
-        cursor.execute(
-            select + "AND period && tstzrange(%s, %s, '[]') AND lower(period) < %s",
-            [gpu_ids, start_at, start_at, start_at],
-        )
-        rows = cursor.fetchall()
-        cursor.execute(
-            select + "AND lower(period) >= %s AND lower(period) < %s ORDER BY lower(period) LIMIT %s",
-            [gpu_ids, start_at, latest_start + duration, max_rows + 1],
-        )
-        later = cursor.fetchall()
-    if len(later) > max_rows:
-        # Only windows ending before the first unread allocation can start are known to be free.
-        latest_start = min(latest_start, datetime.fromtimestamp(later[max_rows][1], tz=UTC) - duration)
-        later = later[:max_rows]
-    return rows + later, latest_start
+        cursor.execute(_LATER_SQL, [gpu_ids, after_s, until, limit + 1])
+        return list(cursor.fetchall())
 
 
 def peak_concurrent_gpus(

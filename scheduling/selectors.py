@@ -12,6 +12,7 @@ import contextvars
 import logging
 import math
 import os
+import secrets
 import threading
 import time
 from collections import defaultdict
@@ -395,7 +396,9 @@ class _AvailabilityWatch:
         self.pid = os.getpid()
         self.generation: int | None = None
         self.synced_to = 0.0
-        self._counter = 0
+        # A random start: answers a forked child inherited, or left by a stopped listener, are
+        # keyed by the generations of another counter and must never match this one's.
+        self._counter = secrets.randbits(48)
         self._sync_wanted = threading.Event()
         self._stop = threading.Event()
         self._conn: psycopg.Connection[Any] | None = None

@@ -88,6 +88,35 @@ def test_alternatives_stop_where_the_rows_read_stop(settings, cluster, a100, mem
         assert not Allocation.objects.filter(period__overlap=(alt.start_at, alt.end_at)).exists()
 
 
+def test_reading_the_calendar_in_two_parts_finds_what_one_read_finds(
+    monkeypatch, cluster, a100, member, project
+):
+    """The later allocations are read in a first part, then the rest only where needed
+    (`alternatives._FIRST_ROWS`): the windows offered are the ones a single read offers."""
+    from scheduling import alternatives
+
+    for i in range(4):
+        NodeFactory(cluster=cluster, gpu_type=a100, name=f"n{i}", gpu_count=8)
+    _fill_calendar(cluster=cluster, gpu_type=a100, user=member, project=project, bookings=600)
+    soon = timezone.now() + timedelta(minutes=30)
+    asks = [(count, hours) for count in (1, 4, 8, 16, 32) for hours in (1, 8, 48)]
+
+    def answers() -> list:
+        return [
+            booking_alternatives(
+                gpu_type=a100, gpu_count=count, start_at=soon, end_at=soon + timedelta(hours=hours)
+            )
+            for count, hours in asks
+        ]
+
+    monkeypatch.setattr(alternatives, "_FIRST_ROWS", 100_000)
+    whole = answers()
+    monkeypatch.setattr(alternatives, "_FIRST_ROWS", 7)  # the second read is what most asks need
+    parts = answers()
+    assert parts == whole
+    assert any(found and found[0].start_at > soon for found in whole)  # some asks had to search
+
+
 def _cursor(position: str) -> str:
     return base64.b64encode(urlencode({"p": position}).encode()).decode()
 
