@@ -4,14 +4,13 @@
 - ``SecurityHeadersMiddleware`` adds Permissions-Policy and ``Cache-Control`` to every
   response that has none, and guards ``/metrics`` (staff session, a bearer token, or a direct
   request from an allowed address; see docs/security.md).
-- ``LockoutBackend`` (Django's ModelBackend, in ``AUTHENTICATION_BACKENDS``) refuses a username from a client
-  address after ``BERTH_LOGIN_LOCKOUT_ATTEMPTS`` failures within ``BERTH_LOGIN_LOCKOUT_S``; the
-  failures are counted from Django's ``user_login_failed`` signal, so the login form and
-  ``POST /api/v1/auth/token/`` (both call ``authenticate()``) share one counter.  Starting a
-  lockout writes an ``auth.lockout`` audit event.  State lives in the default cache (Redis in
-  production, so every web process sees it); while the cache is unreachable the counters move
-  to PostgreSQL (``RateCounter``), with a logged warning and ``berth_cache_fallback_total``
-  (docs/security.md says why this and not failing open).
+- The sign-in lockout is django-axes (database handler: the counts live in PostgreSQL, so every web
+  process sees them and a Redis outage does not touch them): after ``BERTH_LOGIN_LOCKOUT_ATTEMPTS``
+  failures of one username from one client address, every sign-in for it from there is refused
+  for ``BERTH_LOGIN_LOCKOUT_S`` after the last failure.  ``LockoutBackend`` (axes' check in front
+  of Django's ModelBackend) refuses before any password check, hashing anyway; the login form
+  and ``POST /api/v1/auth/token/`` (both call ``authenticate()``) share the count and say why;
+  the attempt that starts a lockout writes an ``auth.lockout`` audit event; a success clears it.
 - ``LoginRateLimitMiddleware`` caps login-form POSTs per client address (the API token
   exchange has its own DRF throttle).
 - ``WriteRateThrottle`` caps unsafe API methods per user (``BERTH_API_WRITE_THROTTLE_RATE``).
@@ -19,17 +18,18 @@
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import ipaddress
 import logging
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from axes.backends import AxesStandaloneBackend
+from axes.signals import user_locked_out
 from django.conf import settings
 from django.contrib.auth.backends import ModelBackend
-from django.contrib.auth.signals import user_logged_in, user_login_failed
 from django.core.cache import cache, caches
 from django.core.cache.backends.redis import RedisCache
 from django.core.exceptions import PermissionDenied
@@ -109,7 +109,7 @@ class SecurityHeadersMiddleware:
         return response
 
 
-# ---- login rate limit and lockout ----
+# ---- counters (rate limits, throttles) ----
 
 
 def _parse_rate(rate: str) -> tuple[int, int]:
@@ -147,7 +147,7 @@ CACHE_DOWN_ERRORS: tuple[type[BaseException], ...] = (RedisConnectionError, Redi
 
 CACHE_FALLBACKS = Counter(
     "berth_cache_fallback_total",
-    "Rate-limit and lockout operations answered from PostgreSQL because the cache was unreachable.",
+    "Rate-limit operations answered from PostgreSQL because the cache was unreachable.",
     ["operation"],
 )
 _last_fallback_warning = [0.0]
@@ -253,46 +253,68 @@ class LoginRateLimitMiddleware:
         return self.get_response(request)
 
 
+# ---- sign-in lockout (django-axes) ----
+
+
 LOCKED_OUT_MESSAGE = (
     "Too many failed sign-ins for this account from this address; sign-in is locked for a while. "
     "Try again later or ask an administrator."
 )
 
 
-def _lockout_key(username: str, ip: str) -> str:
-    # Hashed: usernames are user input (any length, any characters) and cache keys are not.
-    digest = hashlib.sha256(f"{username.casefold()}\x00{ip}".encode()).hexdigest()[:32]
-    return f"berth:lockout:{digest}"
+def login_client_ip(request: HttpRequest) -> str | None:
+    """django-axes' ``AXES_CLIENT_IP_CALLABLE``: `client_ip`, or None when the request has no
+    address (a test client, a management command): axes stores addresses in an IP column."""
+    ip = client_ip(request)
+    try:
+        ipaddress.ip_address(ip)
+    except ValueError:
+        return None
+    return ip
+
+
+def login_failure_limit(request: Any = None, credentials: Any = None) -> int:
+    """django-axes' ``AXES_FAILURE_LIMIT``: read at each attempt, so a changed setting holds at once."""
+    return int(settings.BERTH_LOGIN_LOCKOUT_ATTEMPTS)
+
+
+def login_cool_off(request: Any = None) -> timedelta:
+    """django-axes' ``AXES_COOLOFF_TIME``: a lock lasts this long after the last failure."""
+    return timedelta(seconds=settings.BERTH_LOGIN_LOCKOUT_S)
+
+
+def login_lockout_response(
+    request: HttpRequest, original_response: HttpResponse | None, credentials: Any = None
+) -> HttpResponse:
+    """django-axes' ``AXES_LOCKOUT_CALLABLE``: the login form and the token exchange already
+    answer a locked-out attempt themselves (a form error; 403 with `LOCKED_OUT_MESSAGE`), and the
+    attempt that reaches the limit is still an ordinary wrong password: keep their response."""
+    if original_response is not None:
+        return original_response
+    return HttpResponse(LOCKED_OUT_MESSAGE, status=403, content_type="text/plain; charset=utf-8")
+
+
+def _probe_request(username: str, ip: str) -> HttpRequest:
+    """A request from ``ip`` as django-axes reads one (it keys attempts by username and address)."""
+    request = HttpRequest()
+    request.META["REMOTE_ADDR"] = ip
+    request.path_info = settings.BERTH_LOGIN_PATH
+    return request
 
 
 def is_locked_out(username: str, ip: str) -> bool:
-    """Whether sign-ins for ``username`` from ``ip`` are refused right now."""
-    key = _lockout_key(username, ip) + ":n"
-    try:
-        failures = int(cache.get(key, 0))
-    except CACHE_DOWN_ERRORS:
-        _cache_down("read")
-        failures = _db_count(key)
-    return bool(failures >= settings.BERTH_LOGIN_LOCKOUT_ATTEMPTS)
+    """Whether sign-ins for ``username`` from ``ip`` are refused right now (django-axes)."""
+    from axes.handlers.proxy import AxesProxyHandler
 
-
-def login_failure_record(*, username: str, ip: str) -> int:
-    """Count a failed sign-in; the attempt that reaches the limit starts a lockout (audit event)."""
-    count = _hit(_lockout_key(username, ip) + ":n", window_s=settings.BERTH_LOGIN_LOCKOUT_S)
-    if count == settings.BERTH_LOGIN_LOCKOUT_ATTEMPTS:
-        _lockout_audit(username=username, ip=ip)
-    return count
+    return bool(AxesProxyHandler.is_locked(_probe_request(username, ip), {"username": username}))
 
 
 def login_failures_clear(*, username: str, ip: str) -> None:
-    key = _lockout_key(username, ip) + ":n"
-    try:
-        cache.delete(key)
-    except CACHE_DOWN_ERRORS:
-        _cache_down("clear")
-        from portal.accounts.models import RateCounter
+    """Forget the failed sign-ins of ``username`` from ``ip`` (what the cool-off does by itself)."""
+    from axes.handlers.proxy import AxesProxyHandler
 
-        RateCounter.objects.filter(key=key).delete()
+    request = _probe_request(username, ip)
+    AxesProxyHandler.reset_attempts(username=username, ip_address=login_client_ip(request))
 
 
 def _lockout_audit(*, username: str, ip: str) -> None:
@@ -319,41 +341,34 @@ def _lockout_audit(*, username: str, ip: str) -> None:
     )
 
 
-def _request_ip(request: Any) -> str:
-    meta = getattr(request, "META", None)
-    return str(meta.get("REMOTE_ADDR") or "unknown") if meta is not None else "unknown"
+@receiver(user_locked_out)
+def _audit_lockout(sender: Any, request: Any, username: str | None, ip_address: str, **kwargs: Any) -> None:
+    # django-axes signals every failure at or over the limit: the one that reaches it starts the lock.
+    failures = getattr(request, "axes_failures_since_start", None)
+    if username and failures == login_failure_limit():
+        _lockout_audit(username=username, ip=ip_address)
 
 
-class LockoutBackend(ModelBackend):
-    """Django's ModelBackend that first refuses every sign-in for a locked-out username and
-    address (``PermissionDenied`` stops ``authenticate()``: a correct password does not help)."""
+class LockoutBackend(AxesStandaloneBackend, ModelBackend):  # type: ignore[misc]  # axes ships no types
+    """Django's ModelBackend behind django-axes' check: a locked-out username and address is
+    refused before any password check (``PermissionDenied`` stops ``authenticate()``: a correct
+    password does not help); otherwise the password is checked as usual."""
 
     def authenticate(
         self, request: Any, username: str | None = None, password: str | None = None, **kwargs: Any
     ) -> Any:
-        if username is not None and request is not None and is_locked_out(username, _request_ip(request)):
+        if request is None:  # no address to key a lock by (a management command, a test helper)
+            return ModelBackend.authenticate(self, request, username=username, password=password, **kwargs)
+        try:
+            AxesStandaloneBackend.authenticate(self, request, username=username, password=password, **kwargs)
+        except PermissionDenied:
             # Hash the password anyway: a refusal that answers in 8 ms against 350 ms for a real
             # check would tell a prober which guesses were never checked.
             from django.contrib.auth import get_user_model
 
             get_user_model()().set_password(password)
-            raise PermissionDenied(LOCKED_OUT_MESSAGE)
-        return super().authenticate(request, username=username, password=password, **kwargs)
-
-
-@receiver(user_login_failed)
-def _count_login_failure(
-    sender: Any, credentials: dict[str, Any], request: Any = None, **kwargs: Any
-) -> None:
-    username = credentials.get("username")
-    if username and request is not None:
-        login_failure_record(username=str(username), ip=_request_ip(request))
-
-
-@receiver(user_logged_in)
-def _clear_login_failures(sender: Any, request: Any, user: Any, **kwargs: Any) -> None:
-    if request is not None:
-        login_failures_clear(username=user.get_username(), ip=_request_ip(request))
+            raise PermissionDenied(LOCKED_OUT_MESSAGE) from None
+        return ModelBackend.authenticate(self, request, username=username, password=password, **kwargs)
 
 
 # ---- API write throttle ----

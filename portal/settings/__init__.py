@@ -63,6 +63,7 @@ INSTALLED_APPS = [
     "forecasting",
     "notifications",
     "ops",  # the staff pages, above scheduling and forecasting
+    "axes",  # sign-in lockout (portal.security)
 ]
 
 MIDDLEWARE = [
@@ -84,6 +85,8 @@ MIDDLEWARE = [
     "django_htmx.middleware.HtmxMiddleware",
     "scheduling.middleware.AvailabilityStampMiddleware",
     "django_prometheus.middleware.PrometheusAfterMiddleware",
+    # Last: django-axes marks a locked-out request; portal.security.login_lockout_response answers it.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "portal.urls"
@@ -216,8 +219,19 @@ BERTH_LOGIN_PATH = "/login/"
 BERTH_LOGIN_RATE = env.str("BERTH_LOGIN_RATE", default="30/min")
 BERTH_LOGIN_LOCKOUT_ATTEMPTS = env.int("BERTH_LOGIN_LOCKOUT_ATTEMPTS", default=5)
 BERTH_LOGIN_LOCKOUT_S = env.int("BERTH_LOGIN_LOCKOUT_S", default=15 * 60)
-# ModelBackend that refuses locked-out sign-ins before any password check.
+# ModelBackend behind django-axes' lockout check (portal.security.LockoutBackend).
 AUTHENTICATION_BACKENDS = ["portal.security.LockoutBackend"]
+# django-axes: one count per username and client address, in PostgreSQL (its database handler);
+# the limit and the lock's length are read from the two settings above at each attempt.
+AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_FAILURE_LIMIT = "portal.security.login_failure_limit"
+AXES_COOLOFF_TIME = "portal.security.login_cool_off"
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "portal.security.login_lockout_response"
+AXES_CLIENT_IP_CALLABLE = "portal.security.login_client_ip"  # REMOTE_ADDR only (see client_ip)
+AXES_DISABLE_ACCESS_LOG = True  # successful sign-ins are not logged per attempt (the audit log has lockouts)
+AXES_VERBOSE = False
 # Rate limits and lockouts must be shared by all web processes: Redis in production.
 CACHES = {
     "default": (

@@ -75,7 +75,7 @@ def test_every_shipped_module_imports_without_the_dev_only_distributions() -> No
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "portal.settings",
-        "PYTHONPATH": str(ROOT),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
     result = subprocess.run(
         [sys.executable, "-c", _IMPORT_ALL, json.dumps(sorted(_dev_only())), json.dumps(list(SHIPPED))],
