@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from scheduling.engine.cluster import Estimate, RoundState, running_ends
-from scheduling.engine.outcome import fmt_s
+from scheduling.engine.outcome import claim_label, fmt_s
 from scheduling.engine.placement import FreePool
 from scheduling.engine.preemption import is_consenting, kill_time, plan_reclaim
 from scheduling.engine.types import Booking, JobRequest, PendingReason
@@ -219,7 +219,8 @@ def reclaim_for_wide(sched: Round, job: JobRequest, types: Sequence[str], estima
     if gained <= lost:
         return False
     for victim in reclaim.victims:
-        sched.preempt(victim.running, for_id=job.id, why=f"job {job.id}, which needs a whole node")
+        label = claim_label("job", job.id, same_owner=job.user == victim.running.job.user)
+        sched.preempt(victim.running, for_id=job.id, why=f"{label}, which needs a whole node")
     pool.take(reclaim.free_gpus)
     for gpu in reclaim.free_gpus:
         sched.out.claimed[gpu] = job.id

@@ -47,6 +47,13 @@ def job_label(job_id: str, name: str, *, same_owner: bool = True) -> str:
     return f"\u201c{name}\u201d" if name else job_id
 
 
+def claim_label(what: str, claimant_id: str, *, same_owner: bool) -> str:
+    """How a preemption notice names the work it made room for: ``what`` and its id when the
+    preempted job's owner owns it too, else "another user's <what>" (a notice, like a pending
+    sentence, never shows another user's job or booking)."""
+    return f"{what} {claimant_id}" if same_owner else f"another user's {what}"
+
+
 @dataclass(slots=True)
 class Verdict:
     """Why a job waits, with the numbers a sentence needs; ETAs are filled in by explain."""

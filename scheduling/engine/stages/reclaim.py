@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from scheduling.engine.backfill import Shadow, earliest_start
-from scheduling.engine.outcome import fmt_s
+from scheduling.engine.outcome import claim_label, fmt_s
 from scheduling.engine.placement import INF, FreePool
 from scheduling.engine.preemption import Reclaim as ReclaimPlan
 from scheduling.engine.preemption import demand_may_take, is_reclaimable, kill_time, plan_reclaim
@@ -55,9 +55,9 @@ class Reclaim:
                     continue
                 rnd.out.promised.update(running.gpu_ids)
                 if is_reclaimable(running, excluded=rnd.out.preempted):
-                    rnd.preempt(
-                        running, for_id=booking.id, why=f"booking {booking.id} starts", is_high_class=True
-                    )
+                    label = claim_label("booking", booking.id, same_owner=booking.user == running.job.user)
+                    why = f"{label}, which starts now"
+                    rnd.preempt(running, for_id=booking.id, why=why, is_high_class=True)
                 elif running.grace_until is None and running.job.id not in rnd.out.preempted:
                     rnd.out.notes.append(
                         f"Booking {booking.id}: GPU {gpu} is still running non-preemptible job "
@@ -254,12 +254,13 @@ def _commit(
         rnd.preempt(
             victim.running,
             for_id=job.id,
-            why=(
-                "interactive session "
+            why=claim_label(
+                "interactive session"
                 if job.kind == JobKind.INTERACTIVE
-                else ("guaranteed quota of job " if is_quota_claim else "top job ")
-            )
-            + job.id,
+                else ("job within its guaranteed quota" if is_quota_claim else "top job"),
+                job.id,
+                same_owner=job.user == victim.running.job.user,
+            ),
             is_high_class=is_high_class,
         )
     pool.take(reclaim.free_gpus)

@@ -86,3 +86,21 @@ def test_a_requeued_jobs_slowdown_counts_from_its_requeue() -> None:
     first = job("requeued", 1, submit_at=NOW - 20_000, predicted_p50_s=20_000, requested_s=40_000)
     plan = plan_round(snapshot(nodes, pending=[first, fresh]), PolicyConfig(name="berth"), NOW)
     assert [s.job_id for s in plan.starts] == ["requeued"]
+
+
+def test_a_preemption_names_the_claimant_only_to_its_own_owner() -> None:
+    """The preempted job's owner reads the session's id when the session is theirs, and only
+    "another user's interactive session" when it is someone else's (as pending sentences do)."""
+    nodes = make_nodes(1, 1)
+    victim = running(
+        job("v", 1, user="ann", requested_s=50_000, is_preemptible=True), (0,), started_at=NOW - 900
+    )
+    policy = PolicyConfig(name="berth")
+    for owner, expected, hidden in (("ann", "interactive session s7", None), ("bob", "another user's", "s7")):
+        session = job("s7", 1, user=owner, kind=JobKind.INTERACTIVE, submit_at=NOW)
+        plan = plan_round(snapshot(nodes, running_jobs=[victim], pending=[session]), policy, NOW)
+        (preemption,) = plan.preemptions
+        assert preemption.for_id == "s7"
+        assert preemption.reason.startswith(f"Preempted for {expected}"), preemption.reason
+        if hidden:
+            assert hidden not in preemption.reason
