@@ -101,9 +101,25 @@ def running_ends(
     overdue and assume it ends ``overdue_epsilon_s`` from now, as Slurm does; berth corrects
     upwards (a job that outlived its prediction is likely to run a good while longer).
     """
-    estimate = estimate_of(
-        running.job, estimates_by_job(policy, is_predicted=is_predicted), policy, is_predicted=is_predicted
+    return running_ends_from(
+        running, now, policy, is_predicted, estimates_by_job(policy, is_predicted=is_predicted)
     )
+
+
+def running_ends_from(
+    running: RunningJob,
+    now: float,
+    policy: PolicyConfig,
+    is_predicted: bool,
+    estimates: dict[str, tuple[JobRequest, Estimate]],
+) -> tuple[float, float]:
+    """`running_ends` with the model's `estimates_by_job` looked up once by the caller."""
+    job = running.job
+    entry = estimates.get(job.id)
+    if entry is not None and entry[0] is job:
+        estimate = entry[1]
+    else:
+        estimate = estimate_of(job, estimates, policy, is_predicted=is_predicted)
     elapsed = max(0.0, now - running.started_at)
     if not is_predicted:
         end = running.started_at + estimate.hold_s
@@ -242,17 +258,21 @@ class RoundState:
         self.running_by_id: dict[str, RunningJob] = {}
         self.end_p50: dict[str, float] = {}
         self.end_hold: dict[str, float] = {}
+        running_by_id, running_by_gpu = self.running_by_id, self.running_by_gpu
+        end_p50, end_hold = self.end_p50, self.end_hold
+        running_estimates = estimates_by_job(policy, is_predicted=running_model)
         for running in snapshot.running:
-            self.running_by_id[running.job.id] = running
+            job_id = running.job.id
+            running_by_id[job_id] = running
             for gpu in running.gpu_ids:
-                self.running_by_gpu[gpu] = running
-            p50, hold = running_ends(running, now, policy, is_predicted=running_model)
+                running_by_gpu[gpu] = running
+            p50, hold = running_ends_from(running, now, policy, running_model, running_estimates)
             if running.grace_until is not None:
                 # being reclaimed: it is gone at the end of its grace whatever it predicted
                 hold = min(hold, max(running.grace_until, now))
                 p50 = min(p50, hold)
-            self.end_p50[running.job.id] = p50
-            self.end_hold[running.job.id] = hold
+            end_p50[job_id] = p50
+            end_hold[job_id] = hold
         self._eligible_cache = topology.eligible_cache
         self._estimates = estimates_by_job(policy, is_predicted=is_predicted)
         # node index -> its running work a demand may ever take (`preemption.takeable_on`)

@@ -36,7 +36,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from scheduling.engine.cluster import Estimate, RoundState, running_ends
+from scheduling.engine.cluster import Estimate, RoundState, estimates_by_job, running_ends_from
 from scheduling.engine.outcome import claim_label, fmt_s
 from scheduling.engine.placement import FreePool
 from scheduling.engine.preemption import is_consenting, kill_time, plan_reclaim
@@ -68,25 +68,35 @@ class DrainAwareChooser:
     def __init__(self, state: RoundState, active_bookings: Mapping[int, Booking]) -> None:
         """Drain times from the snapshot; the round reports its own starts (`note_start`)."""
         self._now = now = state.now
-        self._gpu_node = state.gpu_node
-        self._node_gpus = [node.gpu_ids for node in state.nodes]
+        self._gpu_node = gpu_node = state.gpu_node
+        # the same for every round of one inventory: kept on the (shared) topology
+        derived = state.topology.derived
+        node_gpus = derived.get(("drain_node_gpus",))
+        if node_gpus is None:
+            node_gpus = derived[("drain_node_gpus",)] = [node.gpu_ids for node in state.nodes]
+        self._node_gpus: list[tuple[int, ...]] = node_gpus
         # the job being placed may run lent (set by the place stage around each query)
         self.is_lendable = False
         # nodes running work that cannot be reclaimed: they drain only when it ends
         self._pinned: set[int] = set()
+        pinned = self._pinned
         drain: dict[int, float] = {}
         policy = state.policy
+        predicted = estimates_by_job(policy, is_predicted=True)
         for running in state.snapshot.running:
             if running.grace_until is not None:
                 end = max(running.grace_until, now)
             else:
-                end = running_ends(running, now, policy, is_predicted=True)[0]
+                end = running_ends_from(running, now, policy, True, predicted)[0]
+            is_pinning = not is_consenting(running)
             for gpu in running.gpu_ids:
-                node = self._gpu_node.get(gpu)
-                if node is not None and drain.get(node, now) < end:
+                node = gpu_node.get(gpu)
+                if node is None:
+                    continue
+                if drain.get(node, now) < end:
                     drain[node] = end
-                if node is not None and not is_consenting(running):
-                    self._pinned.add(node)
+                if is_pinning:
+                    pinned.add(node)
         for gpu, booking in active_bookings.items():
             node = self._gpu_node.get(gpu)
             if node is not None and drain.get(node, now) < booking.end_at:
@@ -151,21 +161,26 @@ class DrainAwareChooser:
                     best = (key, gpus)
                 continue
             seen = 0
+            # `_pins`, `node_cost` and `cost_class` written out: this is the inner loop of
+            # berth's placement (up to MAX_CANDIDATES nodes for each start of a round)
+            node_gpus, drain, now, pinned = self._node_gpus, self._drain, self._now, self._pinned
+            is_lendable = self.is_lendable
             for node, usable in pool.candidates(name, gpu_count, until=until, strict=strict, mode=mode):
-                if len(usable) < gpu_count:
+                usable_count = len(usable)
+                if usable_count < gpu_count:
                     continue
-                size = len(self._node_gpus[node])
-                key = (
-                    int(self._pins(node, gpu_count)),
-                    cost_class(self.node_cost(node, gpu_count, until)),
-                    rank,
-                    len(usable) - gpu_count,
-                    size,
-                    node,
-                )
+                size = len(node_gpus[node])
+                others = size - gpu_count
+                pins = 0 if is_lendable or node in pinned or others <= 0 else 1
+                cost_rank = 0
+                if others > 0:
+                    delay = until - drain.get(node, now)
+                    if delay > 0 and delay * others > 0.0:
+                        cost_rank = 1 + int(math.log2(1.0 + delay * others / 3_600.0))
+                key = (pins, cost_rank, rank, usable_count - gpu_count, size, node)
                 if best is None or key < best[0]:
                     best = (key, tuple(sorted(usable[:gpu_count])))
-                    if key[:2] == (0, 0):
+                    if pins == 0 and cost_rank == 0:
                         # candidates come tightest first and earlier types rank better: the
                         # first cost-free one is the best fit among the cost-free ones
                         return best[1]

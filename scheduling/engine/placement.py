@@ -240,6 +240,9 @@ class FreePool:
         free, held, gpu_node, node_types = self._free, self._held, self._gpu_node, self._node_type
         # the group of GPUs under ``hold`` itself, per type (looked up once: hashing a Hold is not free)
         own_group: dict[str, set[int]] = {}
+        # id(previous hold) -> previous.merge(hold): the GPUs of one earlier holder merge alike
+        # (the previous holds stay referenced by their other GPUs or by ``merges`` itself)
+        merges: dict[int, tuple[Hold, Hold]] = {}
         for gpu in gpus:
             node = gpu_node.get(gpu)
             if node is None:
@@ -261,7 +264,12 @@ class FreePool:
             else:
                 own_group.pop(name, None)  # the merge below may drop or replace that group
                 groups = self._groups[name]
-                merged = previous.merge(hold)
+                known = merges.get(id(previous))
+                if known is None:
+                    merged = previous.merge(hold)
+                    merges[id(previous)] = (previous, merged)
+                else:
+                    merged = known[1]
                 group = groups[previous]
                 group.discard(gpu)
                 if not group:
