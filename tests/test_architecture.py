@@ -16,6 +16,7 @@ KEPT = (
     "scheduling/api",
     "scheduling/backends",
     "scheduling/history",
+    "scheduling/engine",
     "scheduling/tasks.py",
     "scheduling/task_policy.py",
     "forecasting/tasks.py",
