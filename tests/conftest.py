@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
@@ -106,3 +107,19 @@ def django_db_setup(django_db_setup: None) -> Iterator[None]:
     from scheduling.selectors import availability_watch_stop
 
     availability_watch_stop()
+
+
+@pytest.fixture
+def computed(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Counts the availability answers computed from the database (the rest came from the cache)."""
+    from scheduling import selectors
+
+    calls: list[dict[str, Any]] = []
+    original = selectors.availability_compute
+
+    def counting(**kwargs: Any) -> Any:
+        calls.append(kwargs)
+        return original(**kwargs)
+
+    monkeypatch.setattr(selectors, "availability_compute", counting)
+    return calls

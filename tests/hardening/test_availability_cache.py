@@ -40,19 +40,6 @@ def _free(client, soon) -> list[int]:
     return [s["free_gpus"] for s in response.json()["slots"]]
 
 
-@pytest.fixture
-def computed(monkeypatch):
-    calls = []
-    original = selectors.availability_compute
-
-    def counting(**kwargs):
-        calls.append(kwargs)
-        return original(**kwargs)
-
-    monkeypatch.setattr(selectors, "availability_compute", counting)
-    return calls
-
-
 def test_a_write_is_read_back_by_its_writer_even_before_the_notification_arrives(
     member, project, nodes, soon, monkeypatch, computed
 ):

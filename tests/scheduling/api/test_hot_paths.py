@@ -204,20 +204,6 @@ def _free(**window) -> list[int]:
     return [s.free_gpus for s in selectors.availability_get(gpu_type_name="A100", **window).slots]
 
 
-@pytest.fixture
-def computed(monkeypatch):
-    """Counts the answers computed from the database (the rest came from the cache)."""
-    calls = []
-    original = selectors.availability_compute
-
-    def counting(**kwargs):
-        calls.append(kwargs)
-        return original(**kwargs)
-
-    monkeypatch.setattr(selectors, "availability_compute", counting)
-    return calls
-
-
 @pytest.mark.django_db(transaction=True)
 def test_cached_availability_shows_a_booking_at_once(member_client, project, nodes, soon, computed):
     window = (soon, soon + timedelta(hours=2))
