@@ -4,3 +4,11 @@ from django.apps import AppConfig
 class ForecastingConfig(AppConfig):
     name = "forecasting"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # Scheduling asks for predictions only through its port (scheduling.ports), never by
+        # importing this app: register the implementation once every app is loaded.
+        from forecasting.port import ForecastingPredictionPort
+        from scheduling.ports import set_prediction_port
+
+        set_prediction_port(ForecastingPredictionPort())

@@ -1,7 +1,8 @@
 """Page-specific reads for the researcher pages: the dashboard and the availability outlook.
 
 Everything here is built on the scoped selectors in ``scheduling.selectors`` (the user's own
-work only) and the forecasting selectors; nothing writes.
+work only) and the forecasting app's answers through the prediction port
+(``scheduling.ports``); nothing writes.
 """
 
 from __future__ import annotations
@@ -17,9 +18,8 @@ from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from django.db.models import Max
 from django.utils import timezone
 
-from forecasting.models import ForecastRun
-from forecasting.selectors import forecast_points_list, forecast_run_latest, interactive_headroom_get
 from scheduling.models import Allocation, Booking, Cluster, Job, Node, Preemption
+from scheduling.ports import prediction_port
 from scheduling.selectors import availability_get, booking_list, gpu_type_list, job_list
 
 HOUR = timedelta(hours=1)
@@ -248,16 +248,13 @@ def _booked_by_hour(
 def _headroom_by_hour(*, clusters: list[Cluster], start_at: datetime, hours: int) -> list[dict[str, int]]:
     """GPUs per type the engine holds idle as interactive headroom in each hour (all clusters).
 
-    ``interactive_headroom_get`` per hour, but only for the hours a stored interactive forecast
+    `PredictionPort.interactive_headroom` per hour, but only for the hours a stored interactive forecast
     can cover: it uses runs at most ``BERTH_HEADROOM_MAX_FORECAST_AGE_H`` old, so after the
     newest run's issue time plus that age the headroom is 0 and is not asked for.
     """
     out: list[dict[str, int]] = [defaultdict(int) for _ in range(hours)]
-    newest = dict(
-        ForecastRun.objects.filter(cluster__in=clusters, kind=ForecastRun.Kind.INTERACTIVE)
-        .values_list("cluster_id")
-        .annotate(latest=Max("issued_at"))
-    )
+    port = prediction_port()
+    newest = port.interactive_forecast_issued_latest(cluster_ids=[c.pk for c in clusters])
     max_age = timedelta(hours=settings.BERTH_HEADROOM_MAX_FORECAST_AGE_H)
     for cluster in clusters:
         latest = newest.get(cluster.pk)
@@ -267,7 +264,7 @@ def _headroom_by_hour(*, clusters: list[Cluster], start_at: datetime, hours: int
             at = start_at + i * HOUR
             if at >= latest + max_age + HOUR:
                 break
-            for type_name, gpus in interactive_headroom_get(cluster_id=cluster.pk, at=at).items():
+            for type_name, gpus in port.interactive_headroom(cluster_id=cluster.pk, at=at).items():
                 out[i][type_name] += gpus
     return out
 
@@ -281,6 +278,7 @@ def availability_outlook(*, start_at: datetime, hours: int) -> list[TypeOutlook]
     newest stored GPU-type demand forecast of each active cluster, summed over clusters.
     """
     now = timezone.now()
+    port = prediction_port()
     clusters = list(Cluster.objects.filter(is_active=True).order_by("pk"))
     headroom = _headroom_by_hour(clusters=clusters, start_at=start_at, hours=hours)
     types_by_cluster: dict[int, set[str]] = defaultdict(set)
@@ -301,12 +299,8 @@ def availability_outlook(*, start_at: datetime, hours: int) -> list[TypeOutlook]
         for cluster in clusters:
             if gpu_type.name not in types_by_cluster[cluster.pk]:
                 continue
-            run = forecast_run_latest(
-                cluster_id=cluster.pk, kind=ForecastRun.Kind.GPU_TYPE, key=gpu_type.name, at=now
-            )
-            if run is None:
-                continue
-            for point in forecast_points_list(run=run):
+            points = port.demand_forecast_points(cluster_id=cluster.pk, gpu_type=gpu_type.name, at=now)
+            for point in points:
                 sums = by_ts.setdefault(point.ts, [0.0, 0.0, 0.0])
                 sums[0] += point.yhat
                 sums[1] += point.lower80

@@ -24,6 +24,7 @@ from scheduling import inputs
 from scheduling.engine import types as et
 from scheduling.engine.startability import Unstartable, enforces_guarantees, never_startable
 from scheduling.models import Allocation, Booking, Cluster, Gpu, GpuType, Job, Node, Preemption
+from scheduling.ports import prediction_port
 
 logger = logging.getLogger(__name__)
 
@@ -226,26 +227,21 @@ def open_preemptions(*, cluster: Cluster) -> dict[int, Preemption]:
     return {p.job_id: p for p in rows}
 
 
-# ---- runtime predictions and forecast headroom (forecasting app) ----
+# ---- runtime predictions and forecast headroom (through the prediction port) ----
 
 
 def with_predictions(*, cluster: Cluster, requests: Sequence[et.JobRequest]) -> list[et.JobRequest]:
     """The requests with p50/p90 from the cluster's runtime predictor where a job has none stored.
 
-    The predictor (``forecasting.selectors.runtime_predict``) learns from the cluster's finished
-    jobs and is cached per process.  If it fails, the engine plans on the users' estimates.
+    The predictor (`PredictionPort.runtime_predict`) learns from the cluster's finished jobs and
+    is cached per process.  If it fails, the engine plans on the users' estimates.
     """
     missing = [r for r in requests if r.predicted_p50_s is None]
     if not missing:
         return list(requests)
     try:
-        from forecasting.selectors import runtime_predict
-
-        predicted = dict(
-            zip(
-                (r.id for r in missing), runtime_predict(cluster_id=cluster.pk, requests=missing), strict=True
-            )
-        )
+        answers = prediction_port().runtime_predict(cluster_id=cluster.pk, requests=missing)
+        predicted = dict(zip((r.id for r in missing), answers, strict=True))
     except Exception:
         logger.warning(
             "runtime predictions failed for cluster %s; using estimates", cluster.name, exc_info=True
@@ -262,12 +258,10 @@ def with_predictions(*, cluster: Cluster, requests: Sequence[et.JobRequest]) -> 
 def forecast_headroom(*, cluster: Cluster, at: datetime) -> tuple[tuple[str, int], ...]:
     """GPUs per type to keep for interactive demand in the coming hour, from the demand forecast.
 
-    Empty when no usable forecast is stored or the forecasting app fails (rounds never depend on it).
+    Empty when no usable forecast is stored or the prediction port fails (rounds never depend on it).
     """
     try:
-        from forecasting.selectors import interactive_headroom_policy
-
-        return tuple(interactive_headroom_policy(cluster_id=cluster.pk, at=at))
+        return tuple(prediction_port().interactive_headroom_policy(cluster_id=cluster.pk, at=at))
     except Exception:
         logger.warning("forecast headroom failed for cluster %s", cluster.name, exc_info=True)
         return ()
@@ -276,9 +270,7 @@ def forecast_headroom(*, cluster: Cluster, at: datetime) -> tuple[tuple[str, int
 def forecast_pool(*, cluster: Cluster, at: datetime) -> tuple[tuple[float, str, int], ...]:
     """The interactive pool for the coming hours from the stored forecast (empty on failure)."""
     try:
-        from forecasting.selectors import interactive_pool_get
-
-        return interactive_pool_get(cluster_id=cluster.pk, at=at)
+        return prediction_port().interactive_pool(cluster_id=cluster.pk, at=at)
     except Exception:
         logger.warning("forecast pool failed for cluster %s", cluster.name, exc_info=True)
         return ()

@@ -4,9 +4,9 @@ Idempotent: every imported job carries ``payload["import_key"]`` (``<source>:<ex
 per cluster); a key already present is skipped ("already imported"), so a second run over
 the same dump changes nothing.  A Slurm job that Berth itself ran (its ``backend_ref`` is the
 Slurm job id) is skipped as well: the portal already has it.  Imported jobs are ordinary
-finished ``Job`` rows, so the demand series (``forecasting.selectors.demand_records_get``) sees
-them at once, and the cluster's cached runtime predictor is dropped so the next prediction
-learns from them.
+finished ``Job`` rows, so the forecasting app's demand series sees them at once, and the
+cluster's cached runtime predictor is dropped (through the prediction port,
+``scheduling.ports``) so the next prediction learns from them.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from django.utils import timezone
 from portal.accounts.models import Membership, Project
 from scheduling.history.parsers import HistoryRecord, Skip
 from scheduling.models import AuditEvent, Cluster, GpuType, Job
+from scheduling.ports import prediction_port
 
 _STATUS = {
     "completed": Job.Status.COMPLETED,
@@ -224,6 +225,4 @@ def _imported_jobs_save(jobs: Sequence[Job], *, cluster: Cluster, report: Import
 
 
 def _forget_predictor(cluster_id: int) -> None:
-    from forecasting.selectors import runtime_predictor_forget
-
-    runtime_predictor_forget(cluster_id=cluster_id)
+    prediction_port().runtime_predictor_forget(cluster_id=cluster_id)

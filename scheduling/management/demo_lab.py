@@ -87,6 +87,7 @@ from scheduling.models import (
     Node,
     Preemption,
 )
+from scheduling.ports import prediction_port
 
 CLUSTER_NAME = "demo"
 DEFAULT_SCALE = 0.025
@@ -523,13 +524,12 @@ def _build_queue(
 
 def _predict_waiting(cluster: Cluster, *, report: DemoLabReport, log: Callable[[str], None]) -> None:
     """Store runtime predictions for the waiting jobs that have none yet, with the portal's own
-    hourly refresh (`jobs_runtime_predict`), so no job says "Not predicted yet" until it runs.
-    History jobs already carry what the predictor said when they were submitted (the replay)."""
-    from forecasting.selectors import runtime_predictor_forget
-    from forecasting.services import jobs_runtime_predict
-
-    runtime_predictor_forget(cluster_id=cluster.pk)  # its finished history was just stored
-    report.predictions_stored = jobs_runtime_predict(cluster_id=cluster.pk, only_missing=True)
+    hourly refresh (`PredictionPort.runtime_predictions_store`), so no job says "Not predicted
+    yet" until it runs.  History jobs already carry what the predictor said when they were
+    submitted (the replay)."""
+    port = prediction_port()
+    port.runtime_predictor_forget(cluster_id=cluster.pk)  # its finished history was just stored
+    report.predictions_stored = port.runtime_predictions_store(cluster_id=cluster.pk, only_missing=True)
     log(f"runtime predictions: {report.predictions_stored} waiting jobs")
 
 
@@ -540,14 +540,11 @@ def _build_forecasts(
     the availability and capacity pages show forecast bands from the first page view."""
     import time as _time
 
-    from forecasting.models import ForecastRun
-    from forecasting.selectors import hour_floor
-    from forecasting.services import forecast_refresh_run_now
-
-    if ForecastRun.objects.filter(cluster=cluster, issued_at=hour_floor(now)).exists():
+    port = prediction_port()
+    if port.forecast_is_stored(cluster_id=cluster.pk, at=now):
         return
     started = _time.perf_counter()
-    result = forecast_refresh_run_now(cluster_id=cluster.pk, replace=False)
+    result = port.forecast_refresh_run_now(cluster_id=cluster.pk)
     report.forecasts_created = result.created
     report.forecast_s = _time.perf_counter() - started
     if result.failed:
@@ -560,12 +557,9 @@ def _queue_forecasts(
 ) -> None:
     """Queue this hour's forecast fit for the Celery worker (what `make demo` does at start-up:
     the web server answers at once and the pages say "fitting" until the worker is done)."""
-    from forecasting.models import ForecastRun
-    from forecasting.selectors import hour_floor
-    from forecasting.services import forecast_refresh_request
-
-    if ForecastRun.objects.filter(cluster=cluster, issued_at=hour_floor(now)).exists():
+    port = prediction_port()
+    if port.forecast_is_stored(cluster_id=cluster.pk, at=now):
         return
-    forecast_refresh_request(cluster_id=cluster.pk)
+    port.forecast_refresh_request(cluster_id=cluster.pk)
     report.forecasts_queued = True
     log("forecasts: queued for the worker")

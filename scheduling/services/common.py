@@ -20,6 +20,7 @@ from scheduling.models import (
     GpuType,
     Node,
 )
+from scheduling.ports import prediction_port
 from scheduling.selectors import prepared_fetchall
 
 logger = logging.getLogger(__name__)
@@ -140,10 +141,8 @@ def _runtime_predict_soon(job_id: int) -> None:
     """Store the job's predicted runtime after the commit, off the request path."""
 
     def enqueue() -> None:
-        from forecasting.tasks import job_runtime_predict
-
         try:
-            job_runtime_predict.delay(job_id)
+            prediction_port().job_runtime_predict_enqueue(job_id=job_id)
         except Exception:  # the hourly refresh fills predictions that a broker outage missed
             logger.warning("could not enqueue a runtime prediction for job %s", job_id, exc_info=True)
 

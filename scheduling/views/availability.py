@@ -24,6 +24,7 @@ from scheduling.forms import (
     next_quarter_hour,
 )
 from scheduling.models import Cluster
+from scheduling.ports import prediction_port
 from scheduling.selectors import (
     availability_get,
     gpu_type_list,
@@ -117,10 +118,9 @@ def availability_timeline(request: HtmxHttpRequest) -> HttpResponse:
 
 def _forecast_fitting() -> bool:
     """A demand-forecast fit is queued or running on some active cluster (the page says so)."""
-    from forecasting.services import forecast_refresh_state_get
-
+    port = prediction_port()
     return any(
-        (state := forecast_refresh_state_get(cluster_id=cid)) is not None
+        (state := port.forecast_refresh_state(cluster_id=cid)) is not None
         and state.get("status") in ("queued", "running")
         for cid in Cluster.objects.filter(is_active=True).values_list("id", flat=True)
     )

@@ -16,7 +16,6 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django.views.decorators.vary import vary_on_headers
 
-from forecasting.selectors import job_engine_request, runtime_predict
 from portal.accounts.selectors import project_list
 from portal.htmx import (
     UNPROCESSABLE,
@@ -28,10 +27,12 @@ from portal.htmx import (
     service_errors_add,
 )
 from scheduling.alternatives import job_warnings
+from scheduling.engine.types import JobRequest
 from scheduling.forms import (
     JobForm,
 )
 from scheduling.models import GpuType, Job
+from scheduling.ports import prediction_port
 from scheduling.selectors import (
     cluster_list,
     gpu_type_list,
@@ -163,6 +164,11 @@ def job_detail(request: HtmxHttpRequest, job_id: int) -> HttpResponse:
     return render_page(request, JOB_DETAIL_TEMPLATE, "job-output", context)
 
 
+def runtime_predict(*, cluster_id: int, requests: list[JobRequest]) -> list[tuple[float, float]]:
+    """(p50_s, p90_s) per request, from the forecasting app through the prediction port."""
+    return prediction_port().runtime_predict(cluster_id=cluster_id, requests=requests)
+
+
 def _job_prediction(request: HtmxHttpRequest, form: JobForm) -> dict[str, Any]:
     """The runtime predictor's p50/p90 for the job the form describes, and the user's estimate.
 
@@ -191,7 +197,7 @@ def _job_prediction(request: HtmxHttpRequest, form: JobForm) -> dict[str, Any]:
         estimate_s,
         gpu_type.name if gpu_type else None,
     )
-    request_ = job_engine_request(
+    request_ = prediction_port().job_engine_request(
         # The predictor caches a prediction per job id until it observes more history: a
         # preview's id is its features (negative, never a real job's), so equal forms share it
         # and different ones never get each other's answer.
