@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from django.db import connection
 from django.db.models import Model
 from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions, serializers, status
@@ -15,7 +14,7 @@ from rest_framework.views import APIView
 
 from portal.accounts.models import Project
 from portal.security import refused_booking_record, refused_bookings_retry_after
-from scheduling import selectors, services
+from scheduling import queries, selectors, services
 from scheduling.api.common import (
     AwareDateTimeField,
     JsonNegotiation,
@@ -150,70 +149,31 @@ def _booking_response(user: Any, booking_id: int, code: int = status.HTTP_200_OK
     return Response(booking_data(booking), status=code)
 
 
-_REFS: tuple[tuple[str, type[Model], str, str], ...] = (
-    ("project", Project, "slug", ""),
-    ("gpu_type", GpuType, "name", ""),
-    ("cluster", Cluster, "name", " AND r{i}.is_active"),
-)
-
-
-_RefPlan = tuple[str, list[tuple[str, type[Model], str, list[str], int, list[tuple[int, Any, list[Any]]]]]]
-_ref_plans: dict[tuple[str, ...], _RefPlan] = {}
-
-
-def _ref_plan(fields: tuple[str, ...]) -> _RefPlan:
-    """The statement resolving ``fields`` and, per field, what turns its columns into a row:
-    built once per set of fields (the SQL, the attribute names and the ORM's converters)."""
-    plan = _ref_plans.get(fields)
-    if plan is None:
-        columns: list[str] = []
-        joins: list[str] = []
-        refs = []
-        for i, (field, model, slug, extra) in enumerate(ref for ref in _REFS if ref[0] in fields):
-            concrete = model._meta.concrete_fields
-            columns += [f"r{i}.{f.column}" for f in concrete]
-            joins.append(f"LEFT JOIN {model._meta.db_table} r{i} ON r{i}.{slug} = %s{extra.format(i=i)}")
-            # What the ORM applies to each column, e.g. JSON text -> dict.
-            converters = [
-                (j, f, f.get_db_converters(connection))
-                for j, f in enumerate(concrete)
-                if f.get_db_converters(connection)
-            ]
-            refs.append(
-                (
-                    field,
-                    model,
-                    slug,
-                    [f.attname for f in concrete],
-                    concrete.index(model._meta.pk),
-                    converters,
-                )
-            )
-        sql = f"SELECT {', '.join(columns)} FROM (SELECT 1) AS one {' '.join(joins)}"  # noqa: S608
-        plan = _ref_plans.setdefault(fields, (sql, refs))  # names come from the models
-    return plan
-
-
 def _resolve_refs(data: dict[str, Any]) -> dict[str, Any]:
-    """Replace the project, GPU type and cluster names in ``data`` by their rows, in one query.
+    """Replace the project, GPU type and cluster names in ``data`` by their rows, in one query
+    (`scheduling.queries.booking_refs_get`).
 
     Unknown names (and inactive clusters) are 400s with the messages DRF's slug fields give.
+    The service takes model instances: they are made with the models' constructors from typed
+    rows that a test compares with the ORM's, column for column.
     """
-    sql, refs = _ref_plan(tuple(ref[0] for ref in _REFS if ref[0] in data))
-    [found] = selectors.prepared_fetchall(sql, [data[ref[0]] for ref in refs])  # values are bound
-    row = list(found)
+    refs = queries.booking_refs_get(
+        project_slug=data["project"], gpu_type_name=data["gpu_type"], cluster_name=data.get("cluster")
+    )
+    found: dict[str, tuple[Any, type[Model], str]] = {
+        "project": (refs.project, Project, "slug"),
+        "gpu_type": (refs.gpu_type, GpuType, "name"),
+        "cluster": (refs.cluster, Cluster, "name"),
+    }
     errors: dict[str, list[str]] = {}
     out = dict(data)
-    start = 0
-    for field, model, slug, attnames, pk_index, converters in refs:
-        values, start = row[start : start + len(attnames)], start + len(attnames)
-        if values[pk_index] is None:
-            errors[field] = [f"Object with {slug}={short(data[field])} does not exist."]
+    for field, (row, model, key) in found.items():
+        if field not in data:
             continue
-        for i, model_field, field_converters in converters:
-            for converter in field_converters:
-                values[i] = converter(values[i], model_field, connection)
-        out[field] = model.from_db(connection.alias, attnames, values)
+        if row is None:
+            errors[field] = [f"Object with {key}={short(data[field])} does not exist."]
+            continue
+        out[field] = model(**{name: getattr(row, name) for name in row.__slots__})
     if errors:
         raise serializers.ValidationError(errors)
     return out
