@@ -33,7 +33,7 @@ def test_the_forecasting_port_implements_every_method_of_the_protocol_with_its_s
 
 def test_an_unset_port_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ports, "_port", None)
-    with pytest.raises(PredictionPortUnsetError, match="ForecastingConfig.ready"):
+    with pytest.raises(PredictionPortUnsetError, match=r"ForecastingConfig\.ready"):
         prediction_port()
 
 
