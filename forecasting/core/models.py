@@ -128,8 +128,10 @@ class BerthModel:
        blends within a share ``near_best`` of the smallest MAE; that share (0, i.e. the
        best blend alone, or one of ``near_best_cv``) is chosen per fit by a forward inner
        backtest: weights from the older half of the pseudo-origins, scored on the newer.
-    4. *Conformal interval*: the 80% quantile of the absolute pseudo-origin errors per
-       horizon (pooled over h +- 3); while the calibration window is shorter than
+    4. *Conformal interval*: the 10%/90% quantiles of the signed pseudo-origin errors per
+       horizon (pooled over h +- 3; ``signed_band=False``: the 80% quantile of their size,
+       symmetric), each miss rate scaled by d / (d + 1) for d calibration days
+       (``conformal_correction``); while the calibration window is shorter than
        ``calibration_days`` (a young series), widened to the 10%/90% quantiles of
        day-over-day changes of the whole history where those are wider.  Added in log
        space and transformed back, so the band is as wide as the model's recent multi-step

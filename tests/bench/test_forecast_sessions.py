@@ -19,7 +19,8 @@ from bench import replay
 from forecasting.core.backtest import origins_for
 from forecasting.core.models import make_model
 
-SAMPLE = Path(__file__).resolve().parents[2] / "forecasting" / "core" / "samples" / "kth_sp2_jobs_sample.csv.gz"
+SAMPLES = Path(__file__).resolve().parents[2] / "forecasting" / "core" / "samples"
+SAMPLE = SAMPLES / "kth_sp2_jobs_sample.csv.gz"
 # The dump is written before any policy runs, so a stand-in policy keeps the replay cheap.
 STANDIN = "tests.scheduling.sim.standin:standin_plan"
 
@@ -38,11 +39,13 @@ def test_session_demand_dump_is_forecast_with_its_bands(tmp_path: Path) -> None:
     frame = pd.read_csv(demand_csv, parse_dates=["ds"])
     assert list(frame.columns) == ["ds", "demand_gpus"]
     assert (frame["ds"].diff().dropna() == pd.Timedelta(hours=1)).all()
-    assert (frame["demand_gpus"] >= 0).all() and (frame["demand_gpus"] > 0).mean() > 0.2
+    assert (frame["demand_gpus"] >= 0).all()
+    assert (frame["demand_gpus"] > 0).mean() > 0.2
     assert len(frame) >= 24 * 5  # room for two daily origins after three days of history
 
     out = tmp_path / "sessions.json"
-    args = ["--series", str(demand_csv), "--days", "2", "--models", "berth,seasonal_naive_24", "--out", str(out)]
+    models = "berth,seasonal_naive_24"
+    args = ["--series", str(demand_csv), "--days", "2", "--models", models, "--out", str(out)]
     assert bench_forecast.main(args) == 0
     berth = json.loads(out.read_text())["models"]["berth"]
 
@@ -52,7 +55,9 @@ def test_session_demand_dump_is_forecast_with_its_bands(tmp_path: Path) -> None:
     for o in origins_for(series, days=2):
         fc = make_model("berth").fit(series.iloc[:o]).forecast(24)
         actual = series.to_numpy(dtype=float)[o : o + 24]
-        assert np.all(fc.upper_95 >= fc.upper) and np.all(fc.upper >= fc.point) and np.all(fc.point >= fc.lower)
+        assert np.all(fc.upper_95 >= fc.upper)
+        assert np.all(fc.upper >= fc.point)
+        assert np.all(fc.point >= fc.lower)
         inside80.append((actual >= fc.lower) & (actual <= fc.upper))
         below95.append(actual <= fc.upper_95)
     assert berth["origins"] == 2.0
