@@ -81,6 +81,8 @@ class BerthConfig:
     smoothing_gamma: float = 0.1  # season gain
     ensemble: bool = True  # blend with seasonal naive 24/168, weights from recent errors
     conformal: bool = True  # intervals from recent h-step errors, not in-sample residuals
+    signed_band: bool = True  # 80% band from signed error quantiles (off: symmetric |error|)
+    conformal_correction: bool = True  # quantile levels corrected for the few calibration days
     holdout_fit: bool = True  # calibrate on a second Prophet fit that did not see the last days
     changepoint_prior_scale: float = 0.05
     changepoint_range: float = 0.8
@@ -126,8 +128,10 @@ class BerthModel:
        blends within a share ``near_best`` of the smallest MAE; that share (0, i.e. the
        best blend alone, or one of ``near_best_cv``) is chosen per fit by a forward inner
        backtest: weights from the older half of the pseudo-origins, scored on the newer.
-    4. *Conformal interval*: the 80% quantile of the absolute pseudo-origin errors per
-       horizon (pooled over h +- 3); while the calibration window is shorter than
+    4. *Conformal interval*: the 10%/90% quantiles of the signed pseudo-origin errors per
+       horizon (pooled over h +- 3; ``signed_band=False``: the 80% quantile of their size,
+       symmetric), each miss rate scaled by d / (d + 1) for d calibration days
+       (``conformal_correction``); while the calibration window is shorter than
        ``calibration_days`` (a young series), widened to the 10%/90% quantiles of
        day-over-day changes of the whole history where those are wider.  Added in log
        space and transformed back, so the band is as wide as the model's recent multi-step
@@ -467,21 +471,32 @@ class BerthModel:
         day_lo = _nan_quantile(diffs, _LOWER_Q, 0.0)
         day_hi = _nan_quantile(diffs, _UPPER_Q, 0.0)
         widen = not st.get("full_calibration", False)
+        cfg = self.config
+        # Split-conformal correction with each calibration day as one exchangeable unit
+        # (the hours of a day are far from independent): miss rates alpha * d / (d + 1).
+        days = errors.shape[0] / 24.0
+        shrink = days / (days + 1.0) if cfg.conformal_correction else 1.0
         for h in range(horizon_h):
             hh = min(h, 23)
             pool = errors[:, max(0, hh - 3) : hh + 4].ravel()
-            # Symmetric: the calibration days are few, and a bias seen there (demand fell)
-            # says little about the sign of tomorrow's error, only about its size.
-            q = _nan_quantile(np.abs(pool), 2 * _UPPER_Q - 1.0, 0.0)
+            if cfg.signed_band:
+                # The 10% / 90% quantiles of the signed errors: demand that mostly falls
+                # below the forecast (a level series winding down) gets its band there,
+                # instead of an upper bound that is almost never reached.
+                lo[h] = _nan_quantile(pool, _LOWER_Q * shrink, 0.0)
+                hi[h] = _nan_quantile(pool, 1.0 - (1.0 - _UPPER_Q) * shrink, 0.0)
+            else:
+                # Symmetric: the size of the recent errors, not their sign.
+                q = _nan_quantile(np.abs(pool), 1.0 - 2.0 * (1.0 - _UPPER_Q) * shrink, 0.0)
+                lo[h], hi[h] = -q, q
             # One-sided: log-space demand errors are right-skewed (bursts), and the upper
             # tail is what sizes headroom.  forecast() keeps it above the 80% upper bound.
-            hi95[h] = _nan_quantile(pool, _UPPER_95_Q, 0.0)
-            lo[h], hi[h] = -q, q
+            hi95[h] = _nan_quantile(pool, 1.0 - (1.0 - _UPPER_95_Q) * shrink, 0.0)
             if widen:
                 # Under the full calibration window the quantile rests on a few days; the
                 # day-over-day changes of the whole history are then the safer width.
-                lo[h] = min(-q, day_lo)
-                hi[h] = max(q, day_hi)
+                lo[h] = min(lo[h], day_lo)
+                hi[h] = max(hi[h], day_hi)
         return lo, hi, hi95
 
 
@@ -527,6 +542,7 @@ _ABLATIONS: dict[str, dict[str, Any]] = {
     "berth_cv2_near_best": {"near_best_cv_forward": False},
     "berth_no_blend": {"ensemble": False},
     "berth_no_conformal": {"conformal": False},
+    "berth_symmetric_band": {"signed_band": False, "conformal_correction": False},
     "berth_no_holdout": {"holdout_fit": False},
 }
 
