@@ -17,8 +17,8 @@ from portal.accounts.models import Project
 from scheduling.models import AuditEvent, Cluster, GpuType, Job, Node
 from scheduling.snapshots import policy_config_for_cluster
 from tests.factories import QuotaFactory, UserFactory
-from tests.portal.ops_helpers import csv_rows as _csv_rows
-from tests.portal.ops_helpers import ran as _ran
+from tests.ops.ops_helpers import csv_rows as _csv_rows
+from tests.ops.ops_helpers import ran as _ran
 
 pytestmark = pytest.mark.django_db
 
