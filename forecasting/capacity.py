@@ -1,22 +1,20 @@
-"""Capacity planning: when forecast demand outgrows the cluster, and how many GPUs a wait target needs.
+"""Capacity planning: when forecast demand outgrows the cluster, and what-if replays.
 
 * `capacity_exceed_when`: per GPU type, the first forecast hour whose demand (point, and the
   upper end of the 80% interval) exceeds the GPUs the cluster has.  Prophet's linear trend is
   what extrapolates growth over weeks, so the default model is ``prophet`` (``berth`` is
   sharper for the next day but forecasts at most one week and blends towards last week).
-* `capacity_for_wait_target`: what-if replays of the lab's own recent jobs on that type in
-  the simulator (``scheduling.sim``: the same ``plan_round`` as production) with different
-  node counts; a binary search for the fewest GPUs whose p95 batch wait meets the target.
-  Bounded: at most ``max_replays`` replays, ``max_jobs`` jobs and ``time_budget_s`` seconds.
+* `wait_trace_get` and `wait_replay`: the lab's own recent finished jobs on one type as a
+  trace, replayed in the simulator (``scheduling.sim``: the same ``plan_round`` as production)
+  on a given number of nodes and policy.  The what-if (``forecasting.services.
+  capacity_study_execute``, stored as a `CapacityStudy`) replays it twice: as the cluster is
+  and with GPUs added or removed.  Nothing here writes.
 """
 
 from __future__ import annotations
 
-import itertools
-import math
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -60,7 +58,7 @@ def capacity_exceed_when(
     no crossing.  Fits one model per type now (about a second each); nothing is stored.
     """
     from forecasting.core.models import make_model
-    from forecasting.services import forecast_events
+    from forecasting.selectors import forecast_events
 
     if horizon_days < 1:
         raise ValueError("horizon_days must be at least 1")
@@ -114,18 +112,6 @@ class WaitPoint:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-@dataclass(frozen=True, slots=True)
-class WaitTargetResult:
-    gpu_type: str
-    p95_wait_s: float
-    current_gpus: int
-    gpus_per_node: int
-    answer_gpus: int | None  # None: not reachable within the searched range (see message)
-    points: tuple[WaitPoint, ...]  # every evaluated count, ascending
-    jobs: int
-    message: str
 
 
 def wait_trace_get(
@@ -270,7 +256,9 @@ def wait_replay(
     )
 
 
-def _gpus_per_node(*, cluster_id: int, gpu_type: str) -> int:
+def gpus_per_node(*, cluster_id: int, gpu_type: str) -> int:
+    """The cluster's usual node size for ``gpu_type`` (8 when it has none): what-ifs add or
+    remove whole nodes of it."""
     sizes = Counter(
         Node.objects.filter(cluster_id=cluster_id, gpu_type__name=gpu_type).values_list(
             "gpu_count", flat=True
@@ -279,166 +267,11 @@ def _gpus_per_node(*, cluster_id: int, gpu_type: str) -> int:
     return sizes.most_common(1)[0][0] if sizes else 8
 
 
-def _policy_name(*, cluster_id: int) -> str:
+def policy_name(*, cluster_id: int) -> str:
+    """The policy the cluster's engine round runs (``Cluster.settings["policy"]``, a name or a
+    dict with one, else ``BERTH_ENGINE_POLICY``)."""
     raw = (Cluster.objects.filter(pk=cluster_id).values_list("settings", flat=True).first() or {}).get(
         "policy"
     )
     name = raw if isinstance(raw, str) else (raw or {}).get("name") if isinstance(raw, dict) else None
     return str(name or settings.BERTH_ENGINE_POLICY)
-
-
-ProgressFn = Callable[[Sequence[WaitPoint], int, int], None]
-
-
-def capacity_for_wait_target(
-    *,
-    cluster_id: int,
-    gpu_type: str,
-    p95_wait_s: float,
-    history_days: int = 14,
-    at: datetime | None = None,
-    max_jobs: int | None = None,
-    max_replays: int | None = None,
-    time_budget_s: float | None = None,
-    policy: str | None = None,
-    on_progress: ProgressFn | None = None,
-) -> WaitTargetResult:
-    """The fewest GPUs of ``gpu_type`` (whole nodes of the cluster's usual size) whose replayed
-    p95 batch wait is at most ``p95_wait_s``.
-
-    Replays the type's finished jobs of the last ``history_days`` days.  The search range is
-    from the nodes the largest job needs to the nodes that hold the peak concurrent demand
-    (where nothing should wait); it is binary search, so the answer is monotone by
-    construction: the answer meets the target and one node fewer (when evaluated) does not.
-    When the replay budget runs out the smallest passing count found so far is returned and
-    the message says the answer is an upper bound.  ``on_progress(points, done, planned)``
-    is called after every replay.
-    """
-    max_jobs = settings.BERTH_CAPACITY_MAX_JOBS if max_jobs is None else max_jobs
-    max_replays = settings.BERTH_CAPACITY_MAX_REPLAYS if max_replays is None else max_replays
-    time_budget_s = settings.BERTH_CAPACITY_TIME_BUDGET_S if time_budget_s is None else time_budget_s
-    policy = policy or _policy_name(cluster_id=cluster_id)
-    end = at or timezone.now()
-    trace = wait_trace_get(
-        cluster_id=cluster_id,
-        gpu_type=gpu_type,
-        start_at=end - timedelta(days=history_days),
-        end_at=end,
-        max_jobs=max_jobs,
-    )
-    per_node = _gpus_per_node(cluster_id=cluster_id, gpu_type=gpu_type)
-    current = cluster_capacity_by_type(cluster_id=cluster_id).get(gpu_type, 0)
-    if not trace.jobs:
-        return WaitTargetResult(
-            gpu_type=gpu_type,
-            p95_wait_s=p95_wait_s,
-            current_gpus=current,
-            gpus_per_node=per_node,
-            answer_gpus=None,
-            points=(),
-            jobs=0,
-            message="No finished jobs on this type in the window.",
-        )
-    search = _NodeSearch(
-        trace=trace,
-        gpu_type=gpu_type,
-        per_node=per_node,
-        policy=policy,
-        p95_wait_s=p95_wait_s,
-        max_replays=max_replays,
-        time_budget_s=time_budget_s,
-        on_progress=on_progress,
-    )
-    answer, message = search.run()
-    return WaitTargetResult(
-        gpu_type=gpu_type,
-        p95_wait_s=p95_wait_s,
-        current_gpus=current,
-        gpus_per_node=per_node,
-        answer_gpus=answer * per_node if answer is not None else None,
-        points=tuple(sorted(search.points.values(), key=lambda p: p.gpus)),
-        jobs=len(trace.jobs),
-        message=message,
-    )
-
-
-class _NodeSearch:
-    """Binary search over whole nodes for :func:`capacity_for_wait_target` (one replay per count)."""
-
-    def __init__(
-        self,
-        *,
-        trace: Any,
-        gpu_type: str,
-        per_node: int,
-        policy: str,
-        p95_wait_s: float,
-        max_replays: int,
-        time_budget_s: float,
-        on_progress: ProgressFn | None,
-    ) -> None:
-        self.trace, self.gpu_type, self.per_node, self.policy = trace, gpu_type, per_node, policy
-        self.p95_wait_s, self.max_replays, self.time_budget_s = p95_wait_s, max_replays, time_budget_s
-        self.on_progress = on_progress
-        self.lo = max(1, math.ceil(max(j.gpu_count for j in trace.jobs) / per_node))
-        self.hi = max(self.lo, math.ceil(peak_concurrent_gpus(trace) / per_node))
-        self.planned = min(max_replays, 2 + math.ceil(math.log2(max(self.hi - self.lo, 1))))
-        self.points: dict[int, WaitPoint] = {}
-        self.started = time.monotonic()
-
-    def evaluate(self, nodes: int) -> WaitPoint:
-        points = self.points
-        if nodes not in points:
-            points[nodes] = wait_replay(
-                self.trace,
-                gpu_type=self.gpu_type,
-                nodes=nodes,
-                gpus_per_node=self.per_node,
-                policy=self.policy,
-            )
-            if self.on_progress is not None:
-                self.on_progress(sorted(points.values(), key=lambda p: p.gpus), len(points), self.planned)
-        return points[nodes]
-
-    def budget_left(self) -> bool:
-        return len(self.points) < self.max_replays and time.monotonic() - self.started < self.time_budget_s
-
-    def meets(self, nodes: int) -> bool:
-        point = self.evaluate(nodes)
-        return point.unfinished_jobs == 0 and point.wait_p95_s <= self.p95_wait_s
-
-    def run(self) -> tuple[int | None, str]:
-        """(answer in nodes or None, the sentence for the page)."""
-        lo, hi, per_node, p95_wait_s = self.lo, self.hi, self.per_node, self.p95_wait_s
-        if not self.meets(hi):
-            return (
-                None,
-                f"Even {hi * per_node} GPUs (the peak concurrent demand) give a p95 wait of "
-                f"{self.points[hi].wait_p95_s:.0f} s; the target is below the scheduler's own latency.",
-            )
-        if self.budget_left() and self.meets(lo):
-            return lo, f"{lo * per_node} GPUs (enough for the largest job) already meet the target."
-        fail, ok = lo, hi
-        while ok - fail > 1 and self.budget_left():
-            mid = (fail + ok) // 2
-            if self.meets(mid):
-                ok = mid
-            else:
-                fail = mid
-        exact = ok - fail <= 1 and fail in self.points
-        note = "" if exact else " (an upper bound: the replay budget ran out)"
-        message = f"{ok * per_node} GPUs keep the p95 wait under {p95_wait_s:.0f} s{note}."
-        return ok, message + _anomaly(self.points)
-
-
-def _anomaly(points: dict[int, WaitPoint]) -> str:
-    """A sentence when a larger replay waited clearly longer than a smaller one, else ""."""
-    ordered = sorted(points.values(), key=lambda p: p.gpus)
-    for small, large in itertools.pairwise(ordered):
-        if large.wait_p95_s > 1.1 * small.wait_p95_s + 60.0:
-            return (
-                f" The replays are not monotone here ({large.gpus} GPUs waited longer than {small.gpus}:"
-                " a scheduling anomaly of this workload), so a count between the evaluated ones may"
-                " also do."
-            )
-    return ""
