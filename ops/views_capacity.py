@@ -339,15 +339,15 @@ def _whatif_context(study: Any) -> dict[str, Any]:
 
 
 def _whatif_status_text(study: Any, *, now: datetime) -> str:
-    """What the what-if is doing, in words: never a progress figure that nothing measured."""
+    """What the what-if is doing, in words (after "Progress: "): never a figure nothing measured."""
     if study.status == "queued":
         waited = (now - study.created_at).total_seconds()
         if waited > WHATIF_QUEUED_WARN_S:
             return (
-                f"Queued for {waited / 60:.0f} min: no worker has started it yet (is a Celery worker "
+                f"queued for {waited / 60:.0f} min: no worker has started it yet (is a Celery worker "
                 "running?). This page keeps checking."
             )
-        return "Queued: waiting for a worker."
+        return "queued, waiting for a worker."
     if study.status == "running":
         done = len(study.results)
         label, gpus, policy = (
@@ -355,10 +355,10 @@ def _whatif_status_text(study: Any, *, now: datetime) -> str:
             if done == 0
             else ("what-if", study.current_gpus + study.gpu_delta, study.policy)
         )
-        return f"Running: replay {done + 1} of 2 ({label}, about {gpus} GPUs, policy {policy})."
+        return f"running replay {done + 1} of 2 ({label}, about {gpus} GPUs, policy {policy})."
     if study.status == "failed":
-        return "Failed."
-    return "Done: both replays finished."
+        return "failed."
+    return "done, both replays finished."
 
 
 def _whatif_table(results: dict[str, Any]) -> Table:

@@ -5,7 +5,7 @@ kept in the cache.  Old rows are wait-target searches, which the new shape canno
 from django.db import migrations, models
 
 
-def _drop_wait_target_studies(apps, schema_editor):  # type: ignore[no-untyped-def]
+def _drop_wait_target_studies(apps, schema_editor):
     apps.get_model("forecasting", "CapacityStudy").objects.all().delete()
 
 
