@@ -8,6 +8,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.http import Http404, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
@@ -349,6 +350,12 @@ def _whatif_status_text(study: Any, *, now: datetime) -> str:
             )
         return "queued, waiting for a worker."
     if study.status == "running":
+        running_s = (now - (study.started_at or study.created_at)).total_seconds()
+        if running_s > settings.BERTH_CAPACITY_TIME_BUDGET_S + 60:  # the task's hard time limit
+            return (
+                f"running for {running_s / 60:.0f} min, longer than a what-if may run: its worker was "
+                "probably lost; start it again."
+            )
         done = len(study.results)
         label, gpus, policy = (
             ("baseline", study.current_gpus, study.baseline_policy)

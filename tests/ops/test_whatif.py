@@ -10,6 +10,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 
 from forecasting.models import CapacityStudy
 from forecasting.services import capacity_study_create
@@ -46,6 +47,10 @@ def test_each_state_is_said_in_words(staff_web: Client, cluster: Cluster, nodes:
     body = _status(staff_web, study)
     assert "running replay 2 of 2 (what-if, about 12 GPUs, policy fifo)" in body
     assert 'value="50"' in body
+
+    # Past the task's hard time limit nothing is running it any more: said, not polled in silence.
+    CapacityStudy.objects.filter(pk=study.pk).update(started_at=timezone.now() - timedelta(hours=2))
+    assert "running for 120 min, longer than a what-if may run" in _status(staff_web, study)
 
     CapacityStudy.objects.filter(pk=study.pk).update(status="failed", message="The replay failed: boom")
     body = _status(staff_web, study)
