@@ -60,7 +60,7 @@ def test_the_rule_sees_the_whole_tree_and_nothing_else() -> None:
         "scheduling/engine/__init__.py",
         "scheduling/selectors.py",
         "forecasting/core/models.py",
-        "forecasting/capacity.py",
+        "forecasting/capacity/exceed.py",
         "ops/views.py",
         "portal/settings/__init__.py",
         "notifications/__init__.py",
