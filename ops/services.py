@@ -17,6 +17,7 @@ from django.utils import timezone
 from portal.accounts.models import Quota
 from scheduling.engine import POLICIES
 from scheduling.models import AuditEvent, Cluster, Node
+from scheduling.services import audit_event_record
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +28,8 @@ POLICY_KNOBS = ("name", "grace_s", "min_runtime_s", "booking_lead_s", "interacti
 
 
 def _audit(*, user: Any, verb: str, entity_type: str, entity_id: int, before: Any, after: Any) -> None:
-    AuditEvent.objects.create(
+    """A staff edit's audit event, through the one audit writer (`scheduling.services.audit`)."""
+    audit_event_record(
         actor=user if getattr(user, "pk", None) else None,
         actor_label=AuditEvent.Actor.USER,
         verb=verb,
