@@ -360,7 +360,7 @@ def jobs_runtime_predict(*, cluster_id: int, only_missing: bool = False) -> int:
 # ---- what-ifs (capacity studies) ----
 
 
-def whatif_nodes(gpus: int, per_node: int) -> int:
+def _replay_nodes(gpus: int, per_node: int) -> int:
     """Whole nodes of ``per_node`` GPUs closest to ``gpus`` (at least one): what a replay gets."""
     return max(1, round(gpus / per_node))
 
@@ -394,11 +394,11 @@ def capacity_study_create(
         errors["gpu_type"] = f"{cluster.name} has no {gpu_type} GPUs."
     elif current + gpu_delta < per_node:
         errors["gpu_delta"] = f"Keep at least one node ({per_node} GPUs); {cluster.name} has {current}."
-    elif policy == baseline_policy and whatif_nodes(current + gpu_delta, per_node) == whatif_nodes(
+    elif policy == baseline_policy and _replay_nodes(current + gpu_delta, per_node) == _replay_nodes(
         current, per_node
     ):
         errors["gpu_delta"] = (
-            f"{gpu_delta:+d} GPUs rounds to the {whatif_nodes(current, per_node)} nodes of {per_node} GPUs "
+            f"{gpu_delta:+d} GPUs rounds to the {_replay_nodes(current, per_node)} nodes of {per_node} GPUs "
             f"the cluster has, with its own policy: change by a whole node or choose another policy."
         )
     if policy not in POLICIES:
@@ -473,7 +473,7 @@ def capacity_study_execute(*, study_id: int, now: datetime | None = None) -> Cap
         )
         _study_update(study_id, jobs=len(trace.jobs))
         for k, (label, gpus, policy) in enumerate(runs):
-            nodes = whatif_nodes(gpus, per_node)
+            nodes = _replay_nodes(gpus, per_node)
             result = {"gpus": nodes * per_node, "nodes": nodes}
             if trace.jobs:
                 point = wait_replay(
