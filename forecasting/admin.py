@@ -1,4 +1,4 @@
-"""Django admin for stored forecasts and capacity studies: read-only, written by the services."""
+"""Django admin for stored forecasts and what-ifs (capacity studies): read-only, written by the services."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ class ForecastRunAdmin(_ReadOnly, admin.ModelAdmin):  # type: ignore[type-arg]  
 
 @admin.register(CapacityStudy)
 class CapacityStudyAdmin(_ReadOnly, admin.ModelAdmin):  # type: ignore[type-arg]  # not generic at run time
-    list_display = ["created_at", "cluster", "gpu_type", "p95_wait_s", "status", "progress", "answer_gpus"]
+    list_display = ["created_at", "cluster", "gpu_type", "gpu_delta", "policy", "status", "progress"]
     list_filter = ["status", "cluster"]
     search_fields = ["cluster__name", "gpu_type__name", "message"]
     list_select_related = ["cluster", "gpu_type"]

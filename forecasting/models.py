@@ -9,8 +9,9 @@
   bulk-written, with the 24 h seasonal-naive forecast issued at the same time; once the
   hour is over, the hourly task records the actual demand on it (the track record the
   capacity page scores: rolling MASE against seasonal naive and band coverage).
-* `CapacityStudy`: a what-if search for the GPU count that keeps the p95 batch wait under a
-  target, run by a Celery task that stores its progress so a page can poll it.
+* `CapacityStudy`: a what-if (the staff capacity page's): the lab's jobs of one GPU type
+  replayed as the cluster is and with GPUs added or removed, run by a Celery task that stores
+  its progress so the page can poll it.
 
 Nothing happens in ``save()``: every write goes through ``forecasting.services``.
 """
@@ -112,7 +113,10 @@ class ForecastPoint(models.Model):
 
 
 class CapacityStudy(models.Model):
-    """How many GPUs of one type keep the p95 batch wait under a target (what-if replays)."""
+    """A what-if: the lab's finished jobs of one GPU type replayed twice in the simulator, once
+    as the cluster is (``baseline``) and once with GPUs added or removed and maybe another
+    policy (``whatif``).  The staff capacity page starts one, a Celery task runs it and stores
+    each replay's result as it finishes; the page polls the row."""
 
     class Status(models.TextChoices):
         QUEUED = "queued", "Queued"
@@ -124,16 +128,21 @@ class CapacityStudy(models.Model):
         "scheduling.Cluster", on_delete=models.CASCADE, related_name="capacity_studies"
     )
     gpu_type = models.ForeignKey("scheduling.GpuType", on_delete=models.CASCADE, related_name="+")
-    p95_wait_s = models.FloatField()
+    gpu_delta = models.IntegerField()  # GPUs added (+) or removed (-) in the what-if
+    policy = models.CharField(max_length=16)  # the what-if's policy
+    # The cluster as it was when the what-if was asked for: what the baseline replays.
+    baseline_policy = models.CharField(max_length=16)
+    current_gpus = models.PositiveIntegerField()
+    gpus_per_node = models.PositiveSmallIntegerField()
     history_days = models.PositiveSmallIntegerField(default=14)
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, related_name="+", null=True, blank=True
     )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
-    # Evaluated points so far: [{"gpus", "wait_p95_s", "wait_mean_s", "utilization", "unfinished_jobs"}].
-    points = models.JSONField(default=list, blank=True)
+    # {"baseline": {...}, "whatif": {...}}: each replay's `forecasting.capacity.WaitPoint` as a
+    # dict plus its "policy", written as soon as that replay is done.
+    results = models.JSONField(default=dict, blank=True)
     progress = models.FloatField(default=0.0)  # 0..1, replays done / replays planned
-    answer_gpus = models.PositiveIntegerField(null=True, blank=True)  # None: target not reachable
     message = models.CharField(max_length=500, blank=True, default="")
     jobs = models.PositiveIntegerField(default=0)  # jobs replayed
     created_at = models.DateTimeField(auto_now_add=True)
@@ -144,11 +153,11 @@ class CapacityStudy(models.Model):
         ordering = ["-created_at", "-id"]
         verbose_name_plural = "capacity studies"
         constraints = [
-            models.CheckConstraint(condition=Q(p95_wait_s__gte=0), name="capacitystudy_target_nonnegative"),
             models.CheckConstraint(
                 condition=Q(progress__gte=0) & Q(progress__lte=1), name="capacitystudy_progress"
             ),
         ]
 
     def __str__(self) -> str:
-        return f"Capacity study {self.pk}: {self.gpu_type_id} p95 wait <= {self.p95_wait_s:.0f} s"
+        sign = "+" if self.gpu_delta >= 0 else ""
+        return f"What-if {self.pk}: {self.gpu_type_id} {sign}{self.gpu_delta} GPUs, {self.policy}"

@@ -9,6 +9,7 @@ Prophet wants it; stored forecasts are aware UTC datetimes.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ __all__ = [
     "demand_records_get",
     "demand_series_get",
     "forecast_band_get",
+    "forecast_events",
     "forecast_points_list",
     "forecast_run_latest",
     "forecast_run_list",
@@ -89,6 +91,18 @@ def from_naive_utc(value: pd.Timestamp) -> datetime:
 
 
 # ---- inventory ----
+
+
+@functools.lru_cache(maxsize=4)
+def _events(path: str) -> tuple[Any, ...]:
+    from forecasting.core.events import events_from_json
+
+    return tuple(events_from_json(path)) if path else ()
+
+
+def forecast_events() -> tuple[Any, ...]:
+    """The configured event calendar (``BERTH_FORECAST_EVENTS_FILE``), empty when unset."""
+    return _events(str(settings.BERTH_FORECAST_EVENTS_FILE or ""))
 
 
 def cluster_capacity_by_type(*, cluster_id: int) -> dict[str, int]:
@@ -445,14 +459,15 @@ def forecast_track_record_list(
 
 
 def capacity_study_get(*, study_id: int) -> CapacityStudy:
-    """One capacity study (raises ``CapacityStudy.DoesNotExist``); for staff pages that poll it."""
-    return CapacityStudy.objects.select_related("cluster", "gpu_type").get(pk=study_id)
+    """One what-if (raises ``CapacityStudy.DoesNotExist``); for the staff page that polls it."""
+    return CapacityStudy.objects.select_related("cluster", "gpu_type", "requested_by").get(pk=study_id)
 
 
 def capacity_study_list(*, cluster_id: int, limit: int = 20) -> list[CapacityStudy]:
+    """A cluster's newest what-ifs first; for the staff capacity page (callers check staff)."""
     return list(
         CapacityStudy.objects.filter(cluster_id=cluster_id)
-        .select_related("gpu_type")
+        .select_related("gpu_type", "requested_by")
         .order_by("-created_at")[:limit]
     )
 

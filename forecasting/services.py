@@ -1,4 +1,4 @@
-"""Writes for forecasting: stored demand forecasts, runtime predictions on jobs, capacity studies.
+"""Writes for forecasting: stored demand forecasts, runtime predictions on jobs, what-ifs (capacity studies).
 
 Fits and replays are slow compared with a transaction, so they run first and only the
 storing is atomic.  One run per series, model and hour is enforced by a unique constraint:
@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -28,6 +27,7 @@ from forecasting.models import CapacityStudy, ForecastPoint, ForecastRun
 from forecasting.selectors import (
     cluster_capacity_by_type,
     demand_series_get,
+    forecast_events,
     from_naive_utc,
     hour_floor,
     job_engine_request,
@@ -40,18 +40,6 @@ logger = logging.getLogger(__name__)
 
 
 # ---- demand forecasts ----
-
-
-@lru_cache(maxsize=4)
-def _events(path: str) -> tuple[Any, ...]:
-    from forecasting.core.events import events_from_json
-
-    return tuple(events_from_json(path)) if path else ()
-
-
-def forecast_events() -> tuple[Any, ...]:
-    """The configured event calendar (``BERTH_FORECAST_EVENTS_FILE``), empty when unset."""
-    return _events(str(settings.BERTH_FORECAST_EVENTS_FILE or ""))
 
 
 def model_version(model: Any) -> str:
@@ -369,39 +357,67 @@ def jobs_runtime_predict(*, cluster_id: int, only_missing: bool = False) -> int:
     return len(todo)
 
 
-# ---- capacity studies ----
+# ---- what-ifs (capacity studies) ----
+
+
+def _replay_nodes(gpus: int, per_node: int) -> int:
+    """Whole nodes of ``per_node`` GPUs closest to ``gpus`` (at least one): what a replay gets."""
+    return max(1, round(gpus / per_node))
 
 
 def capacity_study_create(
     *,
     cluster: Cluster,
-    gpu_type: GpuType,
-    p95_wait_s: float,
+    gpu_type: str,
+    gpu_delta: int,
+    policy: str,
     history_days: int = 14,
     requested_by: Any = None,
     enqueue: bool = True,
 ) -> CapacityStudy:
-    """Queue a what-if search for the GPU count of ``gpu_type`` keeping p95 wait <= ``p95_wait_s``.
+    """Queue a what-if: the finished ``gpu_type`` jobs of the last ``history_days`` days replayed
+    as ``cluster`` is and with ``gpu_delta`` GPUs more (whole nodes of its usual size) under
+    ``policy``.
 
-    The Celery task ``forecasting.tasks.capacity_study_run`` runs it after the commit; poll
-    ``capacity_study_get`` for progress.
+    Refusals are field errors: a type the cluster lacks, less than one node left, a change
+    that rounds to the cluster as it is, an unknown policy, history outside 1-90 days.  The
+    task ``forecasting.tasks.capacity_study_run`` runs it after the commit.
     """
+    from forecasting.capacity import gpus_per_node, policy_name
+    from scheduling.engine import POLICIES
+
     errors: dict[str, str] = {}
-    if not math.isfinite(p95_wait_s) or p95_wait_s < 0:
-        errors["p95_wait_s"] = "Give a wait target of 0 s or more."
+    current = cluster_capacity_by_type(cluster_id=cluster.pk).get(gpu_type)
+    per_node = gpus_per_node(cluster_id=cluster.pk, gpu_type=gpu_type)
+    baseline_policy = policy_name(cluster_id=cluster.pk)
+    if current is None:
+        errors["gpu_type"] = f"{cluster.name} has no {gpu_type} GPUs."
+    elif current + gpu_delta < per_node:
+        errors["gpu_delta"] = f"Keep at least one node ({per_node} GPUs); {cluster.name} has {current}."
+    elif policy == baseline_policy and _replay_nodes(current + gpu_delta, per_node) == _replay_nodes(
+        current, per_node
+    ):
+        errors["gpu_delta"] = (
+            f"{gpu_delta:+d} GPUs rounds to the {_replay_nodes(current, per_node)} nodes of {per_node} GPUs "
+            f"the cluster has, with its own policy: change by a whole node or choose another policy."
+        )
+    if policy not in POLICIES:
+        errors["policy"] = f"Choose one of {', '.join(POLICIES)}."
     if not 1 <= history_days <= 90:
         errors["history_days"] = "Replay between 1 and 90 days of history."
-    if gpu_type.name not in cluster_capacity_by_type(cluster_id=cluster.pk):
-        errors["gpu_type"] = f"{cluster.name} has no {gpu_type.name} GPUs."
     if errors:
         raise ValidationError(errors)
     with transaction.atomic():
         study = CapacityStudy.objects.create(
             cluster=cluster,
-            gpu_type=gpu_type,
-            p95_wait_s=p95_wait_s,
+            gpu_type=GpuType.objects.get(name=gpu_type),
+            gpu_delta=gpu_delta,
+            policy=policy,
+            baseline_policy=baseline_policy,
+            current_gpus=current or 0,
+            gpus_per_node=per_node,
             history_days=history_days,
-            requested_by=requested_by,
+            requested_by=requested_by if getattr(requested_by, "pk", None) else None,
         )
         if enqueue:
             from forecasting.tasks import capacity_study_run as task
@@ -411,52 +427,79 @@ def capacity_study_create(
     return study
 
 
+def _study_update(study_id: int, **fields: Any) -> None:
+    """One autocommitted UPDATE: the polling page sees each step as soon as it is done."""
+    CapacityStudy.objects.filter(pk=study_id).update(**fields)
+
+
+def _failure_text(error: BaseException) -> str:
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    if isinstance(error, SoftTimeLimitExceeded):
+        return (
+            f"The replays took longer than the {settings.BERTH_CAPACITY_TIME_BUDGET_S} s a what-if may "
+            "take (BERTH_CAPACITY_TIME_BUDGET_S): replay fewer days of history."
+        )
+    return f"The replay failed: {type(error).__name__}: {error}"[:500]
+
+
 def capacity_study_execute(*, study_id: int, now: datetime | None = None) -> CapacityStudy:
-    """Run a queued study, storing every evaluated GPU count as it goes; a done study is left alone."""
-    from forecasting.capacity import WaitPoint, capacity_for_wait_target
+    """Run a what-if's two replays (``baseline``, then ``whatif``), storing each result and the
+    progress as soon as it is done.  A done what-if is left alone; a failed or interrupted one
+    (a lost worker) starts again.  An error, the time limit included, marks it failed with the
+    reason (logged, not raised: the row is the answer)."""
+    from forecasting.capacity import wait_replay, wait_trace_get
 
     with transaction.atomic():
         study = CapacityStudy.objects.select_for_update().select_related("gpu_type").get(pk=study_id)
         if study.status == CapacityStudy.Status.DONE:
             return study
-        study.status = CapacityStudy.Status.RUNNING
-        study.started_at = timezone.now()
-        study.points, study.progress, study.message = [], 0.0, ""
-        study.save(update_fields=["status", "started_at", "points", "progress", "message"])
-
-    def progress(points: Sequence[WaitPoint], done: int, planned: int) -> None:
-        with transaction.atomic():
-            CapacityStudy.objects.filter(pk=study_id).update(
-                points=[p.as_dict() for p in points], progress=min(1.0, done / max(planned, 1))
-            )
-
+        study.status, study.started_at = CapacityStudy.Status.RUNNING, timezone.now()
+        study.results, study.progress, study.message, study.jobs = {}, 0.0, "", 0
+        study.save(update_fields=["status", "started_at", "results", "progress", "message", "jobs"])
+    per_node, results = study.gpus_per_node, {}
+    runs = (
+        ("baseline", study.current_gpus, study.baseline_policy),
+        ("whatif", study.current_gpus + study.gpu_delta, study.policy),
+    )
     try:
-        result = capacity_for_wait_target(
+        end = now or timezone.now()
+        trace = wait_trace_get(
             cluster_id=study.cluster_id,
             gpu_type=study.gpu_type.name,
-            p95_wait_s=study.p95_wait_s,
-            history_days=study.history_days,
-            at=now,
-            on_progress=progress,
+            start_at=end - timedelta(days=study.history_days),
+            end_at=end,
+            max_jobs=settings.BERTH_CAPACITY_MAX_JOBS,
         )
-    except Exception as error:
-        logger.exception("capacity study %s failed", study_id)
-        with transaction.atomic():
-            CapacityStudy.objects.filter(pk=study_id).update(
-                status=CapacityStudy.Status.FAILED, message=str(error)[:500], finished_at=timezone.now()
-            )
-        raise
-    with transaction.atomic():
-        CapacityStudy.objects.filter(pk=study_id).update(
+        _study_update(study_id, jobs=len(trace.jobs))
+        for k, (label, gpus, policy) in enumerate(runs):
+            nodes = _replay_nodes(gpus, per_node)
+            result = {"gpus": nodes * per_node, "nodes": nodes}
+            if trace.jobs:
+                point = wait_replay(
+                    trace, gpu_type=study.gpu_type.name, nodes=nodes, gpus_per_node=per_node, policy=policy
+                )
+                result = point.as_dict()
+            results[label] = {**result, "policy": policy}
+            _study_update(study_id, results=results, progress=round((k + 1) / len(runs), 2))
+        message = "" if trace.jobs else "No finished jobs of this type in the history: nothing to replay."
+        _study_update(
+            study_id,
             status=CapacityStudy.Status.DONE,
-            points=[p.as_dict() for p in result.points],
             progress=1.0,
-            answer_gpus=result.answer_gpus,
-            message=result.message[:500],
-            jobs=result.jobs,
+            message=message,
             finished_at=timezone.now(),
         )
-    return CapacityStudy.objects.get(pk=study_id)
+    except Exception as error:  # the time limit too: the row says why, the page shows it
+        logger.exception("what-if %s failed", study_id)
+        _study_update(
+            study_id,
+            status=CapacityStudy.Status.FAILED,
+            message=_failure_text(error),
+            finished_at=timezone.now(),
+        )
+    study.refresh_from_db()
+    return study
 
 
 def forecast_retention_cutoff(*, now: datetime | None = None) -> datetime:

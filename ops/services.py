@@ -1,41 +1,35 @@
-"""Writes behind the staff pages: quota and policy-knob edits (each with an audit event) and
-what-if replays.
+"""Writes behind the staff pages: quota and policy-knob edits, each with an audit event.
 
-A what-if keeps its state (status, progress, baseline and what-if results) in the Django
-cache under ``ops:whatif:<id>`` for `WHATIF_TTL_S`: web and worker must share that cache
-(Redis in production, ``BERTH_CACHE_URL``).  It replays the lab's finished jobs of one GPU
-type twice in the simulator (``forecasting.capacity.wait_replay``: the same ``plan_round``
-as production): once as the cluster is, once with the GPUs and policy changed.
+What-ifs are forecasting's (``forecasting.services.capacity_study_create``, a `CapacityStudy`
+row run by a Celery task); the pages only start and show them.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import uuid
-from datetime import datetime, timedelta
 from typing import Any
 
-from django.conf import settings
-from django.core.cache import cache
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
 from portal.accounts.models import Quota
+from scheduling.engine import POLICIES
 from scheduling.models import AuditEvent, Cluster, Node
+from scheduling.services import audit_event_record
 
 logger = logging.getLogger(__name__)
 
-POLICY_NAMES = ("fifo", "easy", "static", "berth")
+POLICY_NAMES = POLICIES  # the engine's registry: what plan_round runs
 # The PolicyConfig fields these pages edit (scheduling.snapshots.policy_config_for_cluster reads
 # them from Cluster.settings["policy"]); every other key there is kept as it is.
 POLICY_KNOBS = ("name", "grace_s", "min_runtime_s", "booking_lead_s", "interactive_headroom")
-WHATIF_TTL_S = 24 * 3600
 
 
 def _audit(*, user: Any, verb: str, entity_type: str, entity_id: int, before: Any, after: Any) -> None:
-    AuditEvent.objects.create(
+    """A staff edit's audit event, through the one audit writer (`scheduling.services.audit`)."""
+    audit_event_record(
         actor=user if getattr(user, "pk", None) else None,
         actor_label=AuditEvent.Actor.USER,
         verb=verb,
@@ -213,124 +207,3 @@ def cluster_policy_update(
             after=after,
         )
     return cluster
-
-
-# ---- what-if replays ----
-
-
-def _key(whatif_id: str) -> str:
-    return f"ops:whatif:{whatif_id}"
-
-
-def whatif_get(*, whatif_id: str) -> dict[str, Any] | None:
-    state: dict[str, Any] | None = cache.get(_key(whatif_id))
-    return state
-
-
-def _whatif_put(state: dict[str, Any]) -> None:
-    cache.set(_key(state["id"]), state, WHATIF_TTL_S)
-
-
-def whatif_create(
-    *,
-    cluster: Cluster,
-    gpu_type: str,
-    gpu_delta: int,
-    policy: str,
-    history_days: int = 14,
-    user: Any = None,
-    enqueue: bool = True,
-) -> dict[str, Any]:
-    """Queue a baseline-vs-what-if replay; returns its state (``id``, ``status`` "queued", ...)."""
-    from forecasting.capacity import _gpus_per_node
-    from forecasting.selectors import cluster_capacity_by_type
-
-    errors: dict[str, str] = {}
-    current = cluster_capacity_by_type(cluster_id=cluster.pk).get(gpu_type)
-    per_node = _gpus_per_node(cluster_id=cluster.pk, gpu_type=gpu_type)
-    if current is None:
-        errors["gpu_type"] = f"{cluster.name} has no {gpu_type} GPUs."
-    elif current + gpu_delta < per_node:
-        errors["gpu_delta"] = f"Keep at least one node ({per_node} GPUs); {cluster.name} has {current}."
-    if policy not in POLICY_NAMES:
-        errors["policy"] = f"Choose one of {', '.join(POLICY_NAMES)}."
-    if not 1 <= history_days <= 90:
-        errors["history_days"] = "Replay between 1 and 90 days of history."
-    if errors:
-        raise ValidationError(errors)
-    from forecasting.capacity import _policy_name
-
-    state: dict[str, Any] = {
-        "id": uuid.uuid4().hex,
-        "cluster_id": cluster.pk,
-        "gpu_type": gpu_type,
-        "gpu_delta": gpu_delta,
-        "gpus_per_node": per_node,
-        "current_gpus": current,
-        "baseline_policy": _policy_name(cluster_id=cluster.pk),
-        "policy": policy,
-        "history_days": history_days,
-        "status": "queued",
-        "progress": 0.0,
-        "results": {},
-        "message": "",
-        "jobs": 0,
-        "requested_by": getattr(user, "username", ""),
-        "created_at": timezone.now().isoformat(),
-    }
-    _whatif_put(state)
-    if enqueue:
-        from ops.tasks import whatif_run
-
-        transaction.on_commit(lambda: whatif_run.delay(state["id"]))
-    return state
-
-
-def whatif_execute(*, whatif_id: str, now: datetime | None = None) -> dict[str, Any]:
-    """Run both replays, storing progress after each; a done what-if is left alone."""
-    from forecasting.capacity import wait_replay, wait_trace_get
-
-    state = whatif_get(whatif_id=whatif_id)
-    if state is None:
-        raise LookupError(f"what-if {whatif_id} expired or unknown")
-    if state["status"] == "done":
-        return state
-    state.update(status="running", progress=0.05)
-    _whatif_put(state)
-    try:
-        end = now or timezone.now()
-        trace = wait_trace_get(
-            cluster_id=state["cluster_id"],
-            gpu_type=state["gpu_type"],
-            start_at=end - timedelta(days=state["history_days"]),
-            end_at=end,
-            max_jobs=settings.BERTH_CAPACITY_MAX_JOBS,
-        )
-        state["jobs"] = len(trace.jobs)
-        per_node = state["gpus_per_node"]
-        runs = (
-            ("baseline", state["current_gpus"], state["baseline_policy"]),
-            ("whatif", state["current_gpus"] + state["gpu_delta"], state["policy"]),
-        )
-        for k, (label, gpus, policy) in enumerate(runs):
-            nodes = max(1, round(gpus / per_node))
-            if trace.jobs:
-                point = wait_replay(
-                    trace, gpu_type=state["gpu_type"], nodes=nodes, gpus_per_node=per_node, policy=policy
-                )
-                result = {**point.as_dict(), "policy": policy}
-            else:
-                result = {"gpus": nodes * per_node, "nodes": nodes, "policy": policy}
-            state["results"][label] = result
-            state["progress"] = round((k + 1) / len(runs), 2)
-            _whatif_put(state)
-        state.update(
-            status="done",
-            progress=1.0,
-            message="" if trace.jobs else "No finished jobs of this type in the history: nothing to replay.",
-        )
-    except Exception as error:
-        logger.exception("what-if %s failed", whatif_id)
-        state.update(status="failed", message=str(error)[:500])
-    _whatif_put(state)
-    return state

@@ -5,9 +5,10 @@ forecast refresh and what-if replays.  Split from `ops.views` (house rule: files
 
 from __future__ import annotations
 
-from datetime import UTC
+from datetime import UTC, datetime
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.http import Http404, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
@@ -16,10 +17,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods
 from django.views.decorators.vary import vary_on_headers
 
-from ops import services
-from ops.forms import (
-    WhatIfForm,
-)
+from ops.forms import WhatIfForm
 from ops.selectors import Table
 from ops.views import (
     _csv_or_none,
@@ -192,6 +190,7 @@ def _whatif_form(context: dict[str, Any]) -> WhatIfForm:
 @require_GET
 def capacity(request: HtmxHttpRequest) -> HttpResponse:
     form, cluster_id, _ = _range(request)
+    from forecasting.selectors import capacity_study_list
     from forecasting.services import forecast_refresh_state_get
 
     context = {"form": form, "cluster_id": cluster_id, "query": _query(form), **_capacity_context(cluster_id)}
@@ -201,6 +200,7 @@ def capacity(request: HtmxHttpRequest) -> HttpResponse:
         return response
     context["refresh"] = forecast_refresh_state_get(cluster_id=cluster_id) if cluster_id else None
     context["whatif_form"] = _whatif_form(context)
+    context["recent_whatifs"] = capacity_study_list(cluster_id=cluster_id, limit=10) if cluster_id else []
     return render(request, "ops/capacity.html", context)
 
 
@@ -294,36 +294,81 @@ def whatif_new(request: HtmxHttpRequest) -> HttpResponse:
         form.add_error(None, "Choose a cluster from the capacity page.")
     if cluster is None or not form.is_valid():
         return render(request, "ops/capacity.html#whatif", context, status=UNPROCESSABLE)
+    from forecasting.services import capacity_study_create
+
     try:
-        state = services.whatif_create(cluster=cluster, user=request.user, **form.cleaned_data)
+        study = capacity_study_create(cluster=cluster, requested_by=request.user, **form.cleaned_data)
     except ValidationError as exc:
         service_errors_add(form, exc)
         return render(request, "ops/capacity.html#whatif", context, status=UNPROCESSABLE)
-    context["state"] = state
-    url = reverse("ops:whatif", args=[state["id"]])
+    context.update(_whatif_context(study))
     if request.htmx:
         return render(request, "ops/capacity.html#whatif", context)
-    return HttpResponseRedirect(url, status=303)
+    return HttpResponseRedirect(reverse("ops:whatif", args=[study.pk]), status=303)
 
 
 @staff_required
 @require_GET
 def whatif(request: HtmxHttpRequest, whatif_id: str) -> HttpResponse:
     """A what-if's progress (htmx polls the ``whatif-status`` partial until it is done)."""
-    state = services.whatif_get(whatif_id=whatif_id)
-    if state is None:
-        raise Http404("Unknown or expired what-if")
-    compare = _whatif_table(state)
-    context = {"state": state, "compare": compare, "notes": _whatif_notes(state)}
-    if (response := _csv_or_none(request, [compare])) is not None:
+    from forecasting.models import CapacityStudy
+    from forecasting.selectors import capacity_study_get
+
+    try:
+        study = capacity_study_get(study_id=int(whatif_id))
+    except (ValueError, CapacityStudy.DoesNotExist):
+        raise Http404("Unknown what-if") from None
+    context = _whatif_context(study)
+    if (response := _csv_or_none(request, [context["compare"]])) is not None:
         return response
     if request.htmx:
         return render(request, "ops/whatif.html#whatif-status", context)
     return render(request, "ops/whatif.html", context)
 
 
-def _whatif_table(state: dict[str, Any]) -> Table:
-    results = state.get("results", {})
+# A queued what-if no worker has started after this long says so (the page would poll forever).
+WHATIF_QUEUED_WARN_S = 60
+
+
+def _whatif_context(study: Any) -> dict[str, Any]:
+    return {
+        "state": study,
+        "status_text": _whatif_status_text(study, now=timezone.now()),
+        "compare": _whatif_table(study.results),
+        "notes": _whatif_notes(study.results),
+    }
+
+
+def _whatif_status_text(study: Any, *, now: datetime) -> str:
+    """What the what-if is doing, in words (after "Progress: "): never a figure nothing measured."""
+    if study.status == "queued":
+        waited = (now - study.created_at).total_seconds()
+        if waited > WHATIF_QUEUED_WARN_S:
+            return (
+                f"queued for {waited / 60:.0f} min: no worker has started it yet (is a Celery worker "
+                "running?). This page keeps checking."
+            )
+        return "queued, waiting for a worker."
+    if study.status == "running":
+        running_s = (now - (study.started_at or study.created_at)).total_seconds()
+        if running_s > settings.BERTH_CAPACITY_TIME_BUDGET_S + 60:  # the task's hard time limit
+            return (
+                f"running for {running_s / 60:.0f} min, longer than a what-if may run: its worker was "
+                "probably lost; start it again."
+            )
+        done = len(study.results)
+        label, gpus, policy = (
+            ("baseline", study.current_gpus, study.baseline_policy)
+            if done == 0
+            else ("what-if", study.current_gpus + study.gpu_delta, study.policy)
+        )
+        return f"running replay {done + 1} of 2 ({label}, about {gpus} GPUs, policy {policy})."
+    if study.status == "failed":
+        return "failed."
+    return "done, both replays finished."
+
+
+def _whatif_table(results: dict[str, Any]) -> Table:
     base, what = results.get("baseline", {}), results.get("whatif", {})
 
     def fmt(r: dict[str, Any], key: str, scale: float = 1.0) -> Any:
@@ -347,10 +392,9 @@ def _whatif_table(state: dict[str, Any]) -> Table:
     )
 
 
-def _whatif_notes(state: dict[str, Any]) -> list[str]:
+def _whatif_notes(results: dict[str, Any]) -> list[str]:
     """Sentences that explain the comparison: what utilization is relative to, and why it can
     fall when GPUs are removed (work that no longer fits never runs, so it is not counted)."""
-    results = state.get("results", {})
     base, what = results.get("baseline", {}), results.get("whatif", {})
     if "utilization" not in base or "utilization" not in what:
         return []

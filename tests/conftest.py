@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.test import Client
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
@@ -67,6 +68,13 @@ def outsider() -> User:
 @pytest.fixture
 def staff() -> User:
     return UserFactory(is_staff=True)
+
+
+@pytest.fixture
+def staff_web(client: Client, staff: User) -> Client:
+    """The test client signed in as a staff (operations) user."""
+    client.force_login(staff)
+    return client
 
 
 @pytest.fixture

@@ -359,8 +359,6 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_TIME_LIMIT = env.int("CELERY_TASK_TIME_LIMIT", default=300)
 CELERY_TASK_SOFT_TIME_LIMIT = env.int("CELERY_TASK_SOFT_TIME_LIMIT", default=240)
 CELERY_TASK_ALWAYS_EAGER = False
-# Task modules outside installed apps (autodiscovery covers scheduling and forecasting).
-CELERY_IMPORTS = ["ops.tasks"]
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # A Redis outage pauses the worker and beat; they reconnect by themselves when it is back
 # (never give up: Celery's default stops after 100 attempts and exits).
@@ -424,9 +422,9 @@ BERTH_HEADROOM_MAX_FRACTION = env.float("BERTH_HEADROOM_MAX_FRACTION", default=0
 BERTH_RUNTIME_HISTORY_JOBS = env.int("BERTH_RUNTIME_HISTORY_JOBS", default=20_000)
 BERTH_RUNTIME_PREDICTOR_TTL_S = env.int("BERTH_RUNTIME_PREDICTOR_TTL_S", default=60)
 BERTH_RUNTIME_PREDICTOR_REBUILD_S = env.int("BERTH_RUNTIME_PREDICTOR_REBUILD_S", default=6 * 3600)
-# Capacity studies (what-if replays): bounds on one study.
+# What-ifs (capacity studies, two replays each): the newest jobs one replays, and the task's
+# soft time limit (seconds; past it the what-if is marked failed, saying so).
 BERTH_CAPACITY_MAX_JOBS = env.int("BERTH_CAPACITY_MAX_JOBS", default=5_000)
-BERTH_CAPACITY_MAX_REPLAYS = env.int("BERTH_CAPACITY_MAX_REPLAYS", default=10)
 BERTH_CAPACITY_TIME_BUDGET_S = env.int("BERTH_CAPACITY_TIME_BUDGET_S", default=900)
 # The live demo's load generator (scheduling.demo_load): `make demo` turns it on; off elsewhere.
 BERTH_DEMO_LOAD = env.bool("BERTH_DEMO_LOAD", default=False)

@@ -76,17 +76,17 @@ def test_staff_opens_every_ops_page_and_runs_a_whatif(
     project: Project,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from ops import services, tasks
+    from forecasting import services, tasks
 
     _history(cluster, a100, nodes, project)
     quota = QuotaFactory(project=project, gpu_type=a100, guaranteed_gpus=2, borrow_limit_gpus=2)
     workers: list[threading.Thread] = []
 
-    def run_in_thread(whatif_id: str) -> None:
+    def run_in_thread(study_id: int) -> None:
         # No Celery worker in this test: run the task's function in a thread, as a worker would.
         def work() -> None:
             try:
-                services.whatif_execute(whatif_id=whatif_id)
+                services.capacity_study_execute(study_id=study_id)
             finally:
                 connection.close()
 
@@ -94,7 +94,7 @@ def test_staff_opens_every_ops_page_and_runs_a_whatif(
         workers.append(worker)
         worker.start()
 
-    monkeypatch.setattr(tasks.whatif_run, "delay", run_in_thread)
+    monkeypatch.setattr(tasks.capacity_study_run, "delay", run_in_thread)
 
     base = str(live_server).rstrip("/")
     page.set_default_timeout(20_000)

@@ -10,7 +10,6 @@ import pytest
 
 from forecasting.capacity import (
     capacity_exceed_when,
-    capacity_for_wait_target,
     peak_concurrent_gpus,
     wait_replay,
     wait_trace_get,
@@ -137,7 +136,7 @@ def test_wait_trace_is_the_types_finished_jobs_from_their_arrival(
     assert peak_concurrent_gpus(trace) == 16
 
 
-def test_capacity_for_wait_target_is_monotone(cluster: Cluster, nodes: list[Node], a100: GpuType) -> None:
+def test_wait_replay_is_monotone_in_gpus(cluster: Cluster, nodes: list[Node], a100: GpuType) -> None:
     _bursts(cluster, a100)
     trace = wait_trace_get(
         cluster_id=cluster.pk,
@@ -150,43 +149,3 @@ def test_capacity_for_wait_target_is_monotone(cluster: Cluster, nodes: list[Node
     # More GPUs never make the p95 wait worse, and enough GPUs remove the wait.
     assert all(a >= b for a, b in itertools.pairwise(curve))
     assert curve[0] > curve[-1] == 0.0
-
-    seen: list[int] = []
-    loose = capacity_for_wait_target(
-        cluster_id=cluster.pk, gpu_type="A100", p95_wait_s=4_000, at=ISSUED,
-        on_progress=lambda points, done, planned: seen.append(done),
-    )  # fmt: skip
-    strict = capacity_for_wait_target(cluster_id=cluster.pk, gpu_type="A100", p95_wait_s=0, at=ISSUED)
-
-    assert loose.jobs == 72
-    assert loose.current_gpus == 8
-    assert loose.gpus_per_node == 4
-    assert seen == list(range(1, len(loose.points) + 1))
-    for result in (loose, strict):
-        assert result.answer_gpus is not None
-        by_gpus = {p.gpus: p for p in result.points}
-        assert by_gpus[result.answer_gpus].wait_p95_s <= result.p95_wait_s
-        fewer = by_gpus.get(result.answer_gpus - 4)
-        assert fewer is None or fewer.wait_p95_s > result.p95_wait_s
-        # The answer is where the full curve first meets the target.
-        assert result.answer_gpus == 4 * (1 + next(i for i, w in enumerate(curve) if w <= result.p95_wait_s))
-    assert strict.answer_gpus >= loose.answer_gpus
-
-
-def test_capacity_for_wait_target_without_history(cluster: Cluster, nodes: list[Node]) -> None:
-    result = capacity_for_wait_target(cluster_id=cluster.pk, gpu_type="A100", p95_wait_s=600, at=ISSUED)
-    assert result.answer_gpus is None
-    assert result.jobs == 0
-    assert "No finished jobs" in result.message
-
-
-def test_non_monotone_replays_are_reported() -> None:
-    from forecasting.capacity import WaitPoint, _anomaly
-
-    def point(gpus: int, wait: float) -> WaitPoint:
-        return WaitPoint(gpus=gpus, nodes=gpus // 4, wait_p95_s=wait, wait_mean_s=wait, utilization=0.5,
-                         unfinished_jobs=0, wall_s=0.1)  # fmt: skip
-
-    assert _anomaly({1: point(4, 900.0), 2: point(8, 100.0), 3: point(12, 0.0)}) == ""
-    message = _anomaly({1: point(4, 900.0), 2: point(8, 3_000.0), 3: point(12, 0.0)})
-    assert "8 GPUs waited longer than 4" in message

@@ -14,7 +14,7 @@ from django.utils import timezone
 from forecasting import tasks
 from forecasting.models import CapacityStudy, ForecastPoint, ForecastRun
 from forecasting.selectors import capacity_study_get, hour_floor, runtime_predictor_forget
-from forecasting.services import capacity_study_create
+from forecasting.services import capacity_study_create, capacity_study_execute
 from scheduling.models import Cluster, GpuType, Job, Node
 from tests.factories import ClusterFactory, GpuTypeFactory, JobFactory, MembershipFactory
 
@@ -133,19 +133,22 @@ def test_job_runtime_predict_task_by_id(cluster: Cluster, nodes: list[Node]) -> 
 def test_capacity_study_create_checks_input(
     cluster: Cluster, nodes: list[Node], a100: GpuType, django_capture_on_commit_callbacks: Any
 ) -> None:
+    GpuTypeFactory(name="T4")  # exists, but not in this cluster
     with pytest.raises(ValidationError) as error:
-        capacity_study_create(
-            cluster=cluster, gpu_type=GpuTypeFactory(name="T4"), p95_wait_s=-1, history_days=0
-        )
-    assert set(error.value.message_dict) == {"p95_wait_s", "history_days", "gpu_type"}
-    # A valid study is queued after the commit (captured here, not sent to the shared broker).
+        capacity_study_create(cluster=cluster, gpu_type="T4", gpu_delta=4, policy="magic", history_days=0)
+    assert set(error.value.message_dict) == {"policy", "history_days", "gpu_type"}
+    with pytest.raises(ValidationError) as error:  # 1 GPU more rounds to the same two 4-GPU nodes
+        capacity_study_create(cluster=cluster, gpu_type="A100", gpu_delta=1, policy="berth")
+    assert "change by a whole node or choose another policy" in error.value.message_dict["gpu_delta"][0]
+    # A valid what-if is queued after the commit (captured here, not sent to the shared broker).
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
-        study = capacity_study_create(cluster=cluster, gpu_type=a100, p95_wait_s=600)
+        study = capacity_study_create(cluster=cluster, gpu_type="A100", gpu_delta=1, policy="fifo")
     assert len(callbacks) == 1
     assert study.status == CapacityStudy.Status.QUEUED
+    assert (study.current_gpus, study.gpus_per_node, study.baseline_policy) == (8, 4, "berth")
 
 
-def test_capacity_study_task_stores_progress_and_answer_once(
+def test_capacity_study_task_stores_both_replays_once(
     cluster: Cluster, nodes: list[Node], a100: GpuType
 ) -> None:
     user = MembershipFactory().user
@@ -157,23 +160,54 @@ def test_capacity_study_task_stores_progress_and_answer_once(
             status=Job.Status.COMPLETED, submitted_at=now - timedelta(hours=5),
             started_at=now - timedelta(hours=4), ended_at=now - timedelta(hours=3),
         )  # fmt: skip
-    study = capacity_study_create(cluster=cluster, gpu_type=a100, p95_wait_s=0, enqueue=False)
+    study = capacity_study_create(
+        cluster=cluster, gpu_type="A100", gpu_delta=12, policy="berth", enqueue=False
+    )
 
     result = tasks.capacity_study_run(study.pk)
 
     study = capacity_study_get(study_id=study.pk)
-    assert result == {"study_id": study.pk, "status": "done", "answer_gpus": 20}
+    assert result == {"study_id": study.pk, "status": "done"}
     assert study.status == CapacityStudy.Status.DONE
     assert study.progress == 1.0
     assert study.jobs == 10
-    assert study.points[-1]["gpus"] == 20
-    assert study.points[-1]["wait_p95_s"] == 0.0
-    assert all(p["wait_p95_s"] > 0 for p in study.points[:-1])
+    baseline, whatif = study.results["baseline"], study.results["whatif"]
+    assert (baseline["gpus"], whatif["gpus"]) == (8, 20)
+    assert whatif["wait_p95_s"] == 0.0 < baseline["wait_p95_s"]  # 20 GPUs hold all ten at once
     finished_at = study.finished_at
 
-    assert tasks.capacity_study_run(study.pk)["answer_gpus"] == 20
+    assert tasks.capacity_study_run(study.pk)["status"] == "done"
     study.refresh_from_db()
-    assert study.finished_at == finished_at  # a finished study is not run again
+    assert study.finished_at == finished_at  # a finished what-if is not run again
+    assert tasks.capacity_study_run(987_654_321)["status"] == "missing"
+
+
+def test_capacity_study_without_history_or_with_a_failing_replay(
+    cluster: Cluster, nodes: list[Node], a100: GpuType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    study = capacity_study_create(
+        cluster=cluster, gpu_type="A100", gpu_delta=4, policy="berth", enqueue=False
+    )
+    done = capacity_study_execute(study_id=study.pk)
+    assert done.status == CapacityStudy.Status.DONE
+    assert "No finished jobs" in done.message
+    assert done.results["whatif"] == {"gpus": 12, "nodes": 3, "policy": "berth"}
+
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    from forecasting import capacity
+
+    def too_slow(*args: Any, **kwargs: Any) -> Any:
+        raise SoftTimeLimitExceeded()
+
+    monkeypatch.setattr(capacity, "wait_trace_get", too_slow)  # the task's time limit, without waiting
+    study = capacity_study_create(
+        cluster=cluster, gpu_type="A100", gpu_delta=4, policy="berth", enqueue=False
+    )
+    failed = capacity_study_execute(study_id=study.pk)
+    assert failed.status == CapacityStudy.Status.FAILED
+    assert "BERTH_CAPACITY_TIME_BUDGET_S" in failed.message
+    assert failed.finished_at is not None
 
 
 def test_forecast_refresh_command(

@@ -25,7 +25,10 @@ def test_run_change_page_shows_points_read_only(cluster: Cluster, nodes: list[No
         ForecastPoint(run=run, ts=issued + timedelta(hours=h), yhat=2.5, lower80=1.25, upper80=3.75)
         for h in range(2)
     )
-    study = CapacityStudy.objects.create(cluster=cluster, gpu_type=a100, p95_wait_s=600)
+    study = CapacityStudy.objects.create(
+        cluster=cluster, gpu_type=a100, gpu_delta=4, policy="fifo", baseline_policy="berth", current_gpus=8,
+        gpus_per_node=4,
+    )  # fmt: skip
     client = Client()
     client.force_login(UserFactory(is_staff=True, is_superuser=True))
 

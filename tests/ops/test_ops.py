@@ -17,10 +17,10 @@ from ops.selectors import Range
 from portal.accounts.models import Project, Quota
 from scheduling.models import Allocation, AuditEvent, Cluster, EngineRound, GpuType, Job, Node
 from tests.factories import JobFactory, ProjectFactory, QuotaFactory
-from tests.portal.ops_helpers import DAY, PAGES
-from tests.portal.ops_helpers import csv_rows as _csv_rows
-from tests.portal.ops_helpers import day_range as _day_range
-from tests.portal.ops_helpers import ran as _ran
+from tests.ops.ops_helpers import DAY, PAGES
+from tests.ops.ops_helpers import csv_rows as _csv_rows
+from tests.ops.ops_helpers import day_range as _day_range
+from tests.ops.ops_helpers import ran as _ran
 
 pytestmark = pytest.mark.django_db
 

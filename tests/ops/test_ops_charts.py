@@ -196,14 +196,14 @@ def test_whatif_explains_utilization_relative_to_its_own_gpus() -> None:
             },
         }
     }
-    notes = _whatif_notes(state)
+    notes = _whatif_notes(state["results"])
     assert "relative to their own capacity" in notes[0]
     assert "40 job(s) never ran" in notes[1]
     assert "38 ask for more than its 8 GPUs" in notes[1]
     assert "879.0 GPU-hours" in notes[1]
     # More GPUs and lower utilization needs no excuse: only the definition is given.
     state["results"]["whatif"].update(gpus=208, unfinished_jobs=0)
-    assert len(_whatif_notes(state)) == 1
+    assert len(_whatif_notes(state["results"])) == 1
 
 
 def test_whatif_replay_reports_jobs_too_large_for_the_smaller_cluster(
@@ -212,17 +212,17 @@ def test_whatif_replay_reports_jobs_too_large_for_the_smaller_cluster(
     """A real replay: an 8-GPU job cannot run on one 4-GPU node, so the what-if never runs it."""
     from django.utils import timezone
 
-    from ops import services
+    from forecasting.services import capacity_study_create, capacity_study_execute
 
     base = timezone.now() - timedelta(days=1)
     for k in range(6):
         job = _ran(project, cluster, a100, nodes[k % 2], base + timedelta(hours=k), 1)
         Job.objects.filter(pk=job.pk).update(gpu_count=8 if k == 0 else 1)
-    state = services.whatif_create(
-        cluster=cluster, gpu_type="A100", gpu_delta=-4, policy="fifo", user=staff, enqueue=False
+    study = capacity_study_create(
+        cluster=cluster, gpu_type="A100", gpu_delta=-4, policy="fifo", requested_by=staff, enqueue=False
     )
-    done = services.whatif_execute(whatif_id=state["id"])
-    what, baseline = done["results"]["whatif"], done["results"]["baseline"]
+    done = capacity_study_execute(study_id=study.pk)
+    what, baseline = done.results["whatif"], done.results["baseline"]
     assert what["gpus"] == 4
     assert what["too_large_jobs"] == 1
     assert what["unfinished_jobs"] >= 1

@@ -12,13 +12,14 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from ops import services, views
+from forecasting.services import capacity_study_create, capacity_study_execute
+from ops import views
 from portal.accounts.models import Project
 from scheduling.models import AuditEvent, Cluster, GpuType, Job, Node
 from scheduling.snapshots import policy_config_for_cluster
 from tests.factories import QuotaFactory, UserFactory
-from tests.portal.ops_helpers import csv_rows as _csv_rows
-from tests.portal.ops_helpers import ran as _ran
+from tests.ops.ops_helpers import csv_rows as _csv_rows
+from tests.ops.ops_helpers import ran as _ran
 
 pytestmark = pytest.mark.django_db
 
@@ -138,26 +139,26 @@ def test_whatif_runs_to_done_with_baseline_and_whatif(
         start = base + timedelta(hours=2 * (k // 8))
         _ran(project, cluster, a100, nodes[k % 2], start, 1, index=(k // 2) % 4, wait_s=0)
         Job.objects.filter(pk=Job.objects.latest("id").pk).update(gpu_count=4, submitted_at=base)
-    state = services.whatif_create(
-        cluster=cluster, gpu_type="A100", gpu_delta=8, policy="berth", user=staff, enqueue=False
+    study = capacity_study_create(
+        cluster=cluster, gpu_type="A100", gpu_delta=8, policy="berth", requested_by=staff, enqueue=False
     )
-    assert state["status"] == "queued"
-    assert state["current_gpus"] == 8
-    response = staff_web.get(reverse("ops:whatif", args=[state["id"]]), HTTP_HX_REQUEST="true")
+    assert study.status == "queued"
+    assert study.current_gpus == 8
+    response = staff_web.get(reverse("ops:whatif", args=[study.pk]), HTTP_HX_REQUEST="true")
     assert 'hx-trigger="every 1s"' in response.content.decode()  # still polling
-    done = services.whatif_execute(whatif_id=state["id"])
-    assert done["status"] == "done"
-    assert done["progress"] == 1.0
-    assert done["jobs"] == 12
-    assert done["results"]["baseline"]["gpus"] == 8
-    assert done["results"]["whatif"]["gpus"] == 16
-    assert done["results"]["whatif"]["wait_p95_s"] <= done["results"]["baseline"]["wait_p95_s"]
-    response = staff_web.get(reverse("ops:whatif", args=[state["id"]]), HTTP_HX_REQUEST="true")
+    done = capacity_study_execute(study_id=study.pk)
+    assert done.status == "done"
+    assert done.progress == 1.0
+    assert done.jobs == 12
+    assert done.results["baseline"]["gpus"] == 8
+    assert done.results["whatif"]["gpus"] == 16
+    assert done.results["whatif"]["wait_p95_s"] <= done.results["baseline"]["wait_p95_s"]
+    response = staff_web.get(reverse("ops:whatif", args=[study.pk]), HTTP_HX_REQUEST="true")
     body = response.content.decode()
     assert "every 1s" not in body
     assert 'value="100"' in body
     assert "Wait p95 (min)" in body
-    rows = _csv_rows(staff_web.get(reverse("ops:whatif", args=[state["id"]]), {"csv": "whatif"}))
+    rows = _csv_rows(staff_web.get(reverse("ops:whatif", args=[study.pk]), {"csv": "whatif"}))
     assert rows[2] == ["GPUs", "8", "16"]
 
 
@@ -185,10 +186,12 @@ def test_whatif_new_queues_the_task_after_commit(
     monkeypatch: pytest.MonkeyPatch,
     django_capture_on_commit_callbacks: Any,
 ) -> None:
-    sent: list[str] = []
-    from ops import tasks
+    sent: list[int] = []
+    from forecasting import tasks
 
-    monkeypatch.setattr(tasks.whatif_run, "delay", lambda whatif_id: sent.append(whatif_id))  # no worker here
+    monkeypatch.setattr(
+        tasks.capacity_study_run, "delay", lambda study_id: sent.append(study_id)
+    )  # no worker here
     with django_capture_on_commit_callbacks(execute=True):
         response = staff_web.post(
             f"{reverse('ops:whatif-new')}?cluster={cluster.pk}",
