@@ -255,7 +255,7 @@ def capacity_exceed(request: HtmxHttpRequest) -> HttpResponse:
         return response
     if request.htmx:
         return render(request, "ops/capacity.html#capacity-exceed", context)
-    # Without JavaScript the link leads here: the whole capacity page, with the answer in place.
+    # A reloaded or bookmarked URL: the whole capacity page, with this run in place.
     context.update(form=form, **_capacity_context(cluster_id))
     context["whatif_form"] = _whatif_form(context)
     return render(request, "ops/capacity.html", context)
