@@ -1,4 +1,4 @@
-"""Stored demand forecasts and capacity studies.
+"""Stored demand forecasts, capacity studies and capacity-exceed runs.
 
 * `ForecastRun`: one fit of one model on one hourly demand series, issued at the start of
   an hour (the first forecast hour).  A series is a cluster plus one of: a GPU type (all
@@ -12,6 +12,8 @@
 * `CapacityStudy`: a what-if (the staff capacity page's): the lab's jobs of one GPU type
   replayed as the cluster is and with GPUs added or removed, run by a Celery task that stores
   its progress so the page can poll it.
+* `CapacityExceedRun`: "when does demand exceed capacity" (the same page's): one forecast fit
+  per GPU type of a cluster, run by a Celery task, its progress and crossings stored on the row.
 
 Nothing happens in ``save()``: every write goes through ``forecasting.services``.
 """
@@ -161,3 +163,48 @@ class CapacityStudy(models.Model):
     def __str__(self) -> str:
         sign = "+" if self.gpu_delta >= 0 else ""
         return f"What-if {self.pk}: {self.gpu_type_id} {sign}{self.gpu_delta} GPUs, {self.policy}"
+
+
+class CapacityExceedRun(models.Model):
+    """The "when does demand exceed capacity" of one cluster: one forecast fit per GPU type
+    (``forecasting.capacity.capacity_exceed_when``), asked for on the staff capacity page and
+    run by a Celery task that stores its progress (GPU types fitted of all) and, when done,
+    each type's crossing; the page polls the row."""
+
+    class Status(models.TextChoices):
+        QUEUED = "queued", "Queued"
+        RUNNING = "running", "Running"
+        DONE = "done", "Done"
+        FAILED = "failed", "Failed"
+
+    cluster = models.ForeignKey(
+        "scheduling.Cluster", on_delete=models.CASCADE, related_name="capacity_exceed_runs"
+    )
+    horizon_days = models.PositiveSmallIntegerField()
+    model_name = models.CharField(max_length=40, default="prophet")
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, related_name="+", null=True, blank=True
+    )
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    types_total = models.PositiveSmallIntegerField(default=0)  # GPU types to fit (0: not started)
+    types_done = models.PositiveSmallIntegerField(default=0)
+    # Per GPU type in name order: `forecasting.capacity.CapacityCrossing.as_dict()`, when done.
+    results = models.JSONField(default=list, blank=True)
+    message = models.CharField(max_length=500, blank=True, default="")  # why it failed
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(horizon_days__gte=1) & Q(horizon_days__lte=90), name="capacityexceedrun_horizon"
+            ),
+            models.CheckConstraint(
+                condition=Q(types_done__lte=F("types_total")), name="capacityexceedrun_progress"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"Exceed run {self.pk}: cluster {self.cluster_id}, {self.horizon_days} days, {self.status}"

@@ -20,7 +20,7 @@ import pandas as pd
 from django.conf import settings
 from django.db.models import Q, Sum
 
-from forecasting.models import CapacityStudy, ForecastPoint, ForecastRun
+from forecasting.models import CapacityExceedRun, CapacityStudy, ForecastPoint, ForecastRun
 
 # The runtime predictor's reads live in forecasting.runtime_selectors; this module was
 # their home, so callers importing them from here keep working.
@@ -46,6 +46,7 @@ __all__ = [
     "ForecastTrackRecord",
     "RuntimeAccuracy",
     "SeriesKey",
+    "capacity_exceed_run_get",
     "capacity_study_get",
     "capacity_study_list",
     "cluster_capacity_by_type",
@@ -469,6 +470,15 @@ def capacity_study_list(*, cluster_id: int, limit: int = 20) -> list[CapacityStu
         CapacityStudy.objects.filter(cluster_id=cluster_id)
         .select_related("gpu_type", "requested_by")
         .order_by("-created_at")[:limit]
+    )
+
+
+def capacity_exceed_run_get(*, cluster_id: int, run_id: int | None = None) -> CapacityExceedRun | None:
+    """The cluster's capacity-exceed run ``run_id`` (None if it is another cluster's or unknown),
+    or without an id its newest; for the staff capacity page (callers check staff)."""
+    runs = CapacityExceedRun.objects.filter(cluster_id=cluster_id).select_related("requested_by")
+    return (
+        runs.filter(pk=run_id).first() if run_id is not None else runs.order_by("-created_at", "-id").first()
     )
 
 

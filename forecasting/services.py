@@ -1,4 +1,6 @@
-"""Writes for forecasting: stored demand forecasts, runtime predictions on jobs, what-ifs (capacity studies).
+"""Writes for forecasting: stored demand forecasts, runtime predictions on jobs, what-ifs (capacity
+studies) and capacity-exceed runs (their rows and queued tasks here, their execution on a worker
+in `forecasting.capacity.runs`).
 
 Fits and replays are slow compared with a transaction, so they run first and only the
 storing is atomic.  One run per series, model and hour is enforced by a unique constraint:
@@ -23,7 +25,14 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from forecasting.models import CapacityStudy, ForecastPoint, ForecastRun
+from forecasting.capacity.replay import replay_nodes
+from forecasting.capacity.runs import (  # the tasks' half (run on a worker), re-exported
+    capacity_exceed_run_execute as capacity_exceed_run_execute,
+)
+from forecasting.capacity.runs import (
+    capacity_study_execute as capacity_study_execute,
+)
+from forecasting.models import CapacityExceedRun, CapacityStudy, ForecastPoint, ForecastRun
 from forecasting.selectors import (
     cluster_capacity_by_type,
     demand_series_get,
@@ -360,11 +369,6 @@ def jobs_runtime_predict(*, cluster_id: int, only_missing: bool = False) -> int:
 # ---- what-ifs (capacity studies) ----
 
 
-def _replay_nodes(gpus: int, per_node: int) -> int:
-    """Whole nodes of ``per_node`` GPUs closest to ``gpus`` (at least one): what a replay gets."""
-    return max(1, round(gpus / per_node))
-
-
 def capacity_study_create(
     *,
     cluster: Cluster,
@@ -394,11 +398,11 @@ def capacity_study_create(
         errors["gpu_type"] = f"{cluster.name} has no {gpu_type} GPUs."
     elif current + gpu_delta < per_node:
         errors["gpu_delta"] = f"Keep at least one node ({per_node} GPUs); {cluster.name} has {current}."
-    elif policy == baseline_policy and _replay_nodes(current + gpu_delta, per_node) == _replay_nodes(
+    elif policy == baseline_policy and replay_nodes(current + gpu_delta, per_node) == replay_nodes(
         current, per_node
     ):
         errors["gpu_delta"] = (
-            f"{gpu_delta:+d} GPUs rounds to the {_replay_nodes(current, per_node)} nodes of {per_node} GPUs "
+            f"{gpu_delta:+d} GPUs rounds to the {replay_nodes(current, per_node)} nodes of {per_node} GPUs "
             f"the cluster has, with its own policy: change by a whole node or choose another policy."
         )
     if policy not in POLICIES:
@@ -427,79 +431,36 @@ def capacity_study_create(
     return study
 
 
-def _study_update(study_id: int, **fields: Any) -> None:
-    """One autocommitted UPDATE: the polling page sees each step as soon as it is done."""
-    CapacityStudy.objects.filter(pk=study_id).update(**fields)
+# ---- "when does demand exceed capacity" (capacity-exceed runs) ----
 
 
-def _failure_text(error: BaseException) -> str:
-    from celery.exceptions import SoftTimeLimitExceeded
-
-    if isinstance(error, SoftTimeLimitExceeded):
-        return (
-            f"The replays took longer than the {settings.BERTH_CAPACITY_TIME_BUDGET_S} s a what-if may "
-            "take (BERTH_CAPACITY_TIME_BUDGET_S): replay fewer days of history."
-        )
-    return f"The replay failed: {type(error).__name__}: {error}"[:500]
-
-
-def capacity_study_execute(*, study_id: int, now: datetime | None = None) -> CapacityStudy:
-    """Run a what-if's two replays (``baseline``, then ``whatif``), storing each result and the
-    progress as soon as it is done.  A done what-if is left alone; a failed or interrupted one
-    (a lost worker) starts again.  An error, the time limit included, marks it failed with the
-    reason (logged, not raised: the row is the answer)."""
-    from forecasting.capacity import wait_replay, wait_trace_get
-
+def capacity_exceed_run_create(
+    *, cluster: Cluster, horizon_days: int = 28, requested_by: Any = None, enqueue: bool = True
+) -> CapacityExceedRun:
+    """Queue the per-type forecast fits of ``cluster`` over ``horizon_days`` (1-90, else a field
+    error); one already queued or running for the same cluster and horizon is returned instead of
+    a second.  The task ``forecasting.tasks.capacity_exceed_run`` runs it after the commit."""
+    if not 1 <= horizon_days <= 90:
+        raise ValidationError({"horizon_days": "Look between 1 and 90 days ahead."})
     with transaction.atomic():
-        study = CapacityStudy.objects.select_for_update().select_related("gpu_type").get(pk=study_id)
-        if study.status == CapacityStudy.Status.DONE:
-            return study
-        study.status, study.started_at = CapacityStudy.Status.RUNNING, timezone.now()
-        study.results, study.progress, study.message, study.jobs = {}, 0.0, "", 0
-        study.save(update_fields=["status", "started_at", "results", "progress", "message", "jobs"])
-    per_node, results = study.gpus_per_node, {}
-    runs = (
-        ("baseline", study.current_gpus, study.baseline_policy),
-        ("whatif", study.current_gpus + study.gpu_delta, study.policy),
-    )
-    try:
-        end = now or timezone.now()
-        trace = wait_trace_get(
-            cluster_id=study.cluster_id,
-            gpu_type=study.gpu_type.name,
-            start_at=end - timedelta(days=study.history_days),
-            end_at=end,
-            max_jobs=settings.BERTH_CAPACITY_MAX_JOBS,
+        Cluster.objects.select_for_update().filter(pk=cluster.pk).first()  # one active run per cluster
+        active = (CapacityExceedRun.Status.QUEUED, CapacityExceedRun.Status.RUNNING)
+        run = CapacityExceedRun.objects.filter(
+            cluster=cluster, horizon_days=horizon_days, status__in=active
+        ).first()
+        if run is not None:
+            return run
+        run = CapacityExceedRun.objects.create(
+            cluster=cluster,
+            horizon_days=horizon_days,
+            requested_by=requested_by if getattr(requested_by, "pk", None) else None,
         )
-        _study_update(study_id, jobs=len(trace.jobs))
-        for k, (label, gpus, policy) in enumerate(runs):
-            nodes = _replay_nodes(gpus, per_node)
-            result = {"gpus": nodes * per_node, "nodes": nodes}
-            if trace.jobs:
-                point = wait_replay(
-                    trace, gpu_type=study.gpu_type.name, nodes=nodes, gpus_per_node=per_node, policy=policy
-                )
-                result = point.as_dict()
-            results[label] = {**result, "policy": policy}
-            _study_update(study_id, results=results, progress=round((k + 1) / len(runs), 2))
-        message = "" if trace.jobs else "No finished jobs of this type in the history: nothing to replay."
-        _study_update(
-            study_id,
-            status=CapacityStudy.Status.DONE,
-            progress=1.0,
-            message=message,
-            finished_at=timezone.now(),
-        )
-    except Exception as error:  # the time limit too: the row says why, the page shows it
-        logger.exception("what-if %s failed", study_id)
-        _study_update(
-            study_id,
-            status=CapacityStudy.Status.FAILED,
-            message=_failure_text(error),
-            finished_at=timezone.now(),
-        )
-    study.refresh_from_db()
-    return study
+        if enqueue:
+            from forecasting.tasks import capacity_exceed_run as task
+
+            run_id = run.pk
+            transaction.on_commit(lambda: task.delay(run_id))
+    return run
 
 
 def forecast_retention_cutoff(*, now: datetime | None = None) -> datetime:

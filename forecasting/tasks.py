@@ -12,6 +12,8 @@
 * `job_runtime_predict(job_id)`: store a job's predicted runtime quantiles.
 * `jobs_runtime_predict(cluster_id)`: refresh every pending job's prediction.
 * `capacity_study_run(study_id)`: a what-if (the ops capacity page's), progress stored on the row.
+* `capacity_exceed_run(run_id)`: "when does demand exceed capacity" (the same page's): one
+  forecast fit per GPU type, progress and crossings stored on the row.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 from django.conf import settings
 
 from forecasting import services
-from forecasting.models import CapacityStudy
+from forecasting.models import CapacityExceedRun, CapacityStudy
 from scheduling.models import Cluster, Job
 from scheduling.task_policy import active_cluster_ids, berth_task
 
@@ -143,3 +145,18 @@ def capacity_study_run(study_id: int) -> dict[str, Any]:
         return {"study_id": study_id, "status": "missing"}
     study = services.capacity_study_execute(study_id=study_id)
     return {"study_id": study_id, "status": study.status}
+
+
+@berth_task(
+    name="forecasting.tasks.capacity_exceed_run",
+    reject_on_worker_lost=True,
+    soft_time_limit=settings.BERTH_FORECAST_SOFT_TIME_LIMIT_S,
+    time_limit=settings.BERTH_FORECAST_SOFT_TIME_LIMIT_S + 60,
+)
+def capacity_exceed_run(run_id: int) -> dict[str, Any]:
+    """Fit a capacity-exceed run's forecasts (a finished one is left alone; past the soft limit
+    it is failed)."""
+    if not CapacityExceedRun.objects.filter(pk=run_id).exists():
+        return {"run_id": run_id, "status": "missing"}
+    run = services.capacity_exceed_run_execute(run_id=run_id)
+    return {"run_id": run_id, "status": run.status}

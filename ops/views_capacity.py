@@ -5,7 +5,7 @@ forecast refresh and what-if replays.  Split from `ops.views` (house rule: files
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -190,7 +190,7 @@ def _whatif_form(context: dict[str, Any]) -> WhatIfForm:
 @require_GET
 def capacity(request: HtmxHttpRequest) -> HttpResponse:
     form, cluster_id, _ = _range(request)
-    from forecasting.selectors import capacity_study_list
+    from forecasting.selectors import capacity_exceed_run_get, capacity_study_list
     from forecasting.services import forecast_refresh_state_get
 
     context = {"form": form, "cluster_id": cluster_id, "query": _query(form), **_capacity_context(cluster_id)}
@@ -201,6 +201,8 @@ def capacity(request: HtmxHttpRequest) -> HttpResponse:
     context["refresh"] = forecast_refresh_state_get(cluster_id=cluster_id) if cluster_id else None
     context["whatif_form"] = _whatif_form(context)
     context["recent_whatifs"] = capacity_study_list(cluster_id=cluster_id, limit=10) if cluster_id else []
+    newest = capacity_exceed_run_get(cluster_id=cluster_id) if cluster_id else None
+    context.update(_exceed_context(newest, context["query"]))
     return render(request, "ops/capacity.html", context)
 
 
@@ -226,20 +228,111 @@ def forecast_refresh(request: HtmxHttpRequest) -> HttpResponse:
 
 
 @staff_required
-@require_GET
+@vary_on_headers("HX-Request")
+@require_http_methods(["GET", "POST"])
 def capacity_exceed(request: HtmxHttpRequest) -> HttpResponse:
-    """When forecast demand exceeds capacity (fits one model per type now: loaded on request)."""
-    from forecasting.capacity import capacity_exceed_when
+    """ "When does demand exceed capacity": POST queues one forecast fit per GPU type of the
+    cluster the URL names (a `CapacityExceedRun`, fitted on a worker); GET only reads: the run
+    ``?run=`` or the cluster's newest (htmx polls it while it runs; ``?csv=capacity-exceed``)."""
+    from forecasting.selectors import capacity_exceed_run_get
 
     form, cluster_id, _ = _range(request)
+    if request.method == "POST":
+        return _capacity_exceed_start(request, form, cluster_id)
     try:
-        days = max(1, min(90, int(request.GET.get("horizon_days", "28"))))
+        run_id = int(request.GET["run"]) if request.GET.get("run") else None
+    except ValueError:
+        raise Http404("Unknown run") from None
+    run = capacity_exceed_run_get(cluster_id=cluster_id, run_id=run_id) if cluster_id else None
+    if run_id is not None and run is None:
+        raise Http404("Unknown run")
+    context: dict[str, Any] = {
+        "query": _query(form),
+        "cluster_id": cluster_id,
+        **_exceed_context(run, _query(form)),
+    }
+    if (response := _csv_or_none(request, [t for t in [context["exceed"]] if t])) is not None:
+        return response
+    if request.htmx:
+        return render(request, "ops/capacity.html#capacity-exceed", context)
+    # A reloaded or bookmarked URL: the whole capacity page, with this run in place.
+    context.update(form=form, **_capacity_context(cluster_id))
+    context["whatif_form"] = _whatif_form(context)
+    return render(request, "ops/capacity.html", context)
+
+
+def _capacity_exceed_start(request: HtmxHttpRequest, form: Any, cluster_id: int | None) -> HttpResponse:
+    from forecasting.services import capacity_exceed_run_create
+    from scheduling.models import Cluster
+
+    cluster = None
+    if cluster_id is not None and _is_asked_cluster(request, cluster_id):
+        cluster = Cluster.objects.filter(pk=cluster_id).first()
+    context: dict[str, Any] = {"query": _query(form), "cluster_id": cluster_id}
+    if cluster is None:
+        context.update(
+            _exceed_context(None, context["query"]), exceed_error="Choose a cluster from the capacity page."
+        )
+        return render(request, "ops/capacity.html#capacity-exceed", context, status=UNPROCESSABLE)
+    try:
+        days = max(1, min(90, int(request.POST.get("horizon_days", "28"))))
     except ValueError:
         days = 28
-    crossings = capacity_exceed_when(cluster_id=cluster_id, horizon_days=days) if cluster_id else {}
-    table = Table(
+    run = capacity_exceed_run_create(cluster=cluster, horizon_days=days, requested_by=request.user)
+    if request.htmx:
+        return render(
+            request,
+            "ops/capacity.html#capacity-exceed",
+            {**context, **_exceed_context(run, context["query"])},
+        )
+    return HttpResponseRedirect(f"{reverse('ops:capacity')}?{_query(form)}#h-exceed", status=303)
+
+
+def _exceed_context(run: Any | None, query: str) -> dict[str, Any]:
+    return {
+        "exceed_run": run,
+        "exceed_query": f"{query}&run={run.pk}" if run else query,  # its CSV
+        "exceed_status_text": _exceed_status_text(run, now=timezone.now()) if run else "",
+        "exceed": _exceed_table(run),
+        "horizon_days": run.horizon_days if run else 28,
+    }
+
+
+def _exceed_status_text(run: Any, *, now: datetime) -> str:
+    """What the fits are doing, in words (after "Progress: ")."""
+    if run.status == "queued":
+        return _queued_text(now - run.created_at)
+    if run.status == "running":
+        running_s = (now - (run.started_at or run.created_at)).total_seconds()
+        if running_s > settings.BERTH_FORECAST_SOFT_TIME_LIMIT_S + 60:  # the task's hard time limit
+            return (
+                f"running for {running_s / 60:.0f} min, longer than these fits may run: its worker was "
+                "probably lost; compute again."
+            )
+        if run.types_total == 0:
+            return "running, reading the demand history."
+        if run.types_done < run.types_total:
+            return f"running, fitting GPU type {run.types_done + 1} of {run.types_total}."
+        return "running, storing the results."
+    if run.status == "failed":
+        return "failed."
+    return (
+        f"done: {len(run.results)} GPU type{'s' if len(run.results) != 1 else ''} fitted with "
+        f"{run.model_name}, {run.finished_at or run.created_at:%Y-%m-%d %H:%M} UTC."
+    )
+
+
+def _exceed_table(run: Any | None) -> Table | None:
+    """A done run's crossings, one row per GPU type (None before it is done)."""
+    if run is None or run.status != "done":
+        return None
+
+    def when(value: str | None) -> str:
+        return f"{datetime.fromisoformat(value):%Y-%m-%d %H:00}" if value else "not within the horizon"
+
+    return Table(
         name="capacity-exceed",
-        caption=f"When forecast demand exceeds capacity (next {days} days)",
+        caption=f"When forecast demand exceeds capacity (next {run.horizon_days} days)",
         headers=(
             "GPU type",
             "Capacity GPUs",
@@ -250,27 +343,16 @@ def capacity_exceed(request: HtmxHttpRequest) -> HttpResponse:
         ),
         rows=tuple(
             (
-                c.gpu_type,
-                c.capacity_gpus,
-                f"{c.yhat_exceeds_at:%Y-%m-%d %H:00}" if c.yhat_exceeds_at else "not within the horizon",
-                f"{c.upper80_exceeds_at:%Y-%m-%d %H:00}"
-                if c.upper80_exceeds_at
-                else "not within the horizon",
-                round(c.peak_yhat, 1),
-                round(c.peak_upper80, 1),
+                c["gpu_type"],
+                c["capacity_gpus"],
+                when(c["yhat_exceeds_at"]),
+                when(c["upper80_exceeds_at"]),
+                round(c["peak_yhat"], 1),
+                round(c["peak_upper80"], 1),
             )
-            for c in crossings.values()
+            for c in run.results
         ),
     )
-    if (response := _csv_or_none(request, [table])) is not None:
-        return response
-    context: dict[str, Any] = {"exceed": table, "query": _query(form), "horizon_days": days}
-    if request.htmx:
-        return render(request, "ops/capacity.html#capacity-exceed", context)
-    # Without JavaScript the link leads here: the whole capacity page, with the answer in place.
-    context.update(form=form, cluster_id=cluster_id, **_capacity_context(cluster_id))
-    context["whatif_form"] = _whatif_form(context)
-    return render(request, "ops/capacity.html", context)
 
 
 @staff_required
@@ -339,16 +421,20 @@ def _whatif_context(study: Any) -> dict[str, Any]:
     }
 
 
+def _queued_text(waited: timedelta) -> str:
+    """A queued what-if or fit: after a minute, that no worker has started it (else it polls on)."""
+    if waited.total_seconds() > WHATIF_QUEUED_WARN_S:
+        return (
+            f"queued for {waited.total_seconds() / 60:.0f} min: no worker has started it yet (is a "
+            "Celery worker running?). This page keeps checking."
+        )
+    return "queued, waiting for a worker."
+
+
 def _whatif_status_text(study: Any, *, now: datetime) -> str:
     """What the what-if is doing, in words (after "Progress: "): never a figure nothing measured."""
     if study.status == "queued":
-        waited = (now - study.created_at).total_seconds()
-        if waited > WHATIF_QUEUED_WARN_S:
-            return (
-                f"queued for {waited / 60:.0f} min: no worker has started it yet (is a Celery worker "
-                "running?). This page keeps checking."
-            )
-        return "queued, waiting for a worker."
+        return _queued_text(now - study.created_at)
     if study.status == "running":
         running_s = (now - (study.started_at or study.created_at)).total_seconds()
         if running_s > settings.BERTH_CAPACITY_TIME_BUDGET_S + 60:  # the task's hard time limit

@@ -6,9 +6,12 @@
   replay trace, and the cluster facts a what-if starts from (`gpus_per_node`, `policy_name`).
 * `replay` (the simulator, no ORM): `wait_replay` runs a trace on a given number of nodes and
   policy (``scheduling.sim``: the same ``plan_round`` as production); `WaitPoint` is its result.
+* `runs` (the tasks' writes): `capacity_study_execute` and `capacity_exceed_run_execute` run a
+  stored what-if (`CapacityStudy`) or capacity-exceed run (`CapacityExceedRun`) and store its
+  progress and result on the row; `forecasting.services` creates the rows and queues the tasks.
 
-The what-if (``forecasting.services.capacity_study_execute``, stored as a `CapacityStudy`)
-replays a trace twice: as the cluster is and with GPUs added or removed.  Nothing here writes.
+The what-if replays a trace twice: as the cluster is and with GPUs added or removed.  Only
+`runs` writes.
 """
 
 from forecasting.capacity.exceed import CapacityCrossing, capacity_exceed_when

@@ -7,6 +7,7 @@ towards last week).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
@@ -44,11 +45,18 @@ class CapacityCrossing:
 
 
 def capacity_exceed_when(
-    *, cluster_id: int, horizon_days: int, at: datetime | None = None, model_name: str = "prophet"
+    *,
+    cluster_id: int,
+    horizon_days: int,
+    at: datetime | None = None,
+    model_name: str = "prophet",
+    progress: Callable[[int, int], object] | None = None,
 ) -> dict[str, CapacityCrossing]:
     """Per GPU type of the cluster: the first hour within ``horizon_days`` when forecast demand
     exceeds its capacity (GPUs on nodes that are not down).  Types without demand history get
     no crossing.  Fits one model per type now (about a second each); nothing is stored.
+    ``progress(done, total)`` is called before the first type and after each one (a Celery
+    task stores it for the page: ``forecasting.services.capacity_exceed_run_execute``).
     """
     from forecasting.core.models import make_model
 
@@ -59,6 +67,8 @@ def capacity_exceed_when(
     capacity = cluster_capacity_by_type(cluster_id=cluster_id)
     series = demand_series_get(cluster_id=cluster_id, end_at=issued)
     out: dict[str, CapacityCrossing] = {}
+    if progress is not None:
+        progress(0, len(capacity))
     for type_name, total in sorted(capacity.items()):
         y = series.get((ForecastRun.Kind.GPU_TYPE, type_name))
         yhat_at = upper_at = None
@@ -83,4 +93,6 @@ def capacity_exceed_when(
             issued_at=issued,
             horizon_h=horizon_h,
         )
+        if progress is not None:
+            progress(len(out), len(capacity))
     return out

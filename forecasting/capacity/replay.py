@@ -82,3 +82,8 @@ def wait_replay(
         span_h=max(record.span_end - record.span_start, 0.0) / 3600.0,
         too_large_jobs=sum(1 for job in trace.jobs if job.gpu_count > gpus),
     )
+
+
+def replay_nodes(gpus: int, per_node: int) -> int:
+    """Whole nodes of ``per_node`` GPUs closest to ``gpus`` (at least one): what a replay gets."""
+    return max(1, round(gpus / per_node))

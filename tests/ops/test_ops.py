@@ -383,6 +383,12 @@ def test_quota_create_and_weight_edit_are_audited(
 
 def test_capacity_exceed_without_history(staff_web: Client, cluster: Cluster, nodes: list[Node]) -> None:
     params = {"cluster": cluster.pk, "horizon_days": 7}
+    # The fits run on a worker (issue 14): the button POSTs a run, the worker's half runs here.
+    from forecasting.models import CapacityExceedRun
+    from forecasting.services import capacity_exceed_run_execute
+
+    staff_web.post(f"{reverse('ops:capacity-exceed')}?cluster={cluster.pk}", {"horizon_days": 7})
+    capacity_exceed_run_execute(run_id=CapacityExceedRun.objects.get(cluster=cluster).pk)
     fragment = staff_web.get(reverse("ops:capacity-exceed"), params, HTTP_HX_REQUEST="true")
     body = fragment.content.decode()
     assert body.lstrip().startswith('<div id="capacity-exceed"')
