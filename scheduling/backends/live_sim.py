@@ -58,6 +58,8 @@ from scheduling.engine.types import Node, Plan, PreemptAction, StartAction
 __all__ = ["LiveSimBackend", "LiveSimConfig", "RedisLike"]
 
 _RUNNING = "running"
+# Per state key: the raw record values of the last load and what they parsed to (`_load`).
+_DECODED: dict[str, dict[Any, dict[str, Any]]] = {}
 _TERMINAL = {
     "completed": ObservedState.COMPLETED,
     "failed": ObservedState.FAILED,
@@ -273,10 +275,20 @@ class LiveSimBackend:
             raw = self._redis.hgetall(self._jobs_key)
         except Exception as exc:
             raise BackendError(f"simulated cluster state store: {exc}") from exc
+        # A record read again unchanged (most of them, round after round) is not parsed again:
+        # the last load's parsed records are kept per state key (keyed by the exact stored
+        # text, so a record another process changed is parsed anew), and a copy is handed out.
+        seen = _DECODED.get(self._jobs_key, {})
+        decoded: dict[Any, dict[str, Any]] = {}
         out: dict[str, dict[str, Any]] = {}
         for key, value in raw.items():
             job_id = key.decode() if isinstance(key, bytes) else str(key)
-            out[job_id] = json.loads(value)
+            rec = seen.get(value)
+            if rec is None:
+                rec = json.loads(value)
+            decoded[value] = rec
+            out[job_id] = {k: list(v) if type(v) is list else v for k, v in rec.items()}
+        _DECODED[self._jobs_key] = decoded
         return out
 
     def _save(self, job_id: str, rec: Mapping[str, Any]) -> None:

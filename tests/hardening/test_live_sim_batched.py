@@ -79,3 +79,21 @@ def test_a_failed_write_writes_nothing_and_is_a_backend_error(client: redis.Redi
         sim.apply(Plan(starts=(start("1", (1,)), start("2", (2,)))), payloads={})
     counting.fail_writes = False
     assert sim.records() == {}
+
+
+def test_records_parsed_once_are_handed_out_as_copies(client: redis.Redis) -> None:
+    """`_load` keeps what it parsed per stored text: a caller changing a record (top level or
+    its GPU list) does not change what the next load returns, and a record changed in Redis by
+    someone else is read anew."""
+    clock = Clock()
+    sim = backend(client, clock)
+    sim.apply(Plan(starts=(start("1", (1, 2)),)), payloads={"1": {"sim_runtime_s": 100.0}})
+    first = sim.records()["1"]
+    first["state"] = "mangled"
+    first["gpu_ids"].append(99)
+    again = sim.records()["1"]
+    assert again["state"] == "running"
+    assert again["gpu_ids"] == [1, 2]
+    other = backend(client, clock)  # another process's backend object, same Redis state
+    other.cancel("1")
+    assert sim.records()["1"]["state"] == "cancelled"
