@@ -274,7 +274,7 @@ def _search_rows(
     """`_SEARCH_SQL`: the candidate GPUs per (type id, type name, cluster name), the blocking
     allocations of those GPUs over ``start_at``, and the first ``limit + 1`` of those starting
     in ``[start_at, until)``, in start order (``limit + 1``: whether more follow)."""
-    from scheduling.selectors import prepared_fetchall
+    from scheduling.prepared import prepared_fetchall
 
     found = prepared_fetchall(
         _SEARCH_SQL,

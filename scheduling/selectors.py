@@ -42,10 +42,11 @@ from scheduling.alternatives import (  # noqa: F401 (re-exported: their old home
     peak_concurrent_gpus,
 )
 from scheduling.models import Allocation, AuditEvent, Booking, Cluster, GpuType, Job, Node
-from scheduling.prepared import (  # noqa: F401 (re-exported: their old home)
-    _connection_ready,
-    prepared_execute,
-    prepared_fetchall,
+from scheduling.prepared import (  # re-exported: their old home
+    prepared_execute as prepared_execute,
+)
+from scheduling.prepared import (
+    prepared_fetchall as prepared_fetchall,
 )
 
 AnyUser = User | AnonymousUser

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import connection
 
@@ -59,7 +60,7 @@ def decayed_project_usage(*, cluster_id: int, now: datetime, half_life_s: float)
     """
     if half_life_s <= 0:
         return {}
-    params = {
+    params: dict[str, Any] = {
         "cluster": cluster_id,
         "now": now,
         "now_s": now.timestamp(),
