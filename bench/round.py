@@ -30,6 +30,7 @@ also ``cpu_ms`` (this process's CPU time, `time.process_time`) and ``db_cpu_ms``
 of the round's PostgreSQL backend process, read from ``/proc``: 0 for a remote server), with
 p50/p99 in the summary: on a shared machine the wall time says how busy the cores were, CPU
 time what the round cost.  ``--preset full|demo`` fills the size flags of the two targets.
+Django runs with ``DEBUG`` off (``DJANGO_DEBUG=0`` unless set), as a worker does.
 Rounds run with Python's cyclic collector paused; the collection each leaves is timed apart
 (``per_round[].gc_after_ms``, ``gc_after_ms_p50``), not in ``round_ms``.
 
