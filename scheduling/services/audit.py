@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -10,7 +9,6 @@ from datetime import datetime
 from typing import Any
 
 from django.contrib.auth.models import User
-from django.db import connection
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 
 from scheduling.models import (
@@ -85,48 +83,7 @@ def audit_events_deferred() -> Iterator[None]:
     finally:
         _AUDIT_BUFFER.reset(token)
     if buffer:
-        audit_events_insert(buffer)
-
-
-_COPY_FIELDS = ("actor", "actor_label", "verb", "entity_type", "entity_id", "before", "after", "at")
-
-
-def audit_events_insert(events: list[AuditEvent]) -> None:
-    """Write many audit events at once: one ``COPY`` on PostgreSQL (their ``pk`` stays None).
-
-    ``bulk_create`` binds every value client-side (Django's psycopg cursor quotes each array
-    element in Python): 1,500 events of a round cost ~65 ms of CPU that way, ~12 ms as a
-    ``COPY`` (psycopg's C dumpers), and a third of the wall time.  The JSON columns are written
-    as ``json.dumps`` text, what `JSONField` stores.
-    """
-    if connection.vendor != "postgresql":  # pragma: no cover - Berth runs on PostgreSQL
-        AuditEvent.objects.bulk_create(events, batch_size=2_000)
-        return
-    from psycopg import sql
-
-    fields = [AuditEvent._meta.get_field(name) for name in _COPY_FIELDS]
-    columns = [sql.Identifier(str(f.column)) for f in fields]  # type: ignore[union-attr]
-    statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
-        sql.Identifier(AuditEvent._meta.db_table), sql.SQL(", ").join(columns)
-    )
-    with (
-        connection.cursor() as cursor,
-        connection.wrap_database_errors,
-        cursor.cursor.copy(statement) as copy,
-    ):
-        for e in events:
-            copy.write_row(
-                (
-                    e.actor_id,
-                    e.actor_label,
-                    e.verb,
-                    e.entity_type,
-                    e.entity_id,
-                    None if e.before is None else json.dumps(e.before),
-                    None if e.after is None else json.dumps(e.after),
-                    e.at,
-                )
-            )
+        AuditEvent.objects.bulk_create(buffer, batch_size=2_000)
 
 
 def audit_event_record(
@@ -142,8 +99,8 @@ def audit_event_record(
 ) -> AuditEvent:
     """Write one audit event; call it inside the transaction that makes the change.
 
-    Inside `audit_events_deferred` the event is only collected (its ``pk`` stays None: the block
-    writes them in one ``COPY``).
+    Inside `audit_events_deferred` the event is only collected (its ``pk`` stays None until the
+    block writes it).
     """
     event = AuditEvent(
         actor_id=_actor_id(actor),

@@ -183,8 +183,8 @@ def test_admin_actions_are_in_the_audit_log(lab):
 
 @pytest.mark.django_db(transaction=True)
 def test_deferred_events_are_written_as_recorded():
-    """`audit_events_deferred` writes its events in one COPY: every column reads back as given
-    (JSON objects, SQL NULL for a missing state, the actor, the instant), and a block that
+    """`audit_events_deferred` writes its events when the block ends: every column reads back as
+    given (JSON objects, SQL NULL for a missing state, the actor, the instant), and a block that
     raises writes nothing."""
     from django.db import transaction
 
