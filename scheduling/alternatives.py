@@ -123,16 +123,45 @@ def booking_alternatives(
     busy: dict[int, list[tuple[float, float | None]]] = defaultdict(list)
     for gpu_id, lower, upper in rows:
         busy[gpu_id].append((-math.inf if lower is None else lower, upper))
-    # The allocations starting later are read in start order, a first part and then (only when
-    # some group found no window in it) the rest up to the bound: most refusals find a window in
-    # the first few hundred rows.  With the rows read so far, every window ending before the
-    # first unread allocation starts is known exactly, so a group's earliest start found within
-    # that bound is its earliest overall.
+    best = _earliest_per_group(
+        groups,
+        busy=busy,
+        later=later,
+        gpu_count=gpu_count,
+        start_s=start_s,
+        duration_s=duration_s,
+        latest_start=latest_start,
+        until=latest_start + duration,
+    )
+    return _ranked(best, gpu_type=gpu_type, gpu_count=gpu_count, start_at=start_at, duration=duration)[:limit]
+
+
+def _earliest_per_group(
+    groups: dict[tuple[int, str, str], list[int]],
+    *,
+    busy: dict[int, list[tuple[float, float | None]]],
+    later: list[tuple[int, float | None, float | None]],
+    gpu_count: int,
+    start_s: float,
+    duration_s: float,
+    latest_start: datetime,
+    until: datetime,
+) -> dict[tuple[int, str, str], float]:
+    """The earliest free start (epoch s) of each group (type id, type, cluster) that has one.
+
+    ``busy`` holds the allocations over the requested start; ``later`` the first part of those
+    starting later, in start order (`_search_rows`).  The rest are read (only when some group
+    found no window in the first part) up to ``BERTH_ALTERNATIVES_MAX_ROWS``: most refusals
+    find a window in the first few hundred rows.  With the rows read so far, every window
+    ending before the first unread allocation starts is known exactly, so a group's earliest
+    start found within that bound is its earliest overall.
+    """
+    max_rows = settings.BERTH_ALTERNATIVES_MAX_ROWS
     best: dict[tuple[int, str, str], float] = {}
     read = 0
-    limit = min(_FIRST_ROWS, max_rows)
+    rows_limit = min(_FIRST_ROWS, max_rows)
     for part in (1, 2):  # at most two reads of later rows: the first part, then the rest
-        next_lower = later[limit][1] if len(later) > limit else None
+        next_lower = later[rows_limit][1] if len(later) > rows_limit else None
         kept = [r for r in later if next_lower is None or (r[1] or 0.0) < next_lower]
         for gpu_id, lower, upper in kept:
             busy[gpu_id].append((-math.inf if lower is None else lower, upper))
@@ -155,14 +184,26 @@ def booking_alternatives(
                 best[key] = t_s
         if part == 2 or next_lower is None or len(best) == len(groups) or read >= max_rows:
             break
-        limit = max_rows - read
+        rows_limit = max_rows - read
         later = _later_rows(
             gpu_ids=[g for key, ids in groups.items() if key not in best for g in ids],
             after_s=next_lower,
-            until=latest_start + duration,
-            limit=limit,
+            until=until,
+            limit=rows_limit,
         )
+    return best
 
+
+def _ranked(
+    best: dict[tuple[int, str, str], float],
+    *,
+    gpu_type: GpuType,
+    gpu_count: int,
+    start_at: datetime,
+    duration: timedelta,
+) -> list[Alternative]:
+    """One alternative per type (its earliest cluster), the requested type first, then by start."""
+    start_s = start_at.timestamp()
     best_by_type: dict[int, Alternative] = {}
     for (type_id, type_name, cluster_name), t_s in sorted(best.items(), key=lambda kv: kv[0][2]):
         # The exact requested start when it is free (no float round trip), else an end instant.
@@ -172,7 +213,7 @@ def booking_alternatives(
             best_by_type[type_id] = Alternative(cluster_name, type_name, gpu_count, t, t + duration)
     same = [best_by_type.pop(gpu_type.pk)] if gpu_type.pk in best_by_type else []
     others = sorted(best_by_type.values(), key=lambda a: (a.start_at, a.gpu_type))
-    return (same + others)[:limit]
+    return same + others
 
 
 # One statement, one round trip (a refused booking is what an attacker loops on, and at load
@@ -233,7 +274,7 @@ def _search_rows(
     """`_SEARCH_SQL`: the candidate GPUs per (type id, type name, cluster name), the blocking
     allocations of those GPUs over ``start_at``, and the first ``limit + 1`` of those starting
     in ``[start_at, until)``, in start order (``limit + 1``: whether more follow)."""
-    from scheduling.selectors import prepared_fetchall
+    from scheduling.prepared import prepared_fetchall
 
     found = prepared_fetchall(
         _SEARCH_SQL,

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from django.conf import settings
@@ -42,8 +42,15 @@ from scheduling.alternatives import (  # noqa: F401 (re-exported: their old home
     peak_concurrent_gpus,
 )
 from scheduling.models import Allocation, AuditEvent, Booking, Cluster, GpuType, Job, Node
+from scheduling.prepared import (  # re-exported: their old home
+    prepared_execute as prepared_execute,
+)
+from scheduling.prepared import (
+    prepared_fetchall as prepared_fetchall,
+)
 
 AnyUser = User | AnonymousUser
+_Listed = TypeVar("_Listed", Booking, Job)
 
 logger = logging.getLogger(__name__)
 
@@ -68,15 +75,10 @@ def _visible_q(user: AnyUser) -> Q:
 # ---- bookings and jobs ----
 
 
-def booking_list(
-    user: AnyUser,
-    *,
-    status: Sequence[str] = (),
-    project_slug: str | None = None,
-    mine_only: bool = False,
-) -> QuerySet[Booking]:
-    """Bookings the user may see, newest start first, with everything the API shows preloaded."""
-    qs = Booking.objects.all()
+def _scoped(
+    qs: QuerySet[_Listed], user: AnyUser, *, status: Sequence[str], project_slug: str | None, mine_only: bool
+) -> QuerySet[_Listed]:
+    """``qs`` (bookings or jobs) narrowed to what the user may see and to the list's filters."""
     if mine_only:
         qs = qs.filter(user_id=_uid(user))
     elif not _is_staff(user):
@@ -85,6 +87,18 @@ def booking_list(
         qs = qs.filter(status__in=status)
     if project_slug:
         qs = qs.filter(project__slug=project_slug)
+    return qs
+
+
+def booking_list(
+    user: AnyUser,
+    *,
+    status: Sequence[str] = (),
+    project_slug: str | None = None,
+    mine_only: bool = False,
+) -> QuerySet[Booking]:
+    """Bookings the user may see, newest start first, with everything the API shows preloaded."""
+    qs = _scoped(Booking.objects.all(), user, status=status, project_slug=project_slug, mine_only=mine_only)
     held = (
         Allocation.objects.exclude(state=Allocation.State.RELEASED)
         .select_related("gpu__node")
@@ -111,15 +125,7 @@ def job_list(
     mine_only: bool = False,
 ) -> QuerySet[Job]:
     """Jobs the user may see, newest submission first."""
-    qs = Job.objects.all()
-    if mine_only:
-        qs = qs.filter(user_id=_uid(user))
-    elif not _is_staff(user):
-        qs = qs.filter(_visible_q(user))
-    if status:
-        qs = qs.filter(status__in=status)
-    if project_slug:
-        qs = qs.filter(project__slug=project_slug)
+    qs = _scoped(Job.objects.all(), user, status=status, project_slug=project_slug, mine_only=mine_only)
     return qs.select_related("user", "project", "cluster", "gpu_type")
 
 
@@ -296,47 +302,6 @@ SELECT a.gpu_id,
    AND NOT (a.state = 'released')
  ORDER BY 1 NULLS FIRST, 2
 """
-
-
-def _connection_ready() -> None:
-    """Django's connection, health-checked like ``connection.cursor()`` does it.
-
-    ``ensure_connection()`` alone skips the per-request health check (``CONN_HEALTH_CHECKS``):
-    a persistent connection that died with a PostgreSQL restart was then used as is, and the
-    first request of each web thread whose first query came here (an availability read with a
-    cached token) answered 503 after the database was back.
-    """
-    connection.close_if_health_check_failed()
-    connection.ensure_connection()
-
-
-def prepared_fetchall(sql: str, params: Sequence[Any] | dict[str, Any]) -> list[tuple[Any, ...]]:
-    """Run a read-only statement as a prepared statement on Django's connection; all rows.
-
-    For the hot paths' SQL: planning such a statement can cost PostgreSQL as much CPU as
-    running it, and Django's default cursor binds parameters client-side, so it never reuses a
-    plan.  A server-side-binding psycopg cursor with ``prepare=True`` plans once per connection.
-    It runs in Django's current transaction (if any), with Django's error translation, but
-    outside Django's query log and execute wrappers: never use it for writes.
-    """
-    _connection_ready()
-    raw = connection.connection
-    if raw is None or connection.vendor != "postgresql":  # pragma: no cover - Berth runs on PostgreSQL
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            return list(cursor.fetchall())
-    with connection.wrap_database_errors, psycopg.Cursor(raw) as cursor:
-        cursor.execute(sql, params, prepare=True)
-        return list(cursor.fetchall())
-
-
-def prepared_execute(sql: str, params: Sequence[Any] | dict[str, Any]) -> None:
-    """``prepared_fetchall`` for a statement that returns no rows (the availability cache sees
-    its writes like any other: PostgreSQL's triggers tell it)."""
-    _connection_ready()
-    raw = connection.connection
-    with connection.wrap_database_errors, psycopg.Cursor(raw) as cursor:
-        cursor.execute(sql, params, prepare=True)
 
 
 def _availability_rows(params: dict[str, object]) -> list[tuple[int | None, int, int | None]]:

@@ -38,7 +38,8 @@ import math
 import os
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -57,6 +58,8 @@ from scheduling.engine.types import Node, Plan, PreemptAction, StartAction
 __all__ = ["LiveSimBackend", "LiveSimConfig", "RedisLike"]
 
 _RUNNING = "running"
+# Per state key: the raw record values of the last load and what they parsed to (`_load`).
+_DECODED: dict[str, dict[Any, dict[str, Any]]] = {}
 _TERMINAL = {
     "completed": ObservedState.COMPLETED,
     "failed": ObservedState.FAILED,
@@ -130,6 +133,9 @@ class LiveSimBackend:
         self._clock = clock
         self._gpu_ids = frozenset(g for node in nodes for g in node.gpu_ids)
         self._jobs_key = f"{self.config.key_prefix}:jobs"
+        # Inside `_writes_batched`: records to write and to delete when the block ends.
+        self._batch: dict[str, str] | None = None
+        self._batch_deletes: set[str] = set()
 
     # ---- protocol ----
 
@@ -137,7 +143,7 @@ class LiveSimBackend:
         """The nodes and every job that runs or ended within ``retention_s``."""
         self._check_reachable()
         self._maybe_block("snapshot")
-        with self._locked():
+        with self._locked(), self._writes_batched():
             now = self._clock()
             records = self._advance(now)
         jobs = tuple(self._observe(job_id, rec) for job_id, rec in sorted(records.items()))
@@ -159,7 +165,7 @@ class LiveSimBackend:
             self._maybe_block("apply")
         payloads = payloads or {}
         results: list[ActionResult] = []
-        with self._locked():
+        with self._locked(), self._writes_batched():
             now = self._clock()
             records = self._advance(now)
             for preempt in plan.preemptions:
@@ -269,14 +275,55 @@ class LiveSimBackend:
             raw = self._redis.hgetall(self._jobs_key)
         except Exception as exc:
             raise BackendError(f"simulated cluster state store: {exc}") from exc
+        # A record read again unchanged (most of them, round after round) is not parsed again:
+        # the last load's parsed records are kept per state key (keyed by the exact stored
+        # text, so a record another process changed is parsed anew), and a copy is handed out.
+        seen = _DECODED.get(self._jobs_key, {})
+        decoded: dict[Any, dict[str, Any]] = {}
         out: dict[str, dict[str, Any]] = {}
         for key, value in raw.items():
             job_id = key.decode() if isinstance(key, bytes) else str(key)
-            out[job_id] = json.loads(value)
+            rec = seen.get(value)
+            if rec is None:
+                rec = json.loads(value)
+            decoded[value] = rec
+            out[job_id] = {k: list(v) if type(v) is list else v for k, v in rec.items()}
+        _DECODED[self._jobs_key] = decoded
         return out
 
     def _save(self, job_id: str, rec: Mapping[str, Any]) -> None:
-        self._redis.hset(self._jobs_key, job_id, json.dumps(rec, sort_keys=True))
+        value = json.dumps(rec, sort_keys=True)
+        if self._batch is None:
+            self._redis.hset(self._jobs_key, job_id, value)
+        else:
+            self._batch_deletes.discard(job_id)
+            self._batch[job_id] = value
+
+    def _delete(self, job_id: str) -> None:
+        if self._batch is None:
+            self._redis.hdel(self._jobs_key, job_id)
+        else:
+            self._batch.pop(job_id, None)
+            self._batch_deletes.add(job_id)
+
+    @contextmanager
+    def _writes_batched(self) -> Iterator[None]:
+        """The records saved and deleted in the block are written when it ends, in one HDEL and
+        one HSET (under the state lock, which the caller holds): a round that ends or starts
+        hundreds of runs made a round trip per record.  Nothing is written if the block raises."""
+        self._batch, self._batch_deletes = {}, set()
+        try:
+            yield
+            batch, deletes = self._batch, self._batch_deletes
+        finally:
+            self._batch, self._batch_deletes = None, set()
+        try:
+            if deletes:
+                self._redis.hdel(self._jobs_key, *sorted(deletes))
+            if batch:
+                self._redis.hset(self._jobs_key, mapping=batch)
+        except Exception as exc:
+            raise BackendError(f"simulated cluster state store: {exc}") from exc
 
     def _advance(self, now: float) -> dict[str, dict[str, Any]]:
         """Load the records and end the runs whose completion or kill time has passed."""
@@ -293,7 +340,7 @@ class LiveSimBackend:
                     rec["message"] = "exited with status 1" if rec["outcome"] == "failed" else ""
                     self._save(job_id, rec)
             elif rec.get("ended_at") is not None and float(rec["ended_at"]) < now - self.config.retention_s:
-                self._redis.hdel(self._jobs_key, job_id)
+                self._delete(job_id)
                 del records[job_id]
         return records
 

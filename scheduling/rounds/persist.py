@@ -37,6 +37,7 @@ from scheduling.models import (
     Node,
     Preemption,
 )
+from scheduling.rounds.batch import array_literal
 from scheduling.rounds.common import (
     _BOOKING_NOTE_PREFIX,
     _ETA_SLACK,
@@ -414,7 +415,7 @@ def _write_explanations(
                               %s::float8[], %s::float8[]) AS v(id, reason, sentence, p50, p90)
                  WHERE j.id = v.id AND j.status = %s
                 """,  # noqa: S608 (the table name is the model's, every value a parameter)
-                [list(c) for c in columns] + [Job.Status.PENDING],
+                [array_literal(c) for c in columns] + [Job.Status.PENDING],
             )
 
 

@@ -453,7 +453,7 @@ def _extend_running(cluster: Cluster, *, now: datetime) -> None:
         job__status__in=RUNNING_STATUSES,
         state=Allocation.State.ACTIVE,
         period__endswith__lt=soon,
-    ).select_related("job")
+    )
     by_job: dict[int, list[Allocation]] = defaultdict(list)
     for allocation in rows:
         if allocation.job_id is not None:
@@ -491,10 +491,17 @@ def _extend_running(cluster: Cluster, *, now: datetime) -> None:
 def _sync_nodes(cluster: Cluster, observed: ObservedCluster) -> None:
     """Take node states from the backend (drains and failures happen there)."""
     wanted = {n.id: _NODE_STATUS[n.status] for n in observed.nodes}
-    for node in Node.objects.filter(cluster=cluster, name__in=wanted):
-        if node.status != wanted[node.name]:
-            node.status = wanted[node.name]
-            node.save(update_fields=["status"])
+    # Names and states of the cluster's nodes as plain values (1,000 `Node` instances a round,
+    # and their names as an ``IN`` list, for nothing: nodes rarely change state); only the
+    # nodes whose state changed are loaded and saved.
+    changed = [
+        pk
+        for pk, name, status in Node.objects.filter(cluster=cluster).values_list("pk", "name", "status")
+        if name in wanted and status != wanted[name]
+    ]
+    for node in Node.objects.filter(pk__in=changed).order_by("pk") if changed else ():
+        node.status = wanted[node.name]
+        node.save(update_fields=["status"])
 
 
 def _set_degraded(cluster: Cluster, *, is_degraded: bool, message: str, now: datetime) -> None:

@@ -95,6 +95,11 @@ def test_round_bench_json_and_persisted_state(tmp_path: Path, bench_db: str) -> 
         assert set(r["phases_ms"]) == PHASES
         # The phases are parts of the round: together they do not exceed it.
         assert sum(r["phases_ms"].values()) <= r["round_ms"] * 1.01
+        # CPU time of the bench process and of the round's PostgreSQL backend (local server).
+        assert r["cpu_ms"] > 0
+        assert r["db_cpu_ms"] >= 0
+    assert data["cpu_ms_p50"] <= data["cpu_ms_p99"]
+    assert data["db_cpu_ms_p50"] <= data["db_cpu_ms_p99"]
     assert data["state"] == dict.fromkeys(data["state"], 0)
     assert data["pending"] == 40
     # The alternatives phase: a calendar of its own, every timed search one the calendar refuses.

@@ -179,3 +179,84 @@ def test_admin_actions_are_in_the_audit_log(lab):
     deleted = AuditEvent.objects.filter(verb="admin.delete", entity_type="cluster")
     assert sorted(deleted.values_list("entity_id", flat=True)) == sorted(c.pk for c in extra)
     assert all(e.actor_id == staff.pk for e in deleted)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_deferred_events_are_written_as_recorded():
+    """`audit_events_deferred` writes its events when the block ends: every column reads back as
+    given (JSON objects, SQL NULL for a missing state, the actor, the instant), and a block that
+    raises writes nothing."""
+    from django.db import transaction
+
+    from scheduling.services import audit_event_record, audit_events_deferred
+
+    user = UserFactory()
+    at = timezone.now().replace(microsecond=123456)
+    with transaction.atomic(), audit_events_deferred():
+        audit_event_record(
+            actor=user,
+            actor_label="api",
+            verb="job.cancel",
+            entity_type="job",
+            entity_id=7,
+            before={"status": "running", "note": 'a "quoted"\ttab\\slash, ünïcode'},
+            after=None,
+            at=at,
+        )
+        audit_event_record(
+            actor=None,
+            actor_label="engine",
+            verb="allocation.create",
+            entity_type="allocation",
+            entity_id=2**40,
+            before=None,
+            after={"gpu_id": 3, "lower": at.isoformat(), "upper": None, "is_preemptible": True},
+            at=at + timedelta(seconds=1),
+        )
+        assert AuditEvent.objects.count() == 0  # collected, not written yet
+    rows = list(
+        AuditEvent.objects.order_by("at").values_list(
+            "actor_id", "actor_label", "verb", "entity_type", "entity_id", "before", "after", "at"
+        )
+    )
+    assert rows == [
+        (
+            user.pk,
+            "api",
+            "job.cancel",
+            "job",
+            7,
+            {"status": "running", "note": 'a "quoted"\ttab\\slash, ünïcode'},
+            None,
+            at,
+        ),
+        (
+            None,
+            "engine",
+            "allocation.create",
+            "allocation",
+            2**40,
+            None,
+            {"gpu_id": 3, "lower": at.isoformat(), "upper": None, "is_preemptible": True},
+            at + timedelta(seconds=1),
+        ),
+    ]
+    assert AuditEvent.objects.filter(before__isnull=True).count() == 1  # SQL NULL, not JSON null
+
+    def fails() -> None:
+        with transaction.atomic(), audit_events_deferred():
+            audit_event_record(
+                actor=None,
+                actor_label="engine",
+                verb="x",
+                entity_type="job",
+                entity_id=1,
+                before=None,
+                after=None,
+                at=at,
+            )
+            raise RuntimeError
+
+    with pytest.raises(RuntimeError):
+        fails()
+    assert AuditEvent.objects.count() == 2

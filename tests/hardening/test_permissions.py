@@ -211,7 +211,7 @@ EXPECTED: dict[str, tuple[str, dict[str, str]]] = {
     "ops:forecast-refresh": _row(
         "/ops/capacity/forecasts/refresh/", "302/302", "403/403", "403/403", "303/303"
     ),
-    "ops:capacity-exceed": _row("/ops/capacity/exceed/", "302/302", "403/403", "403/403", "200/405"),
+    "ops:capacity-exceed": _row("/ops/capacity/exceed/", "302/302", "403/403", "403/403", "200/303"),
     # GET (a reloaded or bookmarked what-if URL) is sent to the form on the capacity page (303).
     "ops:whatif-new": _row("/ops/capacity/whatif/", "302/302", "403/403", "403/403", "303/422"),
     "ops:whatif": _row("/ops/capacity/whatif/unknown/", "302/302", "403/403", "403/403", "404/405"),

@@ -129,3 +129,42 @@ def test_finished_and_lost_jobs_in_one_round(engine_redis_url, run_round, t0: da
         assert lost.after["attempt"] == 1
         # requeued, then started again by the same round on the GPUs it freed
         assert job.status == Job.Status.RUNNING
+
+
+@pytest.mark.django_db
+def test_node_states_follow_the_backend_and_only_changed_nodes_are_written():
+    """`reconcile._sync_nodes`: the cluster's node states read as values, only the nodes whose
+    state the backend reports differently are saved (a node of another cluster with the same
+    name is left alone)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from scheduling.backends.base import ObservedCluster
+    from scheduling.engine.types import Node as EngineNode
+    from scheduling.engine.types import NodeStatus
+    from scheduling.models import Node
+    from scheduling.rounds.reconcile import _sync_nodes
+    from tests.factories import ClusterFactory, NodeFactory
+
+    cluster, other = ClusterFactory(name="here"), ClusterFactory(name="there")
+    nodes = [NodeFactory(cluster=cluster, name=f"n{i}", gpu_count=1) for i in range(4)]
+    twin = NodeFactory(cluster=other, name="n1", gpu_count=1)
+    observed = ObservedCluster(
+        at=0.0,
+        nodes=(
+            EngineNode(id="n0", gpu_type="A100", gpu_ids=(), status=NodeStatus.UP),
+            EngineNode(id="n1", gpu_type="A100", gpu_ids=(), status=NodeStatus.DRAINING),
+            EngineNode(id="n2", gpu_type="A100", gpu_ids=(), status=NodeStatus.DOWN),
+        ),
+        jobs=(),
+    )
+    with CaptureQueriesContext(connection) as captured:
+        _sync_nodes(cluster, observed)
+    states = dict(Node.objects.filter(cluster=cluster).values_list("name", "status"))
+    assert states == {"n0": "up", "n1": "draining", "n2": "down", "n3": "up"}  # n3 unreported: kept
+    assert Node.objects.get(pk=twin.pk).status == "up"
+    assert sum("UPDATE" in q["sql"] for q in captured.captured_queries) == 2
+    with CaptureQueriesContext(connection) as again:
+        _sync_nodes(cluster, observed)
+    assert len(again.captured_queries) == 1  # nothing changed: one read, no write
+    assert nodes[0].status == "up"
