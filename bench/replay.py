@@ -44,7 +44,7 @@ from scheduling.sim.inventory import Inventory, load_inventory
 from scheduling.sim.metrics import compute_metrics
 from scheduling.sim.overlays import Overlay, OverlayConfig, build_overlay
 from scheduling.sim.replay import POLICIES, PlanFn, ReplayOptions, run_replay
-from scheduling.sim.runtime import SimpleHistoryPredictor, default_predictor
+from scheduling.sim.runtime import default_predictor
 from scheduling.sim.trace import Trace, load_trace
 
 
@@ -76,12 +76,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="divide every gap between submissions by F: the same jobs (sizes, runtimes, order) "
         "arriving F times faster, for contention on a trace that samples its cluster's load; "
         "1 (default) replays the logged arrivals",
-    )
-    parser.add_argument(
-        "--predictor",
-        choices=("default", "simple"),
-        default="default",
-        help="runtime predictor for berth: forecasting.core.runtime when installed, or ours",
     )
     parser.add_argument(
         "--engine", default=DEFAULT_ENGINE, help="module:function with plan_round's signature"
@@ -117,7 +111,6 @@ class _Workload:
     overlay: Overlay
     plan_fn: PlanFn
     options: ReplayOptions
-    predictor: str
     seed: int
     forecast: SessionForecast | None
 
@@ -130,7 +123,7 @@ def _replay_policy(policy: str) -> tuple[str, dict[str, Any], int, float]:
     """Replay one policy; returns (policy, its metrics with ``wall_s``, rounds, CPU seconds)."""
     work = _WORKLOAD
     assert work is not None, "the workload is set before replaying"
-    predictor = default_predictor() if work.predictor == "default" else SimpleHistoryPredictor()
+    predictor = default_predictor()
     started = time.perf_counter()
     cpu_started = time.process_time()
     is_oracle = policy == ORACLE
@@ -226,7 +219,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         print(f"  forecast: {forecast.fits} fits, {forecast.fit_s:.1f} s wall", file=sys.stderr)
     global _WORKLOAD
-    _WORKLOAD = _Workload(trace, inventory, overlay, plan_fn, options, args.predictor, args.seed, forecast)
+    _WORKLOAD = _Workload(trace, inventory, overlay, plan_fn, options, args.seed, forecast)
     bound_values: dict[str, Any] = {}
     replayed = list(policies)
     if not args.no_bounds:
