@@ -234,6 +234,7 @@ class RoundState:
         "type_order",
         "types",
         "victims_by_node",
+        "victims_floor_by_node",
     )
 
     def __init__(
@@ -287,6 +288,8 @@ class RoundState:
         # (node index, high class) -> that work as victims in victim order, with the GPUs each
         # frees on the node (`preemption._node_victims`)
         self.victims_by_node: dict[tuple[int, bool], tuple[tuple[Victim, tuple[int, ...]], ...]] = {}
+        # (node index, high class) -> a lower bound of a reclaim's cost there (`preemption._victims_floor`)
+        self.victims_floor_by_node: dict[tuple[int, bool], tuple[float, float, int]] = {}
 
     def eligible_types(self, job: JobRequest) -> tuple[str, ...]:
         """Types present in the cluster that satisfy the job, in ``type_order``."""

@@ -15,7 +15,7 @@ checkpoint plus ``restore_s`` per GPU when it resumes; restartable work loses ev
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 
 from scheduling.engine.cluster import RoundState
@@ -198,6 +198,7 @@ def plan_reclaim(
     is_single_node: bool,
     may_take: Callable[[RunningJob], bool] | None = None,
     is_high_class: bool = False,
+    free_nodes: Container[int] | None = None,
 ) -> Reclaim | None:
     """The cheapest way to assemble ``gpu_count`` GPUs on the given nodes, or None.
 
@@ -207,6 +208,9 @@ def plan_reclaim(
     quota claims) selects the short minimum runtime (`min_runtime_s`).  A single-node
     demand is placed on the one node with the lowest (ready time, lost work); a multi-node one
     takes free GPUs, then incoming ones, then victims in victim order until it has enough.
+    ``free_nodes``: the nodes where ``free_on_node`` may find GPUs (None: any node); on the
+    others a single-node demand needs victims, and a node whose victims cannot beat the best
+    node found (`_victims_floor`) is not looked at.
     """
     best: tuple[tuple[float, float, int], Reclaim] | None = None
     pool_free: list[int] = []
@@ -218,6 +222,14 @@ def plan_reclaim(
         node = state.nodes[node_index]
         if is_single_node and len(node.gpu_ids) < gpu_count:
             continue  # the node is too small whatever is taken on it
+        if (
+            best is not None
+            and free_nodes is not None
+            and node_index not in free_nodes
+            and node_index not in arriving_on
+            and best[0] < _victims_floor(state, node_index, is_high_class, victims_ready)
+        ):
+            continue  # nothing free or arriving here, and no victim here can beat the best node
         free = free_on_node(node_index)
         arriving = arriving_on.get(node_index, []) if arriving_on else []
         if is_single_node and len(free) + len(arriving) + _takeable_gpus(state, node_index) < gpu_count:
@@ -270,6 +282,27 @@ def _arriving_by_node(state: RoundState, incoming: dict[int, float]) -> dict[int
     for pairs in by_node.values():
         pairs.sort()
     return by_node
+
+
+def _victims_floor(
+    state: RoundState, node_index: int, is_high_class: bool, victims_ready: float
+) -> tuple[float, float, int]:
+    """A lower bound on the cost (ready time, lost work, node) of any reclaim on a node that
+    needs a victim, whatever this round has signalled or the demand may take: the first victim
+    in victim order is past its minimum runtime (ready at ``victims_ready``) and loses least
+    among those, or none is (every victim is ready later).  Once per node, class and round."""
+    key = (node_index, is_high_class)
+    found = state.victims_floor_by_node.get(key)
+    if found is None:
+        victims = _node_victims(state, node_index, is_high_class=is_high_class)
+        if not victims:
+            found = (INF_COST, 0.0, node_index)  # nothing to take: no reclaim here at all
+        elif victims[0][0].kill_at > victims_ready:
+            found = (victims_ready, INF_COST, node_index)
+        else:
+            found = (victims_ready, victims[0][0].lost_gpu_s, node_index)
+        state.victims_floor_by_node[key] = found
+    return found
 
 
 def _victims_bound(

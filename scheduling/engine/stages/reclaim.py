@@ -108,6 +108,7 @@ class Reclaim:
             is_single_node=single,
             may_take=may_take,
             is_high_class=is_high_class,
+            free_nodes=pool.nodes_with_free() if type(pool) is FreePool else None,
         )
         if reclaim is None or (not reclaim.victims and not reclaim.incoming_gpus):
             if memo is not None:
