@@ -244,15 +244,9 @@ def plan_reclaim(
             continue
         if len(free) + len(arriving) >= gpu_count:
             reclaim = _assemble_sorted(state, free, arriving, [], gpu_count)  # no victim needed
-        elif best is not None and best[0] < _victims_bound(
-            state, node_index, excluded_jobs, may_take, is_high_class, victims_ready
-        ):
-            continue  # this node cannot beat the best one: its victims need not be assembled
         else:
-            victims = _may_take_on(state, node_index, excluded_jobs, may_take, is_high_class)
-            if len(free) + len(arriving) + sum(len(gained) for _v, gained in victims) < gpu_count:
-                continue
-            reclaim = _assemble_sorted(state, free, arriving, victims, gpu_count)
+            found = (free, arriving, node_index, gpu_count)
+            reclaim = _with_victims(state, found, excluded_jobs, may_take, is_high_class, best, victims_ready)
         if reclaim is None:
             continue
         cost = (reclaim.ready_at, sum(v.lost_gpu_s for v in reclaim.victims), node_index)
@@ -269,6 +263,29 @@ def plan_reclaim(
             is_high_class=is_high_class,
         )
     return None if best is None else best[1]
+
+
+def _with_victims(
+    state: RoundState,
+    found: tuple[list[int], list[tuple[float, int]], int, int],
+    excluded_jobs: set[str],
+    may_take: Callable[[RunningJob], bool] | None,
+    is_high_class: bool,
+    best: tuple[tuple[float, float, int], Reclaim] | None,
+    victims_ready: float,
+) -> Reclaim | None:
+    """`plan_reclaim` on one node whose ``found`` (free GPUs, arriving GPUs, node, GPUs wanted)
+    do not suffice: None when it has too few victims or cannot beat ``best`` (a lower bound of
+    its cost, `_victims_bound`, says so before the victims are assembled)."""
+    free, arriving, node_index, gpu_count = found
+    if best is not None and best[0] < _victims_bound(
+        state, node_index, excluded_jobs, may_take, is_high_class, victims_ready
+    ):
+        return None
+    victims = _may_take_on(state, node_index, excluded_jobs, may_take, is_high_class)
+    if len(free) + len(arriving) + sum(len(gained) for _v, gained in victims) < gpu_count:
+        return None
+    return _assemble_sorted(state, free, arriving, victims, gpu_count)
 
 
 def _arriving_by_node(state: RoundState, incoming: dict[int, float]) -> dict[int, list[tuple[float, int]]]:
