@@ -353,10 +353,10 @@ def _incoming(rnd: Round) -> dict[int, float]:
             incoming[gpu] = at
     running_by_id = state.running_by_id
     for job_id in out.preempted:  # signalled this round (a set: the order is not used)
-        running = running_by_id.get(job_id)
-        if running is None or running.grace_until is not None:
+        signalled = running_by_id.get(job_id)
+        if signalled is None or signalled.grace_until is not None:
             continue  # in grace already: above
-        for gpu in running.gpu_ids:
+        for gpu in signalled.gpu_ids:
             if gpu not in out.promised:
                 incoming[gpu] = now
     for gpu in rnd.round_promised:
