@@ -16,7 +16,8 @@ and the greedy ``busy_util_packing`` estimate (`scheduling.sim.bounds`), and ``e
 (``easy`` with true runtimes as the estimates, replayed like a policy).  berth's interactive
 headroom and pool come from the portal's forecaster fitted on the overlay's own past session
 demand (`scheduling.sim.forecast`), once in the parent before the workers fork (``forecast`` in
-the JSON gives the fits and their cost).
+the JSON gives the fits and their cost); fits are cached on disk by the hash of their inputs and
+code (``--forecast-cache``), so a re-run of the same workload skips them.
 
 Policies replay independently, so they run in parallel worker processes (``--workers``, by
 default one per policy up to the CPUs this process may use); each policy's ``wall_s`` is
@@ -44,8 +45,14 @@ from scheduling.sim.inventory import Inventory, load_inventory
 from scheduling.sim.metrics import compute_metrics
 from scheduling.sim.overlays import Overlay, OverlayConfig, build_overlay
 from scheduling.sim.replay import POLICIES, PlanFn, ReplayOptions, run_replay
-from scheduling.sim.runtime import SimpleHistoryPredictor, default_predictor
+from scheduling.sim.runtime import default_predictor
 from scheduling.sim.trace import Trace, load_trace
+
+_DEFAULT_FORECAST_CACHE = os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+    "berth-bench",
+    "forecast",
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -78,12 +85,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "1 (default) replays the logged arrivals",
     )
     parser.add_argument(
-        "--predictor",
-        choices=("default", "simple"),
-        default="default",
-        help="runtime predictor for berth: forecasting.core.runtime when installed, or ours",
-    )
-    parser.add_argument(
         "--engine", default=DEFAULT_ENGINE, help="module:function with plan_round's signature"
     )
     parser.add_argument(
@@ -99,6 +100,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="parallel processes (default: one per policy, at most the CPUs; 1: all in this process)",
     )
     parser.add_argument("--no-bounds", action="store_true", help="skip the bounds (faster)")
+    parser.add_argument(
+        "--forecast-cache",
+        default=_DEFAULT_FORECAST_CACHE,
+        help="directory of cached forecast fits (each named by the hash of its inputs and of the "
+        "forecasting code, so a re-run of the same workload reads them); '' disables "
+        "(default: %(default)s)",
+    )
     parser.add_argument(
         "--dump-demand",
         default=None,
@@ -117,7 +125,6 @@ class _Workload:
     overlay: Overlay
     plan_fn: PlanFn
     options: ReplayOptions
-    predictor: str
     seed: int
     forecast: SessionForecast | None
 
@@ -130,7 +137,7 @@ def _replay_policy(policy: str) -> tuple[str, dict[str, Any], int, float]:
     """Replay one policy; returns (policy, its metrics with ``wall_s``, rounds, CPU seconds)."""
     work = _WORKLOAD
     assert work is not None, "the workload is set before replaying"
-    predictor = default_predictor() if work.predictor == "default" else SimpleHistoryPredictor()
+    predictor = default_predictor()
     started = time.perf_counter()
     cpu_started = time.process_time()
     is_oracle = policy == ORACLE
@@ -222,11 +229,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     forecast = None
     if "berth" in policies and overlay.sessions:
         forecast = fit_session_forecast(
-            overlay, inventory, end_at=span_end, week_phase_s=trace.week_phase_s, workers=workers
+            overlay,
+            inventory,
+            end_at=span_end,
+            week_phase_s=trace.week_phase_s,
+            workers=workers,
+            cache_dir=args.forecast_cache or None,
         )
-        print(f"  forecast: {forecast.fits} fits, {forecast.fit_s:.1f} s wall", file=sys.stderr)
+        print(
+            f"  forecast: {forecast.fits} fits ({forecast.cached} from the cache), "
+            f"{forecast.fit_s:.1f} s wall",
+            file=sys.stderr,
+        )
     global _WORKLOAD
-    _WORKLOAD = _Workload(trace, inventory, overlay, plan_fn, options, args.predictor, args.seed, forecast)
+    _WORKLOAD = _Workload(trace, inventory, overlay, plan_fn, options, args.seed, forecast)
     bound_values: dict[str, Any] = {}
     replayed = list(policies)
     if not args.no_bounds:

@@ -7,7 +7,7 @@ job X to end" and "which types may this job use" in O(1) after an O(GPUs + jobs)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scheduling.engine.placement import ConstraintKey, constraint_key, type_satisfies
 from scheduling.engine.types import (
@@ -20,6 +20,9 @@ from scheduling.engine.types import (
     PolicyConfig,
     RunningJob,
 )
+
+if TYPE_CHECKING:  # preemption imports this module
+    from scheduling.engine.preemption import Victim
 
 _MIN_REMAINING_S = 1.0
 
@@ -226,9 +229,12 @@ class RoundState:
         "running_by_id",
         "snapshot",
         "takeable_by_node",
+        "takeable_gpus_by_node",
         "topology",
         "type_order",
         "types",
+        "victims_by_node",
+        "victims_floor_by_node",
     )
 
     def __init__(
@@ -277,6 +283,13 @@ class RoundState:
         self._estimates = estimates_by_job(policy, is_predicted=is_predicted)
         # node index -> its running work a demand may ever take (`preemption.takeable_on`)
         self.takeable_by_node: dict[int, tuple[RunningJob, ...]] = {}
+        # node index -> GPUs on it of that work (`preemption._takeable_gpus`)
+        self.takeable_gpus_by_node: dict[int, int] = {}
+        # (node index, high class) -> that work as victims in victim order, with the GPUs each
+        # frees on the node (`preemption._node_victims`)
+        self.victims_by_node: dict[tuple[int, bool], tuple[tuple[Victim, tuple[int, ...]], ...]] = {}
+        # (node index, high class) -> a lower bound of a reclaim's cost there (`preemption._victims_floor`)
+        self.victims_floor_by_node: dict[tuple[int, bool], tuple[float, float, int]] = {}
 
     def eligible_types(self, job: JobRequest) -> tuple[str, ...]:
         """Types present in the cluster that satisfy the job, in ``type_order``."""

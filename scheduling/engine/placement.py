@@ -15,7 +15,7 @@ job are of one type.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -179,6 +179,10 @@ class FreePool:
     def free_gpus(self) -> list[int]:
         """Every free GPU, sorted."""
         return sorted(gpu for gpus in self._free.values() for gpu in gpus)
+
+    def nodes_with_free(self) -> Collection[int]:
+        """The nodes with a free GPU (held or not); `node_usable` is empty on every other node."""
+        return self._free.keys()
 
     def max_size(self, gpu_type: str) -> int:
         return self._max_size.get(gpu_type, 0)

@@ -15,11 +15,13 @@ checkpoint plus ``restore_s`` per GPU when it resumes; restartable work loses ev
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 
 from scheduling.engine.cluster import RoundState
 from scheduling.engine.types import JobKind, JobRequest, PolicyConfig, RunningJob
+
+INF_COST = float("inf")
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,12 +143,40 @@ def takeable_on(state: RoundState, node_index: int) -> tuple[RunningJob, ...]:
 
 
 def _takeable_gpus(state: RoundState, node_index: int) -> int:
-    """GPUs of the node held by jobs reclaimable this round (`takeable_on`)."""
-    gpu_node = state.gpu_node
-    return sum(
-        sum(1 for g in running.gpu_ids if gpu_node.get(g) == node_index)
-        for running in takeable_on(state, node_index)
-    )
+    """GPUs of the node held by jobs reclaimable this round (`takeable_on`; once per node and
+    round)."""
+    found = state.takeable_gpus_by_node.get(node_index)
+    if found is None:
+        gpu_node = state.gpu_node
+        found = state.takeable_gpus_by_node[node_index] = sum(
+            sum(1 for g in running.gpu_ids if gpu_node.get(g) == node_index)
+            for running in takeable_on(state, node_index)
+        )
+    return found
+
+
+def _node_victims(
+    state: RoundState, node_index: int, *, is_high_class: bool
+) -> tuple[tuple[Victim, tuple[int, ...]], ...]:
+    """The node's takeable work (`takeable_on`) as victims in victim order, each with the GPUs
+    it frees on the node; once per node, class and round (a victim's kill time and loss depend
+    on the round's clock and the job only, and the order is total: the same order as sorting
+    any subset)."""
+    key = (node_index, is_high_class)
+    found = state.victims_by_node.get(key)
+    if found is None:
+        gpu_node = state.gpu_node
+        victims = sorted(
+            (
+                victim_of(state, running, is_high_class=is_high_class)
+                for running in takeable_on(state, node_index)
+            ),
+            key=lambda v: _victim_order(state, v),
+        )
+        found = state.victims_by_node[key] = tuple(
+            (v, tuple(g for g in v.running.gpu_ids if gpu_node.get(g) == node_index)) for v in victims
+        )
+    return found
 
 
 def _victim_order(state: RoundState, victim: Victim) -> tuple[bool, float, float, str]:
@@ -168,6 +198,7 @@ def plan_reclaim(
     is_single_node: bool,
     may_take: Callable[[RunningJob], bool] | None = None,
     is_high_class: bool = False,
+    free_nodes: Container[int] | None = None,
 ) -> Reclaim | None:
     """The cheapest way to assemble ``gpu_count`` GPUs on the given nodes, or None.
 
@@ -177,43 +208,45 @@ def plan_reclaim(
     quota claims) selects the short minimum runtime (`min_runtime_s`).  A single-node
     demand is placed on the one node with the lowest (ready time, lost work); a multi-node one
     takes free GPUs, then incoming ones, then victims in victim order until it has enough.
+    ``free_nodes``: the nodes where ``free_on_node`` may find GPUs (None: any node); on the
+    others a single-node demand needs victims, and a node whose victims cannot beat the best
+    node found (`_victims_floor`) is not looked at.
     """
     best: tuple[tuple[float, float, int], Reclaim] | None = None
     pool_free: list[int] = []
     pool_incoming: list[tuple[float, int]] = []
     pool_victims: dict[str, Victim] = {}
+    victims_ready = state.now + state.policy.grace_s  # no kill time is earlier (`kill_time`)
+    arriving_on = _arriving_by_node(state, incoming)
     for node_index in node_indexes:
         node = state.nodes[node_index]
         if is_single_node and len(node.gpu_ids) < gpu_count:
             continue  # the node is too small whatever is taken on it
+        if (
+            best is not None
+            and free_nodes is not None
+            and node_index not in free_nodes
+            and node_index not in arriving_on
+            and best[0] < _victims_floor(state, node_index, is_high_class, victims_ready)
+        ):
+            continue  # nothing free or arriving here, and no victim here can beat the best node
         free = free_on_node(node_index)
-        arriving = sorted((incoming[g], g) for g in node.gpu_ids if g in incoming)
+        arriving = arriving_on.get(node_index, []) if arriving_on else []
         if is_single_node and len(free) + len(arriving) + _takeable_gpus(state, node_index) < gpu_count:
             # an upper bound on what reclaim could add here (every takeable job's GPUs on the
             # node): too few, so the victims need not be costed
             continue
-        victims: dict[str, Victim] = {}
-        for running in takeable_on(state, node_index):
-            if running.job.id not in excluded_jobs and (may_take is None or may_take(running)):
-                victims[running.job.id] = victim_of(state, running, is_high_class=is_high_class)
         if not is_single_node:
             pool_free.extend(free)
             pool_incoming.extend(arriving)
-            pool_victims.update(victims)
+            for victim, _gained in _may_take_on(state, node_index, excluded_jobs, may_take, is_high_class):
+                pool_victims[victim.running.job.id] = victim
             continue
-        if (
-            len(free)
-            + len(arriving)
-            + sum(
-                sum(1 for g in v.running.gpu_ids if state.gpu_node.get(g) == node_index)
-                for v in victims.values()
-            )
-            < gpu_count
-        ):
-            continue
-        reclaim = _assemble(
-            state, free, arriving, victims.values(), gpu_count, node_index, is_high_class=is_high_class
-        )
+        if len(free) + len(arriving) >= gpu_count:
+            reclaim = _assemble_sorted(state, free, arriving, [], gpu_count)  # no victim needed
+        else:
+            found = (free, arriving, node_index, gpu_count)
+            reclaim = _with_victims(state, found, excluded_jobs, may_take, is_high_class, best, victims_ready)
         if reclaim is None:
             continue
         cost = (reclaim.ready_at, sum(v.lost_gpu_s for v in reclaim.victims), node_index)
@@ -230,6 +263,139 @@ def plan_reclaim(
             is_high_class=is_high_class,
         )
     return None if best is None else best[1]
+
+
+def _with_victims(
+    state: RoundState,
+    found: tuple[list[int], list[tuple[float, int]], int, int],
+    excluded_jobs: set[str],
+    may_take: Callable[[RunningJob], bool] | None,
+    is_high_class: bool,
+    best: tuple[tuple[float, float, int], Reclaim] | None,
+    victims_ready: float,
+) -> Reclaim | None:
+    """`plan_reclaim` on one node whose ``found`` (free GPUs, arriving GPUs, node, GPUs wanted)
+    do not suffice: None when it has too few victims or cannot beat ``best`` (a lower bound of
+    its cost, `_victims_bound`, says so before the victims are assembled)."""
+    free, arriving, node_index, gpu_count = found
+    if best is not None and best[0] < _victims_bound(
+        state, node_index, excluded_jobs, may_take, is_high_class, victims_ready
+    ):
+        return None
+    victims = _may_take_on(state, node_index, excluded_jobs, may_take, is_high_class)
+    if len(free) + len(arriving) + sum(len(gained) for _v, gained in victims) < gpu_count:
+        return None
+    return _assemble_sorted(state, free, arriving, victims, gpu_count)
+
+
+def _arriving_by_node(state: RoundState, incoming: dict[int, float]) -> dict[int, list[tuple[float, int]]]:
+    """``incoming`` per node as (time, GPU) pairs in ascending order."""
+    by_node: dict[int, list[tuple[float, int]]] = {}
+    gpu_node = state.gpu_node
+    for gpu, at in incoming.items():
+        node_index = gpu_node.get(gpu)
+        if node_index is not None:
+            by_node.setdefault(node_index, []).append((at, gpu))
+    for pairs in by_node.values():
+        pairs.sort()
+    return by_node
+
+
+def _victims_floor(
+    state: RoundState, node_index: int, is_high_class: bool, victims_ready: float
+) -> tuple[float, float, int]:
+    """A lower bound on the cost (ready time, lost work, node) of any reclaim on a node that
+    needs a victim, whatever this round has signalled or the demand may take: the first victim
+    in victim order is past its minimum runtime (ready at ``victims_ready``) and loses least
+    among those, or none is (every victim is ready later).  Once per node, class and round."""
+    key = (node_index, is_high_class)
+    found = state.victims_floor_by_node.get(key)
+    if found is None:
+        victims = _node_victims(state, node_index, is_high_class=is_high_class)
+        if not victims:
+            found = (INF_COST, 0.0, node_index)  # nothing to take: no reclaim here at all
+        elif victims[0][0].kill_at > victims_ready:
+            found = (victims_ready, INF_COST, node_index)
+        else:
+            found = (victims_ready, victims[0][0].lost_gpu_s, node_index)
+        state.victims_floor_by_node[key] = found
+    return found
+
+
+def _victims_bound(
+    state: RoundState,
+    node_index: int,
+    excluded_jobs: set[str],
+    may_take: Callable[[RunningJob], bool] | None,
+    is_high_class: bool,
+    victims_ready: float,
+) -> tuple[float, float, int]:
+    """A lower bound on the cost (ready time, lost work, node) of a reclaim on a node whose free
+    and arriving GPUs do not suffice: it takes at least the first victim in victim order,
+    which is ready no earlier than the grace (`kill_time`); when that victim is past its
+    minimum runtime (``kill_at`` = ``victims_ready``) the plan is ready then at the earliest
+    and loses at least that victim's work, else it is ready at that victim's kill time at the
+    earliest (victims that are not past it come later in the order)."""
+    for victim, _gained in _node_victims(state, node_index, is_high_class=is_high_class):
+        if victim.running.job.id in excluded_jobs or (may_take is not None and not may_take(victim.running)):
+            continue
+        if victim.kill_at > victims_ready:
+            return (victim.kill_at, 0.0, node_index)
+        return (victims_ready, victim.lost_gpu_s, node_index)
+    return (INF_COST, 0.0, node_index)  # no victim at all: nothing to assemble here
+
+
+def _may_take_on(
+    state: RoundState,
+    node_index: int,
+    excluded_jobs: set[str],
+    may_take: Callable[[RunningJob], bool] | None,
+    is_high_class: bool,
+) -> list[tuple[Victim, tuple[int, ...]]]:
+    """The node's victims in victim order (`_node_victims`) not signalled this round and that
+    ``may_take`` (None: any) allows."""
+    return [
+        (victim, gained)
+        for victim, gained in _node_victims(state, node_index, is_high_class=is_high_class)
+        if victim.running.job.id not in excluded_jobs and (may_take is None or may_take(victim.running))
+    ]
+
+
+def _assemble_sorted(
+    state: RoundState,
+    free: list[int],
+    arriving: list[tuple[float, int]],
+    victims: list[tuple[Victim, tuple[int, ...]]],
+    gpu_count: int,
+) -> Reclaim | None:
+    """`_assemble` on one node, with its victims already in victim order and their GPUs on
+    that node (`_node_victims`)."""
+    chosen_free = tuple(sorted(free)[:gpu_count])
+    need = gpu_count - len(chosen_free)
+    chosen_incoming: list[int] = []
+    ready_at = state.now
+    for at, gpu in arriving:
+        if need <= 0:
+            break
+        chosen_incoming.append(gpu)
+        ready_at = max(ready_at, at)
+        need -= 1
+    chosen_victims: list[Victim] = []
+    for victim, gained in victims:
+        if need <= 0:
+            break
+        chosen_victims.append(victim)
+        chosen_incoming.extend(gained)
+        ready_at = max(ready_at, victim.kill_at)
+        need -= len(gained)
+    if need > 0:
+        return None
+    return Reclaim(
+        free_gpus=chosen_free,
+        incoming_gpus=tuple(chosen_incoming),
+        victims=tuple(chosen_victims),
+        ready_at=ready_at,
+    )
 
 
 def _assemble(

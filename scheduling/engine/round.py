@@ -133,6 +133,8 @@ class Round:
         # a session's demand shape -> (what the round had signalled, promised and held, the
         # pool's takes or None) when its reclaim failed (`stages.reclaim._FailMemo`)
         self.reclaim_failed: dict[tuple[object, ...], tuple[tuple[int, int, int, int], int | None]] = {}
+        # the snapshot's running work in its grace period (`stages.reclaim._incoming`)
+        self.in_grace: list[RunningJob] | None = None
 
     def _pinned_by_type(self) -> dict[str, int]:
         """GPUs per type held by work sessions cannot take back (batch work without consent

@@ -17,17 +17,28 @@ reads the band for the coming hour (headroom) and the coming day (pool) through
 
 Demand is keyed by the cluster's GPU type when it has one, else ``"*"`` (sessions ask for any
 type) with the whole capacity.
+
+A fit is a pure function of its history, origin, model, horizon and calendar phase and of the
+forecasting code, so ``cache_dir`` keeps each fit's band in a file named by the hash of all of
+them (`FitCache`: the sources of ``forecasting.core`` and this module, and the versions of the
+libraries the model calls): a replay of the same workload again (another policy set, the
+bounds, a re-run after an engine change) reads its 300+ fits instead of redoing them.  The
+JSON's ``forecast`` says how many fits came from the cache.
 """
 
 from __future__ import annotations
 
 import bisect
+import hashlib
+import importlib.metadata
+import json
 import math
 import multiprocessing
 import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -52,6 +63,7 @@ class SessionForecast:
     fit_s: float = 0.0  # total wall seconds spent fitting
     fit_cpu_s: float = 0.0
     fits: int = 0
+    cached: int = 0  # fits read from the cache (`FitCache`) instead of being fitted
     _cache: dict[int, tuple[int, tuple[tuple[float, str, int], ...]]] = field(default_factory=dict)
 
     def _upper(self, hour: int) -> tuple[int, tuple[float, ...]] | None:
@@ -99,7 +111,13 @@ class SessionForecast:
         return cached
 
     def report(self) -> dict[str, float | str]:
-        return {"fits": self.fits, "fit_wall_s": self.fit_s, "fit_cpu_s": self.fit_cpu_s, "key": self.key}
+        return {
+            "fits": self.fits,
+            "cached_fits": self.cached,
+            "fit_wall_s": self.fit_s,
+            "fit_cpu_s": self.fit_cpu_s,
+            "key": self.key,
+        }
 
 
 def hourly_demand(overlay: Overlay, *, hours: int) -> np.ndarray:
@@ -144,6 +162,59 @@ def _fit_one(args: tuple[np.ndarray, int, str, int, float]) -> tuple[tuple[float
     return tuple(float(v) for v in upper), time.process_time() - started
 
 
+# libraries whose versions a fit's result may depend on (the model's own code is hashed)
+_FIT_LIBRARIES = ("prophet", "cmdstanpy", "numpy", "pandas", "scipy", "statsmodels", "holidays")
+
+
+class FitCache:
+    """Fitted upper bands on disk, one small JSON file per fit, named by the hash of the fit's
+    inputs and of the code that computes it (see the module docstring)."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        self._code = self._code_version()
+
+    @staticmethod
+    def _code_version() -> str:
+        import forecasting.core
+
+        digest = hashlib.sha256()
+        sources = [*sorted(Path(forecasting.core.__file__).parent.glob("*.py")), Path(__file__)]
+        for path in sources:
+            digest.update(path.name.encode())
+            digest.update(path.read_bytes())
+        for name in _FIT_LIBRARIES:
+            try:
+                digest.update(f"{name}={importlib.metadata.version(name)};".encode())
+            except importlib.metadata.PackageNotFoundError:
+                digest.update(f"{name}=-;".encode())
+        return digest.hexdigest()
+
+    def key(self, job: tuple[np.ndarray, int, str, int, float]) -> str:
+        history, origin_h, model_name, horizon_h, week_phase_s = job
+        digest = hashlib.sha256(self._code.encode())
+        digest.update(np.ascontiguousarray(history, dtype=np.float64).tobytes())
+        digest.update(f"|{origin_h}|{model_name}|{horizon_h}|{float(week_phase_s)!r}".encode())
+        return digest.hexdigest()
+
+    def get(self, key: str) -> tuple[float, ...] | None:
+        try:
+            with open(self.directory / f"{key}.json", encoding="utf-8") as fh:
+                return tuple(float(v) for v in json.load(fh)["upper"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # absent or unreadable: fitted again
+
+    def put(self, key: str, upper: tuple[float, ...]) -> None:
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            path = self.directory / f"{key}.json"
+            partial = path.with_suffix(f".{os.getpid()}.tmp")
+            partial.write_text(json.dumps({"upper": list(upper)}), encoding="utf-8")
+            partial.replace(path)  # atomic: a concurrent run reads a whole file or none
+        except OSError:
+            pass  # a cache that cannot be written only costs the next run its fits
+
+
 def fit_session_forecast(
     overlay: Overlay,
     inventory: Inventory,
@@ -156,8 +227,10 @@ def fit_session_forecast(
     max_history_h: int = 56 * 24,
     max_fraction: float = DEFAULT_MAX_FRACTION,
     workers: int | None = None,
+    cache_dir: str | Path | None = None,
 ) -> SessionForecast:
-    """Fit the forecaster at every refit origin up to ``end_at`` (fits in parallel processes)."""
+    """Fit the forecaster at every refit origin up to ``end_at`` (fits in parallel processes;
+    with ``cache_dir``, fits already in `FitCache` are read instead)."""
     types = sorted({node.gpu_type for node in inventory.nodes})
     key = types[0] if len(types) == 1 else "*"
     capacity = inventory.capacity_gpus
@@ -169,12 +242,25 @@ def fit_session_forecast(
     ]
     started = time.perf_counter()
     cpu_started = time.process_time()
+    cache = FitCache(cache_dir) if cache_dir else None
+    keys = [cache.key(job) for job in jobs] if cache is not None else []
+    uppers: list[tuple[float, ...] | None] = (
+        [cache.get(k) for k in keys] if cache is not None else [None] * len(jobs)
+    )
+    todo = [i for i, upper in enumerate(uppers) if upper is None]
     workers = workers if workers is not None else len(os.sched_getaffinity(0))
-    if workers > 1 and len(jobs) > 1 and "fork" in multiprocessing.get_all_start_methods():
-        with multiprocessing.get_context("fork").Pool(min(workers, len(jobs))) as pool:
-            results = pool.map(_fit_one, jobs, chunksize=max(1, len(jobs) // (4 * workers)))
+    is_parallel = workers > 1 and len(todo) > 1 and "fork" in multiprocessing.get_all_start_methods()
+    if is_parallel:
+        with multiprocessing.get_context("fork").Pool(min(workers, len(todo))) as pool:
+            results = pool.map(
+                _fit_one, [jobs[i] for i in todo], chunksize=max(1, len(todo) // (4 * workers))
+            )
     else:
-        results = [_fit_one(job) for job in jobs]
+        results = [_fit_one(jobs[i]) for i in todo]
+    for i, (upper, _) in zip(todo, results, strict=True):
+        uppers[i] = upper
+        if cache is not None:
+            cache.put(keys[i], upper)
     child_cpu = sum(cpu for _, cpu in results)
     own_cpu = time.process_time() - cpu_started
     return SessionForecast(
@@ -182,8 +268,9 @@ def fit_session_forecast(
         capacity=capacity,
         max_fraction=max_fraction,
         origins_h=tuple(origins),
-        uppers=tuple(upper for upper, _ in results),
+        uppers=tuple(upper for upper in uppers if upper is not None),
         fit_s=time.perf_counter() - started,
-        fit_cpu_s=child_cpu if workers > 1 and len(jobs) > 1 else own_cpu,
+        fit_cpu_s=child_cpu if is_parallel else own_cpu,
         fits=len(jobs),
+        cached=len(jobs) - len(todo),
     )

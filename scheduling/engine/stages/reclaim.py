@@ -108,6 +108,7 @@ class Reclaim:
             is_single_node=single,
             may_take=may_take,
             is_high_class=is_high_class,
+            free_nodes=pool.nodes_with_free() if type(pool) is FreePool else None,
         )
         if reclaim is None or (not reclaim.victims and not reclaim.incoming_gpus):
             if memo is not None:
@@ -343,11 +344,21 @@ def _incoming(rnd: Round) -> dict[int, float]:
     now = rnd.now
     out = rnd.out
     incoming: dict[int, float] = {}
-    for running in rnd.state.snapshot.running:
-        if running.grace_until is not None or running.job.id in out.preempted:
-            for gpu in running.gpu_ids:
-                if gpu not in out.promised or running.grace_until is not None:
-                    incoming[gpu] = max(running.grace_until or now, now)
+    state = rnd.state
+    if rnd.in_grace is None:  # the snapshot's work in grace, once per round
+        rnd.in_grace = [running for running in state.snapshot.running if running.grace_until is not None]
+    for running in rnd.in_grace:
+        at = max(running.grace_until or now, now)
+        for gpu in running.gpu_ids:
+            incoming[gpu] = at
+    running_by_id = state.running_by_id
+    for job_id in out.preempted:  # signalled this round (a set: the order is not used)
+        signalled = running_by_id.get(job_id)
+        if signalled is None or signalled.grace_until is not None:
+            continue  # in grace already: above
+        for gpu in signalled.gpu_ids:
+            if gpu not in out.promised:
+                incoming[gpu] = now
     for gpu in rnd.round_promised:
         incoming.pop(gpu, None)
     return incoming

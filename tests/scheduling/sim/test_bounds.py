@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
+from forecasting.core.runtime import HistoryRuntimePredictor
 from scheduling.sim import bounds
 from scheduling.sim.inventory import parse_cluster_spec
 from scheduling.sim.metrics import compute_metrics
 from scheduling.sim.overlays import OverlayConfig, build_overlay
 from scheduling.sim.replay import Replay
-from scheduling.sim.runtime import SimpleHistoryPredictor
 from scheduling.sim.trace import Trace, TraceJob, load_trace
 
 SAMPLES = Path(__file__).resolve().parents[3] / "scheduling" / "sim" / "samples"
@@ -54,7 +54,7 @@ def _replay_all(trace: Trace, spec: str, share: float, policies: tuple[str, ...]
     }
     for policy in policies:
         record = Replay(
-            trace, inventory, overlay, policy=policy, plan_fn=plan_round, predictor=SimpleHistoryPredictor()
+            trace, inventory, overlay, policy=policy, plan_fn=plan_round, predictor=HistoryRuntimePredictor()
         ).run()
         out[policy] = compute_metrics(record)
     return out

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from forecasting.core.runtime import HistoryRuntimePredictor
 from scheduling.engine import plan_round
 from scheduling.sim.inventory import parse_cluster_spec
 from scheduling.sim.metrics import compute_metrics
 from scheduling.sim.overlays import InteractiveSession, Overlay
 from scheduling.sim.replay import Replay
-from scheduling.sim.runtime import SimpleHistoryPredictor
 from scheduling.sim.trace import Trace, TraceJob
 
 HOUR = 3_600.0
@@ -57,7 +57,7 @@ def test_berth_session_on_a_full_cluster_starts_within_grace() -> None:
         overlay,
         policy="berth",
         plan_fn=plan_round,
-        predictor=SimpleHistoryPredictor(),
+        predictor=HistoryRuntimePredictor(),
     )
     record = replay.run()
     metrics = compute_metrics(record)

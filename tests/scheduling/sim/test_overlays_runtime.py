@@ -1,4 +1,4 @@
-"""Seeded overlays and the simple runtime predictor."""
+"""Seeded overlays and the replay's runtime predictor."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from forecasting.core.runtime import HistoryRuntimePredictor
 from scheduling.engine.types import JobRequest
 from scheduling.sim.overlays import HOUR_S, OverlayConfig, activity_weight, build_overlay, demand_series
-from scheduling.sim.runtime import RuntimePredictor, SimpleHistoryPredictor, default_predictor
+from scheduling.sim.runtime import RuntimePredictor, default_predictor
 from scheduling.sim.trace import Trace, load_trace
 
 SAMPLES = Path(__file__).resolve().parents[3] / "scheduling" / "sim" / "samples"
@@ -82,28 +83,9 @@ def _job(
     )
 
 
-def test_simple_predictor_falls_back_user_project_global() -> None:
-    predictor = SimpleHistoryPredictor(min_samples=3)
-    assert isinstance(predictor, RuntimePredictor)
-    # No history: half the request as p50, the request as p90.
-    assert predictor.predict(_job("x")) == (1800.0, 3600.0)
-    for i in range(3):
-        predictor.observe(_job(f"a{i}", user="u1"), 360.0)  # u1 uses 10 % of the request
-    for i in range(3):
-        predictor.observe(_job(f"b{i}", user="u2", project="p2"), 3600.0)  # u2 uses all of it
-    p50_u1, _ = predictor.predict(_job("y", user="u1", requested=7200.0))
-    assert p50_u1 == pytest.approx(720.0)
-    p50_u2, p90_u2 = predictor.predict(_job("z", user="u2", project="p2"))
-    assert p50_u2 == pytest.approx(3600.0)
-    assert p90_u2 >= p50_u2
-    # A new user of project p1 gets p1's history (u1's ratio).
-    assert predictor.predict(_job("w", user="new", project="p1"))[0] == pytest.approx(360.0)
-    # Without a requested time it uses runtimes directly.
-    assert predictor.predict(_job("v", user="u2", project="p2", requested=None))[0] == pytest.approx(3600.0)
-
-
 def test_default_predictor_implements_the_protocol() -> None:
     predictor = default_predictor()
     assert isinstance(predictor, RuntimePredictor)
+    assert isinstance(predictor, HistoryRuntimePredictor)  # the predictor the portal ships
     p50, p90 = predictor.predict(_job("q"))
     assert 0 < p50 <= p90

@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
+from forecasting.core.runtime import HistoryRuntimePredictor
 from scheduling.backends.simulator import DoubleAllocationError
 from scheduling.engine.types import ClusterSnapshot, Plan, PolicyConfig, StartAction
 from scheduling.sim.inventory import Inventory, parse_cluster_spec
 from scheduling.sim.metrics import compute_metrics
 from scheduling.sim.overlays import Overlay, OverlayConfig, build_overlay
 from scheduling.sim.replay import Replay, ReplayOptions, policy_config
-from scheduling.sim.runtime import SimpleHistoryPredictor
 from scheduling.sim.trace import Trace, load_trace
 from tests.scheduling.sim.standin import standin_plan
 
@@ -161,7 +161,7 @@ def test_predictor_only_learns_from_finished_jobs(
     submit_of = {job.id: job.submit_at for job in trace.jobs}
     replay: Replay
 
-    class Spy(SimpleHistoryPredictor):
+    class Spy(HistoryRuntimePredictor):
         observed: dict[str, float] = {}
 
         def predict(self, job: Any) -> tuple[float, float]:
@@ -232,7 +232,7 @@ def engine_metrics(trace: Trace, inventory: Inventory, overlay: Overlay, plan_ro
             overlay_for(short),
             policy=name,
             plan_fn=plan_round,
-            predictor=SimpleHistoryPredictor(),
+            predictor=HistoryRuntimePredictor(),
         )
         record = replay.run()
         partition = len(replay.config.interactive_partition)  # 1-GPU nodes
