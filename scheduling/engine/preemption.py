@@ -365,7 +365,7 @@ def _assemble_sorted(
     state: RoundState,
     free: list[int],
     arriving: list[tuple[float, int]],
-    victims: list[tuple[Victim, tuple[int, ...]]],
+    victims: Iterable[tuple[Victim, tuple[int, ...]]],
     gpu_count: int,
 ) -> Reclaim | None:
     """`_assemble` on one node, with its victims already in victim order and their GPUs on
@@ -408,32 +408,15 @@ def _assemble(
     *,
     is_high_class: bool,
 ) -> Reclaim | None:
-    chosen_free = tuple(sorted(free)[:gpu_count])
-    need = gpu_count - len(chosen_free)
-    chosen_incoming: list[int] = []
-    ready_at = state.now
-    for at, gpu in arriving:
-        if need <= 0:
-            break
-        chosen_incoming.append(gpu)
-        ready_at = max(ready_at, at)
-        need -= 1
-    chosen_victims: list[Victim] = []
-    for victim in sorted(victims, key=lambda v: _victim_order(state, v)):
-        if need <= 0:
-            break
-        gained = [
-            g for g in victim.running.gpu_ids if node_index is None or state.gpu_node.get(g) == node_index
-        ]
-        chosen_victims.append(victim)
-        chosen_incoming.extend(gained)
-        ready_at = max(ready_at, victim.kill_at)
-        need -= len(gained)
-    if need > 0:
-        return None
-    return Reclaim(
-        free_gpus=chosen_free,
-        incoming_gpus=tuple(chosen_incoming),
-        victims=tuple(chosen_victims),
-        ready_at=ready_at,
+    """`_assemble_sorted` with the victims put in victim order here and the GPUs each frees
+    (on ``node_index`` only, unless None) counted as the assembly reaches it."""
+    ordered = (
+        (
+            victim,
+            tuple(
+                g for g in victim.running.gpu_ids if node_index is None or state.gpu_node.get(g) == node_index
+            ),
+        )
+        for victim in sorted(victims, key=lambda v: _victim_order(state, v))
     )
+    return _assemble_sorted(state, free, arriving, ordered, gpu_count)
