@@ -114,17 +114,22 @@ class ForecastPoint(models.Model):
         return f"{self.ts:%Y-%m-%d %H:%M} {self.yhat:.1f} [{self.lower80:.1f}, {self.upper80:.1f}]"
 
 
+class RunStatus(models.TextChoices):
+    """Where a background run stands (a what-if, a capacity-exceed run): one set of states."""
+
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    DONE = "done", "Done"
+    FAILED = "failed", "Failed"
+
+
 class CapacityStudy(models.Model):
     """A what-if: the lab's finished jobs of one GPU type replayed twice in the simulator, once
     as the cluster is (``baseline``) and once with GPUs added or removed and maybe another
     policy (``whatif``).  The staff capacity page starts one, a Celery task runs it and stores
     each replay's result as it finishes; the page polls the row."""
 
-    class Status(models.TextChoices):
-        QUEUED = "queued", "Queued"
-        RUNNING = "running", "Running"
-        DONE = "done", "Done"
-        FAILED = "failed", "Failed"
+    Status = RunStatus
 
     cluster = models.ForeignKey(
         "scheduling.Cluster", on_delete=models.CASCADE, related_name="capacity_studies"
@@ -171,11 +176,7 @@ class CapacityExceedRun(models.Model):
     run by a Celery task that stores its progress (GPU types fitted of all) and, when done,
     each type's crossing; the page polls the row."""
 
-    class Status(models.TextChoices):
-        QUEUED = "queued", "Queued"
-        RUNNING = "running", "Running"
-        DONE = "done", "Done"
-        FAILED = "failed", "Failed"
+    Status = RunStatus
 
     cluster = models.ForeignKey(
         "scheduling.Cluster", on_delete=models.CASCADE, related_name="capacity_exceed_runs"

@@ -298,17 +298,32 @@ def _exceed_context(run: Any | None, query: str) -> dict[str, Any]:
     }
 
 
+def _lost_worker_text(run: Any, *, now: datetime, limit_s: float, what: str, again: str) -> str | None:
+    """The words for a run still marked running past its task's hard time limit (the soft limit
+    plus 60 s): its worker was probably lost.  None while it may still be running."""
+    running_s = (now - (run.started_at or run.created_at)).total_seconds()
+    if running_s <= limit_s + 60:
+        return None
+    return (
+        f"running for {running_s / 60:.0f} min, longer than {what} may run: its worker was "
+        f"probably lost; {again} again."
+    )
+
+
 def _exceed_status_text(run: Any, *, now: datetime) -> str:
     """What the fits are doing, in words (after "Progress: ")."""
     if run.status == "queued":
         return _queued_text(now - run.created_at)
     if run.status == "running":
-        running_s = (now - (run.started_at or run.created_at)).total_seconds()
-        if running_s > settings.BERTH_FORECAST_SOFT_TIME_LIMIT_S + 60:  # the task's hard time limit
-            return (
-                f"running for {running_s / 60:.0f} min, longer than these fits may run: its worker was "
-                "probably lost; compute again."
-            )
+        lost = _lost_worker_text(
+            run,
+            now=now,
+            limit_s=settings.BERTH_FORECAST_SOFT_TIME_LIMIT_S,
+            what="these fits",
+            again="compute",
+        )
+        if lost is not None:
+            return lost
         if run.types_total == 0:
             return "running, reading the demand history."
         if run.types_done < run.types_total:
@@ -436,12 +451,11 @@ def _whatif_status_text(study: Any, *, now: datetime) -> str:
     if study.status == "queued":
         return _queued_text(now - study.created_at)
     if study.status == "running":
-        running_s = (now - (study.started_at or study.created_at)).total_seconds()
-        if running_s > settings.BERTH_CAPACITY_TIME_BUDGET_S + 60:  # the task's hard time limit
-            return (
-                f"running for {running_s / 60:.0f} min, longer than a what-if may run: its worker was "
-                "probably lost; start it again."
-            )
+        lost = _lost_worker_text(
+            study, now=now, limit_s=settings.BERTH_CAPACITY_TIME_BUDGET_S, what="a what-if", again="start it"
+        )
+        if lost is not None:
+            return lost
         done = len(study.results)
         label, gpus, policy = (
             ("baseline", study.current_gpus, study.baseline_policy)
