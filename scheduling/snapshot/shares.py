@@ -31,7 +31,8 @@ UsageRun = tuple[str, float, float, float | None]
 def usage_runs_read(*, cluster_id: int, now: datetime, since: datetime) -> list[UsageRun]:
     """The cluster's runs that overlap ``[since, now)``: what `project_shares` decays.
 
-    The one read of usage history (a faster query replaces this function alone).  Epoch seconds
+    The one read of usage history; the decay itself is `inputs.project_usage`, shared with the
+    replay, so no second decay formula lives in SQL.  Epoch seconds
     computed by PostgreSQL (the same value as ``datetime.timestamp()``: both are the exact
     instant correctly rounded to a double): parsing 2 datetimes per run of history in Python
     was most of `project_shares`.
