@@ -50,8 +50,7 @@ _FLOOR_S = 1.0
 
 def _jobs_from_csv(path: str | Path) -> tuple[list[JobRequest], list[float], list[float], list[str | None]]:
     """Jobs with a known runtime in submit order, their actual runtimes (s), end times and
-    statuses (None where the trace has none).  A job's start time is its end time minus
-    its runtime."""
+    statuses (None where the trace has none)."""
     df = pd.read_csv(path, dtype={"user": "string", "group": "string", "job_id": "string"})
     df = df.dropna(subset=["start_time", "end_time", "submit_time"])
     df = df.sort_values(["submit_time", "job_id"], kind="stable")
@@ -135,13 +134,7 @@ def _repeated(
 
 
 def run(
-    trace: str | Path,
-    *,
-    repeat: int = 1,
-    end_info: bool = True,
-    ablation: bool = False,
-    starts: bool = True,
-    predictor_kwargs: dict[str, Any] | None = None,
+    trace: str | Path, *, repeat: int = 1, end_info: bool = True, ablation: bool = False
 ) -> dict[str, Any]:
     """Replay ``trace`` online (``repeat`` times back to back) and return the JSON document.
 
@@ -153,27 +146,19 @@ def run(
     jobs, runtimes, ends, statuses = _repeated(*_jobs_from_csv(trace), repeat)
     last_copy_from = len(jobs) - len(jobs) // max(repeat, 1)
     predict_last_s = 0.0
-    predictor = HistoryRuntimePredictor(**(predictor_kwargs or {}))
+    predictor = HistoryRuntimePredictor()
     static = HistoryRuntimePredictor(levels=DEFAULT_LEVELS, learn_weights=False) if ablation else None
     static_p = np.empty(len(jobs))
     static_p90 = np.empty(len(jobs))
     last_two = LastTwo()
     last_two_p = np.empty(len(jobs))
-    finished: list[tuple[float, int]] = []  # heap of (end_at, index) for submitted jobs
-    started: list[tuple[float, int]] = []  # heap of (start_at, index) for submitted jobs
+    finished: list[tuple[float, int]] = []  # heap of (end_at, index) for started jobs
     p50s = np.empty(len(jobs))
     p90s = np.empty(len(jobs))
     predict_s = observe_s = predict_cpu_s = predict_cpu_last_s = 0.0
     n_observed = 0
     for i, job in enumerate(jobs):
-        while (started and started[0][0] < job.submit_at) or (finished and finished[0][0] < job.submit_at):
-            if started and (not finished or started[0][0] <= finished[0][0]):
-                # A start strictly before this submit is known now; its end is not.
-                at, k = heapq.heappop(started)
-                t0 = time.perf_counter()
-                predictor.observe_start(jobs[k], at)
-                observe_s += time.perf_counter() - t0
-                continue
+        while finished and finished[0][0] < job.submit_at:
             _, k = heapq.heappop(finished)
             t0 = time.perf_counter()
             if end_info:
@@ -196,11 +181,8 @@ def run(
         last_two_p[i] = last_two.predict(job)
         if static is not None:
             static_p[i], static_p90[i] = static.predict(job)
-        # The end time only decides when the job enters the history, never the prediction;
-        # the start time when it becomes a running (censored) job of its user.
+        # The end time only decides when the job enters the history, never the prediction.
         heapq.heappush(finished, (ends[i], i))
-        if starts:
-            heapq.heappush(started, (ends[i] - runtimes[i], i))
     actual = np.asarray(runtimes)
     req = np.array([j.requested_s if j.requested_s else np.nan for j in jobs])
     has_req = ~np.isnan(req)
@@ -221,7 +203,6 @@ def run(
         "jobs": len(jobs),
         "repeat": repeat,
         "end_info": end_info,
-        "starts": starts,
         "predictor": predictor_scores,
         "user_estimate": _score(req[has_req], actual[has_req]),
         "last_two": _score(last_two_p, actual),

@@ -73,62 +73,6 @@ _DAY_S = 86_400.0
 class RuntimePredictor(Protocol):
     """What the engine and the simulator need from a runtime model."""
 
-    def _choose_features(
-        self, job: JobRequest, ctx: _Context, ca: float, wa: float, cb: float, wb: float
-    ) -> list[float]:
-        bound = self._bound(job, ctx) if self.censored != "nobound" else None
-        requested = _requested(job)
-        x = [1.0, wb / wa if wa > 0 else 0.0, max(min(cb - ca, 6.0), -6.0)]
-        x += [1.0 if ctx[2] == k else 0.0 for k in (1, 2, 3, 4)]
-        if bound is not None:
-            c = bound[1]
-            spec = 1.0 if bound[0][0] <= 2 else 0.0
-            x += [1.0, spec, 1.0 if ca + _LOG2 < c else 0.0, 1.0 if cb + _LOG2 >= c else 0.0]
-            x += [max(min(c - ca, 6.0), -6.0) / 3.0, spec * (1.0 if ca + _LOG2 < c else 0.0)]
-        else:
-            x += [0.0] * 6
-        if requested:
-            lr = math.log(requested)
-            x += [1.0, max(min(ca - lr, 0.0), -8.0) / 4.0, max(min(cb - lr, 0.0), -8.0) / 4.0]
-        else:
-            x += [0.0, 0.0, 0.0]
-        x += [1.0 if ca < _LOG_SHORT else 0.0, 1.0 if cb < _LOG_SHORT else 0.0]
-        return x
-
-    def _choose(self, job: JobRequest, ctx: _Context, votes: list[tuple[float, float]]) -> float:
-        ca, wa, cb, wb = _top2(votes)
-        if cb is None:
-            return ca
-        x = self._choose_features(job, ctx, ca, wa, cb, wb)
-        if not self._chooser:
-            self._chooser = [0.0] * len(x)
-            self._chooser[0] = -2.0
-        z = sum(a * b for a, b in zip(self._chooser, x, strict=True))
-        if len(self._choices) >= self._max_pending_votes:
-            for stale in list(self._choices)[: self._max_pending_votes // 10]:
-                del self._choices[stale]
-        self._choices[job.id] = (x, ca, cb, z)
-        return cb if z > 0.0 else ca
-
-    def _learn_choice(self, job_id: str, log_rt: float, log_cap: float) -> None:
-        entry = self._choices.pop(job_id, None)
-        if entry is None:
-            return
-        x, ca, cb, zp = entry
-        ok_a = abs(min(ca, log_cap) - log_rt) <= _LOG2
-        ok_b = abs(min(cb, log_cap) - log_rt) <= _LOG2
-        st = self.__dict__.setdefault("_cstats", {})
-        z0 = sum(a * b for a, b in zip(self._chooser, x, strict=True))
-        k = (ok_a, ok_b, zp > 0)
-        st[k] = st.get(k, 0) + 1
-        if ok_a == ok_b:
-            return
-        y = 1.0 if ok_b else 0.0
-        z = sum(a * b for a, b in zip(self._chooser, x, strict=True))
-        pr = 1.0 / (1.0 + math.exp(-max(min(z, 30.0), -30.0)))
-        g = self.choose_step * (y - pr)
-        self._chooser = [w + g * xi for w, xi in zip(self._chooser, x, strict=True)]
-
     def predict(self, job: JobRequest) -> tuple[float, float]:
         """Return (p50_s, p90_s) for a job that has not finished yet."""
         ...
@@ -171,9 +115,9 @@ CONTEXT_LEVELS: tuple[tuple[str, float], ...] = (
 # Bucket edges (seconds) of the time since the user's previous submission / last end.
 _GAP_EDGES_S = (60.0, 600.0, 3600.0, 6 * 3600.0, _DAY_S)
 
-# (gap bucket, since-last-end bucket, last outcome, busy bucket, hour bucket, running bucket)
-_Context = tuple[int, int, int, int, int, int]
-_NO_CONTEXT: _Context = (0, 0, 0, 0, 0, 0)
+# (gap bucket, since-last-end bucket, last outcome, busy bucket, hour bucket)
+_Context = tuple[int, int, int, int, int]
+_NO_CONTEXT: _Context = (0, 0, 0, 0, 0)
 
 
 def _bucket(gap_s: float | None) -> int:
@@ -227,11 +171,7 @@ def _level_key(level: str, job: JobRequest, req: int | None, ctx: _Context = _NO
         return (level, job.user, _name_template(job.name)) if job.name else None
     if level == "project_template":
         return (level, job.project, _name_template(job.name)) if job.name else None
-    gap_b, end_b, prev, busy, hour_b, run_b = ctx
-    if level == "user_req_run":
-        return (level, job.user, req, run_b)
-    if level == "user_run":
-        return (level, job.user, run_b)
+    gap_b, end_b, prev, busy, hour_b = ctx
     if level == "user_req_prev":
         return (level, job.user, req, prev) if prev else None
     if level == "user_prev":
@@ -280,33 +220,6 @@ def window_mode(votes: list[tuple[float, float]], *, width: float = _LOG4, centr
     return sum(v * w for v, w in inside) / sum(w for _, w in inside)
 
 
-def _top2(votes: list[tuple[float, float]], width: float = _LOG4) -> tuple[float, float, float | None, float]:
-    """(centre, weight) of the densest window and of the densest one disjoint from it."""
-    votes.sort()
-    n = len(votes)
-    wins: list[tuple[float, int, int]] = []
-    acc, right = 0.0, 0
-    for left in range(n):
-        lo = votes[left][0]
-        while right < n and votes[right][0] - lo <= width:
-            acc += votes[right][1]
-            right += 1
-        wins.append((acc, left, right))
-        acc -= votes[left][1]
-    best_w, bl, br = -1.0, 0, 1
-    for w, l_, r_ in wins:
-        if w > best_w + 1e-12:
-            best_w, bl, br = w, l_, r_
-    a_lo, a_hi = votes[bl][0], votes[br - 1][0]
-    ca = 0.5 * (a_lo + a_hi)
-    second_w, cb = -1.0, None
-    for w, l_, r_ in wins:
-        if votes[l_][0] > a_hi or votes[r_ - 1][0] < a_lo:
-            if w > second_w + 1e-12:
-                second_w, cb = w, 0.5 * (votes[l_][0] + votes[r_ - 1][0])
-    return ca, best_w, cb, second_w
-
-
 def _upper_decile(values: deque[float]) -> float:
     """The empirical 90% quantile (the smallest value at or above 90% of them)."""
     ordered = sorted(values)
@@ -316,15 +229,7 @@ def _upper_decile(values: deque[float]) -> float:
 class _UserState:
     """What the predictor has seen of one user: submissions, active jobs, the last end."""
 
-    __slots__ = (
-        "active",
-        "last_end_at",
-        "last_log_ratio",
-        "last_log_rt",
-        "last_status",
-        "last_submit_at",
-        "running",
-    )
+    __slots__ = ("active", "last_end_at", "last_log_ratio", "last_log_rt", "last_status", "last_submit_at")
 
     def __init__(self) -> None:
         self.last_submit_at: float | None = None
@@ -333,7 +238,6 @@ class _UserState:
         self.last_log_ratio: float | None = None
         self.last_status: str | None = None
         self.active: set[str] = set()
-        self.running: dict[str, float] = {}  # job id -> start time of the user's running jobs
 
 
 class HistoryRuntimePredictor:
@@ -360,21 +264,14 @@ class HistoryRuntimePredictor:
         refresh_every: int = 50,
         default_s: float = 3600.0,
         min_runtime_s: float = 1.0,
-        censored: str = "km",
-        censored_weight: float = 1.0,
-        max_running_votes: int = 8,
-        trunc_margin: float = _LOG2,
-        choose: str = "off",
-        choose_step: float = 0.02,
     ) -> None:
         if levels is None:
             levels = DEFAULT_LEVELS + CONTEXT_LEVELS
         probe = JobRequest(id="", user="", project="", gpu_count=1, submit_at=0.0)
         # "LEVEL:raw" votes with the raw runtimes of LEVEL's key instead of ratios scaled to
         # this job's requested time (same history, another reading of it).
-        self._key_levels = [level.removesuffix(":raw").removesuffix(":running") for level, _ in levels]
-        self._is_running = [level.endswith(":running") for level, _ in levels]
-        self._is_raw = [level.endswith((":raw", ":running")) for level, _ in levels]
+        self._key_levels = [level.removesuffix(":raw") for level, _ in levels]
+        self._is_raw = [level.endswith(":raw") for level, _ in levels]
         plain = {level for level, is_raw in zip(self._key_levels, self._is_raw, strict=True) if not is_raw}
         for level, is_raw in zip(self._key_levels, self._is_raw, strict=True):
             _level_key(level, probe, None)
@@ -415,24 +312,6 @@ class HistoryRuntimePredictor:
         # level weights (bounded: about 2 x 200 floats a job)
         self._pending_votes: dict[str, tuple[list[float], list[float], list[tuple[int, int, int]]]] = {}
         self._max_pending_votes = 20_000
-        # Started, not finished: key -> {job id: (start time, log requested or None)}, and
-        # job id -> (user, its keys), to drop it from them when it ends.
-        self.censored = censored
-        self.censored_weight = censored_weight
-        self.max_running_votes = max_running_votes
-        self.trunc_margin = trunc_margin
-        self.choose = choose
-        self.run_newest = False
-        self.choose_step = choose_step
-        self._chooser: list[float] = []
-        self._choices: dict[str, tuple[list[float], float, float]] = {}
-        self._running_by_key: dict[Hashable, dict[str, tuple[float, float | None]]] = {}
-        self._running_jobs: dict[str, tuple[str, list[Hashable]]] = {}
-        self._n_started = 0  # changes of the running set, part of a cached answer's version
-        # Likelihood ratio of "runtime >= the running jobs' bound" per bound group:
-        # group -> [jobs, jobs that ran at least the bound, summed prior vote share above it]
-        self._bound_stats: dict[Hashable, list[float]] = {}
-        self._bounds: dict[str, tuple[Hashable, float, float]] = {}  # job id -> (group, bound, share)
 
     @property
     def n_observed(self) -> int:
@@ -473,11 +352,7 @@ class HistoryRuntimePredictor:
                 prev = 4
         busy = min(len(state.active), 3)
         hour_b = int((submit % _DAY_S) // (6 * 3600.0)) if math.isfinite(submit) else 0
-        run_b = 0
-        if state.running:
-            now = max(submit, self._clock) if math.isfinite(submit) else self._clock
-            run_b = _bucket(max(now - (max if self.run_newest else min)(state.running.values()), 0.0))
-        ctx = (_bucket(gap), _bucket(since_end), prev, busy, hour_b, run_b)
+        ctx = (_bucket(gap), _bucket(since_end), prev, busy, hour_b)
         if len(self._contexts) >= self._max_predicted:
             # Jobs seen but never finished (cancelled): forget the oldest.
             for stale in list(self._contexts)[: self._max_predicted // 10]:
@@ -504,28 +379,18 @@ class HistoryRuntimePredictor:
         requested = _requested(job)
         log_req = math.log(requested) if requested else None
         req = round(requested) if requested else None
-        censored = bool(self._running_by_key) and self.censored in ("km", "point", "km_spec")
-        now = max(job.submit_at, self._clock) if math.isfinite(job.submit_at) else self._clock
         values: list[float] = []
         weights: list[float] = []
         spans: list[tuple[int, int, int]] = []
         history = self._history
         pows = self._decay_pows
-        for i, (level, alpha, is_raw, is_running) in enumerate(
-            zip(self._key_levels, self._alpha, self._is_raw, self._is_running, strict=True)
+        for i, (level, alpha, is_raw) in enumerate(
+            zip(self._key_levels, self._alpha, self._is_raw, strict=True)
         ):
             key = _level_key(level, job, req, ctx)
             if key is None:
                 continue
             hist = history.get(key)
-            if is_running:
-                running = self._running_by_key.get(key)
-                if running:
-                    start = len(values)
-                    self._running_level_votes(job, hist, running, values, weights, alpha, log_req, now)
-                    if len(values) > start:
-                        spans.append((i, start, len(values)))
-                continue
             if not hist:
                 continue
             start = len(values)
@@ -534,159 +399,14 @@ class HistoryRuntimePredictor:
             else:
                 values.extend([rt if ratio is None else ratio + log_req for rt, ratio in reversed(hist)])
             weights.extend([alpha * p for p in pows[: len(hist)]])
-            running = (
-                self._running_by_key.get(key) if censored and (self.censored != "km_spec" or i <= 2) else None
-            )
-            if running:
-                self._censored_votes(job, running, values, weights, start, alpha, log_req, is_raw, now)
             spans.append((i, start, len(values)))
         return values, weights, spans
 
-    def _running_level_votes(
-        self,
-        job: JobRequest,
-        hist: deque[tuple[float, float | None]] | None,
-        running: dict[str, tuple[float, float | None]],
-        values: list[float],
-        weights: list[float],
-        alpha: float,
-        log_req: float | None,
-        now: float,
-    ) -> None:
-        """A running job of the key votes with the key's finished runtimes above its elapsed
-        time (Kaplan-Meier's redistribution to the right), or with its elapsed time when
-        none is above; the newest running job weighs 1, each older one ``decay`` less."""
-        if hist:
-            base = [
-                rt if ratio is None or log_req is None else ratio + log_req for rt, ratio in reversed(hist)
-            ]
-        else:
-            base = []
-        pows = self._decay_pows
-        rank = 0
-        for job_id, (started, run_log_req) in reversed(running.items()):
-            if job_id == job.id:
-                continue
-            if rank >= self.max_running_votes:
-                break
-            c = math.log(max(now - started, self.min_runtime_s))
-            if log_req is not None and run_log_req is not None:
-                c += log_req - run_log_req
-            w_run = alpha * pows[min(rank, len(pows) - 1)]
-            rank += 1
-            above = [(v, pows[k]) for k, v in enumerate(base) if v > c]
-            if not above:
-                values.append(c)
-                weights.append(w_run)
-                continue
-            total = sum(w for _, w in above)
-            for v, w in above:
-                values.append(v)
-                weights.append(w_run * w / total)
-
-    def _censored_votes(
-        self,
-        job: JobRequest,
-        running: dict[str, tuple[float, float | None]],
-        values: list[float],
-        weights: list[float],
-        start: int,
-        alpha: float,
-        log_req: float | None,
-        is_raw: bool,
-        now: float,
-    ) -> None:
-        """Add the key's running jobs (runtime >= elapsed so far) to the key's votes."""
-        end = len(values)
-        cw = alpha * self.censored_weight
-        n = 0
-        for job_id, (started, run_log_req) in reversed(running.items()):
-            if job_id == job.id:
-                continue
-            n += 1
-            if n > self.max_running_votes:
-                break
-            c = math.log(max(now - started, self.min_runtime_s))
-            if log_req is not None and run_log_req is not None and not is_raw:
-                c += log_req - run_log_req
-            if self.censored in ("km", "km_spec"):
-                # Kaplan-Meier's redistribution to the right: the running job's weight goes
-                # to the key's finished runtimes above its elapsed time, in proportion.
-                above = 0.0
-                for k in range(start, end):
-                    if values[k] > c:
-                        above += weights[k]
-                if above > 0.0:
-                    scale = 1.0 + cw / above
-                    for k in range(start, end):
-                        if values[k] > c:
-                            weights[k] *= scale
-                    continue
-            values.append(c)
-            weights.append(cw)
-
-    def _bound(self, job: JobRequest, ctx: _Context) -> tuple[Hashable, float] | None:
-        """(group, log lower bound) from the most specific key with a running job, or None."""
-        if not self._running_by_key:
-            return None
-        requested = _requested(job)
-        log_req = math.log(requested) if requested else None
-        req = round(requested) if requested else None
-        now = max(job.submit_at, self._clock) if math.isfinite(job.submit_at) else self._clock
-        for i, (level, is_raw) in enumerate(zip(self._key_levels, self._is_raw, strict=True)):
-            if is_raw:
-                continue
-            key = _level_key(level, job, req, ctx)
-            running = self._running_by_key.get(key) if key is not None else None
-            if not running:
-                continue
-            best = -math.inf
-            best_e = 0.0
-            for job_id, (started, run_log_req) in running.items():
-                if job_id == job.id:
-                    continue
-                e = max(now - started, self.min_runtime_s)
-                c = math.log(e)
-                if log_req is not None and run_log_req is not None:
-                    c += log_req - run_log_req
-                if c > best:
-                    best, best_e = c, e
-            if best > -math.inf:
-                return (i, _bucket(best_e)), best
-        return None
-
     def _log_p50(self, job: JobRequest) -> float | None:
-        ctx = self._context(job)
-        votes = self._votes(job, ctx)
+        votes = self._votes(job, self._context(job))
         values, weights, _ = votes
         if not values:
             return None
-        if self.choose == "logit":
-            self._pending_votes[job.id] = votes
-            return self._choose(job, ctx, list(zip(values, weights, strict=True)))
-        if self.censored in ("trunc", "trunc_spec"):
-            bound = self._bound(job, ctx)
-            if bound is not None and (self.censored == "trunc" or bound[0][0] <= 2):
-                c = bound[1]
-                kept = [(v, w) for v, w in zip(values, weights, strict=True) if v >= c - self.trunc_margin]
-                if kept:
-                    self._pending_votes[job.id] = votes
-                    return window_mode(kept)
-        if self.censored == "lr":
-            bound = self._bound(job, ctx)
-            if bound is not None:
-                group, c = bound
-                total = sum(weights)
-                above = sum(w for v, w in zip(values, weights, strict=True) if v >= c)
-                share = above / total if total > 0 else 0.0
-                if len(self._bounds) >= self._max_pending_votes:
-                    for stale in list(self._bounds)[: self._max_pending_votes // 10]:
-                        del self._bounds[stale]
-                self._bounds[job.id] = (group, c, share)
-                n, hits, prior = self._bound_stats.get(group, (2.0, 1.0, 1.0))
-                f_above = hits / max(prior, 1e-9)
-                f_below = (n - hits) / max(n - prior, 1e-9)
-                weights = [w * (f_above if v >= c else f_below) for v, w in zip(values, weights, strict=True)]
         if len(self._pending_votes) >= self._max_pending_votes:
             # Learning from a job that was predicted long ago recomputes its votes instead.
             for stale in list(self._pending_votes)[: self._max_pending_votes // 10]:
@@ -694,71 +414,14 @@ class HistoryRuntimePredictor:
         self._pending_votes[job.id] = votes
         return window_mode(list(zip(values, weights, strict=True)))
 
-    def _choose_features(
-        self, job: JobRequest, ctx: _Context, ca: float, wa: float, cb: float, wb: float
-    ) -> list[float]:
-        bound = self._bound(job, ctx) if self.censored != "nobound" else None
-        requested = _requested(job)
-        x = [1.0, wb / wa if wa > 0 else 0.0, max(min(cb - ca, 6.0), -6.0)]
-        x += [1.0 if ctx[2] == k else 0.0 for k in (1, 2, 3, 4)]
-        if bound is not None:
-            c = bound[1]
-            spec = 1.0 if bound[0][0] <= 2 else 0.0
-            x += [1.0, spec, 1.0 if ca + _LOG2 < c else 0.0, 1.0 if cb + _LOG2 >= c else 0.0]
-            x += [max(min(c - ca, 6.0), -6.0) / 3.0, spec * (1.0 if ca + _LOG2 < c else 0.0)]
-        else:
-            x += [0.0] * 6
-        if requested:
-            lr = math.log(requested)
-            x += [1.0, max(min(ca - lr, 0.0), -8.0) / 4.0, max(min(cb - lr, 0.0), -8.0) / 4.0]
-        else:
-            x += [0.0, 0.0, 0.0]
-        x += [1.0 if ca < _LOG_SHORT else 0.0, 1.0 if cb < _LOG_SHORT else 0.0]
-        return x
-
-    def _choose(self, job: JobRequest, ctx: _Context, votes: list[tuple[float, float]]) -> float:
-        ca, wa, cb, wb = _top2(votes)
-        if cb is None:
-            return ca
-        x = self._choose_features(job, ctx, ca, wa, cb, wb)
-        if not self._chooser:
-            self._chooser = [0.0] * len(x)
-            self._chooser[0] = -2.0
-        z = sum(a * b for a, b in zip(self._chooser, x, strict=True))
-        if len(self._choices) >= self._max_pending_votes:
-            for stale in list(self._choices)[: self._max_pending_votes // 10]:
-                del self._choices[stale]
-        self._choices[job.id] = (x, ca, cb, z)
-        return cb if z > 0.0 else ca
-
-    def _learn_choice(self, job_id: str, log_rt: float, log_cap: float) -> None:
-        entry = self._choices.pop(job_id, None)
-        if entry is None:
-            return
-        x, ca, cb, zp = entry
-        ok_a = abs(min(ca, log_cap) - log_rt) <= _LOG2
-        ok_b = abs(min(cb, log_cap) - log_rt) <= _LOG2
-        st = self.__dict__.setdefault("_cstats", {})
-        z0 = sum(a * b for a, b in zip(self._chooser, x, strict=True))
-        k = (ok_a, ok_b, zp > 0)
-        st[k] = st.get(k, 0) + 1
-        if ok_a == ok_b:
-            return
-        y = 1.0 if ok_b else 0.0
-        z = sum(a * b for a, b in zip(self._chooser, x, strict=True))
-        pr = 1.0 / (1.0 + math.exp(-max(min(z, 30.0), -30.0)))
-        g = self.choose_step * (y - pr)
-        self._chooser = [w + g * xi for w, xi in zip(self._chooser, x, strict=True)]
-
     def predict(self, job: JobRequest) -> tuple[float, float]:
         """Return (p50_s, p90_s) for ``job`` from the jobs observed so far.
 
         Guarantees ``min_runtime_s <= p50 <= p90`` and, when ``job.requested_s`` is set,
         ``p90 <= max(requested_s, min_runtime_s)``.
         """
-        version = self._n_observed * 1_000_003 + self._n_started
         cached = self._predicted.get(job.id)
-        if cached is not None and cached[0] == version:
+        if cached is not None and cached[0] == self._n_observed:
             log_p50: float | None = cached[1]
         else:
             log_p50 = self._log_p50(job)
@@ -767,7 +430,7 @@ class HistoryRuntimePredictor:
                     # Jobs that were predicted but never finished (cancelled): drop the oldest.
                     for stale in list(self._predicted)[: self._max_predicted // 10]:
                         del self._predicted[stale]
-                self._predicted[job.id] = (version, log_p50)
+                self._predicted[job.id] = (self._n_observed, log_p50)
         requested = _requested(job)
         if log_p50 is None:
             p50 = requested if requested else self.default_s
@@ -812,54 +475,6 @@ class HistoryRuntimePredictor:
         for (i, _, _), r in zip(spans, resp, strict=True):
             alpha[i] = (1.0 - step) * alpha[i] + step * mass * r / norm
 
-    def observe_start(self, job: JobRequest, at: float) -> None:
-        """Record that ``job`` started at ``at`` (same clock as ``submit_at``).
-
-        Until it finishes, it is a censored observation: its runtime is at least the time
-        since ``at``, which every later prediction of the same keys takes into account.
-        Calling it again for a job already running changes nothing.
-        """
-        if job.id in self._running_jobs or not math.isfinite(at):
-            return
-        ctx = self._context(job)
-        requested = _requested(job)
-        req = round(requested) if requested else None
-        log_req = math.log(requested) if requested else None
-        keys: list[Hashable] = []
-        for level, is_raw in zip(self._key_levels, self._is_raw, strict=True):
-            key = None if is_raw else _level_key(level, job, req, ctx)
-            if key is not None:
-                self._running_by_key.setdefault(key, {})[job.id] = (at, log_req)
-                keys.append(key)
-        if len(self._running_jobs) >= self._max_predicted:
-            # Jobs that started and were never observed to finish (lost): forget the oldest.
-            for stale in list(self._running_jobs)[: self._max_predicted // 10]:
-                self._drop_running(stale)
-        self._running_jobs[job.id] = (job.user, keys)
-        self._user(job.user).running[job.id] = at
-        self._clock = max(self._clock, at)
-        self._n_started += 1
-
-    def observe_stop(self, job_id: str) -> None:
-        """Forget a running job that ended without a runtime to learn (cancelled, preempted)."""
-        self._drop_running(job_id)
-
-    def _drop_running(self, job_id: str) -> None:
-        entry = self._running_jobs.pop(job_id, None)
-        if entry is None:
-            return
-        user, keys = entry
-        for key in keys:
-            running = self._running_by_key.get(key)
-            if running is not None:
-                running.pop(job_id, None)
-                if not running:
-                    del self._running_by_key[key]
-        state = self._users.get(user)
-        if state is not None:
-            state.running.pop(job_id, None)
-        self._n_started += 1
-
     def observe(
         self,
         job: JobRequest,
@@ -880,7 +495,6 @@ class HistoryRuntimePredictor:
         self._context_users.pop(job.id, None)
         state = self._user(job.user)
         state.active.discard(job.id)
-        self._drop_running(job.id)
         if not math.isfinite(runtime_s):
             self._predicted.pop(job.id, None)
             self._pending_votes.pop(job.id, None)
@@ -890,17 +504,6 @@ class HistoryRuntimePredictor:
         log_cap = math.log(requested) if requested else math.inf
         cached = self._predicted.pop(job.id, None)
         pending = self._pending_votes.pop(job.id, None)
-        if self.choose == "logit":
-            self._learn_choice(job.id, log_rt, log_cap)
-        bound = self._bounds.pop(job.id, None)
-        if bound is not None:
-            group, c, share = bound
-            stats = self._bound_stats.get(group)
-            if stats is None:
-                stats = self._bound_stats[group] = [2.0, 1.0, 1.0]
-            stats[0] += 1.0
-            stats[1] += 1.0 if log_rt >= c else 0.0
-            stats[2] += share
         values, weights, spans = pending if pending is not None else self._votes(job, ctx)
         if requested:
             values = [v if v < log_cap else log_cap for v in values]  # above the limit = the limit
