@@ -159,6 +159,8 @@ class Replay(BookingDesk):
         self._last_t = 0.0
         self._idle_tick_rounds = 0
         self._forecast = setup.get("forecast") if policy == "berth" else None
+        # berth's round takes consenting work back for sessions (its reclaim stage)
+        self._reclaims = policy == "berth"
         self._oracle = bool(setup.get("oracle", False))
         self._usage = inputs.UsageLedger(half_life_s=self.config.fairshare_half_life_s)
         self._gpu_value = {t.name: t.value for t in inventory.gpu_types}
@@ -296,13 +298,14 @@ class Replay(BookingDesk):
 
     def _could_use_time(self) -> bool:
         """Whether waiting alone might let a round start something: GPUs are free and some
-        pending batch job may use enough of them, or an interactive session waits (its GPUs may
-        be reclaimed once lent jobs pass their minimum runtime)."""
+        pending batch job may use enough of them, or an interactive session waits and GPUs are
+        free or, under a policy that reclaims, running work may be taken back for it once it
+        passes its minimum runtime (no GPU need be free for that)."""
         free, batch_free = self._free_split()
+        if self._interactive_gpus and (free or self._reclaims):
+            return True
         if free == 0:
             return False
-        if self._interactive_gpus:
-            return True
         return self._batch_could_start(free, batch_free)
 
     def _schedule_tick(self, t: float, *, after_tick: bool, acted: bool) -> None:
