@@ -172,11 +172,20 @@ def _usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def _replay_all(policies: list[str], workers: int) -> dict[str, Any]:
+def _replay_all(
+    policies: list[str],
+    workers: int,
+    *,
+    partial_path: str | None = None,
+    bound_values: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Every policy's metrics, in ``policies`` order; in parallel when ``workers`` > 1.
 
     Workers are forked so they inherit the loaded workload; a worker's exception is re-raised
-    here, and an error or ctrl-C terminates the other workers before propagating.
+    here, and an error or ctrl-C terminates the other workers before propagating.  With
+    ``partial_path``, the metrics of the policies done so far are written there as each one
+    finishes, with the workload's ``bound_values`` (a long run that is stopped keeps what it
+    measured).
     """
     done: dict[str, dict[str, Any]] = {}
 
@@ -184,6 +193,8 @@ def _replay_all(policies: list[str], workers: int) -> dict[str, Any]:
         done[policy] = metrics
         line = f"  {policy}: {metrics['wall_s']:.1f} s wall, {cpu_s:.1f} s CPU, {rounds} rounds"
         print(line, file=sys.stderr)
+        if partial_path:
+            write_json(partial_path, {"partial": True, "bounds": bound_values or {}, "policies": done})
 
     can_fork = "fork" in multiprocessing.get_all_start_methods()
     if workers <= 1 or len(policies) <= 1 or not can_fork:
@@ -249,7 +260,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         bound_values = _workload_bounds(trace, overlay, inventory)
         replayed.append(ORACLE)
     try:
-        results = _replay_all(replayed, workers)
+        results = _replay_all(
+            replayed, workers, partial_path=args.out + ".partial", bound_values=bound_values
+        )
     finally:
         _WORKLOAD = None
     if not args.no_bounds:

@@ -14,10 +14,12 @@ owner had all booked GPUs within 60 s of arriving (a fixed threshold, not the po
 
 Time advances from event to event: arrivals,
 completions, preemption kills, booking creation / start / owner arrival / owner leaving / end,
-and a tick while something is pending and a GPU is free (30 s, doubling up to
-``max_tick_s`` while rounds change nothing, reset by any other event).  `plan_round` runs after
-every event batch except batch arrivals while no GPU is free (nothing could start, and batch
-arrivals cannot trigger a preemption: the replay configures no guaranteed quotas).
+and a tick while a GPU is free and a session waits or a pending job is no wider than the free
+GPUs (30 s, doubling up to ``max_tick_s`` while rounds change nothing, reset by any other
+event).  `plan_round` runs after every event batch except batch arrivals while no GPU is free
+(nothing could start, and batch arrivals cannot trigger a preemption: the replay configures no
+guaranteed quotas) and the patience check of a session that already started (it changes
+nothing).
 
 Bookings (admission, seating owners, no-shows) are in `scheduling.sim.replay_bookings`; the
 options, the per-policy set-up and the arguments in `scheduling.sim.replay_setup` (re-exported
@@ -132,6 +134,8 @@ class Replay(BookingDesk):
             if node.id in self.config.interactive_partition
             for g in node.gpu_ids
         }
+        # GPUs batch work may use without spanning the partition (static: the other nodes)
+        self._batch_capacity = inventory.capacity_gpus - len(self._partition_gpus)
         self._events: list[tuple[float, int, int, int]] = []
         self._seq = 0
         self._pending: dict[str, JobRequest] = {}
@@ -141,7 +145,8 @@ class Replay(BookingDesk):
         self._meta: dict[str, _Meta] = {}
         self._feasible_pending = 0
         self._pending_widths: Counter[int] = Counter()  # GPUs -> pending jobs of that size
-        self._interactive_gpus = 0  # pending + running on-demand session GPUs
+        self._batch_widths: Counter[int] = Counter()  # the same for the pending batch jobs
+        self._interactive_gpus = 0  # GPUs of the on-demand sessions waiting
         self._bookings: dict[str, _BookingState] = {}
         # the portal's booking admission state: booked windows per GPU, and when each running
         # job's allocation ends (the start's expected end, extended while it overruns)
@@ -154,6 +159,8 @@ class Replay(BookingDesk):
         self._last_t = 0.0
         self._idle_tick_rounds = 0
         self._forecast = setup.get("forecast") if policy == "berth" else None
+        # berth's round takes consenting work back for sessions (its reclaim stage)
+        self._reclaims = policy == "berth"
         self._oracle = bool(setup.get("oracle", False))
         self._usage = inputs.UsageLedger(half_life_s=self.config.fairshare_half_life_s)
         self._gpu_value = {t.name: t.value for t in inventory.gpu_types}
@@ -210,8 +217,8 @@ class Replay(BookingDesk):
                 _, kind, _, index = heapq.heappop(self._events)
                 if kind == _TICK and index != self._tick_gen:
                     continue  # superseded tick
-                kinds.add(kind)
-                self._handle_event(kind, index, t)
+                if self._handle_event(kind, index, t):
+                    kinds.add(kind)
             seated = self._seat_owners(t) if self._waiting_owners else False
             if not (freed or kinds or seated):
                 continue
@@ -221,7 +228,7 @@ class Replay(BookingDesk):
                 self._idle_tick_rounds += 1
                 if self._idle_tick_rounds > self.options.max_idle_rounds:
                     break  # only jobs that can never start are left
-            if kinds == {_ARRIVE} and not freed and not seated and backend.free_gpu_count == 0:
+            if kinds == {_ARRIVE} and not freed and not seated and self._batch_side_full():
                 continue  # nothing can start and a batch arrival preempts nothing
             trigger = (
                 "completion" if freed else ("tick" if is_tick else _KIND_NAMES[min(kinds or {_BK_WAKE})])
@@ -257,17 +264,49 @@ class Replay(BookingDesk):
             return capacity
         return capacity - free + bounds.instant_fill(free, self._pending_widths)
 
+    def _free_split(self) -> tuple[int, int]:
+        """(free GPUs, of them outside the interactive partition); both equal without one."""
+        free = self.backend.free_gpu_count
+        if not self._partition_gpus or free == 0:
+            return free, free
+        is_free = self.backend.is_free
+        return free, free - sum(1 for g in self._partition_gpus if is_free(g))
+
+    def _batch_could_start(self, free: int, batch_free: int) -> bool:
+        """Whether some pending batch job is no wider than the free GPUs it may use: those
+        outside the interactive partition, or all of them for a job wider than that side
+        (static runs such a job across the partition).  By width (a few sizes), not by job:
+        the queue can be thousands long every round."""
+        capacity = self._batch_capacity
+        return any(
+            width <= (batch_free if width <= capacity else free)
+            for width, count in self._batch_widths.items()
+            if count > 0
+        )
+
+    def _batch_side_full(self) -> bool:
+        """Whether no GPU batch work may use is free: none at all, or (static) none outside
+        the partition while no job wider than that side waits (such a job's reservation could
+        hold the partition's GPUs)."""
+        free, batch_free = self._free_split()
+        if batch_free > 0:
+            return False
+        if free == 0:
+            return True
+        capacity = self._batch_capacity
+        return not any(count > 0 for width, count in self._batch_widths.items() if width > capacity)
+
     def _could_use_time(self) -> bool:
         """Whether waiting alone might let a round start something: GPUs are free and some
-        pending job is small enough for them, or an interactive session waits (its GPUs may be
-        reclaimed once lent jobs pass their minimum runtime)."""
-        free = self.backend.free_gpu_count
+        pending batch job may use enough of them, or an interactive session waits and GPUs are
+        free or, under a policy that reclaims, running work may be taken back for it once it
+        passes its minimum runtime (no GPU need be free for that)."""
+        free, batch_free = self._free_split()
+        if self._interactive_gpus and (free or self._reclaims):
+            return True
         if free == 0:
             return False
-        if self._interactive_gpus:
-            return True  # counts running sessions too: cheap, and only errs towards ticking
-        # by width (a few sizes), not by job: the queue can be thousands long every round
-        return any(width <= free for width, count in self._pending_widths.items() if count > 0)
+        return self._batch_could_start(free, batch_free)
 
     def _schedule_tick(self, t: float, *, after_tick: bool, acted: bool) -> None:
         self._tick_gen += 1
@@ -296,12 +335,16 @@ class Replay(BookingDesk):
             request = dataclasses.replace(request, predicted_p50_s=p50, predicted_p90_s=p90)
         self._pending[request.id] = request
         self._pending_widths[request.gpu_count] += 1
+        if request.kind == JobKind.BATCH:
+            self._batch_widths[request.gpu_count] += 1
         if meta.fits:
             self._feasible_pending += 1
         if request.kind == JobKind.INTERACTIVE:
             self._interactive_gpus += request.gpu_count
 
-    def _handle_event(self, kind: int, index: int, t: float) -> None:
+    def _handle_event(self, kind: int, index: int, t: float) -> bool:
+        """Apply one driver event; False when it changed nothing (an abandon check of a session
+        that already started), so it triggers no round."""
         if kind == _ARRIVE:
             job = self.trace.jobs[index]
             is_preemptible = job.id in self.overlay.preemptible
@@ -357,19 +400,21 @@ class Replay(BookingDesk):
             if patience > 0:
                 self._push(session.submit_at + patience, _ABANDON, index)
         elif kind == _ABANDON:
-            self._abandon(self.overlay.sessions[index].id, t)
+            return self._abandon(self.overlay.sessions[index].id, t)
         elif kind == _BK_CREATE:
             self._create_booking(self.overlay.bookings[index], t)
         elif kind in (_BK_WAKE, _BK_OWNER_IN, _BK_OWNER_OUT, _BK_END, _BK_NO_SHOW):
             self._booking_event(kind, self.overlay.bookings[index], t)
         # _WAKE (the engine asked for a round) and _TICK: nothing to do but a round
+        return True
 
-    def _abandon(self, session_id: str, t: float) -> None:
-        """The session's user gives up: it leaves the queue unserved (if it never started)."""
+    def _abandon(self, session_id: str, t: float) -> bool:
+        """The session's user gives up: it leaves the queue unserved (if it never started);
+        whether it did."""
         meta = self._meta.get(session_id)
         request = self._pending.get(session_id)
         if meta is None or request is None or meta.started_at is not None:
-            return
+            return False
         del self._pending[session_id]
         self._pending_widths[request.gpu_count] -= 1
         if meta.fits:
@@ -380,6 +425,7 @@ class Replay(BookingDesk):
         self.record.interactive_waits_s.append(t - request.submit_at)
         del self._meta[session_id]
         self.backend.forget(session_id)
+        return True
 
     def _handle_transitions(self, t: float) -> bool:
         transitions = self.backend.advance_to(t)
@@ -388,8 +434,6 @@ class Replay(BookingDesk):
             running = self._running.pop(tr.job_id)
             del self._running_usage[tr.job_id]
             self._alloc_end.pop(tr.job_id, None)
-            if meta.kind == JobKind.INTERACTIVE:
-                self._interactive_gpus -= running.job.gpu_count
             self._add_segment(meta.kind.value, tr.started_at, tr.started_at + tr.saved_s, len(tr.gpu_ids))
             meta.saved_s += tr.saved_s
             self._usage.add(
@@ -486,9 +530,13 @@ class Replay(BookingDesk):
                 continue
             del self._pending[action.job_id]
             self._pending_widths[request.gpu_count] -= 1
+            if request.kind == JobKind.BATCH:
+                self._batch_widths[request.gpu_count] -= 1
             meta = self._meta[action.job_id]
             if meta.fits:
                 self._feasible_pending -= 1
+            if meta.kind == JobKind.INTERACTIVE:
+                self._interactive_gpus -= request.gpu_count
             if meta.started_at is None:
                 meta.started_at = t
                 if meta.kind == JobKind.INTERACTIVE:

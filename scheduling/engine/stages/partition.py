@@ -103,15 +103,23 @@ def _is_wider_than_batch(rnd: Round, job: JobRequest) -> bool:
     types = rnd.types_for(job)
     if not types:
         return False
-    nodes = rnd.state.nodes
-    batch = [
-        len(nodes[i].gpu_ids)
-        for i in rnd.schedulable
-        if i not in rnd.partition_nodes and nodes[i].gpu_type in types
-    ]
+    # the batch side's node sizes per type set depend on the nodes and the partition alone:
+    # kept on the (shared) topology, so a long queue does not rescan every node per job
+    derived = rnd.state.topology.derived
+    key = ("batch_sizes", tuple(types), rnd.partition_nodes)
+    found = derived.get(key)
+    if found is None:
+        nodes = rnd.state.nodes
+        sizes = [
+            len(nodes[i].gpu_ids)
+            for i in rnd.schedulable
+            if i not in rnd.partition_nodes and nodes[i].gpu_type in types
+        ]
+        found = derived[key] = (max(sizes, default=0), sum(sizes))
+    largest, total = found
     if rnd.is_single_node(types, job.gpu_count):
-        return all(size < job.gpu_count for size in batch)
-    return sum(batch) < job.gpu_count
+        return largest < job.gpu_count
+    return total < job.gpu_count
 
 
 def open_span(rnd: Round) -> None:
