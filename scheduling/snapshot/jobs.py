@@ -114,9 +114,18 @@ def open_preemptions(*, cluster: Cluster) -> dict[int, Preemption]:
 # refresh (``forecasting.tasks.forecast_refresh_dispatch``) stores every pending job's.
 _PREDICTION_REUSE_S = 3_600.0
 
-# Per cluster: the port that answered, and job id -> (the request it was predicted for, p50,
-# p90, monotonic time of the answer).
-_PREDICTED: dict[int, tuple[object, dict[str, tuple[et.JobRequest, float, float, float]]]] = {}
+
+@dataclass(frozen=True, slots=True)
+class _Predicted:
+    """A prediction a round made for a job without a stored one."""
+
+    asked: et.JobRequest  # the request it was made for
+    answered: et.JobRequest  # that request with the predicted p50/p90
+    at: float  # monotonic time of the answer
+
+
+# Per cluster: the port that answered, and job id -> its `_Predicted`.
+_PREDICTED: dict[int, tuple[object, dict[str, _Predicted]]] = {}
 
 
 def with_predictions(*, cluster: Cluster, requests: Sequence[et.JobRequest]) -> list[et.JobRequest]:
@@ -139,30 +148,28 @@ def with_predictions(*, cluster: Cluster, requests: Sequence[et.JobRequest]) -> 
     port = prediction_port()
     memo = _PREDICTED.get(cluster.pk)
     known = memo[1] if memo is not None and memo[0] is port else {}
-    kept: dict[str, tuple[et.JobRequest, float, float, float]] = {}
+    kept: dict[str, _Predicted] = {}
     ask: list[et.JobRequest] = []
     for r in missing:
         hit = known.get(r.id)
-        if hit is not None and (hit[0] is r or hit[0] == r) and now - hit[3] < _PREDICTION_REUSE_S:
+        if hit is not None and (hit.asked is r or hit.asked == r) and now - hit.at < _PREDICTION_REUSE_S:
             kept[r.id] = hit
         else:
             ask.append(r)
     if ask:
         try:
-            answers = port.runtime_predict(cluster_id=cluster.pk, requests=ask)
+            answers = list(zip(ask, port.runtime_predict(cluster_id=cluster.pk, requests=ask), strict=True))
         except Exception:
             logger.warning(
                 "runtime predictions failed for cluster %s; using estimates", cluster.name, exc_info=True
             )
-            answers = None
-        if answers is not None:
-            for r, (p50, p90) in zip(ask, answers, strict=True):
-                kept[r.id] = (r, p50, p90, now)
+            answers = []
+        for r, (p50, p90) in answers:
+            answered = dataclasses.replace(r, predicted_p50_s=p50, predicted_p90_s=p90)
+            kept[r.id] = _Predicted(asked=r, answered=answered, at=now)
     _PREDICTED[cluster.pk] = (port, kept)  # only the jobs still without a stored prediction
     return [
-        dataclasses.replace(r, predicted_p50_s=hit[1], predicted_p90_s=hit[2])
-        if r.predicted_p50_s is None and (hit := kept.get(r.id)) is not None
-        else r
+        hit.answered if r.predicted_p50_s is None and (hit := kept.get(r.id)) is not None else r
         for r in requests
     ]
 
