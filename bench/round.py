@@ -14,16 +14,18 @@ The database is the bench's own: ``berth_bench_round`` (``--db-name``) on the se
 ``DATABASE_URL`` is created, migrated, filled and dropped at the end (``--keep-db`` keeps it);
 the simulator's Redis keys (on ``REDIS_URL``, prefixed with that database's name) are deleted
 too.  The cluster: N nodes of G A100s; R running jobs of 1-8 GPUs packed onto the nodes (30 %
-preemptible; the simulator starts them at setup, with true runtimes of 5 min to 8 h, so some
-end during the rounds); P pending jobs from 200 users in 25 projects (5 % interactive, 80 %
-with a stored runtime prediction, the rest predicted in the round from ``--history`` finished
-jobs); an open booking per 20 nodes in the next day on GPUs left free; quotas on half the
-projects.  Each round runs ``--step-s`` later than the one before on the engine clock, so the
-rounds see jobs end, starts and preemptions as a live cluster would.  The first round starts
-the most work (the free GPUs fill); it is reported on its own as ``first_round_ms`` and counted
-in the quantiles like every other round.  The runtime predictor is built before the rounds (a
-long-running worker has it) and its build reported as ``predictor_build_ms``; so is what a
-worker does when its process starts (`scheduling.rounds.round_process_warm`, ``warm_ms``).
+preemptible; the simulator starts them at setup, with true runtimes of 5 min to 8 h, so some end
+during the rounds, and their backend references are recorded as the rounds that started them
+would have); P pending jobs from 200 users in 25 projects (5 % interactive, 80 % with a stored
+runtime prediction, the rest predicted in the round from ``--history`` finished jobs); an open
+booking per 20 nodes in the next day on GPUs left free; quotas on half the projects; then
+``ANALYZE`` (a database in service has planner statistics). Each round runs ``--step-s`` later
+than the one before on the engine clock, so the rounds see jobs end, starts and preemptions as a
+live cluster would. The first round starts the most work (the free GPUs fill); it is reported on
+its own as ``first_round_ms`` and counted in the quantiles like every other round. The runtime
+predictor is built before the rounds (a long-running worker has it) and its build reported as
+``predictor_build_ms``; so is what a worker does when its process starts
+(`scheduling.rounds.round_process_warm`, ``warm_ms``).
 ``round_ms_p99`` is the nearest-rank 99th percentile over the rounds run: with fewer than 100
 rounds it is the slowest round, which is usually the first (it is never left out).  Per round
 also ``cpu_ms`` (this process's CPU time, `time.process_time`) and ``db_cpu_ms`` (the CPU time

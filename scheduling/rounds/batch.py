@@ -11,7 +11,8 @@ evaluates in time quadratic in the rows of one statement.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -51,6 +52,32 @@ def array_literal(values: Iterable[Any]) -> str:
             text = value if type(value) is str else str(value)
             append('"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"')
     return "{" + ",".join(parts) + "}"
+
+
+@contextmanager
+def nested_loops_off() -> Iterator[None]:
+    """Plan the statements run inside without nested-loop joins (``enable_nestloop`` off for the
+    block, then back to what it was; transaction-local, so a rollback restores it too).
+
+    For a join of an ``UNNEST`` of k rows with a filtered scan of n rows (the pending jobs):
+    when the filter's row estimate is far too low (a table not analyzed since its jobs were
+    submitted: 7-16 pending rows estimated for 9,623) a nested loop that scans one side once
+    per row of the other, k x n steps, costs about as little as a hash join on paper.  Forced
+    in ``psql``, 1,000 explanations against 9,623 pending jobs took 875 ms that way; in
+    ``bench.round`` the explanation UPDATE of a steady round took 3.0-4.5 s with ~2 s of
+    PostgreSQL CPU in some rounds and 20-50 ms in the others.  A hash join is O(k + n)
+    whatever the estimate.  Outside a transaction this has no effect.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT current_setting('enable_nestloop'), set_config('enable_nestloop', 'off', true)"
+        )
+        previous = cursor.fetchone()[0]
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT set_config('enable_nestloop', %s, true)", [previous])
 
 
 def unnest_update(

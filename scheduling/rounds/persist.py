@@ -37,7 +37,7 @@ from scheduling.models import (
     Node,
     Preemption,
 )
-from scheduling.rounds.batch import array_literal
+from scheduling.rounds.batch import array_literal, nested_loops_off
 from scheduling.rounds.common import (
     _BOOKING_NOTE_PREFIX,
     _ETA_SLACK,
@@ -405,7 +405,8 @@ def _write_explanations(
         jobs_cannot_start_emit(list(jobs), at=now)
     if changed:
         columns = list(zip(*changed, strict=True))
-        with connection.cursor() as cursor:
+        # A hash join whatever PostgreSQL estimates for the pending rows (`nested_loops_off`).
+        with nested_loops_off(), connection.cursor() as cursor:
             cursor.execute(
                 f"""
                 UPDATE {Job._meta.db_table} AS j
