@@ -24,6 +24,7 @@ from portal.accounts.models import Membership, Project
 from scheduling.history.parsers import HistoryRecord, Skip
 from scheduling.models import AuditEvent, Cluster, GpuType, Job
 from scheduling.ports import prediction_port
+from scheduling.snapshot.jobs import round_predictions_forget
 
 _STATUS = {
     "completed": Job.Status.COMPLETED,
@@ -225,4 +226,6 @@ def _imported_jobs_save(jobs: Sequence[Job], *, cluster: Cluster, report: Import
 
 
 def _forget_predictor(cluster_id: int) -> None:
+    """The cluster's predictor, and what rounds predicted with it, learn the imported history."""
     prediction_port().runtime_predictor_forget(cluster_id=cluster_id)
+    round_predictions_forget(cluster_id=cluster_id)

@@ -174,6 +174,12 @@ def with_predictions(*, cluster: Cluster, requests: Sequence[et.JobRequest]) -> 
     ]
 
 
+def round_predictions_forget(*, cluster_id: int) -> None:
+    """Drop the predictions rounds made for ``cluster_id``'s jobs: the next round asks again
+    (after a history import the predictor has learned what those predictions did not know)."""
+    _PREDICTED.pop(cluster_id, None)
+
+
 @dataclass(frozen=True, slots=True)
 class _OpenJob:
     pk: int

@@ -86,6 +86,18 @@ def test_a_prediction_is_made_again_after_the_reuse_period(
     assert port.asked == ["1", "1"]
 
 
+def test_a_history_import_makes_rounds_predict_again(port: _Port) -> None:
+    from scheduling.history import services as history_services
+
+    snapshot_jobs.with_predictions(cluster=CLUSTER, requests=[_request("1")])
+    snapshot_jobs.with_predictions(cluster=CLUSTER, requests=[_request("1")])
+    assert port.asked == ["1"]
+    # What an import calls once it stored the cluster's finished jobs.
+    history_services._forget_predictor(CLUSTER.pk)
+    snapshot_jobs.with_predictions(cluster=CLUSTER, requests=[_request("1")])
+    assert port.asked == ["1", "1"]
+
+
 def test_jobs_that_left_the_queue_or_got_a_stored_prediction_are_forgotten(port: _Port) -> None:
     snapshot_jobs.with_predictions(cluster=CLUSTER, requests=[_request("1"), _request("2")])
     snapshot_jobs.with_predictions(cluster=CLUSTER, requests=[_request("1"), _request("2", p50=3.0)])
