@@ -26,7 +26,7 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from forecasting.selectors import job_engine_request, runtime_predict
-from scheduling.history.parsers import parse_sacct
+from scheduling.history.parsers import parse_sacct, slurm_duration_s
 from scheduling.models import Job
 from tests.factories import ClusterFactory, GpuTypeFactory, MembershipFactory, NodeFactory, ProjectFactory
 
@@ -151,7 +151,8 @@ def _accounted(job_ids: list[str], timeout_s: float = 60) -> str:
         ).stdout  # fmt: skip
         rows = [line.split("|") for line in out.splitlines()[1:] if line.strip()]
         if len(rows) == len(job_ids) and all(
-            r[9] in ("COMPLETED", "FAILED") and r[7] != "Unknown" for r in rows
+            r[9] in ("COMPLETED", "FAILED") and r[7] != "Unknown" and slurm_duration_s(r[8]) is not None
+            for r in rows
         ):
             return out
         if time.monotonic() > deadline:
