@@ -15,9 +15,9 @@ from django.contrib.auth.models import AnonymousUser, User
 from django.db import connection
 from django.utils import timezone
 
-from portal.accounts.models import Project
 from scheduling import admission
 from scheduling.models import Allocation, Booking, Cluster, Gpu, GpuType, Job, Node
+from scheduling.queries import GpuTypeRef, ProjectRef
 from scheduling.snapshots import job_startability
 
 AnyUser = User | AnonymousUser
@@ -85,7 +85,7 @@ def _earliest_start(
 
 def booking_alternatives(
     *,
-    gpu_type: GpuType,
+    gpu_type: GpuTypeRef,
     gpu_count: int,
     start_at: datetime,
     end_at: datetime,
@@ -197,7 +197,7 @@ def _earliest_per_group(
 def _ranked(
     best: dict[tuple[int, str, str], float],
     *,
-    gpu_type: GpuType,
+    gpu_type: GpuTypeRef,
     gpu_count: int,
     start_at: datetime,
     duration: timedelta,
@@ -260,7 +260,7 @@ _FIRST_ROWS = 400
 
 def _search_rows(
     *,
-    gpu_type: GpuType,
+    gpu_type: GpuTypeRef,
     gpu_count: int,
     cluster_ids: Sequence[int] | None,
     start_at: datetime,
@@ -323,16 +323,17 @@ def _later_rows(
 
 def peak_concurrent_gpus(
     *,
-    project: Project,
-    gpu_type: GpuType,
+    project: ProjectRef,
+    gpu_type: GpuTypeRef,
     start_at: datetime,
     end_at: datetime,
     exclude_booking_id: int | None = None,
 ) -> int:
-    """Most GPUs of the type the project's open bookings hold at one instant within the window."""
+    """Most GPUs of the type the project's open bookings hold at one instant within the window
+    (``project`` and ``gpu_type``: instances or ``scheduling.queries`` rows)."""
     bookings = Booking.objects.filter(
-        project=project,
-        gpu_type=gpu_type,
+        project_id=project.pk,
+        gpu_type_id=gpu_type.pk,
         status__in=Booking.OPEN_STATUSES,
         start_at__lt=end_at,
         end_at__gt=start_at,
@@ -365,13 +366,13 @@ class BookingQuota:
 
 
 def booking_quota_get(
-    *, project: Project, gpu_type: GpuType, start_at: datetime, end_at: datetime
+    *, project: ProjectRef, gpu_type: GpuTypeRef, start_at: datetime, end_at: datetime
 ) -> BookingQuota:
     """The project's booking room of ``gpu_type`` in ``[start_at, end_at)`` under its quota (the
     same rule `booking_create` enforces), for the booking box and the availability API."""
     from portal.accounts.models import Quota
 
-    quota = Quota.objects.filter(project=project, gpu_type=gpu_type).first()
+    quota = Quota.objects.filter(project_id=project.pk, gpu_type_id=gpu_type.pk).first()
     max_gpus = quota.max_gpus if quota is not None else None
     peak = (
         peak_concurrent_gpus(project=project, gpu_type=gpu_type, start_at=start_at, end_at=end_at)

@@ -3,18 +3,60 @@
 Each function here runs one statement and returns frozen dataclasses of plain values (never model
 instances).  ``tests/scheduling/test_queries.py`` compares every row with what the ORM reads
 from the same data, field for field, so a column added to a model and not here fails a test.
+
+The services take a project, GPU type or cluster as a *reference* (``ProjectRef``,
+``GpuTypeRef``, ``ClusterRef``): what they read of it, which both these rows and the models'
+instances provide.  So the booking API passes the rows it read here, the pages and the tests pass
+instances, and nobody builds a model instance from a row.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
-from portal.accounts.models import Project
-from scheduling.models import Cluster, GpuType
-from scheduling.selectors import prepared_fetchall
+from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
+
+from portal.accounts.models import Membership, Project, Quota, quota_max_gpus
+from scheduling.admission import FreeNode
+from scheduling.models import Allocation, AuditEvent, Cluster, Gpu, GpuType, Node
+from scheduling.prepared import prepared_execute, prepared_fetchall
+
+
+class ProjectRef(Protocol):
+    """What the services read of a project: a ``Project`` or a ``ProjectRow``."""
+
+    @property
+    def pk(self) -> int: ...
+    @property
+    def slug(self) -> str: ...
+    @property
+    def is_active(self) -> bool: ...
+
+
+class GpuTypeRef(Protocol):
+    """What the services read of a GPU type: a ``GpuType`` or a ``GpuTypeRow``."""
+
+    @property
+    def pk(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def memory_gib(self) -> float: ...
+
+
+class ClusterRef(Protocol):
+    """What the services read of a cluster: a ``Cluster`` or a ``ClusterRow``."""
+
+    @property
+    def pk(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def is_active(self) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +71,10 @@ class ProjectRow:
     is_active: bool
     created_at: datetime
 
+    @property
+    def pk(self) -> int:
+        return self.id
+
 
 @dataclass(frozen=True, slots=True)
 class GpuTypeRow:
@@ -40,6 +86,10 @@ class GpuTypeRow:
     precisions: list[str]
     relative_speed: float
     value: float
+
+    @property
+    def pk(self) -> int:
+        return self.id
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +104,10 @@ class ClusterRow:
     is_degraded: bool
     status_message: str
     created_at: datetime
+
+    @property
+    def pk(self) -> int:
+        return self.id
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,4 +167,171 @@ def _cluster_row(columns: tuple[Any, ...]) -> ClusterRow:
         is_degraded=is_degraded,
         status_message=status_message,
         created_at=created_at,
+    )
+
+
+# ---- booking placement: membership and quota, the node lock, free GPUs, the audited insert ----
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaRow:
+    """Every column of a ``Quota``, by attribute name."""
+
+    id: int
+    project_id: int
+    gpu_type_id: int
+    guaranteed_gpus: int
+    borrow_limit_gpus: int | None
+
+    @property
+    def max_gpus(self) -> int | None:
+        return quota_max_gpus(self.guaranteed_gpus, self.borrow_limit_gpus)
+
+
+@dataclass(frozen=True, slots=True)
+class MemberQuota:
+    """Whether the user is a member of the project, and the project's quota row for the type."""
+
+    is_member: bool
+    quota: QuotaRow | None
+
+
+_MEMBER_QUOTA_SQL = f"""
+SELECT EXISTS (SELECT 1 FROM {Membership._meta.db_table}
+                WHERE user_id = %(user)s AND project_id = %(project)s),
+       q.id, q.project_id, q.gpu_type_id, q.guaranteed_gpus, q.borrow_limit_gpus
+  FROM (SELECT 1) AS one
+  LEFT JOIN {Quota._meta.db_table} q ON q.project_id = %(project)s AND q.gpu_type_id = %(gpu_type)s
+"""  # noqa: S608 - table names from the models, values bound
+
+
+def member_quota_get(*, user_id: int, project_id: int, gpu_type_id: int) -> MemberQuota:
+    """Membership and the quota row of (project, type), in one prepared statement."""
+    [(is_member, *quota)] = prepared_fetchall(
+        _MEMBER_QUOTA_SQL, {"user": user_id, "project": project_id, "gpu_type": gpu_type_id}
+    )
+    return MemberQuota(is_member=bool(is_member), quota=QuotaRow(*quota) if quota[0] is not None else None)
+
+
+_LOCK_NODES_SQL = (
+    f"SELECT id FROM {Node._meta.db_table} WHERE gpu_type_id = %s AND cluster_id = ANY(%s)"  # noqa: S608
+    " ORDER BY id FOR UPDATE"
+)
+
+
+def nodes_lock(*, gpu_type_id: int, cluster_ids: Sequence[int]) -> list[int]:
+    """Lock the type's nodes on the clusters (in id order, so writers queue rather than deadlock);
+    their ids."""
+    return [node_id for (node_id,) in prepared_fetchall(_LOCK_NODES_SQL, [gpu_type_id, list(cluster_ids)])]
+
+
+_CAPACITY_SQL = (
+    f"SELECT n.cluster_id, count(*) FROM {Gpu._meta.db_table} g"  # noqa: S608
+    f" JOIN {Node._meta.db_table} n ON n.id = g.node_id"
+    " WHERE n.gpu_type_id = %s AND n.cluster_id = ANY(%s) GROUP BY n.cluster_id"
+)
+
+
+def capacity_by_cluster(*, gpu_type_id: int, cluster_ids: Sequence[int]) -> dict[int, int]:
+    """GPUs of the type per cluster (one grouped row per cluster, not one row per GPU)."""
+    rows = prepared_fetchall(_CAPACITY_SQL, [gpu_type_id, list(cluster_ids)])
+    return {cluster_id: int(n) for cluster_id, n in rows}
+
+
+# GPUs of the type on up nodes with no blocking allocation overlapping the period, one row per
+# node with its free GPUs' ids and indexes as arrays (in index order).  Raw SQL: it runs under
+# the node lock of every booking, and the ORM's compilation of the NOT EXISTS cost more CPU
+# than PostgreSQL's answer; one row per node rather than per GPU saves converting and
+# regrouping every GPU in Python.  ``NOT (state = 'released')`` is the exclusion index's
+# predicate, so the index serves the anti-join.
+_FREE_GPUS_SQL = f"""
+SELECT n.id, n.name, n.cluster_id, array_agg(g.id ORDER BY g.index), array_agg(g.index ORDER BY g.index)
+  FROM {Gpu._meta.db_table} g
+  JOIN {Node._meta.db_table} n ON n.id = g.node_id
+ WHERE n.gpu_type_id = %(gpu_type)s AND n.cluster_id = ANY(%(clusters)s) AND n.status = %(up)s
+   AND NOT EXISTS (
+       SELECT 1 FROM {Allocation._meta.db_table} a
+        WHERE a.gpu_id = g.id AND a.period && %(period)s AND NOT (a.state = %(released)s)
+   )
+ GROUP BY n.id
+ ORDER BY n.id
+"""  # noqa: S608 - table names from the models, values bound
+
+
+def free_nodes_get(
+    *, gpu_type_id: int, cluster_ids: Sequence[int], period: DateTimeTZRange
+) -> list[FreeNode]:
+    """The up nodes of the type with GPUs that no blocking allocation holds within ``period``."""
+    rows = prepared_fetchall(
+        _FREE_GPUS_SQL,
+        {
+            "gpu_type": gpu_type_id,
+            "clusters": list(cluster_ids),
+            "up": Node.Status.UP.value,
+            "period": period,
+            "released": Allocation.State.RELEASED.value,
+        },
+    )
+    return [
+        FreeNode(node_id, name, cluster_id, tuple(gpu_ids), tuple(indexes))
+        for node_id, name, cluster_id, gpu_ids, indexes in rows
+    ]
+
+
+# A new booking's planned allocations and its audit events (the booking's, then one per
+# allocation in GPU order) in one prepared statement: through the ORM these were two INSERTs
+# whose compilation cost more CPU than anything else in booking_create.  The allocation events'
+# ``after`` is ``allocation_state`` of each new allocation, built by the caller.
+_ALLOCATIONS_INSERT_AUDITED_SQL = f"""
+WITH alloc AS (
+    INSERT INTO {Allocation._meta.db_table}
+           (gpu_id, booking_id, job_id, period, is_preemptible, state, created_at)
+    SELECT u.gpu, %(booking)s::bigint, NULL, %(period)s::tstzrange, false, %(state)s::varchar,
+           %(at)s::timestamptz
+      FROM unnest(%(gpus)s::bigint[]) WITH ORDINALITY AS u(gpu, ord)
+     ORDER BY u.ord
+    RETURNING id, gpu_id
+),
+events AS (
+    SELECT 0::bigint AS ord, %(booking)s::bigint AS entity_id, 'booking' AS entity_type,
+           'booking.create' AS verb, %(booking_after)s::jsonb AS after
+    UNION ALL
+    SELECT a.ord, alloc.id, 'allocation', 'allocation.create', a.after
+      FROM alloc JOIN unnest(%(gpus)s::bigint[], %(afters)s::jsonb[]) WITH ORDINALITY AS a(gpu, after, ord)
+        ON a.gpu = alloc.gpu_id
+)
+INSERT INTO {AuditEvent._meta.db_table}
+       (actor_id, actor_label, verb, entity_type, entity_id, before, after, at)
+SELECT %(actor)s::bigint, %(label)s::varchar, verb, entity_type, entity_id, NULL, after, %(at)s::timestamptz
+  FROM events ORDER BY ord
+"""  # noqa: S608 - table names from the models, values bound
+
+
+def booking_allocations_insert_audited(
+    *,
+    booking_id: int,
+    gpu_ids: Sequence[int],
+    period: DateTimeTZRange,
+    booking_after: dict[str, Any],
+    allocation_afters: Sequence[dict[str, Any]],
+    actor_id: int | None,
+    actor_label: str,
+    at: datetime,
+) -> None:
+    """Insert the planned allocations of the (already inserted) booking on ``gpu_ids`` and write
+    ``booking.create`` and one ``allocation.create`` event per allocation, as
+    ``allocation_events_record`` would.  ``allocation_afters``: parallel to ``gpu_ids``."""
+    prepared_execute(
+        _ALLOCATIONS_INSERT_AUDITED_SQL,
+        {
+            "booking": booking_id,
+            "period": period,
+            "state": Allocation.State.PLANNED.value,
+            "at": at,
+            "gpus": list(gpu_ids),
+            "booking_after": json.dumps(booking_after),
+            "afters": [json.dumps(after) for after in allocation_afters],
+            "actor": actor_id,
+            "label": str(actor_label),
+        },
     )

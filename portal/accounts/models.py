@@ -81,9 +81,15 @@ class Quota(models.Model):
     @property
     def max_gpus(self) -> int | None:
         """Guaranteed plus borrowable GPUs, or ``None`` when borrowing is unlimited."""
-        if self.borrow_limit_gpus is None:
-            return None
-        return self.guaranteed_gpus + self.borrow_limit_gpus
+        return quota_max_gpus(self.guaranteed_gpus, self.borrow_limit_gpus)
+
+
+def quota_max_gpus(guaranteed_gpus: int, borrow_limit_gpus: int | None) -> int | None:
+    """A quota's ceiling: guaranteed plus borrowable GPUs, ``None`` when borrowing is unlimited
+    (``Quota.max_gpus`` and ``scheduling.queries.QuotaRow.max_gpus``)."""
+    if borrow_limit_gpus is None:
+        return None
+    return guaranteed_gpus + borrow_limit_gpus
 
 
 class RateCounter(models.Model):

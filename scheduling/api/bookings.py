@@ -5,14 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from django.db.models import Model
 from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from portal.accounts.models import Project
 from portal.security import refused_booking_record, refused_bookings_retry_after
 from scheduling import queries, selectors, services
 from scheduling.api.common import (
@@ -27,7 +25,7 @@ from scheduling.api.common import (
     validate,
 )
 from scheduling.api.idempotency import delegates_idempotent, idempotent
-from scheduling.models import Allocation, AuditEvent, Booking, Cluster, GpuType
+from scheduling.models import Allocation, AuditEvent, Booking
 
 _MAX_GPUS = 4096  # an absurd count is a field error before it reaches the database
 
@@ -71,16 +69,25 @@ def _held_gpus(booking: Booking) -> list[tuple[int, str, int]]:
     return sorted((a.gpu_id, a.gpu.node.name, a.gpu.index) for a in allocations)
 
 
-def booking_data(booking: Booking) -> dict[str, Any]:
+def booking_data(booking: Booking, *, names: tuple[str, str, str, str] | None = None) -> dict[str, Any]:
     """A booking as the API shows it (``BookingOutputSerializer``'s schema), built by hand:
-    DRF's field-by-field serialization was most of the CPU of a booking list."""
+    DRF's field-by-field serialization was most of the CPU of a booking list.
+
+    ``names``: its user's username, project slug, cluster name and GPU type name when the caller
+    has them (the create path: the rows it resolved), instead of reading the relations."""
+    username, project, cluster, gpu_type = names or (
+        booking.user.username,
+        booking.project.slug,
+        booking.cluster.name,
+        booking.gpu_type.name,
+    )
     return _render(
         {
             "id": booking.pk,
-            "user__username": booking.user.username,
-            "project__slug": booking.project.slug,
-            "cluster__name": booking.cluster.name,
-            "gpu_type__name": booking.gpu_type.name,
+            "user__username": username,
+            "project__slug": project,
+            "cluster__name": cluster,
+            "gpu_type__name": gpu_type,
             "gpu_count": booking.gpu_count,
             "start_at": booking.start_at,
             "end_at": booking.end_at,
@@ -154,26 +161,26 @@ def _resolve_refs(data: dict[str, Any]) -> dict[str, Any]:
     (`scheduling.queries.booking_refs_get`).
 
     Unknown names (and inactive clusters) are 400s with the messages DRF's slug fields give.
-    The service takes model instances: they are made with the models' constructors from typed
-    rows that a test compares with the ORM's, column for column.
+    The rows are what the service reads of each (`queries.ProjectRef` and its kin); no model
+    instance is built from them.
     """
     refs = queries.booking_refs_get(
         project_slug=data["project"], gpu_type_name=data["gpu_type"], cluster_name=data.get("cluster")
     )
-    found: dict[str, tuple[Any, type[Model], str]] = {
-        "project": (refs.project, Project, "slug"),
-        "gpu_type": (refs.gpu_type, GpuType, "name"),
-        "cluster": (refs.cluster, Cluster, "name"),
+    found: dict[str, tuple[Any, str]] = {
+        "project": (refs.project, "slug"),
+        "gpu_type": (refs.gpu_type, "name"),
+        "cluster": (refs.cluster, "name"),
     }
     errors: dict[str, list[str]] = {}
     out = dict(data)
-    for field, (row, model, key) in found.items():
+    for field, (row, key) in found.items():
         if field not in data:
             continue
         if row is None:
             errors[field] = [f"Object with {key}={short(data[field])} does not exist."]
             continue
-        out[field] = model(**{name: getattr(row, name) for name in row.__slots__})
+        out[field] = row
     if errors:
         raise serializers.ValidationError(errors)
     return out
@@ -249,9 +256,14 @@ class BookingListCreateApi(PaginatedApi):
     @idempotent
     def _create(self, request: Request) -> Response:
         data = _resolve_refs(validate(self.InputSerializer, request.data))
-        booking = services.booking_create(request_user(request), **data, actor_label=AuditEvent.Actor.API)
-        # The service returns the booking with everything the response shows: no read back.
-        return Response(booking_data(booking), status=status.HTTP_201_CREATED)
+        user = request_user(request)
+        booking = services.booking_create(user, **data, actor_label=AuditEvent.Actor.API)
+        # No read back: the names come from the rows resolved above (the cluster, when none was
+        # named, is the active cluster instance the service placed the booking on), the GPUs
+        # from the service.
+        cluster = data.get("cluster") or booking.cluster
+        names = (user.username, data["project"].slug, cluster.name, data["gpu_type"].name)
+        return Response(booking_data(booking, names=names), status=status.HTTP_201_CREATED)
 
 
 def _booking_act(request: Request, booking_id: int, action: Callable[..., Booking]) -> Response:

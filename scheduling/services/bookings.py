@@ -11,7 +11,7 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, OperationalError, transaction
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 
-from portal.accounts.models import Project, Quota
+from portal.accounts.models import Project
 from scheduling.alternatives import booking_alternatives
 from scheduling.models import (
     AuditEvent,
@@ -19,6 +19,7 @@ from scheduling.models import (
     Cluster,
     GpuType,
 )
+from scheduling.queries import ClusterRef, GpuTypeRef, ProjectRef, QuotaRow
 from scheduling.services.audit import (
     _booking_state,
     allocations_close,
@@ -54,12 +55,12 @@ _PLACEMENT_ATTEMPTS = 3
 def booking_create(
     user: User,
     *,
-    project: Project,
-    gpu_type: GpuType,
+    project: ProjectRef,
+    gpu_type: GpuTypeRef,
     gpu_count: int,
     start_at: datetime,
     end_at: datetime,
-    cluster: Cluster | None = None,
+    cluster: ClusterRef | None = None,
     note: str = "",
     actor_label: str = AuditEvent.Actor.USER,
     now: datetime | None = None,
@@ -71,6 +72,10 @@ def booking_create(
     ``ValidationError`` for bad input, ``PermissionDenied`` for a project the user is not in
     and ``BookingConflictError`` (with the nearest free windows) when the GPUs are taken.
     Nothing is written unless the whole booking succeeds.
+
+    ``project``, ``gpu_type`` and ``cluster`` are model instances or `scheduling.queries` rows
+    (the booking API's); the booking's relations are set to the instances given, and only ids
+    are written for rows.
     """
     now = _now(now)
     quota, clusters = _booking_request_check(
@@ -85,17 +90,28 @@ def booking_create(
     )
     booking = Booking(
         user=user,
-        project=project,
-        gpu_type=gpu_type,
+        project_id=project.pk,
+        gpu_type_id=gpu_type.pk,
         gpu_count=gpu_count,
         start_at=start_at,
         end_at=end_at,
         note=note,
         status=Booking.Status.CONFIRMED,
     )
+    if isinstance(project, Project):
+        booking.project = project
+    if isinstance(gpu_type, GpuType):
+        booking.gpu_type = gpu_type
     for attempt in range(_PLACEMENT_ATTEMPTS):
         try:
-            placed = _booking_place(booking, clusters=clusters, quota=quota, actor_label=actor_label, now=now)
+            placed = _booking_place(
+                booking,
+                refs=(project, gpu_type),
+                clusters=clusters,
+                quota=quota,
+                actor_label=actor_label,
+                now=now,
+            )
         except (IntegrityError, OperationalError) as exc:
             is_retryable = (
                 is_exclusion_violation(exc) if isinstance(exc, IntegrityError) else _is_deadlock(exc)
@@ -119,14 +135,14 @@ def booking_create(
 def _booking_request_check(
     user: User,
     *,
-    project: Project,
-    gpu_type: GpuType,
+    project: ProjectRef,
+    gpu_type: GpuTypeRef,
     gpu_count: int,
     start_at: datetime,
     end_at: datetime,
-    cluster: Cluster | None,
+    cluster: ClusterRef | None,
     now: datetime,
-) -> tuple[Quota | None, list[Cluster]]:
+) -> tuple[QuotaRow | None, list[ClusterRef]]:
     """Refuse a bad request before any lock; return the project's quota row (read once) and the
     clusters to place on."""
     _validate_window(start_at=start_at, end_at=end_at, now=now)
@@ -135,7 +151,9 @@ def _booking_request_check(
     quota = _require_member_read_quota(user, project=project, gpu_type=gpu_type)
     if not project.is_active:
         raise ValidationError({"project": "This project is archived."})
-    clusters = [cluster] if cluster is not None else list(Cluster.objects.filter(is_active=True))
+    clusters: list[ClusterRef] = (
+        [cluster] if cluster is not None else list(Cluster.objects.filter(is_active=True))
+    )
     if cluster is not None and not cluster.is_active:
         raise ValidationError({"cluster": "This cluster is not active."})
     # A count no cluster has is a 400, not a 409; checked only when placement fails
@@ -144,18 +162,24 @@ def _booking_request_check(
 
 
 def _booking_place(
-    booking: Booking, *, clusters: Sequence[Cluster], quota: Quota | None, actor_label: str, now: datetime
+    booking: Booking,
+    *,
+    refs: tuple[ProjectRef, GpuTypeRef],
+    clusters: Sequence[ClusterRef],
+    quota: QuotaRow | None,
+    actor_label: str,
+    now: datetime,
 ) -> Booking | None:
     """One placement attempt in one transaction: lock the type's nodes, check the quota, pick free
     GPUs and insert the booking with its allocations and audit events.  ``None``: they do not fit."""
-    gpu_type = booking.gpu_type
+    project, gpu_type = refs
     cluster_ids = [c.pk for c in clusters]
     period = DateTimeTZRange(booking.start_at, booking.end_at, "[)")
     with transaction.atomic():
         _lock_nodes(gpu_type=gpu_type, cluster_ids=cluster_ids)
         # Under the node lock: two bookings of one project cannot both pass the quota.
         _check_booking_quota(
-            project=booking.project,
+            project=project,
             gpu_type=gpu_type,
             gpu_count=booking.gpu_count,
             start_at=booking.start_at,
@@ -179,7 +203,9 @@ def _booking_place(
         )
         _engine_round_soon(cluster_id)
         # What the API shows, without reading the booking back: its cluster and GPUs.
-        booking.cluster = next(c for c in clusters if c.pk == cluster_id)
+        chosen = next(c for c in clusters if c.pk == cluster_id)
+        if isinstance(chosen, Cluster):
+            booking.cluster = chosen
         where = {
             g: (node.name, i) for node in free for g, i in zip(node.gpu_ids, node.gpu_indexes, strict=True)
         }
@@ -188,7 +214,12 @@ def _booking_place(
 
 
 def _booking_refusal(
-    *, gpu_type: GpuType, gpu_count: int, start_at: datetime, end_at: datetime, clusters: Sequence[Cluster]
+    *,
+    gpu_type: GpuTypeRef,
+    gpu_count: int,
+    start_at: datetime,
+    end_at: datetime,
+    clusters: Sequence[ClusterRef],
 ) -> Exception:
     """Why the GPUs could not be placed: a count no cluster has (400), else taken GPUs (409) with
     the nearest free alternatives."""

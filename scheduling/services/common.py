@@ -9,19 +9,15 @@ from datetime import UTC, datetime, timedelta
 import psycopg.errors
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
-from django.db import IntegrityError, OperationalError, connection, transaction
+from django.db import IntegrityError, OperationalError, transaction
 from django.utils import timezone
 
-from portal.accounts.models import Membership, Project, Quota
+from portal.accounts.models import Membership, Project
+from scheduling import queries
 from scheduling.alternatives import Alternative
-from scheduling.models import (
-    Booking,
-    Gpu,
-    GpuType,
-    Node,
-)
+from scheduling.models import Booking
 from scheduling.ports import prediction_port
-from scheduling.selectors import prepared_fetchall
+from scheduling.queries import GpuTypeRef, ProjectRef, QuotaRow
 
 logger = logging.getLogger(__name__)
 
@@ -54,29 +50,17 @@ def _require_member(user: User, *, project: Project) -> None:
         raise PermissionDenied("You are not a member of this project.")
 
 
-def _require_member_read_quota(user: User, *, project: Project, gpu_type: GpuType) -> Quota | None:
+def _require_member_read_quota(user: User, *, project: ProjectRef, gpu_type: GpuTypeRef) -> QuotaRow | None:
     """``_require_member`` and the project's quota row for the type, in one round trip.
 
     The quota row is read before the caller's node lock (a quota created concurrently is
     indistinguishable from one created just after this booking); the project's peak use,
     which concurrent bookings do change, is computed under the lock.
     """
-    [(is_member, quota_id, guaranteed, borrow)] = prepared_fetchall(
-        f"""
-        SELECT EXISTS (SELECT 1 FROM {Membership._meta.db_table} WHERE user_id = %s AND project_id = %s),
-               q.id, q.guaranteed_gpus, q.borrow_limit_gpus
-          FROM (SELECT 1) AS one
-          LEFT JOIN {Quota._meta.db_table} q ON q.project_id = %s AND q.gpu_type_id = %s
-        """,  # noqa: S608 - table names from the models, values bound
-        [user.pk, project.pk, project.pk, gpu_type.pk],
-    )
-    if not getattr(user, "is_staff", False) and not is_member:
+    found = queries.member_quota_get(user_id=user.pk, project_id=project.pk, gpu_type_id=gpu_type.pk)
+    if not getattr(user, "is_staff", False) and not found.is_member:
         raise PermissionDenied("You are not a member of this project.")
-    if quota_id is None:
-        return None
-    return Quota(
-        pk=quota_id, project=project, gpu_type=gpu_type, guaranteed_gpus=guaranteed, borrow_limit_gpus=borrow
-    )
+    return found.quota
 
 
 def _require_can_manage(user: User, *, owner_id: int, project_id: int) -> None:
@@ -109,25 +93,14 @@ def _is_deadlock(exc: OperationalError) -> bool:
     return isinstance(exc.__cause__, psycopg.errors.DeadlockDetected)
 
 
-def _lock_nodes(*, gpu_type: GpuType, cluster_ids: Sequence[int]) -> None:
+def _lock_nodes(*, gpu_type: GpuTypeRef, cluster_ids: Sequence[int]) -> None:
     """Serialize placements on one GPU type (see the locking protocol in the package docstring)."""
-    prepared_fetchall(
-        f"SELECT id FROM {Node._meta.db_table} WHERE gpu_type_id = %s AND cluster_id = ANY(%s)"  # noqa: S608
-        " ORDER BY id FOR UPDATE",
-        [gpu_type.pk, list(cluster_ids)],
-    )
+    queries.nodes_lock(gpu_type_id=gpu_type.pk, cluster_ids=cluster_ids)
 
 
-def _capacity_by_cluster(*, gpu_type: GpuType, cluster_ids: Sequence[int]) -> dict[int, int]:
+def _capacity_by_cluster(*, gpu_type: GpuTypeRef, cluster_ids: Sequence[int]) -> dict[int, int]:
     """GPUs of the type per cluster (one grouped row per cluster, not one row per GPU)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT n.cluster_id, count(*) FROM {Gpu._meta.db_table} g"  # noqa: S608
-            f" JOIN {Node._meta.db_table} n ON n.id = g.node_id"
-            " WHERE n.gpu_type_id = %s AND n.cluster_id = ANY(%s) GROUP BY n.cluster_id",
-            [gpu_type.pk, list(cluster_ids)],
-        )
-        return {cluster_id: int(n) for cluster_id, n in cursor.fetchall()}
+    return queries.capacity_by_cluster(gpu_type_id=gpu_type.pk, cluster_ids=cluster_ids)
 
 
 def _engine_round_soon(cluster_id: int) -> None:

@@ -13,14 +13,17 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.db.models import Model, Q
+from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
+from django.db.models import Count, Model, Q
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from portal.accounts.models import Membership, Project
+from portal.accounts.models import Membership, Project, Quota
 from scheduling import queries, services
+from scheduling.admission import FreeNode
 from scheduling.api.bookings import _resolve_refs, booking_data
-from scheduling.models import Booking, Cluster, GpuType
+from scheduling.models import Allocation, AuditEvent, Booking, Cluster, Gpu, GpuType, Node
+from scheduling.services.audit import _booking_state, allocation_state
 from tests.factories import ClusterFactory, GpuTypeFactory, MembershipFactory, NodeFactory, ProjectFactory
 
 pytestmark = pytest.mark.django_db
@@ -98,21 +101,184 @@ def test_every_model_column_has_a_row_field() -> None:
         assert [f.name for f in dataclasses.fields(row)] == [f.attname for f in model._meta.concrete_fields]
 
 
-def test_resolved_refs_are_the_instances_the_orm_loads(refs_data: dict[str, Any]) -> None:
+def test_resolved_refs_are_the_rows_and_read_as_the_instances(refs_data: dict[str, Any]) -> None:
+    """The API hands the service the rows it read (no model instance built from them); what the
+    service reads of each (the `queries.*Ref` protocols) is what it reads of the ORM's instance."""
     resolved = _resolve_refs({"project": "vision", "gpu_type": "H100", "cluster": "alpha", "gpu_count": 1})
     assert resolved["gpu_count"] == 1
-    for field, model, key in (("project", Project, "vision"), ("gpu_type", GpuType, "H100")):
-        lookup = {"slug": key} if model is Project else {"name": key}
-        expected = model._default_manager.get(**lookup)
-        assert type(resolved[field]) is model
-        assert resolved[field] == expected  # same primary key
-        assert _fields(resolved[field]) == _fields(expected)
-    assert _fields(resolved["cluster"]) == _fields(Cluster.objects.get(name="alpha"))
+    refs = queries.booking_refs_get(project_slug="vision", gpu_type_name="H100", cluster_name="alpha")
+    assert (resolved["project"], resolved["gpu_type"], resolved["cluster"]) == (
+        refs.project,
+        refs.gpu_type,
+        refs.cluster,
+    )
+    for field, protocol, instance in (
+        ("project", queries.ProjectRef, Project.objects.get(slug="vision")),
+        ("gpu_type", queries.GpuTypeRef, GpuType.objects.get(name="H100")),
+        ("cluster", queries.ClusterRef, Cluster.objects.get(name="alpha")),
+    ):
+        row = resolved[field]
+        assert not isinstance(row, Model)
+        attributes = [name for name in dir(protocol) if not name.startswith("_")]
+        assert attributes  # the protocol names what the services read
+        assert {a: getattr(row, a) for a in attributes} == {a: getattr(instance, a) for a in attributes}
     assert "cluster" not in _resolve_refs({"project": "vision", "gpu_type": "A100"})
 
 
-def _fields(instance: Model) -> dict[str, Any]:
-    return {f.attname: getattr(instance, f.attname) for f in instance._meta.concrete_fields}
+@pytest.mark.parametrize(
+    ("member", "quota"),
+    [(True, (2, 3)), (True, (4, None)), (False, (0, 1)), (True, None), (False, None)],
+)
+def test_member_quota_is_the_orms_row(
+    refs_data: dict[str, Any], member: bool, quota: tuple[int, int | None] | None
+) -> None:
+    vision, speech = refs_data["projects"]
+    a100, h100 = refs_data["types"]
+    user: User = MembershipFactory(project=vision if member else speech).user
+    Quota.objects.create(
+        project=vision, gpu_type=h100, guaranteed_gpus=9, borrow_limit_gpus=1
+    )  # not this one
+    Quota.objects.create(project=speech, gpu_type=a100, guaranteed_gpus=7, borrow_limit_gpus=None)
+    if quota is not None:
+        Quota.objects.create(
+            project=vision, gpu_type=a100, guaranteed_gpus=quota[0], borrow_limit_gpus=quota[1]
+        )
+    found = queries.member_quota_get(user_id=user.pk, project_id=vision.pk, gpu_type_id=a100.pk)
+    assert found.is_member == Membership.objects.filter(user=user, project=vision).exists() == member
+    orm = Quota.objects.filter(project=vision, gpu_type=a100).first()
+    assert (found.quota is None) == (orm is None) == (quota is None)
+    if orm is not None:
+        assert found.quota is not None
+        assert _row(found.quota) == _orm(Quota, pk=orm.pk)
+        assert found.quota.max_gpus == orm.max_gpus
+    assert [f.name for f in dataclasses.fields(queries.QuotaRow)] == [
+        f.attname for f in Quota._meta.concrete_fields
+    ]
+
+
+@pytest.fixture
+def placed(refs_data: dict[str, Any]) -> dict[str, Any]:
+    """A100 nodes on two clusters (one node down), some GPUs held by bookings, one released."""
+    alpha, _, gamma = refs_data["clusters"]
+    a100, h100 = refs_data["types"]
+    nodes = [
+        NodeFactory(cluster=alpha, gpu_type=a100, name="a1", gpu_count=4),
+        NodeFactory(cluster=alpha, gpu_type=a100, name="a2", gpu_count=2),
+        NodeFactory(cluster=alpha, gpu_type=a100, name="a3", gpu_count=4, status=Node.Status.DOWN),
+        NodeFactory(cluster=gamma, gpu_type=a100, name="g1", gpu_count=8),
+        NodeFactory(cluster=alpha, gpu_type=h100, name="h1", gpu_count=8),
+    ]
+    vision = refs_data["projects"][0]
+    user: User = MembershipFactory(project=vision).user
+    start = timezone.now().replace(microsecond=0) + timedelta(hours=2)
+    kept = services.booking_create(
+        user, project=vision, gpu_type=a100, gpu_count=3, start_at=start, end_at=start + timedelta(hours=2)
+    )
+    gone = services.booking_create(
+        user, project=vision, gpu_type=a100, gpu_count=2, start_at=start, end_at=start + timedelta(hours=1)
+    )
+    services.booking_cancel(gone, user=user)
+    return {"nodes": nodes, "start": start, "kept": kept, "a100": a100, "clusters": [alpha.pk, gamma.pk]}
+
+
+@pytest.mark.parametrize("hours", [(0, 1), (1, 3), (2, 3), (4, 5)])
+@pytest.mark.parametrize("which", ["both", "alpha", "gamma"])
+def test_free_nodes_are_the_orms_free_gpus(
+    placed: dict[str, Any], hours: tuple[int, int], which: str
+) -> None:
+    clusters = {"both": placed["clusters"], "alpha": placed["clusters"][:1], "gamma": placed["clusters"][1:]}
+    cluster_ids = clusters[which]
+    start = placed["start"]
+    period = DateTimeTZRange(start + timedelta(hours=hours[0]), start + timedelta(hours=hours[1]), "[)")
+    a100 = placed["a100"]
+    found = queries.free_nodes_get(gpu_type_id=a100.pk, cluster_ids=cluster_ids, period=period)
+    held = Allocation.objects.filter(period__overlap=period).exclude(state=Allocation.State.RELEASED)
+    free = (
+        Gpu.objects.filter(node__gpu_type=a100, node__cluster_id__in=cluster_ids, node__status=Node.Status.UP)
+        .exclude(pk__in=held.values("gpu_id"))
+        .select_related("node")
+        .order_by("node_id", "index")
+    )
+    expected: dict[int, list[Gpu]] = {}
+    for gpu in free:
+        expected.setdefault(gpu.node_id, []).append(gpu)
+    assert found == [
+        FreeNode(
+            node_id,
+            gpus[0].node.name,
+            gpus[0].node.cluster_id,
+            tuple(g.pk for g in gpus),
+            tuple(g.index for g in gpus),
+        )
+        for node_id, gpus in expected.items()
+    ]
+    if hours == (0, 1) and which != "gamma":
+        assert (
+            sum(len(n.gpu_ids) for n in found if n.cluster_id == placed["clusters"][0]) == 3
+        )  # 6 up - 3 held
+
+
+def test_capacity_and_node_lock_are_the_orms(placed: dict[str, Any]) -> None:
+    a100 = placed["a100"]
+    ids = placed["clusters"]
+    capacity = dict(
+        Gpu.objects.filter(node__gpu_type=a100, node__cluster_id__in=ids)
+        .values("node__cluster_id")
+        .annotate(n=Count("id"))
+        .values_list("node__cluster_id", "n")
+    )
+    assert (
+        queries.capacity_by_cluster(gpu_type_id=a100.pk, cluster_ids=ids)
+        == capacity
+        == {ids[0]: 10, ids[1]: 8}
+    )
+    assert queries.nodes_lock(gpu_type_id=a100.pk, cluster_ids=ids[:1]) == list(
+        Node.objects.filter(gpu_type=a100, cluster_id=ids[0]).order_by("id").values_list("pk", flat=True)
+    )
+
+
+def test_the_audited_insert_writes_what_the_orm_path_records(placed: dict[str, Any]) -> None:
+    """The allocations and events of `booking_allocations_insert_audited` are those the ORM's
+    writers would record: ``allocation_state`` of each allocation, the booking's event first."""
+    booking = placed["kept"]
+    allocations = list(Allocation.objects.filter(booking=booking).order_by("gpu_id"))
+    assert len(allocations) == 3
+    for allocation in allocations:
+        assert (allocation.job_id, allocation.is_preemptible, allocation.state) == (None, False, "planned")
+        assert (allocation.period.lower, allocation.period.upper) == (booking.start_at, booking.end_at)
+    events = list(
+        AuditEvent.objects.filter(
+            Q(entity_type="booking", entity_id=booking.pk)
+            | Q(entity_type="allocation", entity_id__in=[a.pk for a in allocations])
+        ).order_by("id")
+    )
+    assert [(e.verb, e.entity_id) for e in events] == [("booking.create", booking.pk)] + [
+        ("allocation.create", a.pk) for a in allocations
+    ]
+    assert events[0].after == {
+        **_booking_state(booking),
+        "gpu_ids": [a.gpu_id for a in allocations],
+        "cluster_id": booking.cluster_id,
+    }
+    assert [e.after for e in events[1:]] == [allocation_state(a) for a in allocations]
+    assert all(e.actor_id == booking.user_id and e.before is None for e in events)
+
+
+def test_a_created_booking_answers_what_its_detail_shows(
+    placed: dict[str, Any], refs_data: dict[str, Any]
+) -> None:
+    """The 201 is built from the resolved rows, not read back: it equals the booking's detail,
+    with a cluster named and without."""
+    client = APIClient()
+    client.force_authenticate(placed["kept"].user)
+    start = placed["start"] + timedelta(hours=6)
+    for cluster in ({"cluster": "gamma"}, {}):
+        body = {"project": "vision", "gpu_type": "A100", "gpu_count": 2, "start_at": start.isoformat(),
+                "end_at": (start + timedelta(hours=1)).isoformat(), **cluster}  # fmt: skip
+        created = client.post(URL, body, format="json")
+        assert created.status_code == 201, created.content
+        assert created.json() == client.get(f"{URL}{created.json()['id']}/").json()
+        assert created.json()["cluster"] == cluster.get("cluster", created.json()["cluster"])
 
 
 # ---- a booking list row is the booking's detail ----

@@ -12,7 +12,7 @@ from django.utils import timezone
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduling import services
+from scheduling import admission, services
 from scheduling.models import Allocation, AuditEvent, Booking
 from scheduling.services import (
     BookingConflictError,
@@ -342,7 +342,7 @@ def test_pick_gpus_invariants(layout, gpu_count):
         ids = tuple(range(next_gpu, next_gpu + free))
         next_gpu += free
         if ids:
-            nodes.append(placement._FreeNode(i, f"n{i}", cluster_id, ids))
+            nodes.append(admission.FreeNode(i, f"n{i}", cluster_id, ids))
     pick = placement._pick_gpus(nodes, gpu_count=gpu_count)
     by_cluster: dict[int, int] = {}
     for node in nodes:

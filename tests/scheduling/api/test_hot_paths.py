@@ -188,10 +188,11 @@ def test_create_answers_what_reading_it_back_shows(member_client, project, nodes
 def test_create_query_count(member_client, project, nodes, soon, django_assert_max_num_queries):
     body = _booking_body(project, soon, gpu_count=2, cluster=nodes[0].cluster.name)
     member_client.get(ME)  # the token is cached from here on
-    # 7 round trips: the names, membership + quota, the node lock and the free GPUs run as
-    # prepared statements (selectors.prepared_fetchall, outside Django's query log); what the
-    # log shows is the 3 INSERTs (booking, allocations, audit events) and the test's savepoint
-    # and its release (in production BEGIN and COMMIT).  It was 17 statements before.
+    # 8 round trips: the names, membership + quota, the node lock, the free GPUs and the
+    # allocations with their audit events run as prepared statements (scheduling.queries,
+    # outside Django's query log); what the log shows is the booking's INSERT (the ORM's) and
+    # the test's savepoint and its release (in production BEGIN and COMMIT).  It was 17
+    # statements before.
     with django_assert_max_num_queries(5):
         assert member_client.post("/api/v1/bookings/", body, format="json").status_code == 201
     assert Allocation.objects.count() == 2
