@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import connection, transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 from rest_framework import exceptions, serializers, status
 from rest_framework.request import Request
@@ -75,35 +75,34 @@ def _fingerprint(request: Request) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-_TABLE = IdempotencyKey._meta.db_table
-_CLAIM = (
-    f"INSERT INTO {_TABLE} (user_id, key, fingerprint, method, path, status_code, body, created_at)"  # noqa: S608
-    " VALUES (%s, %s, %s, %s, %s, 0, '', %s) ON CONFLICT (user_id, key) DO NOTHING RETURNING id"
-)
-_EXPIRE = f"DELETE FROM {_TABLE} WHERE user_id = %s AND key = %s AND created_at < %s"  # noqa: S608
-_FIND = f"SELECT fingerprint, status_code, body FROM {_TABLE} WHERE user_id = %s AND key = %s"  # noqa: S608
-_STORE = f"UPDATE {_TABLE} SET status_code = %s, body = %s WHERE id = %s"  # noqa: S608
-
-
 def _claim(user_id: int, key: str, fingerprint: str, request: Request) -> int | tuple[str, int, str]:
     """Inside the write's transaction: the id of the new key row, or the stored
     ``(fingerprint, status, body)`` of the request that used the key first.
 
-    A concurrent first use makes the insert wait until that transaction ends: committed, its
-    row is returned; rolled back, the insert goes through.
+    A concurrent first use makes the insert wait on the ``(user, key)`` unique index until that
+    transaction ends: committed, the insert fails and its row is read; rolled back, the insert
+    goes through (``get_or_create`` inserts in a savepoint, so the write's transaction goes on).
     """
     now = timezone.now()
-    with connection.cursor() as cursor:
-        cursor.execute(_EXPIRE, [user_id, key, now - timedelta(seconds=settings.BERTH_IDEMPOTENCY_TTL_S)])
-        for _ in range(3):  # a row deleted between the insert and the read is claimed again
-            cursor.execute(_CLAIM, [user_id, key, fingerprint, request.method, request.path[:2000], now])
-            row = cursor.fetchone()
-            if row is not None:
-                return int(row[0])
-            cursor.execute(_FIND, [user_id, key])
-            found = cursor.fetchone()
-            if found is not None:
-                return str(found[0]), int(found[1]), str(found[2])
+    expired = now - timedelta(seconds=settings.BERTH_IDEMPOTENCY_TTL_S)
+    IdempotencyKey.objects.filter(user_id=user_id, key=key, created_at__lt=expired).delete()
+    for _ in range(3):  # a row deleted between the failed insert and the read is claimed again
+        try:
+            row, created = IdempotencyKey.objects.get_or_create(
+                user_id=user_id,
+                key=key,
+                defaults={
+                    "fingerprint": fingerprint,
+                    "method": request.method or "",
+                    "path": request.path[:2000],
+                    "status_code": 0,
+                    "body": "",
+                    "created_at": now,
+                },
+            )
+        except IntegrityError:
+            continue
+        return row.pk if created else (row.fingerprint, row.status_code, row.body)
     raise exceptions.APIException("The Idempotency-Key could not be claimed; retry.")
 
 
@@ -137,11 +136,9 @@ def idempotent(handler: _Handler) -> _Handler:
             if not status.is_success(response.status_code):
                 transaction.set_rollback(True)  # an error answer is not kept (nor anything it did)
                 return response
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    _STORE,
-                    [response.status_code, json.dumps(response.data, cls=DjangoJSONEncoder), claimed],
-                )
+            IdempotencyKey.objects.filter(pk=claimed).update(
+                status_code=response.status_code, body=json.dumps(response.data, cls=DjangoJSONEncoder)
+            )
         response[REPLAYED_HEADER] = "false"
         return response
 
