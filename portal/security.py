@@ -167,27 +167,9 @@ def _cache_down(operation: str) -> None:
 def _db_hit(key: str, *, window_s: int) -> int:
     """``_hit`` in PostgreSQL: one upsert, the same semantics as the Redis script (INCR, then
     EXPIRE: a key that expired starts again at 1; every hit pushes the expiry out)."""
-    from django.db import connection
+    from portal.accounts.queries import rate_counter_hit
 
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO accounts_ratecounter (key, count, expires_at) "
-            "VALUES (%s, 1, now() + %s * interval '1 second') "
-            "ON CONFLICT (key) DO UPDATE SET "
-            "count = CASE WHEN accounts_ratecounter.expires_at <= now() THEN 1 "
-            "ELSE accounts_ratecounter.count + 1 END, "
-            "expires_at = EXCLUDED.expires_at RETURNING count",
-            [key[:200], window_s],
-        )
-        count = int(cursor.fetchone()[0])
-        if count == 1:  # a new window: drop what has expired so the table stays small
-            # SKIP LOCKED: rows another request holds are left for the next sweep, so concurrent
-            # sweeps and upserts never wait on each other (no deadlock under load).
-            cursor.execute(
-                "DELETE FROM accounts_ratecounter WHERE key IN (SELECT key FROM accounts_ratecounter"
-                " WHERE expires_at < now() LIMIT 1000 FOR UPDATE SKIP LOCKED)"
-            )
-    return count
+    return rate_counter_hit(key, window_s=window_s)
 
 
 def _db_count(key: str) -> int:

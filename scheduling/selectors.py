@@ -32,6 +32,7 @@ from django.http import Http404
 from django.utils import timezone
 
 from portal.accounts.models import Membership, Project
+from scheduling import queries
 from scheduling.alternatives import (  # noqa: F401 (re-exported: their old home)
     Alternative,
     BookingQuota,
@@ -276,39 +277,6 @@ def _validate_query_window(*, start_at: datetime, end_at: datetime, step_s: int)
     return steps
 
 
-# The availability hot path in one round trip: the capacity row (gpu_id NULL) and, for every
-# allocation overlapping the window, the first and last step it touches.  Raw SQL because
-# it runs hundreds of times a second; tests compare it with a brute-force count.  Typed
-# parameters (numeric epoch, exact) keep one prepared plan per connection.
-_AVAILABILITY_SQL = """
-WITH gpu_type AS (SELECT id FROM scheduling_gputype WHERE name = %(gpu_type)s),
-bookable AS (
-    SELECT g.id
-      FROM scheduling_gpu g
-      JOIN scheduling_node n ON n.id = g.node_id
-      JOIN scheduling_cluster c ON c.id = n.cluster_id
-     WHERE n.gpu_type_id = (SELECT id FROM gpu_type) AND n.status = 'up' AND c.is_active
-       AND (%(cluster)s::text IS NULL OR c.name = %(cluster)s::text)
-)
-SELECT NULL::bigint, count(*)::int, NULL::int FROM bookable HAVING EXISTS (SELECT 1 FROM gpu_type)
-UNION ALL
-SELECT a.gpu_id,
-       greatest(0, floor((extract(epoch FROM lower(a.period)) - %(t0)s::numeric) / %(step)s::int))::int,
-       least(%(last)s::int,
-             ceil((extract(epoch FROM upper(a.period)) - %(t0)s::numeric) / %(step)s::int)::int - 1)
-  FROM scheduling_allocation a
- WHERE a.gpu_id IN (SELECT id FROM bookable)
-   AND a.period && tstzrange(%(start)s, %(end)s, '[)')
-   AND NOT (a.state = 'released')
- ORDER BY 1 NULLS FIRST, 2
-"""
-
-
-def _availability_rows(params: dict[str, object]) -> list[tuple[int | None, int, int | None]]:
-    # Planning this statement cost PostgreSQL more CPU than running it.
-    return prepared_fetchall(_AVAILABILITY_SQL, params)
-
-
 def _epoch_s(value: datetime) -> Decimal:
     """Seconds since the epoch, exactly (a float loses microseconds at today's epoch)."""
     delta = value - _EPOCH
@@ -464,9 +432,7 @@ def availability_watch_stop() -> None:
 
 def availability_stamp() -> float:
     """The PostgreSQL clock now (epoch s): a read stamped with it sees every write committed before."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT date_part('epoch', clock_timestamp())")
-        return float(cursor.fetchone()[0])
+    return queries.clock_epoch_s()
 
 
 @contextlib.contextmanager
@@ -538,7 +504,7 @@ def availability_compute(
     steps each overlapping allocation touches) and a sweep in Python: O(allocations + steps).
     """
     steps = _validate_query_window(start_at=start_at, end_at=end_at, step_s=step_s)
-    rows = _availability_rows(
+    rows = queries.availability_rows(
         {
             "gpu_type": gpu_type_name,
             "cluster": cluster_name or None,

@@ -1,14 +1,5 @@
-"""Raw SQL of the scheduling app where it earns its place: typed rows, tested against the ORM.
-
-Each function here runs one statement and returns frozen dataclasses of plain values (never model
-instances).  ``tests/scheduling/test_queries.py`` compares every row with what the ORM reads
-from the same data, field for field, so a column added to a model and not here fails a test.
-
-The services take a project, GPU type or cluster as a *reference* (``ProjectRef``,
-``GpuTypeRef``, ``ClusterRef``): what they read of it, which both these rows and the models'
-instances provide.  So the booking API passes the rows it read here, the pages and the tests pass
-instances, and nobody builds a model instance from a row.
-"""
+"""The booking path's statements: a request's names, membership and quota, the node lock, free
+GPUs, capacity, a new booking's allocations with their audit events."""
 
 from __future__ import annotations
 
