@@ -33,6 +33,7 @@ from forecasting.capacity.runs import (
     capacity_study_execute as capacity_study_execute,
 )
 from forecasting.models import CapacityExceedRun, CapacityStudy, ForecastPoint, ForecastRun
+from forecasting.queue import task_queue
 from forecasting.selectors import (
     cluster_capacity_by_type,
     demand_series_get,
@@ -424,10 +425,8 @@ def capacity_study_create(
             requested_by=requested_by if getattr(requested_by, "pk", None) else None,
         )
         if enqueue:
-            from forecasting.tasks import capacity_study_run as task
-
             study_id = study.pk
-            transaction.on_commit(lambda: task.delay(study_id))
+            transaction.on_commit(lambda: task_queue().capacity_study_run(study_id))
     return study
 
 
@@ -456,10 +455,8 @@ def capacity_exceed_run_create(
             requested_by=requested_by if getattr(requested_by, "pk", None) else None,
         )
         if enqueue:
-            from forecasting.tasks import capacity_exceed_run as task
-
             run_id = run.pk
-            transaction.on_commit(lambda: task.delay(run_id))
+            transaction.on_commit(lambda: task_queue().capacity_exceed_run(run_id))
     return run
 
 
@@ -494,13 +491,11 @@ def _refresh_state_set(cluster_id: int, **state: Any) -> None:
 def forecast_refresh_request(*, cluster_id: int) -> dict[str, Any]:
     """Queue a refit of this hour's forecasts of a cluster (replacing what is stored), unless one
     is queued or running; returns its state.  The worker reports progress per series."""
-    from forecasting.tasks import forecast_refresh_now
-
     state = forecast_refresh_state_get(cluster_id=cluster_id)
     if state is not None and state.get("status") in ("queued", "running"):
         return state
     _refresh_state_set(cluster_id, status="queued", done=0, total=0, message="Waiting for a worker.")
-    transaction.on_commit(lambda: forecast_refresh_now.apply_async(args=[cluster_id], expires=3600))  # type: ignore[arg-type]  # tests compare a list
+    transaction.on_commit(lambda: task_queue().forecast_refresh_now(cluster_id))
     state = forecast_refresh_state_get(cluster_id=cluster_id)
     return state or {"cluster_id": cluster_id, "status": "queued", "done": 0, "total": 0, "message": ""}
 

@@ -160,3 +160,17 @@ def capacity_exceed_run(run_id: int) -> dict[str, Any]:
         return {"run_id": run_id, "status": "missing"}
     run = services.capacity_exceed_run_execute(run_id=run_id)
     return {"run_id": run_id, "status": run.status}
+
+
+class CeleryTaskQueue:
+    """`forecasting.queue.TaskQueue` on Celery: each method sends this module's task (read at
+    call time, so a test that swaps a task's ``delay`` swaps what the services send)."""
+
+    def capacity_study_run(self, study_id: int) -> None:
+        capacity_study_run.delay(study_id)
+
+    def capacity_exceed_run(self, run_id: int) -> None:
+        capacity_exceed_run.delay(run_id)
+
+    def forecast_refresh_now(self, cluster_id: int) -> None:
+        forecast_refresh_now.apply_async(args=[cluster_id], expires=3600)  # type: ignore[arg-type]  # tests compare a list

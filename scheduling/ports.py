@@ -1,4 +1,5 @@
-"""The one port through which scheduling asks the forecasting app for predictions (issue 14).
+"""The ports through which scheduling reaches what sits above or beside it (issue 14): the
+forecasting app's predictions, and the task queue's round trigger.
 
 ``scheduling`` never imports ``forecasting``'s app (an import-linter contract says so); what it
 needs of it (runtime predictions, interactive headroom and pool, demand forecasts for the
@@ -9,7 +10,7 @@ forecasting app registers its implementation at start-up (``forecasting.apps.rea
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -136,3 +137,24 @@ def prediction_port() -> PredictionPort:
             "ForecastingConfig.ready(); is 'forecasting' in INSTALLED_APPS and Django set up?"
         )
     return _port
+
+
+# ---- the round trigger: how a service asks for an engine round without importing the tasks ----
+
+RoundTrigger = Callable[[int], None]
+_round_trigger: RoundTrigger | None = None
+
+
+def set_round_trigger(trigger: RoundTrigger | None) -> None:
+    """Register what asks for a round of a cluster soon (``scheduling.apps.ready`` registers
+    ``scheduling.tasks.engine_round_trigger``: debounced, after the commit)."""
+    global _round_trigger  # the one registry, set once at start-up
+    _round_trigger = trigger
+
+
+def round_trigger(cluster_id: int) -> None:
+    """Ask for an engine round of ``cluster_id`` soon (a service calls this after a write the
+    engine should react to)."""
+    if _round_trigger is None:
+        raise RuntimeError("no round trigger is registered (scheduling.apps registers one at start-up)")
+    _round_trigger(cluster_id)

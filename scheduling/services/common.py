@@ -16,7 +16,7 @@ from portal.accounts.models import Membership, Project
 from scheduling import queries
 from scheduling.alternatives import Alternative
 from scheduling.models import Booking
-from scheduling.ports import prediction_port
+from scheduling.ports import prediction_port, round_trigger
 from scheduling.queries import GpuTypeRef, ProjectRef, QuotaRow
 
 logger = logging.getLogger(__name__)
@@ -105,9 +105,7 @@ def _capacity_by_cluster(*, gpu_type: GpuTypeRef, cluster_ids: Sequence[int]) ->
 
 def _engine_round_soon(cluster_id: int) -> None:
     """Ask for an engine round after the commit (debounced); a missed trigger waits for beat."""
-    from scheduling.tasks import engine_round_trigger  # lazy: tasks -> rounds -> services
-
-    engine_round_trigger(cluster_id)
+    round_trigger(cluster_id)
 
 
 def _runtime_predict_soon(job_id: int) -> None:
