@@ -289,7 +289,7 @@ def _lab_analyze() -> None:
 
 def _lab_sim_start(lab: _Lab, running_rows: list[tuple[Any, list[int]]]) -> None:
     """The simulator runs what the database says runs (through its own apply, the real interface)."""
-    from scheduling.backends.registry import backend_for_cluster
+    from scheduling.backend_registry import backend_for_cluster
     from scheduling.engine.types import Plan, StartAction
     from scheduling.models import Job
 

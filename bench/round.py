@@ -131,7 +131,7 @@ def state_check(*, cluster_id: int) -> dict[str, int]:
     """
     from django.db import connection
 
-    from scheduling.backends.registry import backend_for_cluster
+    from scheduling.backend_registry import backend_for_cluster
     from scheduling.models import Allocation, Cluster, Job
 
     cluster = Cluster.objects.get(pk=cluster_id)

@@ -35,7 +35,7 @@ _KEY = "berth:metrics"
 
 
 def _redis() -> redis.Redis:
-    from scheduling.backends.registry import engine_redis
+    from scheduling.backend_registry import engine_redis
 
     return engine_redis(settings.BERTH_ENGINE_REDIS_URL)
 

@@ -149,8 +149,8 @@ def job_output_get(user: AnyUser, *, job_id: int, tail_lines: int = 200) -> tupl
     manager who sees the job in lists should not read; anyone else gets a 404.  Raises
     `BackendError` when the backend cannot be reached (the API answers 503).
     """
+    from scheduling.backend_registry import backend_for_cluster
     from scheduling.backends.base import JobOutput, UnsupportedOperationError
-    from scheduling.backends.registry import backend_for_cluster
 
     job = job_get(user, job_id=job_id)
     if job.user_id != user.pk and not _is_staff(user):

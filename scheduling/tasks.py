@@ -46,7 +46,7 @@ def _warm_for_rounds(**kwargs: Any) -> None:
 
 
 def _redis() -> redis.Redis:
-    from scheduling.backends.registry import engine_redis
+    from scheduling.backend_registry import engine_redis
 
     return engine_redis(settings.BERTH_ENGINE_REDIS_URL)
 

@@ -513,8 +513,8 @@ def _hand_over_running(cluster: Cluster, live_runs: list[tuple[Job, Run, float]]
     round, which requeues them as lost (said in the report)."""
     if not live_runs:
         return
+    from scheduling.backend_registry import backend_for_cluster
     from scheduling.backends.base import BackendError
-    from scheduling.backends.registry import backend_for_cluster
     from scheduling.engine.types import Plan, StartAction
 
     plan = Plan(

@@ -12,10 +12,10 @@ from django.utils import timezone
 
 from notifications.services import events_deferred
 from scheduling import metrics
+from scheduling.backend_registry import backend_for_cluster
 from scheduling.backends.base import (
     BackendError,
 )
-from scheduling.backends.registry import backend_for_cluster
 from scheduling.engine.explain import idle_by_node
 from scheduling.engine.startability import enforces_guarantees
 from scheduling.engine.types import ClusterSnapshot, Plan, PolicyConfig

@@ -19,8 +19,8 @@ from django.utils import timezone
 
 from portal.accounts.models import Membership, Project
 from scheduling import tasks
+from scheduling.backend_registry import engine_redis, live_sim_key_prefix
 from scheduling.backends.live_sim import LiveSimBackend, LiveSimConfig
-from scheduling.backends.registry import engine_redis, live_sim_key_prefix
 from scheduling.models import Cluster, GpuType, Job, Node
 from scheduling.rounds import RoundResult, engine_round_run
 from scheduling.services import job_submit

@@ -44,7 +44,7 @@ def sim_state() -> Iterator[None]:
     from django.conf import settings
     from django.db import connection
 
-    from scheduling.backends.registry import engine_redis
+    from scheduling.backend_registry import engine_redis
 
     client = engine_redis(settings.BERTH_ENGINE_REDIS_URL)
     pattern = f"berth:livesim:{connection.settings_dict['NAME']}:*"
@@ -247,7 +247,7 @@ def test_demo_lab_builds_from_the_shipped_samples_and_is_idempotent(
 def test_jobs_running_at_now_stay_running_on_the_live_simulator(tmp_path: Path, sim_state: None) -> None:
     """Replayed jobs still running at "now" are running jobs with allocations open at now, and the
     live simulator runs them; demand does not drop to zero in the hours before now."""
-    from scheduling.backends.registry import backend_for_cluster
+    from scheduling.backend_registry import backend_for_cluster
 
     call_command("demo_lab", "--traces", str(tmp_path), *FAST, stdout=open(tmp_path / "o.txt", "w"))  # noqa: SIM115
     cluster = Cluster.objects.get(name=CLUSTER_NAME)

@@ -44,7 +44,7 @@ def sim_state() -> Iterator[None]:
     from django.conf import settings
     from django.db import connection
 
-    from scheduling.backends.registry import engine_redis
+    from scheduling.backend_registry import engine_redis
 
     client = engine_redis(settings.BERTH_ENGINE_REDIS_URL)
     yield

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from scheduling.backend_registry import backend_for_cluster
 from scheduling.backends.base import BackendError
 from scheduling.backends.k8s import KubernetesBackend
 from scheduling.backends.live_sim import LiveSimBackend
-from scheduling.backends.registry import backend_for_cluster
 from scheduling.backends.slurm import SlurmBackend
 from scheduling.models import Cluster, Gpu
 from tests.factories import ClusterFactory, GpuTypeFactory, NodeFactory

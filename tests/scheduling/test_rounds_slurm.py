@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
+from scheduling.backend_registry import backend_for_cluster
 from scheduling.backends.base import BackendError
-from scheduling.backends.registry import backend_for_cluster
 from scheduling.models import AuditEvent, Booking, Cluster, EngineRound, GpuType, Job
 from scheduling.rounds import RoundResult, engine_round_run
 from scheduling.services import booking_cancel, booking_create, job_cancel, job_submit

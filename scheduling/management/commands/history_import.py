@@ -90,8 +90,8 @@ def _slurmrestd_backend(cluster: Cluster, url: str | None) -> Any:
     """The cluster's Slurm backend (its settings: URL, user, token), else one from the environment."""
     import dataclasses
 
+    from scheduling.backend_registry import backend_for_cluster
     from scheduling.backends.base import BackendError
-    from scheduling.backends.registry import backend_for_cluster
     from scheduling.backends.slurm import SlurmBackend, SlurmConfig
 
     config = SlurmConfig.from_env()
