@@ -78,6 +78,9 @@ def explain_pending(
     explanations: list[PendingExplanation] = []
     append = explanations.append
     behind: dict[int, Verdict] = {}
+    # `types_for` answers with one list per distinct type set (kept by the round): its entries
+    # are looked up once per list, not once per job (the list is kept here so its id stays its own)
+    entries_of: dict[int, tuple[object, list[list[Any]]]] = {}
     for job in queue:
         job_id = job.id
         if job_id in started:
@@ -91,7 +94,10 @@ def explain_pending(
                     PendingReason.PRIORITY, f"Waiting behind higher-priority work for {count} GPUs."
                 )
         types = types_for(job)
-        entries = [_type_entry(per_type, profiles, name) for name in types]
+        kept = entries_of.get(id(types))
+        if kept is None:
+            kept = entries_of[id(types)] = (types, [_type_entry(per_type, profiles, name) for name in types])
+        entries = kept[1]
         eta50, eta90 = _queue_eta(entries, count, now)
         if types:
             # this job is now work queued ahead of the next ones on each of its types

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 from scheduling.engine.outcome import Verdict, fmt_gpus, fmt_s, job_label
 from scheduling.engine.placement import INF
 from scheduling.engine.stages.admit import hold_pool
+from scheduling.engine.stages.partition import refuse_wide
 from scheduling.engine.stages.reserve import HEADROOM
 from scheduling.engine.types import JobKind, JobRequest, PendingReason
 
@@ -88,16 +89,20 @@ class EasyPass:
             rest = [job for job in backfill_order if job.id in waiting]
         scanned = 0
         depth = rnd.policy.backfill_depth
-        for job in rest:
+        beyond = f"{depth} other jobs are considered first; it is beyond this round's backfill window."
+        wide = rnd.wide
+        for index, job in enumerate(rest):
+            if scanned >= depth:
+                # every job admitted from here on is beyond the window
+                beyond_window(rnd, rest[index:], beyond)
+                break
             if not admit(rnd, job):
                 continue
             scanned += 1
-            if scanned > depth:
-                out.wait(
-                    job.id,
-                    PendingReason.PRIORITY,
-                    f"{depth} other jobs are considered first; it is beyond this round's backfill window.",
-                )
+            if wide and job.id in wide and rnd.top is not None:
+                # what `Place.try_start` does first for a wide job behind the top job (static,
+                # whose queue can be mostly such jobs), without estimating it first
+                refuse_wide(rnd, job)
                 continue
             types = rnd.types_for(job)
             estimate = state.estimate(job)
@@ -118,10 +123,55 @@ class EasyPass:
             hold_pool(rnd)
 
 
+def beyond_window(rnd: Round, jobs: Sequence[JobRequest], sentence: str) -> None:
+    """Admit the jobs behind the backfill window, and make each that is admitted wait with
+    ``sentence``: exactly what admitting and recording one after the other does.
+
+    Nothing starts from here on, so admit's answer and its verdict depend on the job's shape
+    and project alone (the constraints, size and project it reads; its kind and preemptibility
+    too, to be safe): it runs once per shape and the jobs of that shape share its verdict, so
+    a long queue costs a lookup per job.  While the interactive pool is not held yet admitting
+    a batch job holds it, so then every job is admitted in turn."""
+    admit = rnd.composition.admit
+    out = rnd.out
+    if not rnd.headroom_done:
+        for job in jobs:
+            if admit(rnd, job):
+                out.wait(job.id, PendingReason.PRIORITY, sentence)
+        return
+    verdicts = out.verdicts
+    waiting = Verdict(PendingReason.PRIORITY, sentence)  # shared: only read from here on
+    by_shape: dict[tuple[object, ...], Verdict] = {}
+    for job in jobs:
+        job_id = job.id
+        if job_id in verdicts:
+            continue  # admit refuses it and records nothing
+        shape = (
+            job.gpu_type,
+            job.min_memory_gib,
+            job.precisions,
+            job.gpu_count,
+            job.project,
+            job.kind,
+            job.is_preemptible,
+            job.is_checkpointable,
+        )
+        verdict = by_shape.get(shape)
+        if verdict is None:
+            if admit(rnd, job):
+                verdicts[job_id] = waiting
+                verdict = waiting
+            else:
+                verdict = verdicts[job_id]  # admit refused it and said why
+            by_shape[shape] = verdict
+        else:
+            verdicts[job_id] = verdict
+
+
 def explain_blocked(rnd: Round, job: JobRequest, types: Sequence[str], estimate: Estimate) -> None:
     """Record why a backfill candidate did not start: held GPUs, fragments, or too few free."""
     pool = rnd.pool_for(job)
-    free = sum(pool.free_count(t) for t in types)
+    free = pool.free_count(types[0]) if len(types) == 1 else sum(pool.free_count(t) for t in types)
     top = rnd.top
     if free >= job.gpu_count:
         ignoring_holds = pool.find(types, job.gpu_count, until=-INF, strict_until=-INF)
