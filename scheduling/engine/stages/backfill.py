@@ -87,65 +87,93 @@ class EasyPass:
         if backfill_order is not None and rest:
             waiting = {job.id for job in rest}
             rest = [job for job in backfill_order if job.id in waiting]
-        scanned = 0
-        depth = rnd.policy.backfill_depth
-        beyond = f"{depth} other jobs are considered first; it is beyond this round's backfill window."
-        wide = rnd.wide
-        for index, job in enumerate(rest):
-            if scanned >= depth:
-                # every job admitted from here on is beyond the window
-                beyond_window(rnd, rest[index:], beyond)
-                break
-            if not admit(rnd, job):
-                continue
-            scanned += 1
-            if wide and job.id in wide and rnd.top is not None:
-                # what `Place.try_start` does first for a wide job behind the top job (static,
-                # whose queue can be mostly such jobs), without estimating it first
-                refuse_wide(rnd, job)
-                continue
-            types = rnd.types_for(job)
-            estimate = state.estimate(job)
-            if try_start(rnd, job, types, estimate):
-                continue
-            if job.id in out.verdicts:
-                continue
-            if (
-                reclaim is not None
-                and job.kind == JobKind.INTERACTIVE
-                and reclaim.for_demand(
-                    rnd, job, types, estimate, single=rnd.is_single_node(types, job.gpu_count)
-                )
-            ):
-                continue
-            explain_blocked(rnd, job, types, estimate)
+        backfill(rnd, rest)
         if not rnd.headroom_done:
             hold_pool(rnd)
 
 
-def beyond_window(rnd: Round, jobs: Sequence[JobRequest], sentence: str) -> None:
-    """Admit the jobs behind the backfill window, and make each that is admitted wait with
-    ``sentence``: exactly what admitting and recording one after the other does.
+def backfill(rnd: Round, rest: Sequence[JobRequest]) -> None:
+    """The backfill candidates behind the top job, in their order: start what fits without
+    delaying anything held, sessions may reclaim, the others are told why they wait; at most
+    ``PolicyConfig.backfill_depth`` of them are considered (`beyond_window` for the rest)."""
+    composition = rnd.composition
+    try_start = composition.place.try_start
+    reclaim = composition.reclaim
+    state = rnd.state
+    verdicts = rnd.out.verdicts
+    admitted = Admitted(rnd)
+    scanned = 0
+    depth = rnd.policy.backfill_depth
+    wide = rnd.wide
+    too_few: dict[tuple[object, ...], Verdict] = {}
+    for index, job in enumerate(rest):
+        if scanned >= depth:
+            # every job admitted from here on is beyond the window
+            beyond = f"{depth} other jobs are considered first; it is beyond this round's backfill window."
+            beyond_window(admitted, rest[index:], beyond)
+            return
+        if not admitted(job):
+            continue
+        scanned += 1
+        if wide and job.id in wide and rnd.top is not None:
+            # what `Place.try_start` does first for a wide job behind the top job (static,
+            # whose queue can be mostly such jobs), without estimating it first
+            refuse_wide(rnd, job)
+            continue
+        types = rnd.types_for(job)
+        if reclaim is None or job.kind != JobKind.INTERACTIVE:
+            pool = rnd.pool_for(job)
+            free = pool.free_count(types[0]) if len(types) == 1 else sum(pool.free_count(t) for t in types)
+            if free < job.gpu_count:
+                # fewer free GPUs than it needs, held ones included: `Place.try_start` refuses it
+                # before anything else, and nothing but a session's reclaim could act for it
+                verdicts[job.id] = _too_few(rnd, job, types, free, too_few)
+                continue
+        estimate = state.estimate(job)
+        if try_start(rnd, job, types, estimate):
+            continue
+        if job.id in verdicts:
+            continue
+        if (
+            reclaim is not None
+            and job.kind == JobKind.INTERACTIVE
+            and reclaim.for_demand(rnd, job, types, estimate, single=rnd.is_single_node(types, job.gpu_count))
+        ):
+            continue
+        explain_blocked(rnd, job, types, estimate)
 
-    Nothing starts from here on, so admit's answer and its verdict depend on the job's shape
-    and project alone (the constraints, size and project it reads; its kind and preemptibility
-    too, to be safe): it runs once per shape and the jobs of that shape share its verdict, so
-    a long queue costs a lookup per job.  While the interactive pool is not held yet admitting
-    a batch job holds it, so then every job is admitted in turn."""
-    admit = rnd.composition.admit
-    out = rnd.out
-    if not rnd.headroom_done:
-        for job in jobs:
-            if admit(rnd, job):
-                out.wait(job.id, PendingReason.PRIORITY, sentence)
-        return
-    verdicts = out.verdicts
-    waiting = Verdict(PendingReason.PRIORITY, sentence)  # shared: only read from here on
-    by_shape: dict[tuple[object, ...], Verdict] = {}
-    for job in jobs:
-        job_id = job.id
-        if job_id in verdicts:
-            continue  # admit refuses it and records nothing
+
+class Admitted:
+    """The admit stage for the backfill candidates, run once per job shape while nothing starts.
+
+    Admit's answer and verdict depend on the job's constraints, size and project (its kind and
+    preemptibility are in the key too, to be safe) and on what the project runs, which only a
+    start changes: so between two starts the jobs of one shape share the first one's answer,
+    and a long queue costs a lookup per job.  While the interactive pool is not held yet,
+    admitting a batch job holds it: then every job is admitted in turn.
+    """
+
+    __slots__ = ("_admit", "_by_shape", "_starts", "rnd")
+
+    def __init__(self, rnd: Round) -> None:
+        """The memo of one round's backfill pass."""
+        self.rnd = rnd
+        self._admit = rnd.composition.admit
+        self._by_shape: dict[tuple[object, ...], Verdict | None] = {}
+        self._starts = -1
+
+    def __call__(self, job: JobRequest) -> bool:
+        """Whether ``job`` may be considered (`Admit.__call__`, with its verdict if not)."""
+        rnd = self.rnd
+        out = rnd.out
+        verdicts = out.verdicts
+        if job.id in verdicts:
+            return False  # admit refuses it and records nothing
+        if not rnd.headroom_done:
+            return self._admit(rnd, job)
+        if len(out.starts) != self._starts:
+            self._by_shape.clear()
+            self._starts = len(out.starts)
         shape = (
             job.gpu_type,
             job.min_memory_gib,
@@ -156,16 +184,46 @@ def beyond_window(rnd: Round, jobs: Sequence[JobRequest], sentence: str) -> None
             job.is_preemptible,
             job.is_checkpointable,
         )
-        verdict = by_shape.get(shape)
-        if verdict is None:
-            if admit(rnd, job):
-                verdicts[job_id] = waiting
-                verdict = waiting
-            else:
-                verdict = verdicts[job_id]  # admit refused it and said why
-            by_shape[shape] = verdict
-        else:
-            verdicts[job_id] = verdict
+        by_shape = self._by_shape
+        if shape in by_shape:
+            verdict = by_shape[shape]
+            if verdict is None:
+                return True
+            verdicts[job.id] = verdict
+            return False
+        is_admitted = self._admit(rnd, job)
+        # refused: admit said why (one verdict per shape, only read from here on)
+        by_shape[shape] = None if is_admitted else verdicts[job.id]
+        return is_admitted
+
+
+def beyond_window(admitted: Admitted, jobs: Sequence[JobRequest], sentence: str) -> None:
+    """Admit the jobs behind the backfill window, and make each that is admitted wait with
+    ``sentence`` (one verdict for all of them, only read from here on)."""
+    verdicts = admitted.rnd.out.verdicts
+    waiting = Verdict(PendingReason.PRIORITY, sentence)
+    for job in jobs:
+        if admitted(job):
+            verdicts[job.id] = waiting
+
+
+def _too_few(
+    rnd: Round,
+    job: JobRequest,
+    types: Sequence[str],
+    free: int,
+    kept: dict[tuple[object, ...], Verdict],
+) -> Verdict:
+    """`explain_blocked`'s verdict for a job with fewer fitting GPUs free than it needs, one
+    per distinct sentence of the round (``kept``)."""
+    top = rnd.top
+    same_owner = top is not None and top.user == job.user
+    is_top = top is not None and top.id == job.id
+    key = (job.gpu_count, tuple(types), free, same_owner, is_top)
+    verdict = kept.get(key)
+    if verdict is None:
+        verdict = kept[key] = Verdict(*_too_few_sentence(rnd, job, types, free))
+    return verdict
 
 
 def explain_blocked(rnd: Round, job: JobRequest, types: Sequence[str], estimate: Estimate) -> None:
@@ -200,14 +258,21 @@ def explain_blocked(rnd: Round, job: JobRequest, types: Sequence[str], estimate:
             f"{free} fitting GPUs are free in total, but no node has {job.gpu_count} of them together.",
         )
         return
+    rnd.out.wait(job.id, *_too_few_sentence(rnd, job, types, free))
+
+
+def _too_few_sentence(
+    rnd: Round, job: JobRequest, types: Sequence[str], free: int
+) -> tuple[PendingReason, str]:
+    """Why a job with fewer fitting GPUs free than it needs waits."""
+    top = rnd.top
     ahead = (
         "; the next free GPUs go to the job first in line, "
         + job_label(top.id, top.name, same_owner=top.user == job.user)
         if top is not None
         else ""
     )
-    rnd.out.wait(
-        job.id,
+    return (
         PendingReason.RESOURCES if top is None or top.id == job.id else PendingReason.PRIORITY,
         f"Needs {fmt_gpus(job.gpu_count)} of type {'/'.join(types)}; {free} are free{ahead}.",
     )

@@ -1,6 +1,8 @@
 """The engine's exact shortcuts for long queues give the plans of the long way round.
 
-* the jobs behind the backfill window are admitted once per shape (`backfill.beyond_window`);
+* backfill candidates are admitted once per shape between two starts (`backfill.Admitted`), those
+  with fewer free GPUs than they need are told so without a placement attempt, and the jobs
+  behind the backfill window share one verdict (`backfill.backfill`);
 * static's wide-job test is kept per job shape on the shared topology, per partition
   (`partition.open_span`).
 """
@@ -8,6 +10,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import pytest
@@ -30,12 +33,39 @@ if TYPE_CHECKING:
 NOW = 10_000.0
 
 
-def _each_in_turn(rnd: Round, jobs: list[JobRequest], sentence: str) -> None:
-    """What `beyond_window` replaces: admit every job, and record the sentence for the admitted."""
-    admit = rnd.composition.admit
-    for request in jobs:
-        if admit(rnd, request):
-            rnd.out.wait(request.id, PendingReason.PRIORITY, sentence)
+def _long_way(rnd: Round, rest: Sequence[JobRequest]) -> None:
+    """What `backfill.backfill` replaces: every candidate admitted, tried and explained in turn."""
+    composition = rnd.composition
+    admit = composition.admit
+    reclaim = composition.reclaim
+    scanned = 0
+    depth = rnd.policy.backfill_depth
+    for request in rest:
+        if not admit(rnd, request):
+            continue
+        scanned += 1
+        if scanned > depth:
+            rnd.out.wait(
+                request.id,
+                PendingReason.PRIORITY,
+                f"{depth} other jobs are considered first; it is beyond this round's backfill window.",
+            )
+            continue
+        types = rnd.types_for(request)
+        estimate = rnd.state.estimate(request)
+        if composition.place.try_start(rnd, request, types, estimate):
+            continue
+        if request.id in rnd.out.verdicts:
+            continue
+        if (
+            reclaim is not None
+            and request.kind == JobKind.INTERACTIVE
+            and reclaim.for_demand(
+                rnd, request, types, estimate, single=rnd.is_single_node(types, request.gpu_count)
+            )
+        ):
+            continue
+        backfill.explain_blocked(rnd, request, types, estimate)
 
 
 def _queue(rng: random.Random, count: int) -> list[JobRequest]:
@@ -66,13 +96,13 @@ def _queue(rng: random.Random, count: int) -> list[JobRequest]:
 
 
 @pytest.mark.parametrize("policy", ["easy", "static", "berth"])
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(10))
 def test_behind_the_window_matches_admitting_each_job(
     policy: str, seed: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rng = random.Random(seed)
     nodes = make_nodes(4, 4) + make_nodes(2, 4, gpu_type="V100", first_gpu=16, prefix="v")
-    busy = [running(job(f"r{i}", 2, project="capped"), (2 * i, 2 * i + 1)) for i in range(rng.randint(0, 6))]
+    busy = [running(job(f"r{i}", 2, project="capped"), (2 * i, 2 * i + 1)) for i in range(rng.randint(3, 7))]
     snap = snapshot(
         nodes,
         running_jobs=busy,
@@ -86,17 +116,21 @@ def test_behind_the_window_matches_admitting_each_job(
     )
     config = PolicyConfig(
         name=policy,
-        backfill_depth=rng.choice((0, 1, 3, 10)),
+        backfill_depth=rng.choice((0, 1, 3, 10, 40, 1_000)),
         interactive_partition=("n0",) if policy == "static" else (),
         interactive_headroom=(("*", 2),) if policy == "berth" else (),
     )
     shortcut = plan_round(snap, config, NOW)
-    monkeypatch.setattr(backfill, "beyond_window", _each_in_turn)
+    monkeypatch.setattr(backfill, "backfill", _long_way)
     long_way = plan_round(snap, config, NOW)
     assert shortcut == long_way
-    # the shortcut had work to do: jobs behind the window, and some of them refused by admit
-    assert any("backfill window" in p.sentence for p in long_way.pending)
+    # the shortcuts had work to do: jobs refused by admit, blocked for want of free GPUs, and
+    # (with a short window) behind the window
     assert {PendingReason.CONSTRAINT, PendingReason.QUOTA} <= {p.reason for p in long_way.pending}
+    if config.backfill_depth >= 10:
+        assert any(" are free; the next free GPUs go to" in p.sentence for p in long_way.pending)
+    if config.backfill_depth < 40:
+        assert any("backfill window" in p.sentence for p in long_way.pending)
 
 
 def test_window_sentence_and_refusals_behind_the_window() -> None:
