@@ -118,7 +118,9 @@ def explain_pending(
             # `_explanation` of the common case (a queue ETA, no verdict ETA), written out
             if eta90 < eta50:
                 eta90 = eta50
-            sentence = f"{verdict.sentence} Expected start in {fmt_s(eta50 - now)} (p90 {fmt_s(eta90 - now)})."
+            sentence = (
+                f"{verdict.sentence} Expected start in {fmt_s(eta50 - now)} (p90 {fmt_s(eta90 - now)})."
+            )
             append(_new_explanation(job_id, verdict.reason, sentence, eta50, eta90))
             continue
         append(
