@@ -144,23 +144,22 @@ def backfill(rnd: Round, rest: Sequence[JobRequest]) -> None:
 
 
 class Admitted:
-    """The admit stage for the backfill candidates, run once per job shape while nothing starts.
+    """The admit stage for the backfill candidates, run once per job shape.
 
     Admit's answer and verdict depend on the job's constraints, size and project (its kind and
-    preemptibility are in the key too, to be safe) and on what the project runs, which only a
-    start changes: so between two starts the jobs of one shape share the first one's answer,
-    and a long queue costs a lookup per job.  While the interactive pool is not held yet,
-    admitting a batch job holds it: then every job is admitted in turn.
+    preemptibility are in the key too, to be safe) and on how many GPUs the project runs
+    (`Round.used`, which only a start changes, is in the key): the jobs of one shape share the
+    first one's answer, so a long queue costs a lookup per job.  While the interactive pool is
+    not held yet, admitting a batch job holds it: then every job is admitted in turn.
     """
 
-    __slots__ = ("_admit", "_by_shape", "_starts", "rnd")
+    __slots__ = ("_admit", "_by_shape", "rnd")
 
     def __init__(self, rnd: Round) -> None:
         """The memo of one round's backfill pass."""
         self.rnd = rnd
         self._admit = rnd.composition.admit
         self._by_shape: dict[tuple[object, ...], Verdict | None] = {}
-        self._starts = -1
 
     def __call__(self, job: JobRequest) -> bool:
         """Whether ``job`` may be considered (`Admit.__call__`, with its verdict if not)."""
@@ -171,15 +170,14 @@ class Admitted:
             return False  # admit refuses it and records nothing
         if not rnd.headroom_done:
             return self._admit(rnd, job)
-        if len(out.starts) != self._starts:
-            self._by_shape.clear()
-            self._starts = len(out.starts)
+        project = job.project
         shape = (
             job.gpu_type,
             job.min_memory_gib,
             job.precisions,
             job.gpu_count,
-            job.project,
+            project,
+            rnd.used.get(project, 0),
             job.kind,
             job.is_preemptible,
             job.is_checkpointable,
