@@ -106,6 +106,7 @@ def backfill(rnd: Round, rest: Sequence[JobRequest]) -> None:
     depth = rnd.policy.backfill_depth
     wide = rnd.wide
     too_few: dict[tuple[object, ...], Verdict] = {}
+    refused: dict[int, Verdict] = {}
     for index, job in enumerate(rest):
         if scanned >= depth:
             # every job admitted from here on is beyond the window
@@ -117,8 +118,14 @@ def backfill(rnd: Round, rest: Sequence[JobRequest]) -> None:
         scanned += 1
         if wide and job.id in wide and rnd.top is not None:
             # what `Place.try_start` does first for a wide job behind the top job (static,
-            # whose queue can be mostly such jobs), without estimating it first
-            refuse_wide(rnd, job)
+            # whose queue can be mostly such jobs), without estimating it first; its verdict
+            # names the top job and its size only (one per size)
+            verdict = refused.get(job.gpu_count)
+            if verdict is None:
+                refuse_wide(rnd, job)
+                refused[job.gpu_count] = verdicts[job.id]
+            else:
+                verdicts[job.id] = verdict
             continue
         types = rnd.types_for(job)
         if reclaim is None or job.kind != JobKind.INTERACTIVE:

@@ -82,7 +82,9 @@ def _queue(rng: random.Random, count: int) -> list[JobRequest]:
         jobs.append(
             job(
                 f"j{i}",
-                rng.choice((1, 1, 2, 4, 8, 40)),  # 40: wider than the cluster
+                rng.choice(
+                    (1, 1, 2, 4, 8, 16, 40)
+                ),  # 16: wider than static's batch side, 40: than the cluster
                 submit_at=rng.uniform(0, NOW),
                 project=rng.choice(("capped", "free", "guaranteed")),
                 user=rng.choice(("a", "b", "c")),
@@ -178,6 +180,7 @@ def test_a_wide_job_behind_the_top_job_waits_for_the_head_of_the_queue() -> None
         job("next", 3, submit_at=1),
         job("wide", 3, submit_at=2),
         job("small", 1, submit_at=3),
+        job("wide-2", 3, submit_at=4, user="v"),
     ]
     snap = snapshot(nodes, running_jobs=[running(job("r", 1), (3,), started_at=NOW)], pending=pending)
     plan = plan_round(snap, PolicyConfig(name="static", interactive_partition=("n0", "n1")), NOW)
@@ -188,6 +191,8 @@ def test_a_wide_job_behind_the_top_job_waits_for_the_head_of_the_queue() -> None
     assert by_id["next"].reason == PendingReason.RESOURCES
     assert "more than the batch partition has" in by_id["wide"].sentence
     assert "top job now: next" in by_id["wide"].sentence
+    # the same verdict for the next wide job of that size (its ETA is its own)
+    assert by_id["wide-2"].sentence.split(" Expected")[0] == by_id["wide"].sentence.split(" Expected")[0]
     # the 1-GPU job is not wide: it is explained as blocked, not refused as wide
     assert "more than the batch partition" not in by_id["small"].sentence
     assert "0 are free" in by_id["small"].sentence
