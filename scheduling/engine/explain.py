@@ -158,7 +158,7 @@ def _new_explanation(
     set_sentence(explanation, sentence)
     set_p50(explanation, eta50)
     set_p90(explanation, eta90)
-    return explanation  # type: ignore[no-any-return]
+    return explanation
 
 
 def _type_entry(per_type: dict[str, list[Any]], profiles: dict[str, _Profile], name: str) -> list[Any]:
