@@ -78,6 +78,9 @@ def explain_pending(
     explanations: list[PendingExplanation] = []
     append = explanations.append
     behind: dict[int, Verdict] = {}
+    # `types_for` answers with one list per distinct type set (kept by the round): its entries
+    # are looked up once per list, not once per job (the list is kept here so its id stays its own)
+    entries_of: dict[int, tuple[object, list[list[Any]]]] = {}
     for job in queue:
         job_id = job.id
         if job_id in started:
@@ -91,7 +94,10 @@ def explain_pending(
                     PendingReason.PRIORITY, f"Waiting behind higher-priority work for {count} GPUs."
                 )
         types = types_for(job)
-        entries = [_type_entry(per_type, profiles, name) for name in types]
+        kept = entries_of.get(id(types))
+        if kept is None:
+            kept = entries_of[id(types)] = (types, [_type_entry(per_type, profiles, name) for name in types])
+        entries = kept[1]
         eta50, eta90 = _queue_eta(entries, count, now)
         if types:
             # this job is now work queued ahead of the next ones on each of its types
@@ -102,6 +108,21 @@ def explain_pending(
             for entry in entries:
                 entry[5] += work50
                 entry[6] += work90
+        if (
+            eta50 is not None
+            and eta90 is not None
+            and verdict.eta_p50_at is None
+            and verdict.has_eta
+            and not is_strict_order
+        ):
+            # `_explanation` of the common case (a queue ETA, no verdict ETA), written out
+            if eta90 < eta50:
+                eta90 = eta50
+            sentence = (
+                f"{verdict.sentence} Expected start in {fmt_s(eta50 - now)} (p90 {fmt_s(eta90 - now)})."
+            )
+            append(_new_explanation(job_id, verdict.reason, sentence, eta50, eta90))
+            continue
         append(
             _explanation(
                 job_id,
@@ -114,6 +135,30 @@ def explain_pending(
             )
         )
     return tuple(explanations)
+
+
+_new = object.__new__
+# the slots of the frozen `PendingExplanation`, in field order: a round builds one per waiting
+# job, and filling the slots directly gives the same object as the dataclass' ``__init__``
+# (that one goes through ``object.__setattr__`` per field, the frozen route, several times slower)
+_EXPLANATION_SLOTS = tuple(
+    PendingExplanation.__dict__[name].__set__
+    for name in ("job_id", "reason", "sentence", "eta_p50_at", "eta_p90_at")
+)
+
+
+def _new_explanation(
+    job_id: str, reason: PendingReason, sentence: str, eta50: float | None, eta90: float | None
+) -> PendingExplanation:
+    """``PendingExplanation(job_id, reason, sentence, eta50, eta90)``, built by its slots."""
+    set_id, set_reason, set_sentence, set_p50, set_p90 = _EXPLANATION_SLOTS
+    explanation = _new(PendingExplanation)
+    set_id(explanation, job_id)
+    set_reason(explanation, reason)
+    set_sentence(explanation, sentence)
+    set_p50(explanation, eta50)
+    set_p90(explanation, eta90)
+    return explanation
 
 
 def _type_entry(per_type: dict[str, list[Any]], profiles: dict[str, _Profile], name: str) -> list[Any]:
@@ -172,7 +217,7 @@ def _explanation(
     if not verdict.has_eta:
         eta50 = eta90 = None
     if eta50 is None or eta90 is None or (verdict.reason in _NO_ETA and own is None and not has_types):
-        return PendingExplanation(job_id, verdict.reason, verdict.sentence, eta50, eta90)
+        return _new_explanation(job_id, verdict.reason, verdict.sentence, eta50, eta90)
     if strict_floor is not None:
         eta50 = max(eta50, strict_floor[0])
         eta90 = max(eta90, strict_floor[1])
@@ -180,7 +225,7 @@ def _explanation(
     if eta90 < eta50:
         eta90 = eta50
     sentence = f"{verdict.sentence} Expected start in {fmt_s(eta50 - now)} (p90 {fmt_s(eta90 - now)})."
-    return PendingExplanation(job_id, verdict.reason, sentence, eta50, eta90)
+    return _new_explanation(job_id, verdict.reason, sentence, eta50, eta90)
 
 
 def _still_fragmented(sched: Round, job: JobRequest) -> bool:

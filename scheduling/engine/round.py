@@ -274,6 +274,8 @@ class Round:
 
     def is_single_node(self, types: Sequence[str], gpu_count: int) -> bool:
         """Whether a gang of ``gpu_count`` fits on one node of one of ``types``."""
+        if len(types) == 1:  # the common case, without the generator
+            return gpu_count <= self._max_size.get(types[0], 0)
         return gpu_count <= max((self._max_size.get(t, 0) for t in types), default=0)
 
     # ---- quotas ----

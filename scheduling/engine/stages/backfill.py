@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 from scheduling.engine.outcome import Verdict, fmt_gpus, fmt_s, job_label
 from scheduling.engine.placement import INF
 from scheduling.engine.stages.admit import hold_pool
+from scheduling.engine.stages.partition import refuse_wide
 from scheduling.engine.stages.reserve import HEADROOM
 from scheduling.engine.types import JobKind, JobRequest, PendingReason
 
@@ -86,42 +87,154 @@ class EasyPass:
         if backfill_order is not None and rest:
             waiting = {job.id for job in rest}
             rest = [job for job in backfill_order if job.id in waiting]
-        scanned = 0
-        depth = rnd.policy.backfill_depth
-        for job in rest:
-            if not admit(rnd, job):
-                continue
-            scanned += 1
-            if scanned > depth:
-                out.wait(
-                    job.id,
-                    PendingReason.PRIORITY,
-                    f"{depth} other jobs are considered first; it is beyond this round's backfill window.",
-                )
-                continue
-            types = rnd.types_for(job)
-            estimate = state.estimate(job)
-            if try_start(rnd, job, types, estimate):
-                continue
-            if job.id in out.verdicts:
-                continue
-            if (
-                reclaim is not None
-                and job.kind == JobKind.INTERACTIVE
-                and reclaim.for_demand(
-                    rnd, job, types, estimate, single=rnd.is_single_node(types, job.gpu_count)
-                )
-            ):
-                continue
-            explain_blocked(rnd, job, types, estimate)
+        backfill(rnd, rest)
         if not rnd.headroom_done:
             hold_pool(rnd)
+
+
+def backfill(rnd: Round, rest: Sequence[JobRequest]) -> None:
+    """The backfill candidates behind the top job, in their order: start what fits without
+    delaying anything held, sessions may reclaim, the others are told why they wait; at most
+    ``PolicyConfig.backfill_depth`` of them are considered (`beyond_window` for the rest)."""
+    composition = rnd.composition
+    try_start = composition.place.try_start
+    reclaim = composition.reclaim
+    state = rnd.state
+    verdicts = rnd.out.verdicts
+    admitted = Admitted(rnd)
+    scanned = 0
+    depth = rnd.policy.backfill_depth
+    wide = rnd.wide
+    too_few: dict[tuple[object, ...], Verdict] = {}
+    refused: dict[int, Verdict] = {}
+    for index, job in enumerate(rest):
+        if scanned >= depth:
+            # every job admitted from here on is beyond the window
+            beyond = f"{depth} other jobs are considered first; it is beyond this round's backfill window."
+            beyond_window(admitted, rest[index:], beyond)
+            return
+        if not admitted(job):
+            continue
+        scanned += 1
+        if wide and job.id in wide and rnd.top is not None:
+            # what `Place.try_start` does first for a wide job behind the top job (static,
+            # whose queue can be mostly such jobs), without estimating it first; its verdict
+            # names the top job and its size only (one per size)
+            verdict = refused.get(job.gpu_count)
+            if verdict is None:
+                refuse_wide(rnd, job)
+                refused[job.gpu_count] = verdicts[job.id]
+            else:
+                verdicts[job.id] = verdict
+            continue
+        types = rnd.types_for(job)
+        if reclaim is None or job.kind != JobKind.INTERACTIVE:
+            pool = rnd.pool_for(job)
+            free = pool.free_count(types[0]) if len(types) == 1 else sum(pool.free_count(t) for t in types)
+            if free < job.gpu_count:
+                # fewer free GPUs than it needs, held ones included: `Place.try_start` refuses it
+                # before anything else, and nothing but a session's reclaim could act for it
+                verdicts[job.id] = _too_few(rnd, job, types, free, too_few)
+                continue
+        estimate = state.estimate(job)
+        if try_start(rnd, job, types, estimate):
+            continue
+        if job.id in verdicts:
+            continue
+        if (
+            reclaim is not None
+            and job.kind == JobKind.INTERACTIVE
+            and reclaim.for_demand(rnd, job, types, estimate, single=rnd.is_single_node(types, job.gpu_count))
+        ):
+            continue
+        explain_blocked(rnd, job, types, estimate)
+
+
+class Admitted:
+    """The admit stage for the backfill candidates, run once per job shape.
+
+    Admit's answer and verdict depend on the job's constraints, size and project (its kind and
+    preemptibility are in the key too, to be safe) and on how many GPUs the project runs
+    (`Round.used`, which only a start changes, is in the key): the jobs of one shape share the
+    first one's answer, so a long queue costs a lookup per job.  While the interactive pool is
+    not held yet, admitting a batch job holds it: then every job is admitted in turn.
+    """
+
+    __slots__ = ("_admit", "_by_shape", "rnd")
+
+    def __init__(self, rnd: Round) -> None:
+        """The memo of one round's backfill pass."""
+        self.rnd = rnd
+        self._admit = rnd.composition.admit
+        self._by_shape: dict[tuple[object, ...], Verdict | None] = {}
+
+    def __call__(self, job: JobRequest) -> bool:
+        """Whether ``job`` may be considered (`Admit.__call__`, with its verdict if not)."""
+        rnd = self.rnd
+        out = rnd.out
+        verdicts = out.verdicts
+        if job.id in verdicts:
+            return False  # admit refuses it and records nothing
+        if not rnd.headroom_done:
+            return self._admit(rnd, job)
+        project = job.project
+        shape = (
+            job.gpu_type,
+            job.min_memory_gib,
+            job.precisions,
+            job.gpu_count,
+            project,
+            rnd.used.get(project, 0),
+            job.kind,
+            job.is_preemptible,
+            job.is_checkpointable,
+        )
+        by_shape = self._by_shape
+        if shape in by_shape:
+            verdict = by_shape[shape]
+            if verdict is None:
+                return True
+            verdicts[job.id] = verdict
+            return False
+        is_admitted = self._admit(rnd, job)
+        # refused: admit said why (one verdict per shape, only read from here on)
+        by_shape[shape] = None if is_admitted else verdicts[job.id]
+        return is_admitted
+
+
+def beyond_window(admitted: Admitted, jobs: Sequence[JobRequest], sentence: str) -> None:
+    """Admit the jobs behind the backfill window, and make each that is admitted wait with
+    ``sentence`` (one verdict for all of them, only read from here on)."""
+    verdicts = admitted.rnd.out.verdicts
+    waiting = Verdict(PendingReason.PRIORITY, sentence)
+    for job in jobs:
+        if admitted(job):
+            verdicts[job.id] = waiting
+
+
+def _too_few(
+    rnd: Round,
+    job: JobRequest,
+    types: Sequence[str],
+    free: int,
+    kept: dict[tuple[object, ...], Verdict],
+) -> Verdict:
+    """`explain_blocked`'s verdict for a job with fewer fitting GPUs free than it needs, one
+    per distinct sentence of the round (``kept``)."""
+    top = rnd.top
+    same_owner = top is not None and top.user == job.user
+    is_top = top is not None and top.id == job.id
+    key = (job.gpu_count, tuple(types), free, same_owner, is_top)
+    verdict = kept.get(key)
+    if verdict is None:
+        verdict = kept[key] = Verdict(*_too_few_sentence(rnd, job, types, free))
+    return verdict
 
 
 def explain_blocked(rnd: Round, job: JobRequest, types: Sequence[str], estimate: Estimate) -> None:
     """Record why a backfill candidate did not start: held GPUs, fragments, or too few free."""
     pool = rnd.pool_for(job)
-    free = sum(pool.free_count(t) for t in types)
+    free = pool.free_count(types[0]) if len(types) == 1 else sum(pool.free_count(t) for t in types)
     top = rnd.top
     if free >= job.gpu_count:
         ignoring_holds = pool.find(types, job.gpu_count, until=-INF, strict_until=-INF)
@@ -150,14 +263,21 @@ def explain_blocked(rnd: Round, job: JobRequest, types: Sequence[str], estimate:
             f"{free} fitting GPUs are free in total, but no node has {job.gpu_count} of them together.",
         )
         return
+    rnd.out.wait(job.id, *_too_few_sentence(rnd, job, types, free))
+
+
+def _too_few_sentence(
+    rnd: Round, job: JobRequest, types: Sequence[str], free: int
+) -> tuple[PendingReason, str]:
+    """Why a job with fewer fitting GPUs free than it needs waits."""
+    top = rnd.top
     ahead = (
         "; the next free GPUs go to the job first in line, "
         + job_label(top.id, top.name, same_owner=top.user == job.user)
         if top is not None
         else ""
     )
-    rnd.out.wait(
-        job.id,
+    return (
         PendingReason.RESOURCES if top is None or top.id == job.id else PendingReason.PRIORITY,
         f"Needs {fmt_gpus(job.gpu_count)} of type {'/'.join(types)}; {free} are free{ahead}.",
     )

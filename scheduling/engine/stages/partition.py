@@ -128,11 +128,25 @@ def open_span(rnd: Round) -> None:
     inter_gpus = frozenset(g for i in rnd.partition_nodes for g in nodes[i].gpu_ids)
     rnd.span_pool = SpanPool(rnd.batch_pool, rnd.inter_pool, inter_gpus, rnd)
     if rnd.partition_nodes:
-        rnd.wide = frozenset(
-            job.id
-            for job in rnd.state.snapshot.pending
-            if job.kind == JobKind.BATCH and _is_wider_than_batch(rnd, job)
-        )
+        # the answer depends on the job's constraints and size, the nodes and the partition
+        # alone: kept per shape on the (shared) topology, so a long queue costs a lookup per job
+        derived = rnd.state.topology.derived
+        key = ("wide_shapes", rnd.partition_nodes)
+        memo = derived.get(key)
+        if memo is None:
+            memo = derived[key] = {}
+        batch = JobKind.BATCH
+        wide: list[str] = []
+        for job in rnd.state.snapshot.pending:
+            if job.kind != batch:
+                continue
+            shape = (job.gpu_type, job.min_memory_gib, job.precisions, job.gpu_count)
+            is_wide = memo.get(shape)
+            if is_wide is None:
+                is_wide = memo[shape] = _is_wider_than_batch(rnd, job)
+            if is_wide:
+                wide.append(job.id)
+        rnd.wide = frozenset(wide)
 
 
 def refuse_wide(rnd: Round, job: JobRequest) -> None:

@@ -54,7 +54,8 @@ class Place:
             refuse_wide(rnd, job)
             return False
         pool = rnd.pool_for(job)
-        if sum(pool.free_count(t) for t in types) < job.gpu_count:
+        free = pool.free_count(types[0]) if len(types) == 1 else sum(pool.free_count(t) for t in types)
+        if free < job.gpu_count:
             return False  # too few free GPUs (held ones included) for any start, lent or not
         now = rnd.now
         until = now + (estimate.p50_s if self.fits_on_p50 else estimate.hold_s)
