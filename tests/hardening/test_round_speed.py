@@ -189,3 +189,26 @@ def test_the_first_read_of_a_cluster_is_one_statement_and_builds_what_two_do(t0:
     assert len(second_read.captured_queries) == 2  # versions, then the changed job's row
     assert second[1].request.priority == 3
     assert second[0].request is first[0].request
+
+
+def test_a_written_explanation_does_not_make_the_next_read_take_the_row_again(t0: datetime) -> None:
+    """A round rewrites the explanation of most pending jobs; the request is built from none of
+    those columns, so the next snapshot keeps it without reading the row."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    cluster = make_cluster(nodes=1, gpus_per_node=4)
+    user, project = make_member()
+    job = submit(user, project, cluster, gpus=1, runtime_s=600, now=t0)
+    first = snapshots._open_jobs(cluster=cluster, now=t0)
+    Job.objects.filter(pk=job.pk).update(
+        pending_reason=Job.PendingReason.PRIORITY, pending_sentence="Behind 3 jobs.", eta_p50_at=t0
+    )
+    with CaptureQueriesContext(connection) as read:
+        again = snapshots._open_jobs(cluster=cluster, now=t0)
+    assert len(read.captured_queries) == 1  # the versions only
+    assert again[0].request is first[0].request
+    Job.objects.filter(pk=job.pk).update(precisions=["fp16"])  # one of the request's columns
+    changed = snapshots._open_jobs(cluster=cluster, now=t0)[0].request
+    assert changed.precisions == frozenset({"fp16"})
+    assert changed == snapshots._job_request_from_row(job.pk, _columns(job.pk))
