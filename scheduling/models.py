@@ -199,9 +199,14 @@ class Job(models.Model):
 
     OPEN_STATUSES = (Status.PENDING, Status.STARTING, Status.RUNNING)
 
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs")
-    project = models.ForeignKey("accounts.Project", on_delete=models.PROTECT, related_name="jobs")
-    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="jobs")
+    # No index of their own: each leads a composite index below (migration 0008).
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs", db_index=False
+    )
+    project = models.ForeignKey(
+        "accounts.Project", on_delete=models.PROTECT, related_name="jobs", db_index=False
+    )
+    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="jobs", db_index=False)
     name = models.CharField(max_length=200)
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.BATCH)
     gpu_count = models.PositiveSmallIntegerField()

@@ -201,15 +201,23 @@ _OPEN_JOBS_FROM = f"""
       JOIN {Project._meta.db_table} p ON p.id = j.project_id
       LEFT JOIN {GpuType._meta.db_table} t ON t.id = j.gpu_type_id
 """
-# The versions only.  Every UPDATE writes a new row version: a new ``xmin`` (the writing
-# transaction's id) when another transaction writes it, a new ``ctid`` (its place) when the same
-# transaction writes it again, and neither is reused while a reader could have seen the old one
-# (PostgreSQL's own row version; optimistic-locking libraries use ``xmin`` the same way).  So
-# the four rows a request is built from (job, user, project, GPU type) are the ones read before
-# exactly when their versions are.
+# What the 20 columns are computed from, as stored (hashing the computed epochs costs more).
+_OPEN_JOBS_SOURCES = """
+    u.username, p.slug, j.gpu_count, j.submitted_at, j.kind, t.name, j.min_memory_gib,
+    j.precisions, j.requested_s, j.predicted_p50_s, j.predicted_p90_s, j.is_preemptible,
+    j.is_checkpointable, j.checkpoint_interval_s, j.priority, j.name, j.attempt,
+    j.first_submitted_at, j.status, j.started_at
+"""
+# The versions only: a 64-bit hash of the text of those values (the row's text form quotes
+# every value and tells NULL from ''; ``hashtextextended`` is the hash PostgreSQL's hash
+# partitioning keeps stable across versions).  A request is read again exactly when something
+# it is built from changed, its user's name, project's slug or GPU type's name included, and
+# not when the job row changed elsewhere: a round's own explanation writes rewrite ~10,000
+# pending rows, and with the rows' ``xmin`` as the version (as before) the next round re-read
+# every one of them.  Two different values with one hash (a chance of 2^-64 per change) would
+# keep the old request until the job changes again.
 _OPEN_JOBS_VERSIONS_SQL = f"""
-    SELECT j.id, j.xmin::text || j.ctid::text, u.xmin::text || u.ctid::text,
-           p.xmin::text || p.ctid::text, t.xmin::text || t.ctid::text {_OPEN_JOBS_FROM}
+    SELECT j.id, hashtextextended(ROW({_OPEN_JOBS_SOURCES})::text, 0) {_OPEN_JOBS_FROM}
      WHERE j.cluster_id = %s AND j.status = ANY(%s)
      ORDER BY j.submitted_at, j.id
 """
@@ -218,13 +226,21 @@ _OPEN_JOBS_BY_ID_SQL = f"""
     SELECT j.id, {_OPEN_JOBS_COLUMNS} {_OPEN_JOBS_FROM}
      WHERE j.id = ANY(%s::bigint[]) AND j.status = ANY(%s)
 """
+# Both at once (id, the version, then the 20 columns), for a cluster this process has not
+# read yet: every row is stale then, and a second statement naming 12,000 ids costs more.
+_OPEN_JOBS_WHOLE_SQL = f"""
+    SELECT j.id, hashtextextended(ROW({_OPEN_JOBS_SOURCES})::text, 0), {_OPEN_JOBS_COLUMNS}
+           {_OPEN_JOBS_FROM}
+     WHERE j.cluster_id = %s AND j.status = ANY(%s)
+     ORDER BY j.submitted_at, j.id
+"""
 
 
 @dataclass(frozen=True, slots=True)
 class _Known:
-    """What a snapshot read of one open job left: its rows' versions and the job it built."""
+    """What a snapshot read of one open job left: its version and the job it built."""
 
-    version: tuple[str | None, ...]
+    version: int
     job: _OpenJob | None  # None: a running job without a start (its start is the round's now)
     columns: tuple[Any, ...]
 
@@ -238,31 +254,40 @@ def _open_jobs(*, cluster: Cluster, now: datetime) -> list[_OpenJob]:
     """The cluster's pending and running jobs as engine requests, in submission order.
 
     Plain columns (epochs computed by PostgreSQL), never ``Job`` instances with their payloads.
-    Read in two steps: the row versions of every open job (``xmin`` of the job, its user,
-    project and GPU type), then the whole rows only of jobs whose versions differ from this
+    Read in two steps: the versions of every open job (a hash of what its request, status and
+    start are built from), then the whole rows only of jobs whose versions differ from this
     process's last snapshot of the cluster.  A job read before keeps its request (frozen: safe
     to share): 12,000 open jobs' 21 columns cost ~250 ms a round to read and convert, their
     versions a fraction of it, and a steady round re-reads the few hundred jobs that changed.
+    The first read of a cluster in a process (nothing known) takes both in one statement.
     """
     running: set[str] = {str(s) for s in RUNNING_STATUSES}
     now_s = epoch(now)
     statuses = [Job.Status.PENDING, *RUNNING_STATUSES]
-    with connection.cursor() as cursor:
-        cursor.execute(_OPEN_JOBS_VERSIONS_SQL, [cluster.pk, statuses])
-        versions = cursor.fetchall()
     known = _KNOWN.get(cluster.pk, {})
-    stale = [row[0] for row in versions if (hit := known.get(row[0])) is None or hit.version != row[1:]]
     fresh: dict[int, tuple[Any, ...]] = {}
-    if stale:
+    if not known:  # the first read of this cluster in this process: every row is needed
         with connection.cursor() as cursor:
-            cursor.execute(_OPEN_JOBS_BY_ID_SQL, [stale, statuses])
-            fresh = {row[0]: row[1:] for row in cursor.fetchall()}
+            cursor.execute(_OPEN_JOBS_WHOLE_SQL, [cluster.pk, statuses])
+            rows = cursor.fetchall()
+        versions = [row[:2] for row in rows]
+        fresh = {row[0]: row[2:] for row in rows}
+    else:
+        with connection.cursor() as cursor:
+            cursor.execute(_OPEN_JOBS_VERSIONS_SQL, [cluster.pk, statuses])
+            versions = cursor.fetchall()
+        stale = [pk for pk, version in versions if (hit := known.get(pk)) is None or hit.version != version]
+        if stale:
+            # One text parameter: a list of ids is quoted element by element in Python.
+            with connection.cursor() as cursor:
+                cursor.execute(_OPEN_JOBS_BY_ID_SQL, ["{" + ",".join(map(str, stale)) + "}", statuses])
+                fresh = {row[0]: row[1:] for row in cursor.fetchall()}
     kept: dict[int, _Known] = {}
     out = []
-    for pk, *version in versions:
+    for pk, version in versions:
         columns = fresh.get(pk)
         hit = known.get(pk)
-        if columns is None and hit is not None and hit.version == tuple(version):
+        if columns is None and hit is not None and hit.version == version:
             kept[pk] = hit
             out.append(hit.job or _open_job(pk, hit.columns, now_s=now_s, running=running))
             continue
@@ -273,7 +298,7 @@ def _open_jobs(*, cluster: Cluster, now: datetime) -> list[_OpenJob]:
         request = hit.job.request if same and hit is not None and hit.job is not None else None
         job = _open_job(pk, columns, now_s=now_s, running=running, request=request)
         kept[pk] = _Known(
-            version=tuple(version),
+            version=version,
             job=job if columns[18] not in running or columns[19] is not None else None,
             columns=columns,
         )

@@ -15,6 +15,7 @@ from scheduling import rounds, snapshots
 from scheduling.engine.outcome import fmt_s
 from scheduling.engine.startability import enforces_guarantees, unstartable_jobs
 from scheduling.models import Job
+from scheduling.snapshot import jobs as snapshot_jobs
 from scheduling.snapshots import cluster_snapshot_build, epoch, policy_config_for_cluster
 from tests.integration import loop
 from tests.integration.loop import later, make_cluster, make_member, submit
@@ -162,3 +163,52 @@ def test_the_open_jobs_read_follows_every_row_a_request_is_built_from(t0: dateti
     left = snapshots._open_jobs(cluster=cluster, now=t0)
     assert [j.pk for j in left] == [job.pk]
     assert left[0].request == snapshots._job_request_from_row(job.pk, _columns(job.pk))
+
+
+def test_the_first_read_of_a_cluster_is_one_statement_and_builds_what_two_do(t0: datetime) -> None:
+    """With nothing known of the cluster (a new process), versions and rows come in one read;
+    the requests are the ones the two-step read builds, and the next read is two-step again."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    cluster = make_cluster(nodes=1, gpus_per_node=4)
+    user, project = make_member()
+    jobs = [
+        submit(user, project, cluster, gpus=1 + i % 2, runtime_s=600, now=t0, name=f"j{i}") for i in range(3)
+    ]
+    snapshot_jobs._KNOWN.pop(cluster.pk, None)
+    with CaptureQueriesContext(connection) as first_read:
+        first = snapshots._open_jobs(cluster=cluster, now=t0)
+    assert len(first_read.captured_queries) == 1
+    assert [j.pk for j in first] == [j.pk for j in jobs]  # submission order
+    assert [j.request for j in first] == [snapshots._job_request_from_row(j.pk, _columns(j.pk)) for j in jobs]
+
+    Job.objects.filter(pk=jobs[1].pk).update(priority=3)
+    with CaptureQueriesContext(connection) as second_read:
+        second = snapshots._open_jobs(cluster=cluster, now=t0)
+    assert len(second_read.captured_queries) == 2  # versions, then the changed job's row
+    assert second[1].request.priority == 3
+    assert second[0].request is first[0].request
+
+
+def test_a_written_explanation_does_not_make_the_next_read_take_the_row_again(t0: datetime) -> None:
+    """A round rewrites the explanation of most pending jobs; the request is built from none of
+    those columns, so the next snapshot keeps it without reading the row."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    cluster = make_cluster(nodes=1, gpus_per_node=4)
+    user, project = make_member()
+    job = submit(user, project, cluster, gpus=1, runtime_s=600, now=t0)
+    first = snapshots._open_jobs(cluster=cluster, now=t0)
+    Job.objects.filter(pk=job.pk).update(
+        pending_reason=Job.PendingReason.PRIORITY, pending_sentence="Behind 3 jobs.", eta_p50_at=t0
+    )
+    with CaptureQueriesContext(connection) as read:
+        again = snapshots._open_jobs(cluster=cluster, now=t0)
+    assert len(read.captured_queries) == 1  # the versions only
+    assert again[0].request is first[0].request
+    Job.objects.filter(pk=job.pk).update(precisions=["fp16"])  # one of the request's columns
+    changed = snapshots._open_jobs(cluster=cluster, now=t0)[0].request
+    assert changed.precisions == frozenset({"fp16"})
+    assert changed == snapshots._job_request_from_row(job.pk, _columns(job.pk))
