@@ -19,6 +19,7 @@ from django.conf import settings
 from scheduling.engine import types as et
 from scheduling.engine.startability import Unstartable, enforces_guarantees, never_startable
 from scheduling.models import Allocation, Booking, Cluster, GpuType, Job
+from scheduling.queries.snapshot import _OPEN_JOBS_BY_ID_SQL  # re-exported: its old home
 from scheduling.snapshot.ids import (
     BOOKING_PREFIX,
     RUNNING_STATUSES,
@@ -29,7 +30,6 @@ from scheduling.snapshot.ids import (
 )
 from scheduling.snapshot.inventory import _engine_gpu_type, engine_nodes_for_cluster, gpu_ids_by_node_name
 from scheduling.snapshot.jobs import (
-    _OPEN_JOBS_BY_ID_SQL,
     _job_request_from_row,
     _names,
     _open_jobs,

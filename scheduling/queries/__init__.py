@@ -9,7 +9,9 @@ force in their own tests (``tests/scheduling/test_selectors.py``, ``tests/harden
 - `bookings`: a booking request's names, membership and quota, the node lock, free GPUs,
   capacity, a new booking's allocations with their audit events;
 - `availability`: the availability timeline and the database clock;
-- `alternatives`: a refused booking's alternatives search.
+- `alternatives`: a refused booking's alternatives search;
+- `rounds`: the engine round's set-wise writes, explanations and advisory lock;
+- `snapshot`: the round's snapshot reads (open jobs, allocations, usage history).
 
 The services take a project, GPU type or cluster as a *reference* (``ProjectRef``,
 ``GpuTypeRef``, ``ClusterRef``): what they read of it, which both these rows and the models'
@@ -36,6 +38,23 @@ from scheduling.queries.bookings import (
     member_quota_get,
     nodes_lock,
 )
+from scheduling.queries.rounds import (
+    advisory_lock_try,
+    advisory_unlock,
+    array_literal,
+    jobs_requeue_write,
+    nested_loops_off,
+    pending_explanations_read,
+    pending_explanations_write,
+    unnest_update,
+)
+from scheduling.queries.snapshot import (
+    open_jobs_by_id_read,
+    open_jobs_versions_read,
+    open_jobs_whole_read,
+    running_allocations_read,
+    usage_runs_rows,
+)
 
 __all__ = [
     "BookingRefs",
@@ -47,14 +66,27 @@ __all__ = [
     "ProjectRef",
     "ProjectRow",
     "QuotaRow",
+    "advisory_lock_try",
+    "advisory_unlock",
     "alternatives_later_rows",
     "alternatives_search_rows",
+    "array_literal",
     "availability_rows",
     "booking_allocations_insert_audited",
     "booking_refs_get",
     "capacity_by_cluster",
     "clock_epoch_s",
     "free_nodes_get",
+    "jobs_requeue_write",
     "member_quota_get",
+    "nested_loops_off",
     "nodes_lock",
+    "open_jobs_by_id_read",
+    "open_jobs_versions_read",
+    "open_jobs_whole_read",
+    "pending_explanations_read",
+    "pending_explanations_write",
+    "running_allocations_read",
+    "unnest_update",
+    "usage_runs_rows",
 ]

@@ -11,99 +11,27 @@ evaluates in time quadratic in the rows of one statement.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import connection
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 
 from notifications.events import job_event_emit
+from scheduling import queries
 from scheduling.models import Allocation, Job, Preemption
+from scheduling.queries.rounds import (  # re-exported: their old home
+    array_literal as array_literal,
+)
+from scheduling.queries.rounds import (
+    nested_loops_off as nested_loops_off,
+)
+from scheduling.queries.rounds import (
+    unnest_update as unnest_update,
+)
 from scheduling.rounds.common import _FINISH_EVENTS, ENGINE, RoundResult, _audit, _iso, _job_state
 from scheduling.services import allocation_events_record, allocation_state
-
-
-def array_literal(values: Iterable[Any]) -> str:
-    """``values`` as one PostgreSQL array literal (``'{1,NULL,"a \\"b\\""}'``), sent as a single
-    text parameter and cast in the statement (``%s::varchar[]``).
-
-    Django's psycopg cursor binds parameters client-side and quotes a list element by element
-    in Python: 9,700 rows of five columns cost ~60 ms of CPU that way and ~20 ms as literals.
-    Strings (and `Choices` members) are always quoted, with backslashes and double quotes
-    escaped, so no text is ever read as NULL or split; floats are written with ``repr`` (the
-    shortest exact form; ``inf``/``nan`` are PostgreSQL's spellings too); datetimes (aware)
-    in ISO 8601; booleans as ``t``/``f``.
-    """
-    parts: list[str] = []
-    append = parts.append
-    for value in values:
-        if value is None:
-            append("NULL")
-        elif value is True or value is False:
-            append("t" if value else "f")
-        elif type(value) is int or type(value) is float:
-            append(repr(value))
-        elif isinstance(value, datetime):
-            append('"' + value.isoformat() + '"')
-        else:
-            text = value if type(value) is str else str(value)
-            append('"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"')
-    return "{" + ",".join(parts) + "}"
-
-
-@contextmanager
-def nested_loops_off() -> Iterator[None]:
-    """Plan the statements run inside without nested-loop joins (``enable_nestloop`` off for the
-    block, then back to what it was; transaction-local, so a rollback restores it too).
-
-    For a join of an ``UNNEST`` of k rows with a filtered scan of n rows (the pending jobs):
-    when the filter's row estimate is far too low (a table not analyzed since its jobs were
-    submitted: 7-16 pending rows estimated for 9,623) a nested loop that scans one side once
-    per row of the other, k x n steps, costs about as little as a hash join on paper.  Forced
-    in ``psql``, 1,000 explanations against 9,623 pending jobs took 875 ms that way; in
-    ``bench.round`` the explanation UPDATE of a steady round took 3.0-4.5 s with ~2 s of
-    PostgreSQL CPU in some rounds and 20-50 ms in the others.  A hash join is O(k + n)
-    whatever the estimate.  Outside a transaction this has no effect.
-    """
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT current_setting('enable_nestloop'), set_config('enable_nestloop', 'off', true)"
-        )
-        previous = cursor.fetchone()[0]
-    try:
-        yield
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT set_config('enable_nestloop', %s, true)", [previous])
-
-
-def unnest_update(
-    table: str,
-    *,
-    columns: Sequence[tuple[str, str]],
-    rows: Sequence[Sequence[Any]],
-    assign: str,
-    where: str = "",
-) -> None:
-    """``UPDATE table AS t SET <assign> FROM UNNEST(<arrays>) AS v(id, <columns>) WHERE t.id = v.id``.
-
-    ``columns`` are (name, PostgreSQL type) of the values after the id in each row; ``assign``
-    and ``where`` are SQL written by the caller (never user input) reading ``t`` and ``v``.
-    """
-    if not rows:
-        return
-    arrays = [array_literal(column) for column in zip(*rows, strict=True)]
-    casts = ", ".join(["%s::bigint[]", *(f"%s::{kind}[]" for _, kind in columns)])
-    names = ", ".join(["id", *(name for name, _ in columns)])
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {table} AS t SET {assign} FROM UNNEST({casts}) AS v({names})"  # noqa: S608 (see above)
-            f" WHERE t.id = v.id{(' AND ' + where) if where else ''}",
-            arrays,
-        )
 
 
 def allocations_close_many(ends: Sequence[tuple[Job, datetime]], *, verb: str) -> None:
@@ -178,20 +106,7 @@ def jobs_requeue(requeues: Sequence[Requeue], *, at: datetime, result: RoundResu
         rows.append((job.pk, job.first_submitted_at, job.attempt, job.pending_sentence, job.status_message))
         _audit(r.verb, "job", job.pk, before, _job_state(job), at)
         result.requeued += 1
-    with connection.cursor() as cursor:
-        arrays = [array_literal(column) for column in zip(*rows, strict=True)]
-        cursor.execute(
-            f"""
-            UPDATE {Job._meta.db_table} AS t
-               SET status = %s, attempt = v.attempt, first_submitted_at = v.first, submitted_at = %s,
-                   started_at = NULL, ended_at = NULL, pending_reason = %s, pending_sentence = v.sentence,
-                   eta_p50_at = NULL, eta_p90_at = NULL, status_message = v.message
-              FROM UNNEST(%s::bigint[], %s::timestamptz[], %s::integer[], %s::varchar[], %s::varchar[])
-                   AS v(id, first, attempt, sentence, message)
-             WHERE t.id = v.id
-            """,  # noqa: S608 (the table name is the model's, every value a parameter)
-            [Job.Status.PENDING, at, Job.PendingReason.NONE, *arrays],
-        )
+    queries.jobs_requeue_write(rows, at=at)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,10 +11,11 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import DatabaseError, connection
+from django.db import DatabaseError
 from django.db.models import Min
 
 from notifications.models import EventKind
+from scheduling import queries
 from scheduling.engine.types import (
     NodeStatus,
 )
@@ -160,16 +161,13 @@ def _audit_allocations(
 @contextmanager
 def cluster_round_lock(cluster_id: int) -> Iterator[bool]:
     """Try the cluster's session advisory lock; yields whether this caller holds it."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", [_LOCK_NAMESPACE, cluster_id])
-        acquired = bool(cursor.fetchone()[0])
+    acquired = queries.advisory_lock_try(_LOCK_NAMESPACE, cluster_id)
     try:
         yield acquired
     finally:
         if acquired:
             try:
-                with connection.cursor() as cursor:
-                    cursor.execute("SELECT pg_advisory_unlock(%s, %s)", [_LOCK_NAMESPACE, cluster_id])
+                queries.advisory_unlock(_LOCK_NAMESPACE, cluster_id)
             except DatabaseError:  # the connection died: PostgreSQL released the lock with it
                 logger.warning("could not unlock round lock of cluster %s", cluster_id, exc_info=True)
 

@@ -10,13 +10,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from django.db.models import F
 from django.db.models.functions import Coalesce
 
 from notifications.events import booking_event_emit, job_event_emit, jobs_cannot_start_emit
 from notifications.models import EventKind
+from scheduling import queries
 from scheduling.engine.outcome import fmt_s
 from scheduling.engine.placement import constraint_key
 from scheduling.engine.startability import Unstartable, unstartable_jobs
@@ -37,7 +38,6 @@ from scheduling.models import (
     Node,
     Preemption,
 )
-from scheduling.rounds.batch import array_literal, nested_loops_off
 from scheduling.rounds.common import (
     _BOOKING_NOTE_PREFIX,
     _ETA_SLACK,
@@ -363,17 +363,7 @@ def _write_explanations(
     # Plain columns, ETAs as epoch seconds, every pending job of the cluster (the plan explains
     # all of them): 2,000 ids in an ``IN (...)`` list, or in an array parameter (psycopg dumps
     # lists in Python), and 4,000 timestamps parsed in Python were most of this function.
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"""
-            SELECT id, pending_reason, pending_sentence,
-                   date_part('epoch', eta_p50_at), date_part('epoch', eta_p90_at)
-              FROM {Job._meta.db_table}
-             WHERE cluster_id = %s AND status = %s
-            """,  # noqa: S608 (the table name is the model's, every value a parameter)
-            [cluster.pk, Job.Status.PENDING],
-        )
-        current = cursor.fetchall()
+    current = queries.pending_explanations_read(cluster_id=cluster.pk)
     valid = set(Job.PendingReason.values)
     now_s = epoch(now)
     changed: list[tuple[int, str, str, float | None, float | None]] = []
@@ -404,20 +394,7 @@ def _write_explanations(
         jobs = Job.objects.filter(pk__in=cannot_start).select_related("project", "cluster", "user")
         jobs_cannot_start_emit(list(jobs), at=now)
     if changed:
-        columns = list(zip(*changed, strict=True))
-        # A hash join whatever PostgreSQL estimates for the pending rows (`nested_loops_off`).
-        with nested_loops_off(), connection.cursor() as cursor:
-            cursor.execute(
-                f"""
-                UPDATE {Job._meta.db_table} AS j
-                   SET pending_reason = v.reason, pending_sentence = v.sentence,
-                       eta_p50_at = to_timestamp(v.p50), eta_p90_at = to_timestamp(v.p90)
-                  FROM UNNEST(%s::bigint[], %s::varchar[], %s::varchar[],
-                              %s::float8[], %s::float8[]) AS v(id, reason, sentence, p50, p90)
-                 WHERE j.id = v.id AND j.status = %s
-                """,  # noqa: S608 (the table name is the model's, every value a parameter)
-                [array_literal(c) for c in columns] + [Job.Status.PENDING],
-            )
+        queries.pending_explanations_write(changed)
 
 
 def _explanation_changed(

@@ -11,12 +11,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.contrib.auth.models import User
-from django.db import connection
-
 from portal.accounts.models import Project
+from scheduling import queries
 from scheduling.engine import types as et
-from scheduling.models import Allocation, Booking, Cluster, GpuType, Job, Preemption
+from scheduling.models import Allocation, Booking, Cluster, Job, Preemption
 from scheduling.ports import prediction_port
 from scheduling.snapshot.ids import RUNNING_STATUSES, epoch
 
@@ -75,14 +73,6 @@ def running_gpu_ids(*, job_ids: Iterable[int]) -> dict[int, tuple[int, ...]]:
     return {k: tuple(sorted(v)) for k, v in out.items()}
 
 
-_RUNNING_ALLOCATIONS_SQL = f"""
-    SELECT a.job_id, a.gpu_id, a.is_preemptible
-      FROM {Allocation._meta.db_table} a
-      JOIN {Job._meta.db_table} j ON j.id = a.job_id
-     WHERE j.cluster_id = %s AND j.status = ANY(%s) AND a.state = %s
-"""  # noqa: S608 (table names from the models; values are parameters)
-
-
 def _running_allocations(*, cluster: Cluster) -> tuple[dict[int, tuple[int, ...]], set[int]]:
     """`running_gpu_ids` of the cluster's open jobs, and those holding a preemptible allocation.
 
@@ -91,14 +81,12 @@ def _running_allocations(*, cluster: Cluster) -> tuple[dict[int, tuple[int, ...]
     """
     gpus: dict[int, list[int]] = defaultdict(list)
     preemptible: set[int] = set()
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _RUNNING_ALLOCATIONS_SQL, [cluster.pk, list(RUNNING_STATUSES), Allocation.State.ACTIVE]
-        )
-        for job_id, gpu_id, is_preemptible in cursor.fetchall():
-            gpus[job_id].append(gpu_id)
-            if is_preemptible:
-                preemptible.add(job_id)
+    for job_id, gpu_id, is_preemptible in queries.running_allocations_read(
+        cluster_id=cluster.pk, statuses=list(RUNNING_STATUSES)
+    ):
+        gpus[job_id].append(gpu_id)
+        if is_preemptible:
+            preemptible.add(job_id)
     return {k: tuple(sorted(v)) for k, v in gpus.items()}, preemptible
 
 
@@ -188,54 +176,6 @@ class _OpenJob:
     request: et.JobRequest
 
 
-_OPEN_JOBS_COLUMNS = """
-    u.username, p.slug, j.gpu_count, date_part('epoch', j.submitted_at), j.kind,
-    t.name, j.min_memory_gib, j.precisions, j.requested_s, j.predicted_p50_s, j.predicted_p90_s,
-    j.is_preemptible, j.is_checkpointable, j.checkpoint_interval_s, j.priority, j.name, j.attempt,
-    date_part('epoch', COALESCE(j.first_submitted_at, j.submitted_at)),
-    j.status, date_part('epoch', j.started_at)
-"""
-_OPEN_JOBS_FROM = f"""
-      FROM {Job._meta.db_table} j
-      JOIN {User._meta.db_table} u ON u.id = j.user_id
-      JOIN {Project._meta.db_table} p ON p.id = j.project_id
-      LEFT JOIN {GpuType._meta.db_table} t ON t.id = j.gpu_type_id
-"""
-# What the 20 columns are computed from, as stored (hashing the computed epochs costs more).
-_OPEN_JOBS_SOURCES = """
-    u.username, p.slug, j.gpu_count, j.submitted_at, j.kind, t.name, j.min_memory_gib,
-    j.precisions, j.requested_s, j.predicted_p50_s, j.predicted_p90_s, j.is_preemptible,
-    j.is_checkpointable, j.checkpoint_interval_s, j.priority, j.name, j.attempt,
-    j.first_submitted_at, j.status, j.started_at
-"""
-# The versions only: a 64-bit hash of the text of those values (the row's text form quotes
-# every value and tells NULL from ''; ``hashtextextended`` is the hash PostgreSQL's hash
-# partitioning keeps stable across versions).  A request is read again exactly when something
-# it is built from changed, its user's name, project's slug or GPU type's name included, and
-# not when the job row changed elsewhere: a round's own explanation writes rewrite ~10,000
-# pending rows, and with the rows' ``xmin`` as the version (as before) the next round re-read
-# every one of them.  Two different values with one hash (a chance of 2^-64 per change) would
-# keep the old request until the job changes again.
-_OPEN_JOBS_VERSIONS_SQL = f"""
-    SELECT j.id, hashtextextended(ROW({_OPEN_JOBS_SOURCES})::text, 0) {_OPEN_JOBS_FROM}
-     WHERE j.cluster_id = %s AND j.status = ANY(%s)
-     ORDER BY j.submitted_at, j.id
-"""
-# The whole rows (id, then the request's 18 columns, then status and start) of some jobs.
-_OPEN_JOBS_BY_ID_SQL = f"""
-    SELECT j.id, {_OPEN_JOBS_COLUMNS} {_OPEN_JOBS_FROM}
-     WHERE j.id = ANY(%s::bigint[]) AND j.status = ANY(%s)
-"""
-# Both at once (id, the version, then the 20 columns), for a cluster this process has not
-# read yet: every row is stale then, and a second statement naming 12,000 ids costs more.
-_OPEN_JOBS_WHOLE_SQL = f"""
-    SELECT j.id, hashtextextended(ROW({_OPEN_JOBS_SOURCES})::text, 0), {_OPEN_JOBS_COLUMNS}
-           {_OPEN_JOBS_FROM}
-     WHERE j.cluster_id = %s AND j.status = ANY(%s)
-     ORDER BY j.submitted_at, j.id
-"""
-
-
 @dataclass(frozen=True, slots=True)
 class _Known:
     """What a snapshot read of one open job left: its version and the job it built."""
@@ -267,21 +207,16 @@ def _open_jobs(*, cluster: Cluster, now: datetime) -> list[_OpenJob]:
     known = _KNOWN.get(cluster.pk, {})
     fresh: dict[int, tuple[Any, ...]] = {}
     if not known:  # the first read of this cluster in this process: every row is needed
-        with connection.cursor() as cursor:
-            cursor.execute(_OPEN_JOBS_WHOLE_SQL, [cluster.pk, statuses])
-            rows = cursor.fetchall()
+        rows = queries.open_jobs_whole_read(cluster_id=cluster.pk, statuses=statuses)
         versions = [row[:2] for row in rows]
         fresh = {row[0]: row[2:] for row in rows}
     else:
-        with connection.cursor() as cursor:
-            cursor.execute(_OPEN_JOBS_VERSIONS_SQL, [cluster.pk, statuses])
-            versions = cursor.fetchall()
+        versions = queries.open_jobs_versions_read(cluster_id=cluster.pk, statuses=statuses)
         stale = [pk for pk, version in versions if (hit := known.get(pk)) is None or hit.version != version]
         if stale:
-            # One text parameter: a list of ids is quoted element by element in Python.
-            with connection.cursor() as cursor:
-                cursor.execute(_OPEN_JOBS_BY_ID_SQL, ["{" + ",".join(map(str, stale)) + "}", statuses])
-                fresh = {row[0]: row[1:] for row in cursor.fetchall()}
+            fresh = {
+                row[0]: row[1:] for row in queries.open_jobs_by_id_read(job_ids=stale, statuses=statuses)
+            }
     kept: dict[int, _Known] = {}
     out = []
     for pk, version in versions:

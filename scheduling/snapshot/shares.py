@@ -5,24 +5,11 @@ from __future__ import annotations
 from collections import defaultdict
 from datetime import datetime, timedelta
 
-from django.db import connection
-
 from portal.accounts.models import Project, Quota
-from scheduling import inputs
+from scheduling import inputs, queries
 from scheduling.engine import types as et
-from scheduling.models import Cluster, GpuType, Job
+from scheduling.models import Cluster
 from scheduling.snapshot.ids import epoch
-
-_USAGE_SQL = f"""
-    SELECT p.slug, j.gpu_count, t.value,
-           date_part('epoch', j.started_at), date_part('epoch', j.ended_at)
-      FROM {Job._meta.db_table} j
-      JOIN {Project._meta.db_table} p ON p.id = j.project_id
-      LEFT JOIN {GpuType._meta.db_table} t ON t.id = j.gpu_type_id
-     WHERE j.cluster_id = %s AND j.started_at IS NOT NULL AND j.started_at < %s
-       AND (j.ended_at IS NULL OR j.ended_at > %s)
-"""  # noqa: S608 (table names from the models; values are parameters)
-
 
 # (project slug, value-weighted GPUs, started_at, ended_at or None), epoch seconds.
 UsageRun = tuple[str, float, float, float | None]
@@ -37,9 +24,7 @@ def usage_runs_read(*, cluster_id: int, now: datetime, since: datetime) -> list[
     instant correctly rounded to a double): parsing 2 datetimes per run of history in Python
     was most of `project_shares`.
     """
-    with connection.cursor() as cursor:
-        cursor.execute(_USAGE_SQL, [cluster_id, now, since])
-        runs = cursor.fetchall()
+    runs = queries.usage_runs_rows(cluster_id=cluster_id, now=now, since=since)
     return [
         (slug, gpu_count * (value or 1.0), started_at, ended_at)
         for slug, gpu_count, value, started_at, ended_at in runs
