@@ -25,7 +25,9 @@ from tests.factories import JobFactory, MembershipFactory, ProjectFactory
 
 pytestmark = pytest.mark.django_db
 
-DAY = datetime(2026, 11, 2, tzinfo=UTC)
+# Two weeks before the wall clock at midnight: the utilization page's 30-day window (read at the
+# wall clock) must hold the records and days before them, whatever day the suite runs on.
+DAY = (datetime.now(UTC) - timedelta(days=14)).replace(hour=0, minute=0, second=0, microsecond=0)
 
 
 def _ran(cluster: Cluster, gpu_type: GpuType, node: Node, start: datetime, hours: float) -> Job:
@@ -115,7 +117,7 @@ def test_days_before_the_first_work_are_no_data_not_zero(
     assert by_type.rows[4][1] == 0.0  # after the first record an idle day is a real 0
     assert by_type.rows[0][-1] is None  # utilization % too
     assert all(v is None for v in by_project.rows[0][1:])
-    assert "2026-11-05 02:00 UTC" in by_type.note
+    assert f"{DAY + timedelta(days=3, hours=2):%Y-%m-%d %H:%M} UTC" in by_type.note
     assert "not the same as 0" in by_type.note
     body = staff_web.get(reverse("ops:utilization"), {"cluster": cluster.pk, "days": 30}).content.decode()
     assert "not the same as 0" in body
