@@ -130,3 +130,9 @@ def test_replay_cli_gives_the_same_document_in_parallel(tmp_path: Path) -> None:
     parallel = run(3)
     assert list(parallel["policies"]) == ["fifo", "easy", "static"]  # the order asked for
     assert parallel == run(1)
+
+
+def test_parallel_replays_are_dispatched_longest_first() -> None:
+    # fifo and berth are the long replays: started last, one of them would run alone at the end
+    assert replay._longest_first(["easy", "static", "berth", "fifo"]) == ["fifo", "berth", "static", "easy"]
+    assert replay._longest_first(["easy", "mine", "fifo"]) == ["fifo", "mine", "easy"]
