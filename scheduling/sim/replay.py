@@ -162,6 +162,8 @@ class Replay(BookingDesk, TickRule):
         self._forecast = setup.get("forecast") if policy == "berth" else None
         # berth's round takes consenting work back for sessions (its reclaim stage)
         self._reclaims = policy == "berth"
+        # fifo starts nothing behind a blocked head, so time alone never lets it start batch work
+        self._strict_order = policy == "fifo"
         self._oracle = bool(setup.get("oracle", False))
         self._usage = inputs.UsageLedger(half_life_s=self.config.fairshare_half_life_s)
         self._gpu_value = {t.name: t.value for t in inventory.gpu_types}

@@ -31,6 +31,7 @@ class TickRule:
     _batch_widths: Counter[int]
     _interactive_gpus: int
     _reclaims: bool
+    _strict_order: bool
     _pending: dict[str, JobRequest]
     _tick_gen: int
     _tick_interval: float
@@ -78,7 +79,11 @@ class TickRule:
         free, batch_free = self._free_split()
         if self._interactive_gpus and (free or self._reclaims):
             return True
-        if free == 0:
+        if free == 0 or self._strict_order:
+            # strict order (fifo): the round after the last event started every job up to the
+            # first that did not fit; with nothing freed, nothing arrived and the order fixed,
+            # that job still does not fit (a booking's window only comes nearer) and nobody
+            # passes it, so a round on time alone starts no batch work
             return False
         return self._batch_could_start(free, batch_free)
 

@@ -85,3 +85,20 @@ def test_no_tick_while_every_waiting_job_is_wider_than_the_free_gpus(policy: str
     wide = next(job for job in record.jobs if job.id == "wide")
     assert wide.end_at == pytest.approx(10_000.0 + 1_000.0, abs=1.0)
     assert metrics["sessions_abandoned"] == 0
+
+
+def test_no_tick_under_fifo_while_the_head_job_is_blocked() -> None:
+    # GPU 0 runs a long job; a 3-GPU head job waits with two GPUs free and a 1-GPU job waits
+    # behind it.  Under strict arrival order nobody passes the head, so time alone starts
+    # nothing: no tick runs (the old rule ticked, the small job being no wider than the free
+    # GPUs), and the schedule is the one the completions alone give
+    record, _ = _run(
+        "fifo",
+        (_job("long", 0.0, 20_000.0), _job("wide", 10.0, 1_000.0, gpus=3), _job("small", 20.0, 1_000.0)),
+        (),
+        "3x1",
+    )
+    assert "tick" not in record.extra["rounds_by_trigger"]
+    ends = {job.id: job.end_at for job in record.jobs}
+    assert ends["wide"] == pytest.approx(21_000.0, abs=1.0)
+    assert ends["small"] == pytest.approx(22_000.0, abs=1.0)
