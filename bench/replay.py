@@ -172,13 +172,14 @@ def _usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-# Which replays usually take longest (CPU per replay on the KTH and Alibaba runs of
-# docs/benchmarks.md: fifo's strict order keeps small jobs waiting behind its head with GPUs
-# free, so it runs about twice easy's rounds; berth plans the most per round).  Dispatching the
-# longest first (LPT) keeps one worker from starting a long replay last: on the KTH four-policy
-# run with 2 workers, arrival order gave fifo+berth on one worker (143 s wall for 227 CPU-s).
-# Only the dispatch order changes; results are reported and returned in ``policies`` order.
-_EXPECTED_COST = {"fifo": 4, "berth": 3, "static": 2, "easy": 1}
+# Which replays usually take longest (CPU per replay on the KTH runs of docs/benchmarks.md,
+# seed 1, whole trace: berth 64 s, static 44 s, easy 38 s, fifo 27 s, at load 0.4-1.3): berth
+# plans the most per round.  Dispatching the longest first (LPT) keeps one worker from
+# starting a long replay last: on the KTH four-policy run with 2 workers, arrival order put
+# fifo (then 75 s, before its ticks were cut) and berth on one worker (143.7 s wall for 227
+# CPU-s).  Only the dispatch order changes; results are reported and returned in
+# ``policies`` order.
+_EXPECTED_COST = {"berth": 4, "static": 3, "easy": 2, "fifo": 1}
 
 
 def _longest_first(policies: list[str]) -> list[str]:
