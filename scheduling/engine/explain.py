@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
+from scheduling.engine.collector import collector_paused
 from scheduling.engine.outcome import Verdict, fmt_s
 from scheduling.engine.types import (
     IdleReason,
@@ -429,7 +430,8 @@ class _LazyPlan(Plan):
         if value is _UNSET:
             explain = self._explain
             assert explain is not None, "a lazy plan keeps its explainer until it has run"
-            value = explain()
+            with collector_paused():  # a round's worth of objects, as in `plan_with`
+                value = explain()
             _PENDING.__set__(self, value)
             object.__setattr__(self, "_explain", None)
         return value  # type: ignore[no-any-return]
