@@ -85,8 +85,10 @@ class EasyPass:
             composition.reserve.top(rnd, job, types, estimate)
         rest: Sequence[JobRequest] = queue[position:]
         if backfill_order is not None and rest:
-            waiting = {job.id for job in rest}
-            rest = [job for job in backfill_order if job.id in waiting]
+            # the backfill order is the queue's jobs in another order: those left are the ones
+            # not passed above (a set of the few passed, not of the many left)
+            passed = {job.id for job in queue[:position]}
+            rest = [job for job in backfill_order if job.id not in passed]
         backfill(rnd, rest)
         if not rnd.headroom_done:
             hold_pool(rnd)
@@ -160,13 +162,14 @@ class Admitted:
     not held yet, admitting a batch job holds it: then every job is admitted in turn.
     """
 
-    __slots__ = ("_admit", "_by_shape", "rnd")
+    __slots__ = ("_admit", "by_shape", "rnd")
 
     def __init__(self, rnd: Round) -> None:
         """The memo of one round's backfill pass."""
         self.rnd = rnd
         self._admit = rnd.composition.admit
-        self._by_shape: dict[tuple[object, ...], Verdict | None] = {}
+        # `job_shape` -> None (admitted) or the verdict admit gave the first job of that shape
+        self.by_shape: dict[tuple[object, ...], Verdict | None] = {}
 
     def __call__(self, job: JobRequest) -> bool:
         """Whether ``job`` may be considered (`Admit.__call__`, with its verdict if not)."""
@@ -177,19 +180,8 @@ class Admitted:
             return False  # admit refuses it and records nothing
         if not rnd.headroom_done:
             return self._admit(rnd, job)
-        project = job.project
-        shape = (
-            job.gpu_type,
-            job.min_memory_gib,
-            job.precisions,
-            job.gpu_count,
-            project,
-            rnd.used.get(project, 0),
-            job.kind,
-            job.is_preemptible,
-            job.is_checkpointable,
-        )
-        by_shape = self._by_shape
+        shape = job_shape(job, rnd.used)
+        by_shape = self.by_shape
         if shape in by_shape:
             verdict = by_shape[shape]
             if verdict is None:
@@ -202,14 +194,47 @@ class Admitted:
         return is_admitted
 
 
+def job_shape(job: JobRequest, used: dict[str, int]) -> tuple[object, ...]:
+    """What admit's answer for a job depends on (`Admitted`); ``used``: `Round.used`."""
+    project = job.project
+    return (
+        job.gpu_type,
+        job.min_memory_gib,
+        job.precisions,
+        job.gpu_count,
+        project,
+        used.get(project, 0),
+        job.kind,
+        job.is_preemptible,
+        job.is_checkpointable,
+    )
+
+
 def beyond_window(admitted: Admitted, jobs: Sequence[JobRequest], sentence: str) -> None:
     """Admit the jobs behind the backfill window, and make each that is admitted wait with
     ``sentence`` (one verdict for all of them, only read from here on)."""
-    verdicts = admitted.rnd.out.verdicts
+    rnd = admitted.rnd
+    verdicts = rnd.out.verdicts
     waiting = Verdict(PendingReason.PRIORITY, sentence)
+    if not rnd.headroom_done:
+        for job in jobs:
+            if admitted(job):
+                verdicts[job.id] = waiting
+        return
+    # `Admitted.__call__` written out: nothing starts from here on, so what the projects run
+    # (part of a job's shape) stays as it is
+    by_shape = admitted.by_shape
+    used = rnd.used
     for job in jobs:
-        if admitted(job):
-            verdicts[job.id] = waiting
+        job_id = job.id
+        if job_id in verdicts:
+            continue
+        shape = job_shape(job, used)
+        if shape in by_shape:
+            verdict = by_shape[shape]
+            verdicts[job_id] = waiting if verdict is None else verdict
+        elif admitted(job):
+            verdicts[job_id] = waiting
 
 
 def _too_few(
