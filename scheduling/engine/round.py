@@ -349,13 +349,16 @@ class Round:
         hold_end = now + estimate.hold_s
         ends = (p50_end, hold_end)
         avail_reclaim = self.avail_reclaim
+        # looked up once per start, not once per GPU (a round starts thousands of jobs)
+        all_nodes, gpu_node = state.nodes, state.gpu_node
+        started_end, avail_p50, avail_hold = self.started_end, self.avail_p50, self.avail_hold
         for gpu in gpus:
-            node_id = state.nodes[state.gpu_node[gpu]].id
+            node_id = all_nodes[gpu_node[gpu]].id
             if node_id not in nodes:
                 nodes.append(node_id)
-            self.started_end[gpu] = ends
-            self.avail_p50[gpu] = p50_end
-            self.avail_hold[gpu] = hold_end
+            started_end[gpu] = ends
+            avail_p50[gpu] = p50_end
+            avail_hold[gpu] = hold_end
             if avail_reclaim:
                 avail_reclaim.pop(gpu, None)
         if self.drain_chooser is not None:
