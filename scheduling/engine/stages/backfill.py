@@ -156,10 +156,11 @@ class Admitted:
     """The admit stage for the backfill candidates, run once per job shape.
 
     Admit's answer and verdict depend on the job's constraints, size and project (its kind and
-    preemptibility are in the key too, to be safe) and on how many GPUs the project runs
-    (`Round.used`, which only a start changes, is in the key): the jobs of one shape share the
-    first one's answer, so a long queue costs a lookup per job.  While the interactive pool is
-    not held yet, admitting a batch job holds it: then every job is admitted in turn.
+    preemptibility are in the key too, to be safe) and, when the project has a limit, on how
+    many GPUs it runs (`Round.used`, which only a start changes, is then in the key): the jobs
+    of one shape share the first one's answer, so a long queue costs a lookup per job.  While
+    the interactive pool is not held yet, admitting a batch job holds it: then every job is
+    admitted in turn.
     """
 
     __slots__ = ("_admit", "by_shape", "rnd")
@@ -180,7 +181,7 @@ class Admitted:
             return False  # admit refuses it and records nothing
         if not rnd.headroom_done:
             return self._admit(rnd, job)
-        shape = job_shape(job, rnd.used)
+        shape = job_shape(rnd, job)
         by_shape = self.by_shape
         if shape in by_shape:
             verdict = by_shape[shape]
@@ -194,8 +195,10 @@ class Admitted:
         return is_admitted
 
 
-def job_shape(job: JobRequest, used: dict[str, int]) -> tuple[object, ...]:
-    """What admit's answer for a job depends on (`Admitted`); ``used``: `Round.used`."""
+def job_shape(rnd: Round, job: JobRequest) -> tuple[object, ...]:
+    """What admit's answer for a job depends on (`Admitted`).  What the project runs counts
+    only when the project has a limit: without one, admit's last test (over its limit) cannot
+    refuse it, whatever starts."""
     project = job.project
     return (
         job.gpu_type,
@@ -203,7 +206,7 @@ def job_shape(job: JobRequest, used: dict[str, int]) -> tuple[object, ...]:
         job.precisions,
         job.gpu_count,
         project,
-        used.get(project, 0),
+        None if rnd.limit(project) is None else rnd.used.get(project, 0),
         job.kind,
         job.is_preemptible,
         job.is_checkpointable,
@@ -224,12 +227,11 @@ def beyond_window(admitted: Admitted, jobs: Sequence[JobRequest], sentence: str)
     # `Admitted.__call__` written out: nothing starts from here on, so what the projects run
     # (part of a job's shape) stays as it is
     by_shape = admitted.by_shape
-    used = rnd.used
     for job in jobs:
         job_id = job.id
         if job_id in verdicts:
             continue
-        shape = job_shape(job, used)
+        shape = job_shape(rnd, job)
         if shape in by_shape:
             verdict = by_shape[shape]
             verdicts[job_id] = waiting if verdict is None else verdict
