@@ -181,7 +181,7 @@ class Admitted:
             return False  # admit refuses it and records nothing
         if not rnd.headroom_done:
             return self._admit(rnd, job)
-        shape = job_shape(rnd, job)
+        shape = job_shape(job, counted_use(rnd, job.project))
         by_shape = self.by_shape
         if shape in by_shape:
             verdict = by_shape[shape]
@@ -195,22 +195,38 @@ class Admitted:
         return is_admitted
 
 
-def job_shape(rnd: Round, job: JobRequest) -> tuple[object, ...]:
-    """What admit's answer for a job depends on (`Admitted`).  What the project runs counts
-    only when the project has a limit: without one, admit's last test (over its limit) cannot
-    refuse it, whatever starts."""
-    project = job.project
+def job_shape(job: JobRequest, use: int | None) -> tuple[object, ...]:
+    """What admit's answer for a job depends on (`Admitted`); ``use``: `counted_use` of its
+    project."""
     return (
         job.gpu_type,
         job.min_memory_gib,
         job.precisions,
         job.gpu_count,
-        project,
-        None if rnd.limit(project) is None else rnd.used.get(project, 0),
+        job.project,
+        use,
         job.kind,
         job.is_preemptible,
         job.is_checkpointable,
     )
+
+
+def counted_use(rnd: Round, project: str) -> int | None:
+    """What a project runs, as far as admit reads it: only a project with a limit can be
+    refused for what it runs (admit's last test), so without one it is None, whatever starts."""
+    return None if rnd.limit(project) is None else rnd.used.get(project, 0)
+
+
+class _UseNow(dict[str, "int | None"]):
+    """`counted_use` per project, each computed once, while nothing starts."""
+
+    def __init__(self, rnd: Round) -> None:
+        super().__init__()
+        self.rnd = rnd
+
+    def __missing__(self, project: str) -> int | None:
+        found = self[project] = counted_use(self.rnd, project)
+        return found
 
 
 def beyond_window(admitted: Admitted, jobs: Sequence[JobRequest], sentence: str) -> None:
@@ -227,11 +243,12 @@ def beyond_window(admitted: Admitted, jobs: Sequence[JobRequest], sentence: str)
     # `Admitted.__call__` written out: nothing starts from here on, so what the projects run
     # (part of a job's shape) stays as it is
     by_shape = admitted.by_shape
+    use = _UseNow(rnd)
     for job in jobs:
         job_id = job.id
         if job_id in verdicts:
             continue
-        shape = job_shape(rnd, job)
+        shape = job_shape(job, use[job.project])
         if shape in by_shape:
             verdict = by_shape[shape]
             verdicts[job_id] = waiting if verdict is None else verdict
