@@ -81,9 +81,9 @@ def explain_pending(
     append = explanations.append
     behind: dict[int, Verdict] = {}
     # `types_for` answers with one list per distinct type set (kept by the round): its entries
-    # are looked up once per list, not once per job (the list is kept here so its id stays its own)
+    # are looked up once per list, not once per job (the list is kept here so its id stays its
+    # own); the common case's sentences are kept per (verdict sentence, ETA texts)
     entries_of: dict[int, tuple[object, list[list[Any]]]] = {}
-    # the sentence of the common case per (verdict sentence, ETA texts): a long queue repeats them
     sentences: dict[tuple[str, str, str], str] = {}
     for job in queue:
         job_id = job.id
@@ -107,7 +107,7 @@ def explain_pending(
             p50s, holds, capacity, backlog50, backlog90, ahead50, ahead90 = entry = entries[0]
             eta50 = now + (backlog50 + ahead50) / capacity
             eta90 = now + (backlog90 + ahead90) / capacity
-            if not eta50 > p50s[count - 1]:  # the later of the two, as `_queue_eta` takes it
+            if not eta50 > p50s[count - 1]:  # the later of the two, as `_queue_eta` has it
                 eta50 = p50s[count - 1]
             if not eta90 > holds[count - 1]:
                 eta90 = holds[count - 1]
@@ -125,8 +125,7 @@ def explain_pending(
             and verdict.has_eta
             and not is_strict_order
         ):
-            # `_explanation` of the common case (a queue ETA, no verdict ETA), written out
-            if eta90 < eta50:
+            if eta90 < eta50:  # `_explanation` of the common case (a queue ETA only), written out
                 eta90 = eta50
             key = (verdict.sentence, fmt_s(eta50 - now), fmt_s(eta90 - now))
             sentence = sentences.get(key)
