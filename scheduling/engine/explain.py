@@ -15,6 +15,7 @@ first read (see `_LazyPlan`); reason codes and idle reasons are computed at once
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from scheduling.engine.collector import collector_paused
@@ -48,8 +49,9 @@ def _profiles(sched: Round) -> dict[str, _Profile]:
     now = sched.now
     profiles: dict[str, _Profile] = {}
     for name, gpus in by_type.items():
-        p50s = [p50.get(g, now) for g in gpus]
-        holds = [hold.get(g, now) for g in gpus]
+        # `[p50.get(g, now) for g in gpus]`, looped in C (8,000 GPUs on the largest benchmark)
+        p50s = list(map(p50.get, gpus, repeat(now, len(gpus))))
+        holds = list(map(hold.get, gpus, repeat(now, len(gpus))))
         p50s.sort()
         holds.sort()
         backlog50 = sum(p50s) - now * len(gpus)
