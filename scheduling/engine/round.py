@@ -182,12 +182,13 @@ class Round:
         can_preempt = self.is_reclaiming
         no_one: set[str] = set()
         up = state.topology.up_gpus
-        self.avail_p50 = dict.fromkeys(free, now)
-        self.avail_hold = dict.fromkeys(free, now)
+        self.avail_p50 = avail_p50 = dict.fromkeys(free, now)
+        self.avail_hold = avail_hold = dict.fromkeys(free, now)
+        avail_reclaim, end_p50, end_hold = self.avail_reclaim, state.end_p50, state.end_hold
         for running in state.snapshot.running:
             job_id = running.job.id
-            p50 = state.end_p50[job_id]
-            hold = state.end_hold[job_id]
+            p50 = end_p50[job_id]
+            hold = end_hold[job_id]
             reclaim_at = (
                 kill_time(state, running)
                 if can_preempt and running.job.is_checkpointable and is_reclaimable(running, excluded=no_one)
@@ -195,10 +196,10 @@ class Round:
             )
             for gpu in running.gpu_ids:
                 if gpu in up:
-                    self.avail_p50[gpu] = p50
-                    self.avail_hold[gpu] = hold
+                    avail_p50[gpu] = p50
+                    avail_hold[gpu] = hold
                     if reclaim_at is not None:
-                        self.avail_reclaim[gpu] = reclaim_at
+                        avail_reclaim[gpu] = reclaim_at
         for gpu, booking in self.active_booking_gpu.items():
             if gpu in up and gpu not in self.avail_p50:
                 self.avail_p50[gpu] = self.avail_hold[gpu] = booking.end_at
