@@ -51,7 +51,9 @@ def headroom_need(sched: Round, types: Collection[str], count: int) -> int:
         ):
             covered += len(running.gpu_ids)
     started: list[StartAction] = sched.out.starts
-    pending = {job.id: job for job in state.snapshot.pending}
+    # the started jobs among the pending ones (the dict of every pending job, restricted to them)
+    starting = {start.job_id for start in started}
+    pending = {job.id: job for job in state.snapshot.pending if job.id in starting} if starting else {}
     for start in started:
         job = pending.get(start.job_id)
         if job is not None and job.kind == JobKind.INTERACTIVE and gpu_type[start.gpu_ids[0]] in types:

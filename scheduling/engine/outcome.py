@@ -12,25 +12,27 @@ from scheduling.engine.types import (
     StartAction,
 )
 
-_FMT_CACHE: dict[tuple[int, int], str] = {}
+# per unit (s, min, tenths of h, tenths of d): the rounded value -> its text
+_FMT_CACHE: tuple[dict[int, str], dict[int, str], dict[int, str], dict[int, str]] = ({}, {}, {}, {})
+_FMT_KEPT = 25_000  # texts kept per unit
 
 
 def fmt_s(seconds: float) -> str:
     """A duration for humans: 45 s, 12 min, 3.5 h, 2.1 d (memoised: explanations call it a lot)."""
     if seconds < 90:
-        key = (0, round(max(seconds, 0.0)))
+        unit, value = 0, round(max(seconds, 0.0))
     elif seconds < 5_400:
-        key = (1, round(seconds / 60))
+        unit, value = 1, round(seconds / 60)
     elif seconds < 172_800:
-        key = (2, round(seconds / 360))
+        unit, value = 2, round(seconds / 360)
     else:
-        key = (3, round(seconds / 8_640))
-    text = _FMT_CACHE.get(key)
+        unit, value = 3, round(seconds / 8_640)
+    cache = _FMT_CACHE[unit]
+    text = cache.get(value)
     if text is None:
-        unit, value = key
         text = (f"{value} s", f"{value} min", f"{value / 10:.1f} h", f"{value / 10:.1f} d")[unit]
-        if len(_FMT_CACHE) < 100_000:
-            _FMT_CACHE[key] = text
+        if len(cache) < _FMT_KEPT:
+            cache[value] = text
     return text
 
 

@@ -12,7 +12,7 @@ come free and the GPUs before it can be backfilled.
 
 from __future__ import annotations
 
-from scheduling.engine.cluster import RoundState, job_estimate
+from scheduling.engine.cluster import RoundState, estimate_of, estimates_by_job
 
 
 def correct_overdue(state: RoundState) -> None:
@@ -25,10 +25,12 @@ def correct_overdue(state: RoundState) -> None:
     now = state.now
     fraction = policy.overrun_fraction
     epsilon = policy.overdue_epsilon_s
+    # the users' limits, through the memo the round's running model may already have filled
+    limits = estimates_by_job(policy, is_predicted=False)
     for running in state.snapshot.running:
         if running.grace_until is not None:
             continue
-        limit = job_estimate(running.job, policy, is_predicted=False).hold_s
+        limit = estimate_of(running.job, limits, policy, is_predicted=False).hold_s
         if running.started_at + limit > now:
             continue
         elapsed = max(0.0, now - running.started_at)

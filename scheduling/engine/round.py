@@ -182,12 +182,13 @@ class Round:
         can_preempt = self.is_reclaiming
         no_one: set[str] = set()
         up = state.topology.up_gpus
-        self.avail_p50 = dict.fromkeys(free, now)
-        self.avail_hold = dict.fromkeys(free, now)
+        self.avail_p50 = avail_p50 = dict.fromkeys(free, now)
+        self.avail_hold = avail_hold = dict.fromkeys(free, now)
+        avail_reclaim, end_p50, end_hold = self.avail_reclaim, state.end_p50, state.end_hold
         for running in state.snapshot.running:
             job_id = running.job.id
-            p50 = state.end_p50[job_id]
-            hold = state.end_hold[job_id]
+            p50 = end_p50[job_id]
+            hold = end_hold[job_id]
             reclaim_at = (
                 kill_time(state, running)
                 if can_preempt and running.job.is_checkpointable and is_reclaimable(running, excluded=no_one)
@@ -195,10 +196,10 @@ class Round:
             )
             for gpu in running.gpu_ids:
                 if gpu in up:
-                    self.avail_p50[gpu] = p50
-                    self.avail_hold[gpu] = hold
+                    avail_p50[gpu] = p50
+                    avail_hold[gpu] = hold
                     if reclaim_at is not None:
-                        self.avail_reclaim[gpu] = reclaim_at
+                        avail_reclaim[gpu] = reclaim_at
         for gpu, booking in self.active_booking_gpu.items():
             if gpu in up and gpu not in self.avail_p50:
                 self.avail_p50[gpu] = self.avail_hold[gpu] = booking.end_at
@@ -349,13 +350,16 @@ class Round:
         hold_end = now + estimate.hold_s
         ends = (p50_end, hold_end)
         avail_reclaim = self.avail_reclaim
+        # looked up once per start, not once per GPU (a round starts thousands of jobs)
+        all_nodes, gpu_node = state.nodes, state.gpu_node
+        started_end, avail_p50, avail_hold = self.started_end, self.avail_p50, self.avail_hold
         for gpu in gpus:
-            node_id = state.nodes[state.gpu_node[gpu]].id
+            node_id = all_nodes[gpu_node[gpu]].id
             if node_id not in nodes:
                 nodes.append(node_id)
-            self.started_end[gpu] = ends
-            self.avail_p50[gpu] = p50_end
-            self.avail_hold[gpu] = hold_end
+            started_end[gpu] = ends
+            avail_p50[gpu] = p50_end
+            avail_hold[gpu] = hold_end
             if avail_reclaim:
                 avail_reclaim.pop(gpu, None)
         if self.drain_chooser is not None:

@@ -85,8 +85,10 @@ class EasyPass:
             composition.reserve.top(rnd, job, types, estimate)
         rest: Sequence[JobRequest] = queue[position:]
         if backfill_order is not None and rest:
-            waiting = {job.id for job in rest}
-            rest = [job for job in backfill_order if job.id in waiting]
+            # the backfill order is the queue's jobs in another order: those left are the ones
+            # not passed above (a set of the few passed, not of the many left)
+            passed = {job.id for job in queue[:position]}
+            rest = [job for job in backfill_order if job.id not in passed]
         backfill(rnd, rest)
         if not rnd.headroom_done:
             hold_pool(rnd)
@@ -154,19 +156,21 @@ class Admitted:
     """The admit stage for the backfill candidates, run once per job shape.
 
     Admit's answer and verdict depend on the job's constraints, size and project (its kind and
-    preemptibility are in the key too, to be safe) and on how many GPUs the project runs
-    (`Round.used`, which only a start changes, is in the key): the jobs of one shape share the
-    first one's answer, so a long queue costs a lookup per job.  While the interactive pool is
-    not held yet, admitting a batch job holds it: then every job is admitted in turn.
+    preemptibility are in the key too, to be safe) and, when the project has a limit, on how
+    many GPUs it runs (`Round.used`, which only a start changes, is then in the key): the jobs
+    of one shape share the first one's answer, so a long queue costs a lookup per job.  While
+    the interactive pool is not held yet, admitting a batch job holds it: then every job is
+    admitted in turn.
     """
 
-    __slots__ = ("_admit", "_by_shape", "rnd")
+    __slots__ = ("_admit", "by_shape", "rnd")
 
     def __init__(self, rnd: Round) -> None:
         """The memo of one round's backfill pass."""
         self.rnd = rnd
         self._admit = rnd.composition.admit
-        self._by_shape: dict[tuple[object, ...], Verdict | None] = {}
+        # `job_shape` -> None (admitted) or the verdict admit gave the first job of that shape
+        self.by_shape: dict[tuple[object, ...], Verdict | None] = {}
 
     def __call__(self, job: JobRequest) -> bool:
         """Whether ``job`` may be considered (`Admit.__call__`, with its verdict if not)."""
@@ -177,19 +181,8 @@ class Admitted:
             return False  # admit refuses it and records nothing
         if not rnd.headroom_done:
             return self._admit(rnd, job)
-        project = job.project
-        shape = (
-            job.gpu_type,
-            job.min_memory_gib,
-            job.precisions,
-            job.gpu_count,
-            project,
-            rnd.used.get(project, 0),
-            job.kind,
-            job.is_preemptible,
-            job.is_checkpointable,
-        )
-        by_shape = self._by_shape
+        shape = job_shape(job, counted_use(rnd, job.project))
+        by_shape = self.by_shape
         if shape in by_shape:
             verdict = by_shape[shape]
             if verdict is None:
@@ -202,14 +195,65 @@ class Admitted:
         return is_admitted
 
 
+def job_shape(job: JobRequest, use: int | None) -> tuple[object, ...]:
+    """What admit's answer for a job depends on (`Admitted`); ``use``: `counted_use` of its
+    project."""
+    return (
+        job.gpu_type,
+        job.min_memory_gib,
+        job.precisions,
+        job.gpu_count,
+        job.project,
+        use,
+        job.kind,
+        job.is_preemptible,
+        job.is_checkpointable,
+    )
+
+
+def counted_use(rnd: Round, project: str) -> int | None:
+    """What a project runs, as far as admit reads it: only a project with a limit can be
+    refused for what it runs (admit's last test), so without one it is None, whatever starts."""
+    return None if rnd.limit(project) is None else rnd.used.get(project, 0)
+
+
+class _UseNow(dict[str, "int | None"]):
+    """`counted_use` per project, each computed once, while nothing starts."""
+
+    def __init__(self, rnd: Round) -> None:
+        super().__init__()
+        self.rnd = rnd
+
+    def __missing__(self, project: str) -> int | None:
+        found = self[project] = counted_use(self.rnd, project)
+        return found
+
+
 def beyond_window(admitted: Admitted, jobs: Sequence[JobRequest], sentence: str) -> None:
     """Admit the jobs behind the backfill window, and make each that is admitted wait with
     ``sentence`` (one verdict for all of them, only read from here on)."""
-    verdicts = admitted.rnd.out.verdicts
+    rnd = admitted.rnd
+    verdicts = rnd.out.verdicts
     waiting = Verdict(PendingReason.PRIORITY, sentence)
+    if not rnd.headroom_done:
+        for job in jobs:
+            if admitted(job):
+                verdicts[job.id] = waiting
+        return
+    # `Admitted.__call__` written out: nothing starts from here on, so what the projects run
+    # (part of a job's shape) stays as it is
+    by_shape = admitted.by_shape
+    use = _UseNow(rnd)
     for job in jobs:
-        if admitted(job):
-            verdicts[job.id] = waiting
+        job_id = job.id
+        if job_id in verdicts:
+            continue
+        shape = job_shape(job, use[job.project])
+        if shape in by_shape:
+            verdict = by_shape[shape]
+            verdicts[job_id] = waiting if verdict is None else verdict
+        elif admitted(job):
+            verdicts[job_id] = waiting
 
 
 def _too_few(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from scheduling.engine.collector import collector_paused
 from scheduling.engine.round import Round
 from scheduling.engine.types import ClusterSnapshot, JobRequest, Plan, PolicyConfig
 
@@ -72,7 +73,9 @@ def schedule(rnd: Round) -> list[JobRequest]:
 
 
 def plan_with(composition: Composition, snapshot: ClusterSnapshot, policy: PolicyConfig, now: float) -> Plan:
-    """One round of ``composition`` on ``snapshot`` at ``now``: build, schedule, explain."""
-    rnd = Round(snapshot, policy, now, composition)
-    queue = schedule(rnd)
-    return composition.explain(rnd, queue)
+    """One round of ``composition`` on ``snapshot`` at ``now``: build, schedule, explain
+    (with the cyclic collector paused: `collector`)."""
+    with collector_paused():
+        rnd = Round(snapshot, policy, now, composition)
+        queue = schedule(rnd)
+        return composition.explain(rnd, queue)

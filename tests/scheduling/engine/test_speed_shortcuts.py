@@ -196,3 +196,31 @@ def test_a_wide_job_behind_the_top_job_waits_for_the_head_of_the_queue() -> None
     # the 1-GPU job is not wide: it is explained as blocked, not refused as wide
     assert "more than the batch partition" not in by_id["small"].sentence
     assert "0 are free" in by_id["small"].sentence
+
+
+@pytest.mark.parametrize("policy", ["easy", "berth"])
+def test_a_start_in_backfill_brings_its_project_to_its_limit(policy: str) -> None:
+    """Two backfill candidates of one shape from a project with a limit: the first start fills
+    the limit, so the second is refused (what the project runs is in the memo's key), while a
+    project without a limit shares one answer whatever it starts."""
+    nodes = make_nodes(2, 4)
+    busy = [running(job("r", 2, project="capped", requested_s=7_200.0), (0, 1), started_at=NOW - 60)]
+    wide = job("wide", 8, project="other", submit_at=0.0, requested_s=3_600.0)
+    small = [
+        job(f"{project}{i}", 2, project=project, submit_at=100.0 + i, requested_s=60.0)
+        for project in ("capped", "free")
+        for i in range(2)
+    ]
+    snap = snapshot(
+        nodes,
+        running_jobs=busy,
+        pending=[wide, *small],
+        projects=(ProjectShare(name="capped", borrow_limit=4), ProjectShare(name="free")),
+    )
+    plan = plan_round(snap, PolicyConfig(name=policy), NOW)
+    started = {start.job_id for start in plan.starts}
+    assert "wide" not in started
+    assert len(started & {"capped0", "capped1"}) == 1
+    refused = next(p for p in plan.pending if p.job_id in {"capped0", "capped1"})
+    assert refused.reason == PendingReason.QUOTA
+    assert {"free0", "free1"} <= started
