@@ -14,6 +14,7 @@ from django.db import IntegrityError, transaction
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from django.db.models import F
 from django.db.models.functions import Coalesce
+from django.utils import timezone
 
 from notifications.events import booking_event_emit, job_event_emit, jobs_cannot_start_emit
 from notifications.models import EventKind
@@ -113,7 +114,7 @@ def _allocations_insert(
     try:
         with transaction.atomic():
             built = [(action, job, rows(action, job, period)) for action, job, period in periods]
-            Allocation.objects.bulk_create([a for _, _, allocations in built for a in allocations])
+            _allocations_create([a for _, _, allocations in built for a in allocations])
         return built
     except IntegrityError as exc:
         if not _is_exclusion_violation(exc):
@@ -123,13 +124,28 @@ def _allocations_insert(
         allocations = rows(action, job, period)
         try:
             with transaction.atomic():
-                Allocation.objects.bulk_create(allocations)
+                _allocations_create(allocations)
         except IntegrityError as exc:
             if not _is_exclusion_violation(exc):
                 raise
             continue
         placed.append((action, job, allocations))
     return placed
+
+
+def _allocations_create(allocations: Sequence[Allocation]) -> None:
+    """``bulk_create`` of new job allocations in one statement over array literals
+    (`queries.job_allocations_insert`): each gets its ``pk`` and ``created_at``."""
+    at = timezone.now()
+    ids = queries.job_allocations_insert(
+        [(a.gpu_id, a.job_id, a.period.lower, a.period.upper, a.is_preemptible) for a in allocations],
+        state=Allocation.State.ACTIVE,
+        at=at,
+    )
+    for allocation, pk in zip(allocations, ids, strict=True):
+        allocation.pk = pk
+        allocation.created_at = at
+        allocation._state.adding = False
 
 
 def _persist_plan(
