@@ -157,3 +157,53 @@ def test_first_explanations_stay_on_their_heap_page() -> None:
     stayed = sum(1 for pk, page in before.items() if after[pk] == page)
     # 84 % here at fillfactor 40 (these rows are a little smaller than the bench's), 25 % at 70.
     assert stayed >= 0.75 * len(jobs), f"{stayed} of {len(jobs)} rows stayed on their page"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "gpu_count = gpu_count + 1",
+        "submitted_at = submitted_at + interval '1 microsecond'",
+        "kind = 'interactive'",
+        "gpu_type_id = (SELECT id FROM scheduling_gputype LIMIT 1)",  # NULL -> a type
+        "min_memory_gib = min_memory_gib + 0.5",
+        "precisions = ARRAY['fp16']",
+        "requested_s = NULL",
+        "predicted_p50_s = 12.5",  # NULL -> a value
+        "predicted_p90_s = 0",  # NULL -> 0.0: with seed 0 both hash to 0
+        "is_preemptible = NOT is_preemptible",
+        "is_checkpointable = NOT is_checkpointable",
+        "checkpoint_interval_s = 60",
+        "checkpoint_interval_s = 0",  # NULL -> integer 0
+        "priority = priority + 1",
+        "name = name || 'x'",
+        "attempt = attempt + 1",
+        "first_submitted_at = submitted_at",  # NULL -> the same instant as another column
+        "status = 'running'",
+        "started_at = now()",
+    ],
+)
+def test_a_change_to_any_source_column_changes_the_open_jobs_version(change: str) -> None:
+    """The versions `_open_jobs` compares (``hash_record_extended`` of the 20 source columns):
+    changing any one of them, to or from NULL too, gives the job another version."""
+    from scheduling.queries import open_jobs_versions_read
+
+    node = NodeFactory(gpu_count=4)
+    job = JobFactory(cluster=node.cluster, gpu_type=None, first_submitted_at=None, predicted_p50_s=None)
+    other = JobFactory(cluster=node.cluster)
+    statuses = ["pending", "starting", "running"]
+
+    def versions() -> dict[int, int]:
+        return dict(open_jobs_versions_read(cluster_id=node.cluster.pk, statuses=statuses))
+
+    before = versions()
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE scheduling_job SET {change} WHERE id = %s", [job.pk])  # noqa: S608 (the cases above)
+    after = versions()
+    assert after[job.pk] != before[job.pk]
+    assert after[other.pk] == before[other.pk]
+    with connection.cursor() as cursor:  # a column the request is not built from
+        cursor.execute(
+            "UPDATE scheduling_job SET pending_sentence = 'Behind 3 jobs.' WHERE id = %s", [job.pk]
+        )
+    assert versions()[job.pk] == after[job.pk]
