@@ -54,12 +54,13 @@ _OPEN_JOBS_SOURCES = """
     j.is_checkpointable, j.checkpoint_interval_s, j.priority, j.name, j.attempt,
     j.first_submitted_at, j.status, j.started_at
 """
-# The versions only: a 64-bit hash of those values (``hash_record_extended``, PostgreSQL 14+:
-# each value hashed by its type's own extended hash, as hash partitioning does; a NULL counts as
-# a hash of 0, and so does a float 0 with seed 0 (``hashfloat8extended`` returns the seed for
-# zero), so the seed is 1 and NULL -> 0.0 is a change; about half the PostgreSQL time of hashing the row's text form, ``hashtextextended(
-# ROW(...)::text)``, which formats every timestamp and float: 12,048 open jobs 50-72 -> 33-48 ms
-# with the join, every round).  A request is read again exactly when something
+# The versions only: a 64-bit hash of those values (``hash_record_extended``, PostgreSQL 14+):
+# each value hashed by its type's own extended hash, as hash partitioning does, with no text
+# formatting of timestamps and floats: about half the PostgreSQL time of the row's text hashed,
+# ``hashtextextended(ROW(...)::text)`` (12,048 open jobs with the join: 50-72 -> 33-48 ms, read
+# every round).  A NULL counts as a hash of 0, and so does a float 0 with seed 0
+# (``hashfloat8extended`` returns the seed for zero): the seed is 1, so NULL -> 0.0 is a change.
+# A request is read again exactly when something
 # it is built from changed, its user's name, project's slug or GPU type's name included, and
 # not when the job row changed elsewhere: a round's own explanation writes rewrite ~10,000
 # pending rows, and with the rows' ``xmin`` as the version (as before) the next round re-read
