@@ -103,10 +103,10 @@ def audit_events_insert(events: Sequence[AuditEvent]) -> None:
 
     `audit_events_deferred` collects a round's events (a start is one event per GPU): with
     ``bulk_create`` Django binds them as Python lists that psycopg dumps element by element,
-    JSON included (a regular-expression pass per string): ~55 ms of CPU for the 1,700 events of
-    the full-size bench's first round, ~3x that of the same rows as literals.  The ``before`` and
-    ``after`` documents are serialized as ``JSONField`` does (`json.dumps`, no encoder; None is
-    SQL NULL).
+    JSON included (a regular-expression pass per string): the ~1,600 events of the full-size
+    bench's first round cost 38 ms of CPU that way and 11 ms as literals (1,700 events alone:
+    120-137 against 25 ms).  The ``before`` and ``after`` documents are serialized as
+    ``JSONField`` does (`json.dumps`, no encoder; None is SQL NULL).
     """
     if not events:
         return
