@@ -207,3 +207,62 @@ def test_a_change_to_any_source_column_changes_the_open_jobs_version(change: str
             "UPDATE scheduling_job SET pending_sentence = 'Behind 3 jobs.' WHERE id = %s", [job.pk]
         )
     assert versions()[job.pk] == after[job.pk]
+
+
+def test_the_set_wise_comparison_decides_as_the_row_by_row_one() -> None:
+    """`_explanations_changed` (every pending job, every round) is `_explanation_changed`
+    inlined: the same rows are written, on a grid of stored/new explanations that covers each
+    way a row can differ (reason, an ETA in or out of its slack or to/from None, the
+    sentence's stem, its ETA text now or at another instant, no ETA text), and the jobs that
+    can never start are reported and written with their own reason."""
+    import itertools
+
+    from scheduling.engine.startability import Unstartable
+    from scheduling.engine.types import PendingExplanation, PendingReason
+    from scheduling.rounds.explanations import _eta_text, _explanation_changed, _explanations_changed
+
+    now_s = 1_800_000_000.0
+    stem = "Needs 4 GPUs of type A100; 0 are free."
+    etas = [
+        (None, None),
+        (now_s + 3_600.0, now_s + 7_200.0),
+        (now_s + 3_630.0, now_s + 7_150.0),  # within the 60 s slack of the one above
+        (now_s + 5.4 * 86_400, now_s + 10.6 * 86_400),
+        (now_s + 5.2 * 86_400, now_s + 10.4 * 86_400),  # within 10 % of the wait
+        (now_s + 9.0 * 86_400, now_s + 10.6 * 86_400),  # p50 outside
+        (now_s - 600.0, now_s - 300.0),  # overdue
+    ]  # the engine's ETAs are finite: it formats them itself
+
+    def sentences(p50, p90) -> list[str]:
+        out = [stem, "Held."]
+        if p50 is not None:
+            out += [
+                stem + _eta_text(p50, p90, now_s=now_s),
+                stem + _eta_text(p50, p90, now_s=now_s - 86_400),  # told a day ago
+                "Another stem." + _eta_text(p50, p90, now_s=now_s),
+            ]
+        return out
+
+    explanations, current, expected = {}, [], []
+    pk = 0
+    for (old_p50, old_p90), (p50, p90) in itertools.product(etas, etas):
+        for (old_reason, reason), old_sentence, sentence in itertools.product(
+            [("priority", "priority"), ("priority", "resources"), ("quota", "bogus")],
+            sentences(old_p50, old_p90),
+            sentences(p50, p90),
+        ):
+            pk += 1
+            job_reason = PendingReason(reason) if reason != "bogus" else PendingReason.PRIORITY
+            explanations[pk] = PendingExplanation(str(pk), job_reason, sentence, p50, p90)
+            current.append((pk, old_reason, old_sentence, old_p50, old_p90))
+            row = (pk, job_reason.value, sentence, p50, p90)
+            if _explanation_changed(row, (old_reason, old_sentence, old_p50, old_p90), now_s=now_s):
+                expected.append(row)
+    current.append((pk + 1, "priority", "Not in the plan.", None, None))  # submitted since
+    never = Unstartable(PendingReason.QUOTA, "Cannot start: too big.", "Ask for less.")
+    changed, cannot_start, seen = _explanations_changed(current, explanations, {}, now_s=now_s)
+    assert (changed, cannot_start, seen) == (expected, [], pk)
+    assert 0 < len(changed) < pk  # the grid has both kinds
+    changed, cannot_start, _ = _explanations_changed(current, explanations, {"1": never}, now_s=now_s)
+    assert cannot_start == [1]
+    assert changed[0] == (1, "quota", never.message, None, None)  # its verdict, no ETA
