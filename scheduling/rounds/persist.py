@@ -132,8 +132,9 @@ def _allocations_insert(
 
 
 def _allocations_create(allocations: Sequence[Allocation]) -> None:
-    """``bulk_create`` of new job allocations in one statement over array literals
-    (`queries.job_allocations_insert`): each gets its ``pk`` and ``created_at``."""
+    """``bulk_create`` of the starts' new allocations (all ACTIVE, as `_allocations_insert`
+    builds them) in one statement over array literals (`queries.job_allocations_insert`): each
+    gets its ``pk`` and ``created_at``."""
     at = timezone.now()
     ids = queries.job_allocations_insert(
         [(a.gpu_id, a.job_id, a.period.lower, a.period.upper, a.is_preemptible) for a in allocations],
