@@ -266,3 +266,53 @@ def test_the_set_wise_comparison_decides_as_the_row_by_row_one() -> None:
     changed, cannot_start, _ = _explanations_changed(current, explanations, {"1": never}, now_s=now_s)
     assert cannot_start == [1]
     assert changed[0] == (1, "quota", never.message, None, None)  # its verdict, no ETA
+
+
+def test_a_request_built_slot_by_slot_equals_the_constructed_one() -> None:
+    """`_job_request_from_row` sets the frozen `JobRequest`'s slots one by one: every field is
+    set, to what the constructor would store (a field added to `JobRequest` fails here)."""
+    import dataclasses
+
+    from scheduling.engine.types import JobKind, JobRequest
+    from scheduling.snapshot.jobs import _job_request_from_row
+
+    columns = (
+        "ada", "vision", 4, 1_800_000_000.5, "interactive", "A100", 40.0, ["fp16", "bf16"],
+        7_200, 1_800.0, 3_600.0, True, True, 300, 2, "sweep-7", 1, 1_799_990_000.25,
+    )  # fmt: skip
+    built = _job_request_from_row(42, columns)
+    expected = JobRequest(
+        id="42",
+        user="ada",
+        project="vision",
+        gpu_count=4,
+        submit_at=1_800_000_000.5,
+        kind=JobKind.INTERACTIVE,
+        gpu_type="A100",
+        min_memory_gib=40.0,
+        precisions=frozenset({"fp16", "bf16"}),
+        requested_s=7_200.0,
+        predicted_p50_s=1_800.0,
+        predicted_p90_s=3_600.0,
+        is_preemptible=True,
+        is_checkpointable=True,
+        checkpoint_interval_s=300.0,
+        priority=2,
+        name="sweep-7",
+        attempt=1,
+        first_submit_at=1_799_990_000.25,
+    )
+    assert built == expected
+    assert hash(built) == hash(expected)
+    assert dataclasses.asdict(built) == dataclasses.asdict(expected)  # every slot is set
+    assert type(built.requested_s) is float
+    assert type(built.checkpoint_interval_s) is float
+    nulls = _job_request_from_row(
+        43, (*columns[:5], None, 0.0, [], None, None, None, False, False, 0, 0, "", 0, None)
+    )
+    assert (nulls.gpu_type, nulls.requested_s, nulls.checkpoint_interval_s, nulls.precisions) == (
+        None,
+        None,
+        None,
+        frozenset(),
+    )
