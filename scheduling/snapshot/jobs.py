@@ -262,8 +262,8 @@ def _open_job(
 _KINDS = {k.value: k for k in et.JobKind}
 # `JobRequest(...)` set slot by slot (as `engine.explain` builds its explanations): the
 # dataclass ``__init__`` of a frozen class sets each of its 19 fields through
-# ``object.__setattr__``; 12,048 requests of the full bench's first read cost 42-45 ms of CPU
-# that way and 19 ms this way (equal requests).  Precision sets are shared (a few distinct ones).
+# ``object.__setattr__``; 12,048 requests of the full bench's first read cost 43-47 ms of CPU
+# that way and 20-21 ms this way (equal requests).  Precision sets are shared (a few distinct ones).
 _REQUEST_SETTERS = tuple(et.JobRequest.__dict__[f.name].__set__ for f in dataclasses.fields(et.JobRequest))
 _PRECISIONS: dict[tuple[str, ...], frozenset[str]] = {}
 
