@@ -316,3 +316,27 @@ def test_a_request_built_slot_by_slot_equals_the_constructed_one() -> None:
         None,
         frozenset(),
     )
+
+
+def test_the_round_lock_is_released_before_the_collector_runs_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The collection a round leaves must not run inside the round (nor while its lock is held):
+    the unlock happens while the collector is still paused, and it is on again afterwards."""
+    import gc
+
+    from scheduling import queries as scheduling_queries
+    from scheduling.rounds import engine_round_run
+    from tests.factories import ClusterFactory
+
+    cluster = ClusterFactory(is_active=False)  # the round takes the lock, finds it inactive, leaves
+    seen: list[bool] = []
+    real_unlock = scheduling_queries.advisory_unlock
+
+    def unlock(namespace: int, key: int) -> None:
+        seen.append(gc.isenabled())
+        real_unlock(namespace, key)
+
+    monkeypatch.setattr(scheduling_queries, "advisory_unlock", unlock)
+    assert gc.isenabled()
+    assert engine_round_run(cluster_id=cluster.pk).status == "inactive"
+    assert seen == [False]  # unlocked with the collector paused
+    assert gc.isenabled()
