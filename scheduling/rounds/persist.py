@@ -46,6 +46,7 @@ from scheduling.rounds.common import (
     _is_exclusion_violation,
     _iso,
     _job_state,
+    _with_project_and_cluster,
 )
 from scheduling.rounds.explanations import _write_explanations
 from scheduling.rounds.reconcile import (
@@ -174,11 +175,11 @@ def _lock_plan_rows(cluster: Cluster, plan: Plan) -> dict[int, Job]:
     victim_ids = [int(p.job_id) for p in plan.preemptions if p.job_id.isdigit()]
     jobs = {
         j.pk: j
-        for j in Job.objects.select_for_update(of=("self",))
+        for j in Job.objects.select_for_update()
         .filter(cluster=cluster, pk__in=start_ids + victim_ids)
-        .select_related("project", "cluster")  # the preemption notices name them
         .order_by("id")
     }
+    _with_project_and_cluster(jobs.values(), cluster=cluster)  # the preemption notices name them
     list(Node.objects.select_for_update().filter(cluster=cluster).order_by("id").values_list("id", flat=True))
     return jobs
 
