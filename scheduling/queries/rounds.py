@@ -7,6 +7,7 @@ read back through the ORM) and ``tests/scheduling/test_rounds_array_literal.py``
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -14,7 +15,7 @@ from typing import Any
 
 from django.db import connection
 
-from scheduling.models import Job
+from scheduling.models import Allocation, AuditEvent, Job
 
 
 def array_literal(values: Iterable[Any]) -> str:
@@ -95,6 +96,74 @@ def unnest_update(
             f" WHERE t.id = v.id{(' AND ' + where) if where else ''}",
             arrays,
         )
+
+
+def audit_events_insert(events: Sequence[AuditEvent]) -> None:
+    """Insert unsaved audit events in one statement over array literals (their ``pk`` stays None).
+
+    `audit_events_deferred` collects a round's events (a start is one event per GPU): with
+    ``bulk_create`` Django binds them as Python lists that psycopg dumps element by element,
+    JSON included (a regular-expression pass per string): the ~1,600 events of the full-size
+    bench's first round cost 38 ms of CPU that way and 11 ms as literals (1,700 events alone:
+    120-137 against 25 ms).  The ``before`` and ``after`` documents are serialized as
+    ``JSONField`` does (`json.dumps`, no encoder; None is SQL NULL).
+    """
+    if not events:
+        return
+    rows = [
+        (
+            e.actor_id,
+            str(e.actor_label),
+            e.verb,
+            e.entity_type,
+            e.entity_id,
+            None if e.before is None else json.dumps(e.before),
+            None if e.after is None else json.dumps(e.after),
+            e.at,
+        )
+        for e in events
+    ]
+    arrays = [array_literal(column) for column in zip(*rows, strict=True)]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            INSERT INTO {AuditEvent._meta.db_table}
+                   (actor_id, actor_label, verb, entity_type, entity_id, before, after, at)
+            SELECT * FROM UNNEST(%s::integer[], %s::varchar[], %s::varchar[], %s::varchar[],
+                                 %s::bigint[], %s::jsonb[], %s::jsonb[], %s::timestamptz[])
+            """,  # noqa: S608 (the table name is the model's, every value a parameter)
+            arrays,
+        )
+
+
+def job_allocations_insert(
+    rows: Sequence[tuple[int, int | None, datetime, datetime | None, bool]], *, state: str, at: datetime
+) -> list[int]:
+    """Insert job allocations (gpu id, job id, period lower, upper or None for unbounded,
+    is_preemptible), all in ``state`` and created ``at``, in one statement over array literals;
+    returns their ids in the order of ``rows``.  Periods are ``[lower, upper)``.
+
+    What ``bulk_create`` of the round's starts does (the same rows; an exclusion violation
+    raises `IntegrityError` the same way), without binding 7 parameters per row that psycopg
+    quotes one by one (~3,500 of them for the 500 allocations of a round that starts 250 jobs).
+    """
+    if not rows:
+        return []
+    arrays = [array_literal(column) for column in zip(*rows, strict=True)]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            INSERT INTO {Allocation._meta.db_table}
+                   (gpu_id, booking_id, job_id, period, is_preemptible, state, created_at)
+            SELECT v.gpu, NULL, v.job, tstzrange(v.lower, v.upper, '[)'), v.preemptible, %s, %s
+              FROM UNNEST(%s::bigint[], %s::bigint[], %s::timestamptz[], %s::timestamptz[], %s::boolean[])
+                   WITH ORDINALITY AS v(gpu, job, lower, upper, preemptible, ord)
+             ORDER BY v.ord
+            RETURNING id
+            """,  # noqa: S608 (the table name is the model's, every value a parameter)
+            [state, at, *arrays],
+        )
+        return [row[0] for row in cursor.fetchall()]
 
 
 def jobs_requeue_write(rows: Sequence[tuple[Any, ...]], *, at: datetime) -> None:

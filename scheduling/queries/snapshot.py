@@ -54,16 +54,20 @@ _OPEN_JOBS_SOURCES = """
     j.is_checkpointable, j.checkpoint_interval_s, j.priority, j.name, j.attempt,
     j.first_submitted_at, j.status, j.started_at
 """
-# The versions only: a 64-bit hash of the text of those values (the row's text form quotes
-# every value and tells NULL from ''; ``hashtextextended`` is the hash PostgreSQL's hash
-# partitioning keeps stable across versions).  A request is read again exactly when something
+# The versions only: a 64-bit hash of those values (``hash_record_extended``, PostgreSQL 14+):
+# each value hashed by its type's own extended hash, as hash partitioning does, with no text
+# formatting of timestamps and floats: about half the PostgreSQL time of the row's text hashed,
+# ``hashtextextended(ROW(...)::text)`` (12,048 open jobs with the join: 50-72 -> 33-48 ms, read
+# every round).  A NULL counts as a hash of 0, and so does a float 0 with seed 0
+# (``hashfloat8extended`` returns the seed for zero): the seed is 1, so NULL -> 0.0 is a change.
+# A request is read again exactly when something
 # it is built from changed, its user's name, project's slug or GPU type's name included, and
 # not when the job row changed elsewhere: a round's own explanation writes rewrite ~10,000
 # pending rows, and with the rows' ``xmin`` as the version (as before) the next round re-read
 # every one of them.  Two different values with one hash (a chance of 2^-64 per change) would
 # keep the old request until the job changes again.
 _OPEN_JOBS_VERSIONS_SQL = f"""
-    SELECT j.id, hashtextextended(ROW({_OPEN_JOBS_SOURCES})::text, 0) {_OPEN_JOBS_FROM}
+    SELECT j.id, hash_record_extended(ROW({_OPEN_JOBS_SOURCES}), 1) {_OPEN_JOBS_FROM}
      WHERE j.cluster_id = %s AND j.status = ANY(%s)
      ORDER BY j.submitted_at, j.id
 """
@@ -75,7 +79,7 @@ _OPEN_JOBS_BY_ID_SQL = f"""
 # Both at once (id, the version, then the 20 columns), for a cluster this process has not
 # read yet: every row is stale then, and a second statement naming 12,000 ids costs more.
 _OPEN_JOBS_WHOLE_SQL = f"""
-    SELECT j.id, hashtextextended(ROW({_OPEN_JOBS_SOURCES})::text, 0), {_OPEN_JOBS_COLUMNS}
+    SELECT j.id, hash_record_extended(ROW({_OPEN_JOBS_SOURCES}), 1), {_OPEN_JOBS_COLUMNS}
            {_OPEN_JOBS_FROM}
      WHERE j.cluster_id = %s AND j.status = ANY(%s)
      ORDER BY j.submitted_at, j.id

@@ -32,7 +32,8 @@
 
 Every step is idempotent: running a round again, or after a crash at any point, converges.
 
-The package: `common` (result, audit helpers, the lock), `reconcile`, `persist`, `apply` and
+The package: `common` (result, audit helpers, the lock), `reconcile`, `persist` (with
+`explanations`: the pending jobs' reasons, sentences and ETAs), `apply` and
 `run` (`engine_round_run`).  Every name the single module ``scheduling/rounds.py`` had is
 re-exported here.  `plan_round` and `_call_apply` are looked up on this package when a round
 calls them (`common.hook`), so replacing them here (tests do) is obeyed.
@@ -76,22 +77,25 @@ from scheduling.rounds.common import (
     cyclic_gc_paused,
     round_process_warm,
 )
-from scheduling.rounds.persist import (
-    _UNSTARTABLE_MEMO,
-    _UNSTARTABLE_MEMO_MAX_SHAPES,
-    _allocations_insert,
+from scheduling.rounds.explanations import (
     _eta_close,
     _eta_close_s,
     _eta_text,
     _explanation_changed,
+    _explanations_changed,
+    _with_eta_text,
+    _write_explanations,
+)
+from scheduling.rounds.persist import (
+    _UNSTARTABLE_MEMO,
+    _UNSTARTABLE_MEMO_MAX_SHAPES,
+    _allocations_insert,
     _grace_text,
     _job_payload,
     _persist_plan,
     _Persisted,
     _unstartable_by_shape,
-    _with_eta_text,
     _write_booking_notes,
-    _write_explanations,
 )
 from scheduling.rounds.reconcile import (
     _adopt,
@@ -153,6 +157,7 @@ __all__ = [
     "_eta_close_s",
     "_eta_text",
     "_explanation_changed",
+    "_explanations_changed",
     "_extend_running",
     "_first_cap",
     "_grace_text",

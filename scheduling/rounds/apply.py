@@ -38,6 +38,7 @@ from scheduling.rounds.common import (
     RoundResult,
     _audit,
     _job_state,
+    _with_project_and_cluster,
     hook,
 )
 from scheduling.rounds.persist import (
@@ -157,7 +158,7 @@ def _apply_and_record(
         metrics.backend_error_count(cluster=cluster.name, operation=failure.action)
 
     with transaction.atomic(), audit_events_deferred(), events_deferred():
-        _record_start_results(persisted, start_results, now=now, result=result)
+        _record_start_results(persisted, start_results, cluster=cluster, now=now, result=result)
         _tell_refused_reservations(cluster, failures, now=now)
         if error:
             _set_degraded(cluster, is_degraded=True, message=error, now=now)
@@ -222,18 +223,21 @@ def _backend_cancel(
 
 
 def _record_start_results(
-    persisted: _Persisted, start_results: dict[str, ActionResult], *, now: datetime, result: RoundResult
+    persisted: _Persisted,
+    start_results: dict[str, ActionResult],
+    *,
+    cluster: Cluster,
+    now: datetime,
+    result: RoundResult,
 ) -> None:
     """Confirmed starts run; refused ones are rolled back (pending, reason ``backend``)."""
     # No answer for a start: the next round's reconcile decides from what really runs.
     answered = [int(a.job_id) for a in persisted.starts if a.job_id in start_results]
     locked = {
         j.pk: j
-        for j in Job.objects.select_for_update(of=("self",))
-        .filter(pk__in=answered)
-        .select_related("project", "cluster")  # the start notices name them
-        .order_by("id")
+        for j in Job.objects.select_for_update().filter(cluster=cluster, pk__in=answered).order_by("id")
     }
+    _with_project_and_cluster(locked.values(), cluster=cluster)  # the start notices name them
     confirmed: list[Job] = []
     for action in persisted.starts:
         r = start_results.get(action.job_id)

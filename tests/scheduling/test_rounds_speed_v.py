@@ -156,4 +156,4 @@ def test_the_job_table_leaves_room_for_hot_explanation_updates() -> None:
     with connection.cursor() as cursor:
         cursor.execute("SELECT reloptions FROM pg_class WHERE relname = 'scheduling_job'")
         (options,) = cursor.fetchone()
-    assert "fillfactor=70" in (options or [])
+    assert "fillfactor=40" in (options or [])
