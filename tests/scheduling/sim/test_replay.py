@@ -292,3 +292,36 @@ def test_engine_no_policy_beats_the_session_floor(engine_metrics: dict[str, Any]
     for name, m in engine_metrics.items():
         assert m["interactive_wait_p95_s"] >= floor["interactive_wait_p95_s"] - 1e-6, name
         assert m["interactive_over_60s_share"] >= floor["interactive_over_60s_share"] - 1e-9, name
+
+
+def test_a_booking_never_gets_another_bookings_gpu_when_running_work_blocks_the_rest(
+    trace: Trace, overlay: Overlay
+) -> None:
+    # 2 GPUs: GPU 0 runs a long job, GPU 1 is booked for the same window. The portal's pick
+    # (running work counted) finds nothing; the overlay's own pick (GPU 1) would share a GPU
+    # with the other booking, which the database's exclusion constraint never allows.
+    from scheduling.engine.types import JobRequest, RunningJob
+    from scheduling.sim.overlays import BookingPlan
+
+    replay = _standin_replay(trace, parse_cluster_spec("2x1"), overlay, "easy")
+    t = 1_000.0
+    long_job = JobRequest(id="long", user="u", project="p", gpu_count=1, submit_at=0.0, requested_s=1e6)
+    replay._running["long"] = RunningJob(job=long_job, gpu_ids=(0,), started_at=0.0, is_preemptible=False)
+    replay._alloc_end["long"] = 1e6
+    replay._booked_windows[1] = [(5_000.0, 9_000.0)]
+    plan = BookingPlan(
+        id="bk-000001",
+        user="v",
+        project="q",
+        created_at=t,
+        start_at=6_000.0,
+        end_at=8_000.0,
+        gpu_count=1,
+        use_start_at=6_000.0,
+        use_end_at=8_000.0,
+        gpu_type="A100",
+        gpu_ids=(1,),
+    )
+    replay._create_booking(plan, t)
+    assert replay._bookings["bk-000001"].gpu_ids == (0,)
+    assert (6_000.0, 8_000.0) not in replay._booked_windows[1]
