@@ -96,10 +96,10 @@ def test_a_replay_of_the_kth_sample_gives_the_same_answers_bit_for_bit(
 
 
 def test_a_round_of_predictions_between_observations_gives_the_same_answers() -> None:
-    """The portal's case: the predictor learns the history, then a round asks a prediction
-    for thousands of pending jobs with nothing observed in between (the segments are shared
-    across jobs), then some of them finish (their kept votes are scored) and the next round
-    asks again."""
+    """The portal's case (`predict_many`): the predictor learns the history, then a round
+    asks a prediction for hundreds of pending jobs with nothing observed in between (their
+    common keys' votes are shared), then some of them finish (their kept votes are scored)
+    and the next round asks again."""
     jobs, runtimes, ends, statuses = _kth_jobs(1_500)
     new, old = HistoryRuntimePredictor(), reference.HistoryRuntimePredictor()
     for predictor in (new, old):
@@ -107,12 +107,15 @@ def test_a_round_of_predictions_between_observations_gives_the_same_answers() ->
             predictor.observe(jobs[k], runtimes[k], ended_at=ends[k], status=statuses[k])
     rng = random.Random(7)
     pending = [replace(j, submit_at=j.submit_at + rng.choice([0.0, 30.0, 4e5])) for j in jobs[1_000:]]
-    assert [new.predict(j) for j in pending] == [old.predict(j) for j in pending]
+    pending += pending[:50]  # asked twice in one batch
+    assert new.predict_many(pending) == [old.predict(j) for j in pending]
+    assert new._segments is None  # the batch's shared votes are not kept
     for predictor in (new, old):
         for k in range(0, 500, 3):  # a third of them finish, predicted or not
             end = ends[1_000 + k] + 4e5
             predictor.observe(pending[k], runtimes[1_000 + k], ended_at=end, status="failed")
-    assert [new.predict(j) for j in pending] == [old.predict(j) for j in pending]
+    assert new.predict_many(pending[::-1]) == [old.predict(j) for j in pending[::-1]]
+    assert [new.predict(j) for j in pending[:300]] == [old.predict(j) for j in pending[:300]]
     assert _state(new) == _state(old)
 
 
