@@ -128,9 +128,9 @@ _Context = Context
 # votes a level cast, in level order and, within a level, newest first.
 _Votes = tuple[list[float], list[float], list[tuple[int, int, int]]]
 # One level's votes for one key and one requested time: values and weights as in _Votes,
-# the same (value, weight) pairs, and whether those pairs are sorted.
-_Segment = tuple[list[float], list[float], list[tuple[float, float]], bool]
-_NO_SEGMENT: _Segment = ([], [], [], True)  # a key without history
+# and the same (value, weight) pairs (sorted when built for a batch).
+_Segment = tuple[list[float], list[float], list[tuple[float, float]]]
+_NO_SEGMENT: _Segment = ([], [], [])  # a key without history
 # A job's votes as the segments they come from: (level index, values, weights), in level
 # order (without the pairs: a kept prediction should not hold them).
 _Parts = list[tuple[int, list[float], list[float]]]
@@ -268,6 +268,8 @@ class HistoryRuntimePredictor:
         # a worker does not keep (and its collector does not walk) them between rounds.
         self._segments: dict[tuple[int, Hashable, float | None], _Segment] | None = None
         self._max_segments = 100_000
+        # During `predict_many` only: each level's weight times every recency decay.
+        self._weight_rows: list[list[float]] | None = None
 
     @property
     def n_observed(self) -> int:
@@ -337,9 +339,15 @@ class HistoryRuntimePredictor:
             values = [rt for rt, _ in reversed(hist)]
         else:
             values = [rt if ratio is None else ratio + log_req for rt, ratio in reversed(hist)]
-        alpha = self._alpha[i]
-        weights = [alpha * p for p in self._decay_pows[: len(hist)]]
-        return values, weights, list(zip(values, weights, strict=True)), False
+        rows = self._weight_rows
+        if rows is None:  # one prediction
+            alpha = self._alpha[i]
+            weights = [alpha * p for p in self._decay_pows[: len(hist)]]
+            return values, weights, list(zip(values, weights, strict=True))
+        # In a batch: the level's weights computed once (the same products), the pairs sorted
+        # once for every job that merges them.
+        weights = rows[i][: len(hist)]
+        return values, weights, sorted(zip(values, weights, strict=True))
 
     def _votes(self, job: JobRequest, ctx: _Context) -> tuple[_Parts, list[tuple[float, float]]]:
         """The segments of every key of ``job`` with history, in level order (``_votes_of``
@@ -367,15 +375,10 @@ class HistoryRuntimePredictor:
                 if len(segments) >= self._max_segments:
                     segments.clear()
                 segment = segments[at] = self._segment(i, key, at[2])
-            elif not segment[3]:
-                # Asked again: its pairs are worth sorting once, so that list.sort below
-                # merges sorted runs (a replay, which learns between predictions, rarely
-                # asks a segment twice and does not pay for it).
-                segment = segments[at] = (segment[0], segment[1], sorted(segment[2]), True)
             if segment[0]:
                 parts.append((i, segment[0], segment[1]))
                 pairs += segment[2]
-        pairs.sort()
+        pairs.sort()  # in a batch, a merge of the segments' sorted runs
         return parts, pairs
 
     def _log_p50(self, job: JobRequest) -> float | None:
@@ -427,10 +430,11 @@ class HistoryRuntimePredictor:
         for less work when the jobs share keys (nothing is learned between them, so their
         common keys' votes are built once for the batch)."""
         self._segments = {}
+        self._weight_rows = [[alpha * p for p in self._decay_pows] for alpha in self._alpha]
         try:
             return [self.predict(job) for job in jobs]
         finally:
-            self._segments = None
+            self._segments = self._weight_rows = None
 
     # ---- learning ----
 
