@@ -127,8 +127,8 @@ _Context = Context
 # A job's votes: (values, weights, spans), each span (level index, start, end) saying which
 # votes a level cast, in level order and, within a level, newest first.
 _Votes = tuple[list[float], list[float], list[tuple[int, int, int]]]
-# One level's votes for one key and one requested time: values and weights as in _Votes,
-# and the same (value, weight) pairs (sorted when built for a batch).
+# One level's votes for one key and one requested time, in a batch: values and weights as in
+# _Votes, and the same (value, weight) pairs sorted.
 _Segment = tuple[list[float], list[float], list[tuple[float, float]]]
 _NO_SEGMENT: _Segment = ([], [], [])  # a key without history
 # A job's votes as the segments they come from: (level index, values, weights), in level
@@ -259,8 +259,9 @@ class HistoryRuntimePredictor:
         self._predicted: dict[str, tuple[int, float]] = {}
         self._max_predicted = 200_000
         # job id -> the votes of its latest prediction, which observe() scores to learn the
-        # level weights (bounded: about 2 x 200 floats a job, shared with other jobs' votes)
-        self._pending_votes: dict[str, _Parts] = {}
+        # level weights (bounded: about 2 x 200 floats a job; in a batch, references to lists
+        # shared with other jobs')
+        self._pending_votes: dict[str, _Votes | _Parts] = {}
         self._max_pending_votes = 20_000
         # During `predict_many` only: (level index, key, log requested time or None) -> that
         # level's votes for the key, shared by every job of the batch asking it (a round asks
@@ -330,44 +331,63 @@ class HistoryRuntimePredictor:
     # ---- prediction ----
 
     def _segment(self, i: int, key: Hashable, log_req: float | None) -> _Segment:
-        """Level ``i``'s votes for ``key``: ratios scaled to ``log_req``, raw runtimes without
-        it, newest first, weighted by the level's weight and the recency decay."""
+        """Level ``i``'s votes for ``key`` in a batch: ratios scaled to ``log_req``, raw runtimes
+        without it, newest first, weighted by the level's weight (computed once for the batch:
+        the same products) and the recency decay; and the pairs sorted once for every job that
+        merges them."""
         hist = self._history.get(key)
-        if not hist:
+        if not hist or self._weight_rows is None:
             return _NO_SEGMENT
         if log_req is None:
             values = [rt for rt, _ in reversed(hist)]
         else:
             values = [rt if ratio is None else ratio + log_req for rt, ratio in reversed(hist)]
-        rows = self._weight_rows
-        if rows is None:  # one prediction
-            alpha = self._alpha[i]
-            weights = [alpha * p for p in self._decay_pows[: len(hist)]]
-            return values, weights, list(zip(values, weights, strict=True))
-        # In a batch: the level's weights computed once (the same products), the pairs sorted
-        # once for every job that merges them.
-        weights = rows[i][: len(hist)]
+        weights = self._weight_rows[i][: len(hist)]
         return values, weights, sorted(zip(values, weights, strict=True))
 
-    def _votes(self, job: JobRequest, ctx: _Context) -> tuple[_Parts, list[tuple[float, float]]]:
-        """The segments of every key of ``job`` with history, in level order (``_votes_of``
-        makes them a ``_Votes``), and all their (value, weight) pairs sorted."""
+    def _votes_one(
+        self, job: JobRequest, ctx: _Context, *, log_req: float | None, req: int | None, template: str
+    ) -> tuple[_Votes, list[tuple[float, float]]]:
+        """`_votes` outside a batch: the votes built for this job alone."""
+        values: list[float] = []
+        weights: list[float] = []
+        spans: list[tuple[int, int, int]] = []
+        history = self._history
+        pows = self._decay_pows
+        alphas = self._alpha
+        for i, key_fn, is_raw in self._level_fns:
+            key = key_fn(job, req, ctx, template)
+            hist = None if key is None else history.get(key)
+            if not hist:
+                continue
+            start = len(values)
+            if log_req is None or is_raw:
+                values += [rt for rt, _ in reversed(hist)]
+            else:
+                values += [rt if ratio is None else ratio + log_req for rt, ratio in reversed(hist)]
+            alpha = alphas[i]
+            weights += [alpha * p for p in pows[: len(hist)]]
+            spans.append((i, start, len(values)))
+        pairs = list(zip(values, weights, strict=True))
+        pairs.sort()
+        return (values, weights, spans), pairs
+
+    def _votes(self, job: JobRequest, ctx: _Context) -> tuple[_Votes | _Parts, list[tuple[float, float]]]:
+        """The votes of every key of ``job`` with history and the same (value, weight) pairs
+        sorted.  In a batch the votes are the segments they come from, in level order
+        (``_votes_of`` makes them a ``_Votes`` when the job finishes)."""
         requested = _requested(job)
         log_req = math.log(requested) if requested else None
         req = round(requested) if requested else None
         template = name_template(job.name) if job.name else ""
+        segments = self._segments
+        if segments is None:  # one prediction: nothing to share
+            return self._votes_one(job, ctx, log_req=log_req, req=req, template=template)
         parts: _Parts = []
         pairs: list[tuple[float, float]] = []
-        segments = self._segments
         for i, key_fn, is_raw in self._level_fns:
             key = key_fn(job, req, ctx, template)
             if key is None:
-                continue
-            if segments is None:  # one prediction: nothing to share
-                own = self._segment(i, key, None if is_raw else log_req)
-                if own[0]:
-                    parts.append((i, own[0], own[1]))
-                    pairs += own[2]
                 continue
             at = (i, key, None if is_raw else log_req)
             segment = segments.get(at)
@@ -495,7 +515,9 @@ class HistoryRuntimePredictor:
         log_cap = math.log(requested) if requested else math.inf
         cached = self._predicted.pop(job.id, None)
         pending = self._pending_votes.pop(job.id, None)
-        values, weights, spans = _votes_of(pending if pending is not None else self._votes(job, ctx)[0])
+        if pending is None:
+            pending = self._votes(job, ctx)[0]
+        values, weights, spans = pending if isinstance(pending, tuple) else _votes_of(pending)
         if requested:
             values = [v if v < log_cap else log_cap for v in values]  # above the limit = the limit
         log_p50 = cached[1] if cached is not None else None
