@@ -70,22 +70,24 @@ PRESETS: dict[str, dict[str, int]] = {
 
 def rounds_run(*, cluster_id: int, rounds: int, now: datetime, step_s: float) -> list[dict[str, Any]]:
     """Run ``rounds`` engine rounds, ``step_s`` apart on the engine clock; one dict per round."""
-    from scheduling.rounds import engine_round_run
+    from scheduling.rounds import cyclic_gc_paused, engine_round_run
 
     out = []
     db_cpu_s = _db_backend_cpu()
     for i in range(rounds):
         at = now + timedelta(seconds=step_s * (i + 1))
-        db_before = db_cpu_s()
-        cpu_before = time.process_time()
-        started = time.perf_counter()
-        result = engine_round_run(cluster_id=cluster_id, now=at)
-        wall_ms = (time.perf_counter() - started) * 1000.0
-        cpu_ms = (time.process_time() - cpu_before) * 1000.0
-        db_cpu_ms = (db_cpu_s() - db_before) * 1000.0
-        # The round runs with the cyclic collector paused (`rounds.cyclic_gc_paused`); what it
-        # left for the collector, timed apart: the worker pays it after the apply.
-        gc_t0 = time.perf_counter()
+        # The round runs with the cyclic collector paused (`rounds.cyclic_gc_paused`), and the
+        # worker's task holds it paused around the round as here: what the round left for the
+        # collector is timed apart (the worker pays it after the round has returned).
+        with cyclic_gc_paused():
+            db_before = db_cpu_s()
+            cpu_before = time.process_time()
+            started = time.perf_counter()
+            result = engine_round_run(cluster_id=cluster_id, now=at)
+            wall_ms = (time.perf_counter() - started) * 1000.0
+            cpu_ms = (time.process_time() - cpu_before) * 1000.0
+            db_cpu_ms = (db_cpu_s() - db_before) * 1000.0
+            gc_t0 = time.perf_counter()
         gc.collect()
         gc_ms = (time.perf_counter() - gc_t0) * 1000.0
         if result.status != "ok":

@@ -159,7 +159,8 @@ def runtime_predict(*, cluster_id: int, requests: Sequence[Any]) -> list[tuple[f
     """
     predictor = runtime_predictor_get(cluster_id=cluster_id)
     with _PREDICTORS_LOCK:
-        return [predictor.predict(request) for request in requests]
+        answers: list[tuple[float, float]] = predictor.predict_many(requests)
+        return answers
 
 
 def runtime_predictor_forget(*, cluster_id: int | None = None) -> None:

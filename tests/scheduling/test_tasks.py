@@ -153,3 +153,25 @@ def test_a_round_the_engine_wants_before_the_next_beat_is_scheduled(sent, settin
     tasks._schedule_wake(6, None)
     assert [c["args"] for c in sent] == [(3,)]
     assert 3.5 < sent[0]["countdown"] <= 5
+
+
+@pytest.mark.django_db
+def test_the_task_holds_the_collector_paused_around_the_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The collection a round leaves runs after `engine_round_run` has returned, not at its
+    exit (where the first allocation after the round re-enabled the collector started it)."""
+    import gc
+
+    from scheduling.rounds import RoundResult
+
+    cluster = make_cluster(nodes=1)
+    seen: list[bool] = []
+
+    def round_run(*, cluster_id: int) -> RoundResult:
+        seen.append(gc.isenabled())
+        return RoundResult(cluster_id=cluster_id)
+
+    monkeypatch.setattr(tasks, "engine_round_run", round_run)
+    assert gc.isenabled()
+    assert tasks.engine_round.run(cluster.pk)["cluster_id"] == cluster.pk
+    assert seen == [False]
+    assert gc.isenabled()
