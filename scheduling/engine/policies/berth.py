@@ -3,7 +3,8 @@
 Order of a round:
 1. bookings whose reclaim time has come signal the preemptible work on their GPUs;
 2. the queue is ordered by `priority.slowdown_orders`: interactive sessions first, then
-   explicit priority classes, then jobs past the starvation bound (oldest first), then the
+   explicit priority classes, then jobs past the starvation bound (oldest first, those within
+   their project's guarantee before borrowing work, which they would claim back), then the
    rest by expected slowdown ``(wait + p50) / p50`` weighted by the project's fair share (a
    requeued job waits from its requeue), so a short job overtakes a long one once it has
    waited a fair share of its own runtime and every waiting job keeps rising;

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from scheduling.engine.priority import SlowdownOrder, fifo_order, priority_order, slowdown_orders
-from scheduling.engine.types import JobRequest
+from scheduling.engine.types import JobKind, JobRequest
 
 if TYPE_CHECKING:
     from scheduling.engine.round import Round
@@ -51,5 +51,15 @@ class SlowdownFirst:
     params: SlowdownOrder = field(default_factory=SlowdownOrder)
 
     def __call__(self, rnd: Round) -> Orders:
-        """(priority order, backfill order) from `priority.slowdown_orders`."""
-        return slowdown_orders(rnd.state, self.params)
+        """(priority order, backfill order) from `priority.slowdown_orders`; starved jobs
+        within their project's guarantee (`Round.is_within_guarantee`) before the other starved."""
+        shares = rnd.shares
+
+        def is_guaranteed(job: JobRequest) -> bool:  # asked of starved jobs only
+            return (
+                job.kind == JobKind.BATCH
+                and job.project in shares
+                and rnd.is_within_guarantee(job, rnd.types_for(job))
+            )
+
+        return slowdown_orders(rnd.state, self.params, is_guaranteed)
