@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
@@ -26,6 +27,17 @@ from tests.factories import (
 
 # The OpenID Connect provider of the single sign-on tests (session scope, started on first use).
 from tests.oidc_provider.fixtures import oidc_provider  # noqa: F401
+
+
+@pytest.fixture(autouse=True)
+def _skip_slurm_without_slurm(request: pytest.FixtureRequest) -> None:
+    """Every test marked ``slurm``, wherever it lives, is skipped without the local Slurm (a
+    module that imported another's fixtures but not its skip ran, and its teardown started
+    slurmctld on a machine without ``BERTH_SLURM``)."""
+    if request.node.get_closest_marker("slurm") and not os.environ.get("BERTH_SLURM"):
+        pytest.skip(
+            "needs the local Slurm: run `scripts/slurm.sh start` and set BERTH_SLURM=1 (make test does)"
+        )
 
 
 @pytest.fixture

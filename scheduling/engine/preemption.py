@@ -202,15 +202,14 @@ def plan_reclaim(
 ) -> Reclaim | None:
     """The cheapest way to assemble ``gpu_count`` GPUs on the given nodes, or None.
 
-    ``free_on_node`` gives usable free GPUs of a node; ``incoming`` maps GPUs of jobs already in
-    grace (and not promised to another demand) to the time they come free; ``may_take``
-    narrows which reclaimable jobs this demand may take; ``is_high_class`` (sessions, bookings,
-    quota claims) selects the short minimum runtime (`min_runtime_s`).  A single-node
-    demand is placed on the one node with the lowest (ready time, lost work); a multi-node one
-    takes free GPUs, then incoming ones, then victims in victim order until it has enough.
-    ``free_nodes``: the nodes where ``free_on_node`` may find GPUs (None: any node); on the
-    others a single-node demand needs victims, and a node whose victims cannot beat the best
-    node found (`_victims_floor`) is not looked at.
+    ``free_on_node`` gives usable free GPUs of a node; ``incoming`` maps GPUs of jobs already in grace
+    (not promised to another demand) to when they come free; ``may_take`` narrows which reclaimable
+    jobs this demand may take; ``is_high_class`` (sessions, bookings, quota claims) selects the short
+    minimum runtime (`min_runtime_s`).  A single-node demand goes to the node with the lowest (ready
+    time, lost work); a multi-node one takes free, then incoming GPUs, then victims in victim order.
+    ``free_nodes``: where ``free_on_node`` may find GPUs (None: anywhere); elsewhere a single-node
+    demand needs victims, and a node whose victims cannot beat the best found (`_victims_floor`)
+    is skipped.
     """
     best: tuple[tuple[float, float, int], Reclaim] | None = None
     pool_free: list[int] = []
@@ -219,9 +218,7 @@ def plan_reclaim(
     victims_ready = state.now + state.policy.grace_s  # no kill time is earlier (`kill_time`)
     arriving_on = _arriving_by_node(state, incoming)
     nodes = state.nodes
-    # `_victims_floor`'s cache read inline: the check runs for every node of every demand
-    # (172 demands x 1,000 nodes in the full bench lab's first round).
-    floors = state.victims_floor_by_node
+    floors = state.victims_floor_by_node  # `_victims_floor`'s cache, read inline: 172 x 1,000 nodes
     for node_index in node_indexes:
         if is_single_node and len(nodes[node_index].gpu_ids) < gpu_count:
             continue  # the node is too small whatever is taken on it

@@ -26,14 +26,6 @@ ROOT = Path(__file__).resolve().parents[3]
 SLURM_SH = ROOT / "scripts" / "slurm.sh"
 
 
-@pytest.fixture(autouse=True)
-def _skip_slurm_without_slurm(request: pytest.FixtureRequest) -> None:
-    if request.node.get_closest_marker("slurm") and not os.environ.get("BERTH_SLURM"):
-        pytest.skip(
-            "needs the local Slurm: run `scripts/slurm.sh start` and set BERTH_SLURM=1 (make test does)"
-        )
-
-
 @pytest.fixture
 def slurm_data() -> Callable[[str], str]:
     """Text of one recorded slurmrestd answer, by file name."""
