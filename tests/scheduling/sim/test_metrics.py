@@ -107,3 +107,20 @@ def test_queue_windows_merge() -> None:
     record.add_queue_window(9.0, 9.0)
     record.add_queue_window(10.0, 11.0)
     assert record.queue_windows == [(0.0, 7.0), (10.0, 11.0)]
+
+
+def test_wait_by_width_buckets_jobs_by_gpus_asked_and_shares_the_wait() -> None:
+    record = ReplayRecord(capacity_gpus=100, span_start=0.0, span_end=10_000.0)
+    record.jobs.extend(
+        [
+            JobOutcome("a", "u", 1, submit_at=0.0, runtime_s=100.0, end_at=200.0),  # waits 100
+            JobOutcome("b", "u", 1, submit_at=0.0, runtime_s=100.0, end_at=400.0),  # waits 300
+            JobOutcome("w", "u", 40, submit_at=0.0, runtime_s=100.0, end_at=1_700.0),  # waits 1,600
+            JobOutcome("x", "u", 100, submit_at=0.0, runtime_s=100.0, end_at=100.0),  # no wait
+        ]
+    )
+    by_width = compute_metrics(record)["wait_by_width"]
+    assert set(by_width) == {"1", "33-64", "65+"}
+    assert by_width["1"] == {"jobs": 2, "wait_mean_s": 200.0, "wait_max_s": 300.0, "wait_share": 0.2}
+    assert by_width["33-64"]["wait_share"] == pytest.approx(0.8)
+    assert by_width["65+"] == {"jobs": 1, "wait_mean_s": 0.0, "wait_max_s": 0.0, "wait_share": 0.0}
