@@ -35,6 +35,7 @@ from scheduling.snapshot.jobs import (
     _open_jobs,
     _running_allocations,
     job_request,
+    open_claims,
     open_preemptions,
     running_gpu_ids,
     with_predictions,
@@ -58,6 +59,7 @@ __all__ = [
     "gpu_ids_by_node_name",
     "job_request",
     "job_startability",
+    "open_claims",
     "open_preemptions",
     "parse_holder_id",
     "policy_config_for_cluster",
@@ -159,4 +161,5 @@ def cluster_snapshot_build(
         pending=pending,
         bookings=engine_bookings,
         projects=project_shares(cluster=cluster, now=now, half_life_s=policy.fairshare_half_life_s),
+        claims=open_claims(cluster=cluster, now=now, hold_s=policy.claim_hold_s) if pending else (),
     )

@@ -161,6 +161,9 @@ class PolicyConfig:
     # next 24 h).  Empty: only ``interactive_headroom`` (the level for now) is known.
     interactive_pool: tuple[tuple[float, str, int], ...] = ()
     restore_s: float = 120.0  # GPU-time each GPU loses when work resumes from a checkpoint
+    # how long past its victims' kill a claim (``ClusterSnapshot.claims``) keeps its job first:
+    # the next round or two in the portal (a round every 15 s), the next event in the replay
+    claim_hold_s: float = 120.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +176,11 @@ class ClusterSnapshot:
     bookings: tuple[Booking, ...] = ()  # those overlapping [now, now + horizon)
     projects: tuple[ProjectShare, ...] = ()
     gpus_in_use_idle: frozenset[int] = frozenset()  # telemetry: allocated but 0% busy
+    # (job id, planned kill): pending jobs that running work was reclaimed for, with when the
+    # (last) victim's grace ends.  Such a job goes first while its claim lives
+    # (``PolicyConfig.claim_hold_s`` past the kill), so the GPUs freed for it go to it and not
+    # back to the work evicted from them (a round forgets whom it evicted for).
+    claims: tuple[tuple[str, float], ...] = ()
 
 
 # ---- plan ----

@@ -9,8 +9,11 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, NamedTuple
+
+from django.db.models import Max
+from django.db.models.functions import Coalesce, Greatest
 
 from portal.accounts.models import Project
 from scheduling import queries
@@ -97,6 +100,29 @@ def open_preemptions(*, cluster: Cluster) -> dict[int, Preemption]:
         job__cluster=cluster, job__status__in=RUNNING_STATUSES, killed_at__isnull=True
     ).order_by("signalled_at")
     return {p.job_id: p for p in rows}
+
+
+# A claim's victims were signalled at most this long ago: a grace is seconds, and the bound keeps
+# the read on the ``-signalled_at`` index as the preemption history grows.
+_CLAIM_SIGNAL_WINDOW = timedelta(days=1)
+
+
+def open_claims(*, cluster: Cluster, now: datetime, hold_s: float) -> tuple[tuple[str, float], ...]:
+    """(job id, when its last victim's GPUs were freed) for every job that running work was
+    reclaimed for and whose GPUs were freed at most ``hold_s`` ago or are still in a grace: the
+    engine's ``ClusterSnapshot.claims`` (it keeps only those of pending jobs).  Freed is the
+    planned kill, or the real stop when the backend stopped the work later than planned."""
+    rows = (
+        Preemption.objects.filter(
+            job__cluster=cluster, for_job__isnull=False, signalled_at__gte=now - _CLAIM_SIGNAL_WINDOW
+        )
+        .annotate(freed=Greatest("kill_at", Coalesce("killed_at", "kill_at")))
+        .filter(freed__gte=now - timedelta(seconds=hold_s))
+        .values("for_job_id")
+        .annotate(latest=Max("freed"))
+        .order_by("for_job_id")
+    )
+    return tuple((str(row["for_job_id"]), epoch(row["latest"])) for row in rows)
 
 
 # How long a prediction a round made is reused for a job without a stored one: the hourly

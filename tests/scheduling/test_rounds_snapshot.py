@@ -147,3 +147,35 @@ def test_berth_policy_holds_the_forecast_headroom(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(forecasting.selectors, "interactive_headroom_policy", broken)
     cluster.settings = {}
     assert policy_config_for_cluster(cluster=cluster, at=t0).interactive_headroom == ()  # rounds go on
+
+
+def test_snapshot_carries_the_claims_of_pending_jobs_work_was_reclaimed_for(
+    engine_redis_url, run_round, t0: datetime
+) -> None:
+    """A preemption's beneficiary keeps its claim (the engine ranks it first) from the signal
+    until ``claim_hold_s`` past the victim's stop: the planned kill, or the real stop if later."""
+    cluster = make_cluster(nodes=1, gpus_per_node=2)
+    user, project = make_member()
+    victim = submit(user, project, cluster, gpus=2, runtime_s=9000, now=t0, is_preemptible=True)
+    run_round(cluster, t0)
+    victim.refresh_from_db()
+    assert victim.status == Job.Status.RUNNING
+    claimant = submit(user, project, cluster, gpus=2, runtime_s=600, now=later(t0, 5))
+    signal = Preemption.objects.create(
+        job=victim, for_job=claimant, signalled_at=later(t0, 10), kill_at=later(t0, 40), reason="test"
+    )
+    policy = policy_config_for_cluster(cluster=cluster)
+
+    def claims(at_s: float) -> tuple[tuple[str, float], ...]:
+        return cluster_snapshot_build(cluster=cluster, now=later(t0, at_s), policy=policy).claims
+
+    kill = signal.kill_at.timestamp()
+    assert claims(20) == ((str(claimant.pk), kill),)  # in the grace
+    assert claims(40 + policy.claim_hold_s) == ((str(claimant.pk), kill),)
+    assert claims(41 + policy.claim_hold_s) == ()  # past its hold
+    # the backend stopped the work late: the claim runs from the real stop
+    Preemption.objects.filter(pk=signal.pk).update(killed_at=later(t0, 100))
+    assert claims(41 + policy.claim_hold_s) == ((str(claimant.pk), later(t0, 100).timestamp()),)
+    # a booking's reclaim is not a job's claim
+    Preemption.objects.filter(pk=signal.pk).update(for_job=None)
+    assert claims(20) == ()

@@ -2,8 +2,9 @@
 
 * `ArrivalOrder` (fifo): submit order (requeues keep their age), ties by id;
 * `MultifactorOrder` (easy, static): Slurm-style age + fair share + class (`priority`);
-* `SlowdownFirst` (berth): sessions, classes, starved jobs, then expected slowdown x fair
-  share; backfill candidates shortest predicted GPU-time first (`priority.slowdown_orders`).
+* `SlowdownFirst` (berth): sessions, classes, jobs holding a claim, starved jobs, then expected
+  slowdown x fair share; backfill candidates shortest predicted GPU-time first
+  (`priority.slowdown_orders`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from scheduling.engine.priority import SlowdownOrder, fifo_order, priority_order, slowdown_orders
+from scheduling.engine.priority import (
+    SlowdownOrder,
+    fifo_order,
+    live_claims,
+    priority_order,
+    slowdown_orders,
+)
 from scheduling.engine.types import JobKind, JobRequest
 
 if TYPE_CHECKING:
@@ -51,8 +58,9 @@ class SlowdownFirst:
     params: SlowdownOrder = field(default_factory=SlowdownOrder)
 
     def __call__(self, rnd: Round) -> Orders:
-        """(priority order, backfill order) from `priority.slowdown_orders`; starved jobs
-        within their project's guarantee (`Round.is_within_guarantee`) before the other starved."""
+        """(priority order, backfill order) from `priority.slowdown_orders`: jobs holding a live
+        claim first (`priority.live_claims`), starved jobs within their project's guarantee
+        (`Round.is_within_guarantee`) before the other starved."""
         shares = rnd.shares
 
         def is_guaranteed(job: JobRequest) -> bool:  # asked of starved jobs only
@@ -62,4 +70,6 @@ class SlowdownFirst:
                 and rnd.is_within_guarantee(job, rnd.types_for(job))
             )
 
-        return slowdown_orders(rnd.state, self.params, is_guaranteed)
+        state = rnd.state
+        claimants = live_claims(state.snapshot, state.policy.claim_hold_s, state.now)
+        return slowdown_orders(state, self.params, is_guaranteed, claimants)

@@ -549,3 +549,49 @@ def test_berth_a_starved_job_within_its_guarantee_goes_before_starved_borrowing_
         NOW,
     )
     assert set(started(plan)) == {"victim"}
+
+
+def test_berth_the_gpus_freed_for_a_claim_go_to_the_claimant_not_back_to_the_evicted_work() -> None:
+    """A claim (`ClusterSnapshot.claims`) keeps its job first until ``claim_hold_s`` past its
+    victims' kill: the evicted, requeued work (starved here, so ranked by age before a claimant
+    that waited minutes) does not retake the GPUs its eviction freed.
+
+    Without it the victim restarted there and the claimant evicted it again a grace later,
+    round after round (Alibaba 2 % x8, seed 2: one job preempted 424 times for one claimant).
+    """
+    nodes = make_nodes(2, 2)
+    projects = (
+        ProjectShare("owner", guaranteed=(("A100", 2),)),
+        ProjectShare("borrower", guaranteed=(("A100", 1),), borrow_limit=4),
+    )
+    day = 86_400.0
+    own = running(job("own", 2, project="borrower"), (2, 3), started_at=NOW - 600)
+    victim = job(
+        "victim",
+        2,
+        project="borrower",
+        submit_at=NOW - 5,
+        first_submit_at=NOW - 2 * day,
+        attempt=1,
+        is_preemptible=True,
+        is_checkpointable=True,
+    )
+    claimant = job("claim", 2, project="owner", submit_at=NOW - 1_000)
+    policy = PolicyConfig(name="berth")
+
+    def starts(claims: tuple[tuple[str, float], ...]) -> dict[str, tuple[int, ...]]:
+        return started(
+            plan_round(
+                snapshot(nodes, running_jobs=[own], pending=[victim, claimant], projects=projects, claims=claims),
+                policy,
+                NOW,
+            )
+        )
+
+    # the victim's grace ended 5 s ago: the claim lives
+    assert starts((("claim", NOW - 5),)) == {"claim": (0, 1)}
+    # no claim, or one past its hold: the starved victim goes first again
+    assert set(starts(())) == {"victim"}
+    assert set(starts((("claim", NOW - policy.claim_hold_s - 1),))) == {"victim"}
+    # a claim for a job that is not pending (it started, or left) changes nothing
+    assert set(starts((("gone", NOW - 5),))) == {"victim"}
