@@ -47,6 +47,7 @@ from scheduling.engine.types import (
     RunningJob,
 )
 from scheduling.sim import bounds
+from scheduling.sim.claims import ClaimBook
 from scheduling.sim.inventory import Inventory
 from scheduling.sim.metrics import UNEXPLAINED, JobOutcome, ReplayRecord
 from scheduling.sim.overlays import Overlay
@@ -140,8 +141,7 @@ class Replay(BookingDesk, TickRule):
         self._events: list[tuple[float, int, int, int]] = []
         self._seq = 0
         self._pending: dict[str, JobRequest] = {}
-        # job id -> the latest planned kill of work reclaimed for it (`ClusterSnapshot.claims`)
-        self._claims: dict[str, float] = {}
+        self._claims = ClaimBook()  # for whom work was reclaimed (`ClusterSnapshot.claims`)
         self._running: dict[str, RunningJob] = {}
         # job id -> (project, GPUs x value, started_at) of running work, for the usage ledger
         self._running_usage: dict[str, tuple[str, float, float]] = {}
@@ -444,18 +444,8 @@ class Replay(BookingDesk, TickRule):
             pending=tuple(self._pending.values()),
             bookings=bookings,
             projects=self._shares.shares(usage) if self._specs else (),
-            claims=self._live_claims(t),
+            claims=self._claims.live(t, self._pending, self.config.claim_hold_s),
         )
-
-    def _live_claims(self, t: float) -> tuple[tuple[str, float], ...]:
-        """The claims of pending jobs within their hold at ``t``; the others are forgotten."""
-        claims = self._claims
-        if not claims:
-            return ()
-        hold = self.config.claim_hold_s
-        for job_id in [j for j, kill_at in claims.items() if j not in self._pending or t > kill_at + hold]:
-            del claims[job_id]
-        return tuple(claims.items())
 
     def _run_value(self, gpu_ids: tuple[int, ...]) -> float:
         """GPUs x their fair-share value (the portal's ``gpu_count x GpuType.value``)."""
@@ -524,9 +514,7 @@ class Replay(BookingDesk, TickRule):
                 self._running[preempt.job_id] = dataclasses.replace(running, grace_until=preempt.kill_at)
                 acted = True
                 if preempt.for_id in self._pending:  # a job's claim (a booking holds its GPUs)
-                    self._claims[preempt.for_id] = max(
-                        self._claims.get(preempt.for_id, -math.inf), preempt.kill_at
-                    )
+                    self._claims.signalled(preempt.for_id, preempt.kill_at)
         self._fix_bookings(plan, t)
         next_round_at = getattr(plan, "next_round_at", None)  # added to the contract by the engine
         if next_round_at is not None and next_round_at > t and next_round_at not in self._wakes:
