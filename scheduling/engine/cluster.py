@@ -218,6 +218,7 @@ class RoundState:
         "_estimates",
         "end_hold",
         "end_p50",
+        "floor_orders",
         "gpu_node",
         "gpu_type",
         "is_predicted",
@@ -290,6 +291,12 @@ class RoundState:
         self.victims_by_node: dict[tuple[int, bool], tuple[tuple[Victim, tuple[int, ...]], ...]] = {}
         # (node index, high class) -> a lower bound of a reclaim's cost there (`preemption._victims_floor`)
         self.victims_floor_by_node: dict[tuple[int, bool], tuple[float, float, int]] = {}
+        # (high class, node indexes) -> those nodes as a set and by ascending floor
+        # (`preemption._floor_order`)
+        self.floor_orders: dict[
+            tuple[bool, tuple[int, ...]],
+            tuple[frozenset[int], tuple[tuple[tuple[float, float, int], int], ...]],
+        ] = {}
 
     def eligible_types(self, job: JobRequest) -> tuple[str, ...]:
         """Types present in the cluster that satisfy the job, in ``type_order``."""
