@@ -16,6 +16,7 @@ from typing import Any
 from django.db import connection
 
 from scheduling.models import Allocation, AuditEvent, Job
+from scheduling.queries.binary import binary_rows
 
 
 def array_literal(values: Iterable[Any]) -> str:
@@ -190,17 +191,15 @@ def pending_explanations_read(*, cluster_id: int) -> list[tuple[int, str, str, f
     pending jobs.  Plain columns, ETAs as epoch seconds: 2,000 ids in an ``IN (...)`` list, or in
     an array parameter (psycopg dumps lists in Python), and 4,000 timestamps parsed in Python
     were most of the explanation write."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"""
-            SELECT id, pending_reason, pending_sentence,
-                   date_part('epoch', eta_p50_at), date_part('epoch', eta_p90_at)
-              FROM {Job._meta.db_table}
-             WHERE cluster_id = %s AND status = %s
-            """,  # noqa: S608 (the table name is the model's, every value a parameter)
-            [cluster_id, Job.Status.PENDING],
-        )
-        return list(cursor.fetchall())
+    return binary_rows(
+        f"""
+        SELECT id, pending_reason, pending_sentence,
+               date_part('epoch', eta_p50_at), date_part('epoch', eta_p90_at)
+          FROM {Job._meta.db_table}
+         WHERE cluster_id = %s AND status = %s
+        """,  # noqa: S608 (the table name is the model's, every value a parameter)
+        [cluster_id, str(Job.Status.PENDING)],
+    )
 
 
 def pending_explanations_write(changed: Sequence[tuple[int, str, str, float | None, float | None]]) -> None:
