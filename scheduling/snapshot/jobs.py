@@ -209,15 +209,12 @@ def _open_jobs(*, cluster: Cluster, now: datetime) -> list[_OpenJob]:
     fresh: dict[int, tuple[Any, ...]] = {}
     if not known:  # the first read of this cluster in this process: every row is needed
         rows = queries.open_jobs_whole_read(cluster_id=cluster.pk, statuses=statuses)
-        versions = [row[:2] for row in rows]
-        fresh = {row[0]: row[2:] for row in rows}
-    else:
-        versions = queries.open_jobs_versions_read(cluster_id=cluster.pk, statuses=statuses)
-        stale = [pk for pk, version in versions if (hit := known.get(pk)) is None or hit.version != version]
-        if stale:
-            fresh = {
-                row[0]: row[1:] for row in queries.open_jobs_by_id_read(job_ids=stale, statuses=statuses)
-            }
+        out, _KNOWN[cluster.pk] = _open_jobs_first(rows, now_s=now_s, running=running)
+        return out
+    versions = queries.open_jobs_versions_read(cluster_id=cluster.pk, statuses=statuses)
+    stale = [pk for pk, version in versions if (hit := known.get(pk)) is None or hit.version != version]
+    if stale:
+        fresh = {row[0]: row[1:] for row in queries.open_jobs_by_id_read(job_ids=stale, statuses=statuses)}
     kept: dict[int, _Known] = {}
     out = []
     for pk, version in versions:
@@ -241,6 +238,41 @@ def _open_jobs(*, cluster: Cluster, now: datetime) -> list[_OpenJob]:
         out.append(job)
     _KNOWN[cluster.pk] = kept
     return out
+
+
+_new_tuple = tuple.__new__
+
+
+def _open_jobs_first(
+    rows: Sequence[tuple[Any, ...]], *, now_s: float, running: set[str]
+) -> tuple[list[_OpenJob], dict[int, _Known]]:
+    """`_open_jobs` of a cluster read for the first time in this process: every row (id, version,
+    the 20 columns) is new, so each becomes its job and what is kept of it in one pass, the
+    two named tuples built directly (the general path, with its per-row lookups and calls,
+    cost ~25 ms of CPU more for the full bench's 12,048 open jobs).  The same jobs and the same
+    `_Known` entries as the general path."""
+    kept: dict[int, _Known] = {}
+    out: list[_OpenJob] = []
+    append = out.append
+    for row in rows:
+        pk = row[0]
+        started_at = row[21]
+        is_running = row[20] in running
+        job = _new_tuple(
+            _OpenJob,
+            (
+                pk,
+                is_running,
+                started_at if started_at is not None else now_s,
+                _job_request_from_row(pk, row[2:20]),
+            ),
+        )
+        # a running job without a start is rebuilt each round (its start is the round's now)
+        kept[pk] = _new_tuple(
+            _Known, (row[1], job if not is_running or started_at is not None else None, row[2:])
+        )
+        append(job)
+    return out, kept
 
 
 def _open_job(
