@@ -148,3 +148,47 @@ def test_the_pruned_search_finds_the_exhaustive_plan(seed: int) -> None:
                         free_nodes=free_nodes,
                     )
                     assert got == expected, (seed, nodes, single, high, gpu_count, free_nodes)
+
+
+@pytest.mark.parametrize("seed", range(150))
+def test_the_search_stays_exhaustive_while_the_round_signals_jobs(seed: int) -> None:
+    """One state searched again and again, as a round does, its signalled set growing between
+    the searches (the floor index keeps floors computed with fewer signalled jobs) and once
+    replaced by another, smaller set."""
+    rng = random.Random(seed)
+    state, free, incoming, _ = _cluster(rng)
+    refused = {f"r{i}" for i in range(200) if rng.random() < 0.15}
+    nodes = tuple(range(len(state.nodes)))
+    signalled: set[str] = set()
+    ids = sorted(r.job.id for r in state.snapshot.running)
+    for step in range(12):
+        if step == 8:
+            signalled = set(rng.sample(sorted(signalled), len(signalled) // 2)) if signalled else set()
+        elif ids:
+            signalled.add(rng.choice(ids))
+        high = rng.random() < 0.5
+        gpu_count = rng.choice((1, 1, 2, 3, 4))
+        expected = _exhaustive(
+            state,
+            gpu_count=gpu_count,
+            free=free,
+            incoming=incoming,
+            excluded=signalled,
+            single=True,
+            refused=refused,
+            high=high,
+            nodes=nodes,
+        )
+        got = plan_reclaim(
+            state,
+            node_indexes=nodes,
+            gpu_count=gpu_count,
+            free_on_node=lambda i: list(free.get(i, [])),
+            incoming=incoming,
+            excluded_jobs=signalled,
+            is_single_node=True,
+            may_take=lambda r: r.job.id not in refused,
+            is_high_class=high,
+            free_nodes=set(free),
+        )
+        assert got == expected, (seed, step, gpu_count, high)
