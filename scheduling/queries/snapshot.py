@@ -14,7 +14,7 @@ from typing import Any
 from django.contrib.auth.models import User
 
 from portal.accounts.models import Project
-from scheduling.models import Allocation, GpuType, Job
+from scheduling.models import Allocation, Gpu, GpuType, Job, Node
 from scheduling.queries.binary import binary_rows
 
 _RUNNING_ALLOCATIONS_SQL = f"""
@@ -119,3 +119,20 @@ def usage_runs_rows(*, cluster_id: int, now: datetime, since: datetime) -> list[
     """(project slug, GPU count, type value, started, ended in epoch s) of the cluster's runs
     that overlap ``[since, now)``."""
     return binary_rows(_USAGE_SQL, [cluster_id, now, since])
+
+
+_CLUSTER_NODES_SQL = f"""
+    SELECT n.name, t.name, n.status, n.domain,
+           ARRAY(SELECT g.id FROM {Gpu._meta.db_table} g WHERE g.node_id = n.id ORDER BY g.index)
+      FROM {Node._meta.db_table} n
+      JOIN {GpuType._meta.db_table} t ON t.id = n.gpu_type_id
+     WHERE n.cluster_id = %s
+     ORDER BY n.name
+"""  # noqa: S608 (table names from the models; values are parameters)
+
+
+def cluster_nodes_read(*, cluster_id: int) -> list[tuple[str, str, str, str, list[int]]]:
+    """(name, GPU type name, status, domain, GPU ids by index) of the cluster's nodes, by name:
+    one statement (a round reads the inventory twice: the backend's and the snapshot's; 1,000
+    nodes and their 8,000 GPUs through two ORM value queries cost ~9 ms of CPU each time)."""
+    return binary_rows(_CLUSTER_NODES_SQL, [cluster_id])

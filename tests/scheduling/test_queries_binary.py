@@ -117,3 +117,32 @@ def test_binary_reads_are_logged_and_raise_django_errors() -> None:
 
     with pytest.raises(ProgrammingError):
         binary_rows("SELECT no_such_column FROM scheduling_job", [])
+
+
+def test_engine_nodes_read_in_one_statement_equal_the_models() -> None:
+    from scheduling.models import Node
+    from scheduling.snapshot.inventory import engine_nodes_for_cluster
+
+    cluster = ClusterFactory()
+    b = NodeFactory(cluster=cluster, name="b", gpu_count=3, status=Node.Status.DRAINING, domain="rack-2")
+    Gpu.objects.filter(node=b).delete()
+    Gpu.objects.bulk_create(Gpu(node=b, index=i) for i in (2, 0, 1))  # ids out of index order
+    NodeFactory(cluster=cluster, name="a", gpu_count=3)
+    c = NodeFactory(cluster=cluster, name="c", gpu_count=1, status=Node.Status.DOWN)
+    Gpu.objects.filter(node=c).delete()  # a node whose GPU rows are gone
+    NodeFactory(name="elsewhere")
+    got = engine_nodes_for_cluster(cluster=cluster)
+    assert [(n.id, n.gpu_type, n.status.value, n.domain) for n in got] == [
+        (node.name, node.gpu_type.name, node.status, node.domain)
+        for node in Node.objects.filter(cluster=cluster).order_by("name")
+    ]
+    assert [n.gpu_ids for n in got] == [
+        tuple(
+            Gpu.objects.filter(node__cluster=cluster, node__name=name)
+            .order_by("index")
+            .values_list("id", flat=True)
+        )
+        for name in ("a", "b", "c")
+    ]
+    assert got[1].gpu_ids != tuple(sorted(got[1].gpu_ids))  # index order, not id order
+    assert got[2].gpu_ids == ()
