@@ -16,7 +16,7 @@ from typing import Any
 from django.db import connection
 
 from scheduling.models import Allocation, AuditEvent, Job
-from scheduling.queries.binary import binary_rows
+from scheduling.queries.binary import binary_rows, bound_cursor
 
 
 def array_literal(values: Iterable[Any]) -> str:
@@ -91,7 +91,7 @@ def unnest_update(
     arrays = [array_literal(column) for column in zip(*rows, strict=True)]
     casts = ", ".join(["%s::bigint[]", *(f"%s::{kind}[]" for _, kind in columns)])
     names = ", ".join(["id", *(name for name, _ in columns)])
-    with connection.cursor() as cursor:
+    with bound_cursor() as cursor:
         cursor.execute(
             f"UPDATE {table} AS t SET {assign} FROM UNNEST({casts}) AS v({names})"  # noqa: S608 (see above)
             f" WHERE t.id = v.id{(' AND ' + where) if where else ''}",
@@ -125,7 +125,7 @@ def audit_events_insert(events: Sequence[AuditEvent]) -> None:
         for e in events
     ]
     arrays = [array_literal(column) for column in zip(*rows, strict=True)]
-    with connection.cursor() as cursor:
+    with bound_cursor() as cursor:
         cursor.execute(
             f"""
             INSERT INTO {AuditEvent._meta.db_table}
@@ -151,7 +151,7 @@ def job_allocations_insert(
     if not rows:
         return []
     arrays = [array_literal(column) for column in zip(*rows, strict=True)]
-    with connection.cursor() as cursor:
+    with bound_cursor() as cursor:
         cursor.execute(
             f"""
             INSERT INTO {Allocation._meta.db_table}
@@ -170,7 +170,7 @@ def job_allocations_insert(
 def jobs_requeue_write(rows: Sequence[tuple[Any, ...]], *, at: datetime) -> None:
     """Requeue jobs in one statement: ``rows`` are (id, first_submitted_at, attempt,
     pending_sentence, status_message); every one becomes pending again, submitted at ``at``."""
-    with connection.cursor() as cursor:
+    with bound_cursor() as cursor:
         arrays = [array_literal(column) for column in zip(*rows, strict=True)]
         cursor.execute(
             f"""
@@ -209,7 +209,7 @@ def pending_explanations_write(changed: Sequence[tuple[int, str, str, float | No
     if not changed:
         return
     columns = list(zip(*changed, strict=True))
-    with nested_loops_off(), connection.cursor() as cursor:
+    with nested_loops_off(), bound_cursor() as cursor:
         cursor.execute(
             f"""
             UPDATE {Job._meta.db_table} AS j
