@@ -128,9 +128,10 @@ _Context = Context
 # votes a level cast, in level order and, within a level, newest first.
 _Votes = tuple[list[float], list[float], list[tuple[int, int, int]]]
 # One level's votes for one key and one requested time, in a batch: values and weights as in
-# _Votes, and the same (value, weight) pairs sorted.
-_Segment = tuple[list[float], list[float], list[tuple[float, float]]]
-_NO_SEGMENT: _Segment = ([], [], [])  # a key without history
+# _Votes, the same (value, weight) pairs sorted, and (level index, values, weights), the part
+# of a job's votes it is (built once: ~26,500 uses of ~9,300 segments in a round's batch).
+_Segment = tuple[list[float], list[float], list[tuple[float, float]], tuple[int, list[float], list[float]]]
+_NO_SEGMENT: _Segment = ([], [], [], (-1, [], []))  # a key without history
 # A job's votes as the segments they come from: (level index, values, weights), in level
 # order (without the pairs: a kept prediction should not hold them).
 _Parts = list[tuple[int, list[float], list[float]]]
@@ -343,7 +344,7 @@ class HistoryRuntimePredictor:
         else:
             values = [rt if ratio is None else ratio + log_req for rt, ratio in reversed(hist)]
         weights = self._weight_rows[i][: len(hist)]
-        return values, weights, sorted(zip(values, weights, strict=True))
+        return values, weights, sorted(zip(values, weights, strict=True)), (i, values, weights)
 
     def _votes_one(
         self, job: JobRequest, ctx: _Context, *, log_req: float | None, req: int | None, template: str
@@ -396,7 +397,7 @@ class HistoryRuntimePredictor:
                     segments.clear()
                 segment = segments[at] = self._segment(i, key, at[2])
             if segment[0]:
-                parts.append((i, segment[0], segment[1]))
+                parts.append(segment[3])
                 pairs += segment[2]
         pairs.sort()  # in a batch, a merge of the segments' sorted runs
         return parts, pairs
