@@ -64,6 +64,7 @@ from forecasting.core.runtime_votes import (
     Context,
     KeyFn,
     densest_window,
+    densest_window_bounded,
     level_key,
     name_template,
     window_mode,
@@ -128,9 +129,13 @@ _Context = Context
 # votes a level cast, in level order and, within a level, newest first.
 _Votes = tuple[list[float], list[float], list[tuple[int, int, int]]]
 # One level's votes for one key and one requested time, in a batch: values and weights as in
-# _Votes, and the same (value, weight) pairs sorted.
-_Segment = tuple[list[float], list[float], list[tuple[float, float]]]
-_NO_SEGMENT: _Segment = ([], [], [])  # a key without history
+# _Votes, the same (value, weight) pairs sorted, (level index, values, weights), the part of a
+# job's votes it is (built once: ~26,500 uses of ~9,300 segments in a round's batch), and the
+# sum of its weights.
+_Segment = tuple[
+    list[float], list[float], list[tuple[float, float]], tuple[int, list[float], list[float]], float
+]
+_NO_SEGMENT: _Segment = ([], [], [], (-1, [], []), 0.0)  # a key without history
 # A job's votes as the segments they come from: (level index, values, weights), in level
 # order (without the pairs: a kept prediction should not hold them).
 _Parts = list[tuple[int, list[float], list[float]]]
@@ -271,6 +276,9 @@ class HistoryRuntimePredictor:
         self._max_segments = 100_000
         # During `predict_many` only: each level's weight times every recency decay.
         self._weight_rows: list[list[float]] | None = None
+        # During `predict_many` only: whether every vote weight is >= 0 (`densest_window`'s
+        # early stop needs it)
+        self._is_weight_bounded = False
 
     @property
     def n_observed(self) -> int:
@@ -343,7 +351,8 @@ class HistoryRuntimePredictor:
         else:
             values = [rt if ratio is None else ratio + log_req for rt, ratio in reversed(hist)]
         weights = self._weight_rows[i][: len(hist)]
-        return values, weights, sorted(zip(values, weights, strict=True))
+        pairs = sorted(zip(values, weights, strict=True))
+        return values, weights, pairs, (i, values, weights), sum(weights)
 
     def _votes_one(
         self, job: JobRequest, ctx: _Context, *, log_req: float | None, req: int | None, template: str
@@ -372,18 +381,22 @@ class HistoryRuntimePredictor:
         pairs.sort()
         return (values, weights, spans), pairs
 
-    def _votes(self, job: JobRequest, ctx: _Context) -> tuple[_Votes | _Parts, list[tuple[float, float]]]:
-        """The votes of every key of ``job`` with history and the same (value, weight) pairs
-        sorted.  In a batch the votes are the segments they come from, in level order
-        (``_votes_of`` makes them a ``_Votes`` when the job finishes)."""
+    def _votes(
+        self, job: JobRequest, ctx: _Context
+    ) -> tuple[_Votes | _Parts, list[tuple[float, float]], float | None]:
+        """The votes of every key of ``job`` with history, the same (value, weight) pairs sorted,
+        and in a batch the sum of their weights.  In a batch the votes are the segments they
+        come from, in level order (``_votes_of`` makes them a ``_Votes`` when the job finishes)."""
         requested = _requested(job)
         log_req = math.log(requested) if requested else None
         req = round(requested) if requested else None
         template = name_template(job.name) if job.name else ""
         segments = self._segments
         if segments is None:  # one prediction: nothing to share
-            return self._votes_one(job, ctx, log_req=log_req, req=req, template=template)
+            votes, sorted_votes = self._votes_one(job, ctx, log_req=log_req, req=req, template=template)
+            return votes, sorted_votes, None
         parts: _Parts = []
+        total = 0.0
         pairs: list[tuple[float, float]] = []
         for i, key_fn, is_raw in self._level_fns:
             key = key_fn(job, req, ctx, template)
@@ -396,13 +409,14 @@ class HistoryRuntimePredictor:
                     segments.clear()
                 segment = segments[at] = self._segment(i, key, at[2])
             if segment[0]:
-                parts.append((i, segment[0], segment[1]))
+                parts.append(segment[3])
                 pairs += segment[2]
+                total += segment[4]
         pairs.sort()  # in a batch, a merge of the segments' sorted runs
-        return parts, pairs
+        return parts, pairs, total
 
     def _log_p50(self, job: JobRequest) -> float | None:
-        parts, pairs = self._votes(job, self._context(job))
+        parts, pairs, total = self._votes(job, self._context(job))
         if not pairs:
             return None
         if len(self._pending_votes) >= self._max_pending_votes:
@@ -410,8 +424,12 @@ class HistoryRuntimePredictor:
             for stale in list(self._pending_votes)[: self._max_pending_votes // 10]:
                 del self._pending_votes[stale]
         self._pending_votes[job.id] = parts
-        # window_mode(list(zip(values, weights))) with the pairs already sorted.
-        left, right, _ = densest_window(pairs, LOG4)
+        # window_mode(list(zip(values, weights))) with the pairs already sorted; in a batch whose
+        # weights are all non-negative, the scan may stop once the weight left cannot win.
+        if total is not None and self._is_weight_bounded:
+            left, right, _ = densest_window_bounded(pairs, LOG4, total)
+        else:
+            left, right, _ = densest_window(pairs, LOG4)
         return 0.5 * (pairs[left][0] + pairs[right - 1][0])
 
     def predict(self, job: JobRequest) -> tuple[float, float]:
@@ -451,10 +469,13 @@ class HistoryRuntimePredictor:
         common keys' votes are built once for the batch)."""
         self._segments = {}
         self._weight_rows = [[alpha * p for p in self._decay_pows] for alpha in self._alpha]
+        # every vote weight is a level weight times a power of the decay (NaN fails the test)
+        self._is_weight_bounded = all(a >= 0.0 for a in self._alpha) and self.decay >= 0.0
         try:
             return [self.predict(job) for job in jobs]
         finally:
             self._segments = self._weight_rows = None
+            self._is_weight_bounded = False
 
     # ---- learning ----
 

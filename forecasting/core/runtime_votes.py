@@ -25,7 +25,15 @@ from functools import lru_cache
 
 from scheduling.engine.types import JobRequest
 
-__all__ = ["LEVEL_KEYS", "KeyFn", "densest_window", "level_key", "name_template", "window_mode"]
+__all__ = [
+    "LEVEL_KEYS",
+    "KeyFn",
+    "densest_window",
+    "densest_window_bounded",
+    "level_key",
+    "name_template",
+    "window_mode",
+]
 
 LOG4 = math.log(4.0)
 
@@ -85,6 +93,11 @@ def level_key(level: str, job: JobRequest, req: int | None, ctx: Context = NO_CO
     return key_fn(job, req, ctx, name_template(job.name) if job.name else "")
 
 
+# After the last vote: its value minus any other is never within a window's width, so the scan
+# stops there without a bound check (the weight is never added).
+_END = (math.inf, 0.0)
+
+
 def densest_window(votes: list[tuple[float, float]], width: float) -> tuple[int, int, float]:
     """(left, right, weight) of the first interval ``votes[left:right]`` of length at most
     ``width`` holding the most weight; ``votes`` sorted, not empty.
@@ -93,20 +106,71 @@ def densest_window(votes: list[tuple[float, float]], width: float) -> tuple[int,
     passes it and subtracted when its left edge does, and a window beats the best so far only
     by more than 1e-12: the floating-point operations and their order are the window mode's
     as it always was, so ties and the tolerance decide the same way.
+
+    The right edge stops at the first vote not within ``width`` of the left one, or at `_END`,
+    appended for the scan and removed after it (an infinite value minus any finite one, or a
+    NaN comparison, is never within the width: the same stop as a bound check, ~20 % less
+    work; the right edge's vote is unpacked once, not once per left edge it waits for).
     """
     n = len(votes)
     best_weight, best_left, best_right = -1.0, 0, 1
     beat = best_weight + 1e-12  # what a window must exceed, recomputed when the best changes
     acc, right = 0.0, 0
-    for left in range(n):
-        lo = votes[left][0]
-        while right < n and votes[right][0] - lo <= width:
-            acc += votes[right][1]
-            right += 1
-        if acc > beat:
-            best_weight, best_left, best_right = acc, left, right
-            beat = best_weight + 1e-12
-        acc -= votes[left][1]
+    votes.append(_END)
+    try:
+        right_value, right_weight = votes[0]
+        for left in range(n):
+            lo, left_weight = votes[left]
+            while right_value - lo <= width:
+                acc += right_weight
+                right += 1
+                right_value, right_weight = votes[right]
+            if acc > beat:
+                best_weight, best_left, best_right = acc, left, right
+                beat = best_weight + 1e-12
+            acc -= left_weight
+    finally:
+        votes.pop()
+    return best_left, best_right, best_weight
+
+
+def densest_window_bounded(
+    votes: list[tuple[float, float]], width: float, total: float
+) -> tuple[int, int, float]:
+    """`densest_window` of votes none of whose weights is negative, ``total`` the sum of their
+    weights: the same answer, the scan stopping once the weight right of the left edge is
+    below what a window must beat by a margin (1e-9 of the total; the rounding of these
+    sums, over at most a few thousand votes, is below 1e-12 of it).  No later window can
+    hold more than that weight, so no later one would have won; the windows scanned are
+    summed in the same order as `densest_window` sums them.  The runtime predictor's batch
+    (`HistoryRuntimePredictor.predict_many`) uses it: the best window usually lies well
+    before the end of a job's votes (~20 % of the scan saved in the full bench's first round).
+    """
+    n = len(votes)
+    best_weight, best_left, best_right = -1.0, 0, 1
+    beat = best_weight + 1e-12
+    acc, right = 0.0, 0
+    margin = 1e-9 * (total + 1.0)
+    gone, stop_after = 0.0, math.inf  # the weight the left edge passed; where the scan may stop
+    votes.append(_END)
+    try:
+        right_value, right_weight = votes[0]
+        for left in range(n):
+            lo, left_weight = votes[left]
+            while right_value - lo <= width:
+                acc += right_weight
+                right += 1
+                right_value, right_weight = votes[right]
+            if acc > beat:
+                best_weight, best_left, best_right = acc, left, right
+                beat = best_weight + 1e-12
+                stop_after = total - beat + margin
+            acc -= left_weight
+            gone += left_weight
+            if gone > stop_after:
+                break
+    finally:
+        votes.pop()
     return best_left, best_right, best_weight
 
 

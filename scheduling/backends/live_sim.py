@@ -58,8 +58,9 @@ from scheduling.engine.types import Node, Plan, PreemptAction, StartAction
 __all__ = ["LiveSimBackend", "LiveSimConfig", "RedisLike"]
 
 _RUNNING = "running"
-# Per state key: the raw record values of the last load and what they parsed to (`_load`).
-_DECODED: dict[str, dict[Any, dict[str, Any]]] = {}
+# Per state key: the raw record values of the last load, what they parsed to and which of
+# its keys hold lists (`_load`).
+_DECODED: dict[str, dict[Any, tuple[dict[str, Any], tuple[str, ...]]]] = {}
 _TERMINAL = {
     "completed": ObservedState.COMPLETED,
     "failed": ObservedState.FAILED,
@@ -278,16 +279,24 @@ class LiveSimBackend:
         # A record read again unchanged (most of them, round after round) is not parsed again:
         # the last load's parsed records are kept per state key (keyed by the exact stored
         # text, so a record another process changed is parsed anew), and a copy is handed out.
+        # The copy is the record's own dict copy with its lists copied (the caller changes both;
+        # the other values are immutable): a dictionary copy and a list or two instead of a
+        # comprehension over every key, ~4,100 records twice a round at 1,000 nodes.
         seen = _DECODED.get(self._jobs_key, {})
-        decoded: dict[Any, dict[str, Any]] = {}
+        decoded: dict[Any, tuple[dict[str, Any], tuple[str, ...]]] = {}
         out: dict[str, dict[str, Any]] = {}
         for key, value in raw.items():
             job_id = key.decode() if isinstance(key, bytes) else str(key)
-            rec = seen.get(value)
-            if rec is None:
+            parsed = seen.get(value)
+            if parsed is None:
                 rec = json.loads(value)
-            decoded[value] = rec
-            out[job_id] = {k: list(v) if type(v) is list else v for k, v in rec.items()}
+                parsed = (rec, tuple(k for k, v in rec.items() if type(v) is list))
+            decoded[value] = parsed
+            rec, lists = parsed
+            copy = rec.copy()
+            for k in lists:
+                copy[k] = list(copy[k])
+            out[job_id] = copy
         _DECODED[self._jobs_key] = decoded
         return out
 

@@ -22,7 +22,7 @@ from scheduling.engine.types import (
 )
 
 if TYPE_CHECKING:  # preemption imports this module
-    from scheduling.engine.preemption import Victim
+    from scheduling.engine.preemption import Victim, _FloorIndex
 
 _MIN_REMAINING_S = 1.0
 
@@ -218,6 +218,7 @@ class RoundState:
         "_estimates",
         "end_hold",
         "end_p50",
+        "floor_orders",
         "gpu_node",
         "gpu_type",
         "is_predicted",
@@ -290,6 +291,9 @@ class RoundState:
         self.victims_by_node: dict[tuple[int, bool], tuple[tuple[Victim, tuple[int, ...]], ...]] = {}
         # (node index, high class) -> a lower bound of a reclaim's cost there (`preemption._victims_floor`)
         self.victims_floor_by_node: dict[tuple[int, bool], tuple[float, float, int]] = {}
+        # (high class, node indexes) -> those nodes by a lower bound of a reclaim's cost there
+        # (`preemption._FloorIndex`)
+        self.floor_orders: dict[tuple[bool, tuple[int, ...]], _FloorIndex] = {}
 
     def eligible_types(self, job: JobRequest) -> tuple[str, ...]:
         """Types present in the cluster that satisfy the job, in ``type_order``."""

@@ -15,8 +15,9 @@ checkpoint plus ``restore_s`` per GPU when it resumes; restartable work loses ev
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
+from heapq import heappop, heappush
 
 from scheduling.engine.cluster import RoundState
 from scheduling.engine.types import JobKind, JobRequest, PolicyConfig, RunningJob
@@ -198,7 +199,7 @@ def plan_reclaim(
     is_single_node: bool,
     may_take: Callable[[RunningJob], bool] | None = None,
     is_high_class: bool = False,
-    free_nodes: Container[int] | None = None,
+    free_nodes: Collection[int] | None = None,
 ) -> Reclaim | None:
     """The cheapest way to assemble ``gpu_count`` GPUs on the given nodes, or None.
 
@@ -206,56 +207,38 @@ def plan_reclaim(
     (not promised to another demand) to when they come free; ``may_take`` narrows which reclaimable
     jobs this demand may take; ``is_high_class`` (sessions, bookings, quota claims) selects the short
     minimum runtime (`min_runtime_s`).  A single-node demand goes to the node with the lowest (ready
-    time, lost work); a multi-node one takes free, then incoming GPUs, then victims in victim order.
+    time, lost work, node index): a unique minimum, whatever order the nodes are costed in; a
+    multi-node one takes free, then incoming GPUs, then victims in victim order.
     ``free_nodes``: where ``free_on_node`` may find GPUs (None: anywhere); elsewhere a single-node
-    demand needs victims, and a node whose victims cannot beat the best found (`_victims_floor`)
-    is skipped.
+    demand needs victims, and those nodes are visited by ascending lower bound of their cost
+    (`_FloorIndex`) until one's bound is above the best cost found: the nodes left cannot win.
     """
+    arriving_on = _arriving_by_node(state, incoming)
+    if is_single_node and free_nodes is not None:
+        return _cheapest_node(
+            state, _floor_index(state, node_indexes, is_high_class, excluded_jobs), free_on_node,
+            arriving_on, free_nodes, (gpu_count, excluded_jobs, may_take, is_high_class),
+        )  # fmt: skip
     best: tuple[tuple[float, float, int], Reclaim] | None = None
     pool_free: list[int] = []
     pool_incoming: list[tuple[float, int]] = []
     pool_victims: dict[str, Victim] = {}
     victims_ready = state.now + state.policy.grace_s  # no kill time is earlier (`kill_time`)
-    arriving_on = _arriving_by_node(state, incoming)
     nodes = state.nodes
-    floors = state.victims_floor_by_node  # `_victims_floor`'s cache, read inline: 172 x 1,000 nodes
     for node_index in node_indexes:
         if is_single_node and len(nodes[node_index].gpu_ids) < gpu_count:
             continue  # the node is too small whatever is taken on it
-        if (
-            best is not None
-            and free_nodes is not None
-            and node_index not in free_nodes
-            and node_index not in arriving_on
-            and best[0]
-            < (
-                floors.get((node_index, is_high_class))
-                or _victims_floor(state, node_index, is_high_class, victims_ready)
-            )
-        ):
-            continue  # nothing free or arriving here, and no victim here can beat the best node
         free = free_on_node(node_index)
         arriving = arriving_on.get(node_index, []) if arriving_on else []
-        if is_single_node and len(free) + len(arriving) + _takeable_gpus(state, node_index) < gpu_count:
-            # an upper bound on what reclaim could add here (every takeable job's GPUs on the
-            # node): too few, so the victims need not be costed
-            continue
         if not is_single_node:
             pool_free.extend(free)
             pool_incoming.extend(arriving)
             for victim, _gained in _may_take_on(state, node_index, excluded_jobs, may_take, is_high_class):
                 pool_victims[victim.running.job.id] = victim
             continue
-        if len(free) + len(arriving) >= gpu_count:
-            reclaim = _assemble_sorted(state, free, arriving, [], gpu_count)  # no victim needed
-        else:
-            found = (free, arriving, node_index, gpu_count)
-            reclaim = _with_victims(state, found, excluded_jobs, may_take, is_high_class, best, victims_ready)
-        if reclaim is None:
-            continue
-        cost = (reclaim.ready_at, sum(v.lost_gpu_s for v in reclaim.victims), node_index)
-        if best is None or cost < best[0]:
-            best = (cost, reclaim)
+        found = (free, arriving, node_index, gpu_count)
+        reclaim = _node_reclaim(state, found, excluded_jobs, may_take, is_high_class, best, victims_ready)
+        best = _better(best, reclaim, node_index)
     if not is_single_node:
         return _assemble(
             state,
@@ -267,6 +250,139 @@ def plan_reclaim(
             is_high_class=is_high_class,
         )
     return None if best is None else best[1]
+
+
+# A single-node demand's search: (GPUs wanted, jobs signalled this round, what the demand may
+# take or None for any, high class).
+_Demand = tuple[int, set[str], Callable[[RunningJob], bool] | None, bool]
+_Cost = tuple[float, float, int]
+
+
+class _FloorIndex:
+    """A node list's nodes for `_cheapest_node`: as a set, and as a heap of (floor, node index),
+    each floor a lower bound of the cost of a reclaim there that needs victims, whatever the
+    demand may take (`_floor_now`).  A floor is computed with the jobs signalled when it was
+    (``excluded``, the round's signalled jobs, which only grows), so it stays a lower bound;
+    a node whose cheapest victims were signalled since is found with a stale floor and moved
+    to its new one when the search reaches it.  One per node list, class and round."""
+
+    __slots__ = ("eligible", "excluded", "heap", "seen")
+
+    def __init__(self, eligible: frozenset[int], heap: list[tuple[_Cost, int]], excluded: set[str]) -> None:
+        self.eligible = eligible
+        self.heap = heap
+        self.excluded = excluded  # the set the floors were computed with (by identity)
+        self.seen = len(excluded)  # its size then: a smaller set would not be the same set grown
+
+
+def _floor_index(
+    state: RoundState, node_indexes: Iterable[int], is_high_class: bool, excluded_jobs: set[str]
+) -> _FloorIndex:
+    """The `_FloorIndex` of ``node_indexes``, started from `_victims_floor` (nothing signalled),
+    which is a sorted list and so a heap; started again for another or a shrunken signalled set."""
+    nodes = node_indexes if type(node_indexes) is tuple else tuple(node_indexes)
+    key = (is_high_class, nodes)
+    found: _FloorIndex | None = state.floor_orders.get(key)
+    if found is None or found.excluded is not excluded_jobs or len(excluded_jobs) < found.seen:
+        victims_ready = state.now + state.policy.grace_s
+        floors = state.victims_floor_by_node
+        heap = sorted(
+            (floors.get((i, is_high_class)) or _victims_floor(state, i, is_high_class, victims_ready), i)
+            for i in nodes
+        )
+        found = state.floor_orders[key] = _FloorIndex(frozenset(nodes), heap, excluded_jobs)
+    found.seen = len(excluded_jobs)
+    return found
+
+
+def _floor_now(
+    state: RoundState, node_index: int, excluded_jobs: set[str], is_high_class: bool, victims_ready: float
+) -> _Cost:
+    """`_victims_floor` without the victims in ``excluded_jobs``: a reclaim on a node without free or
+    arriving GPUs takes at least one other victim; past its minimum runtime it is ready at
+    ``victims_ready`` and loses at least the first such one's work (the least, in victim order),
+    else it is ready later."""
+    for victim, _gained in _node_victims(state, node_index, is_high_class=is_high_class):
+        if victim.running.job.id in excluded_jobs:
+            continue
+        if victim.kill_at > victims_ready:
+            return (victims_ready, INF_COST, node_index)
+        return (victims_ready, victim.lost_gpu_s, node_index)
+    return (INF_COST, 0.0, node_index)
+
+
+def _cheapest_node(
+    state: RoundState,
+    index: _FloorIndex,
+    free_on_node: Callable[[int], list[int]],
+    arriving_on: dict[int, list[tuple[float, int]]],
+    free_nodes: Collection[int],
+    demand: _Demand,
+) -> Reclaim | None:
+    """`plan_reclaim` of a single-node demand with ``free_nodes`` known: the eligible nodes with
+    free or arriving GPUs first (in node order), then the others by ascending floor
+    (`_FloorIndex`), the search stopping at the first floor above the best cost (every later
+    floor is higher, and a node without free or arriving GPUs costs at least its floor)."""
+    gpu_count, excluded_jobs, may_take, is_high_class = demand
+    victims_ready = state.now + state.policy.grace_s
+    nodes = state.nodes
+    firsts = sorted({i for i in (*free_nodes, *arriving_on) if i in index.eligible})
+    best: tuple[_Cost, Reclaim] | None = None
+    for node_index in firsts:
+        if len(nodes[node_index].gpu_ids) < gpu_count:
+            continue
+        found = (free_on_node(node_index), arriving_on.get(node_index, []), node_index, gpu_count)
+        reclaim = _node_reclaim(state, found, excluded_jobs, may_take, is_high_class, best, victims_ready)
+        best = _better(best, reclaim, node_index)
+    done = set(firsts)
+    heap = index.heap
+    visited: list[tuple[_Cost, int]] = []
+    while heap and (best is None or not best[0] < heap[0][0]):
+        floor, node_index = heappop(heap)
+        now_floor = _floor_now(state, node_index, excluded_jobs, is_high_class, victims_ready)
+        if floor < now_floor:  # its cheapest victims were signalled: back in at its floor now
+            heappush(heap, (now_floor, node_index))
+            continue
+        visited.append((floor, node_index))
+        if node_index in done or len(nodes[node_index].gpu_ids) < gpu_count:
+            continue
+        found = ([], [], node_index, gpu_count)
+        reclaim = _node_reclaim(state, found, excluded_jobs, may_take, is_high_class, best, victims_ready)
+        best = _better(best, reclaim, node_index)
+    for entry in visited:  # the next demand searches them too
+        heappush(heap, entry)
+    return None if best is None else best[1]
+
+
+def _better(
+    best: tuple[tuple[float, float, int], Reclaim] | None, reclaim: Reclaim | None, node_index: int
+) -> tuple[tuple[float, float, int], Reclaim] | None:
+    """The cheaper by (ready time, lost work, node index) of ``best`` and ``reclaim`` on a node."""
+    if reclaim is None:
+        return best
+    cost = (reclaim.ready_at, sum(v.lost_gpu_s for v in reclaim.victims), node_index)
+    return (cost, reclaim) if best is None or cost < best[0] else best
+
+
+def _node_reclaim(
+    state: RoundState,
+    found: tuple[list[int], list[tuple[float, int]], int, int],
+    excluded_jobs: set[str],
+    may_take: Callable[[RunningJob], bool] | None,
+    is_high_class: bool,
+    best: tuple[tuple[float, float, int], Reclaim] | None,
+    victims_ready: float,
+) -> Reclaim | None:
+    """The cheapest reclaim on one node given its ``found`` (free GPUs, arriving GPUs, node, GPUs
+    wanted), or None when it cannot gather enough GPUs or, needing victims, cannot beat ``best``."""
+    free, arriving, node_index, gpu_count = found
+    if len(free) + len(arriving) + _takeable_gpus(state, node_index) < gpu_count:
+        # an upper bound on what reclaim could add here (every takeable job's GPUs on the
+        # node): too few, so the victims need not be costed
+        return None
+    if len(free) + len(arriving) >= gpu_count:
+        return _assemble_sorted(state, free, arriving, [], gpu_count)  # no victim needed
+    return _with_victims(state, found, excluded_jobs, may_take, is_high_class, best, victims_ready)
 
 
 def _with_victims(

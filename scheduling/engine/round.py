@@ -11,7 +11,7 @@ guarantee is left", and records starts and preemptions.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from scheduling.engine.cluster import RoundState, running_ends
@@ -130,6 +130,7 @@ class Round:
         # project -> whether it has quotas (the never-startable verdict depends on them only then)
         self.quota_projects: dict[str, bool] = {}
         self._nodes_cache: dict[tuple[tuple[str, ...], bool], NodeGpus] = {}
+        self._node_ids: dict[int, tuple[NodeGpus, tuple[int, ...]]] = {}  # `nodes_for`
         # a session's demand shape -> (what the round had signalled, promised and held, the
         # pool's takes or None) when its reclaim failed (`stages.reclaim._FailMemo`)
         self.reclaim_failed: dict[tuple[object, ...], tuple[tuple[int, int, int, int], int | None]] = {}
@@ -231,9 +232,17 @@ class Round:
             return self.span_pool  # type: ignore[return-value]  # duck-typed FreePool
         return self.inter_pool if job.kind == JobKind.INTERACTIVE else self.batch_pool
 
-    def nodes_for(self, job: JobRequest | None, types: Sequence[str]) -> Iterator[int]:
-        """Schedulable node indexes of the given types that the job may use (static partition)."""
-        return (i for i, _gpus in self.node_gpus_for(job, types))
+    def nodes_for(self, job: JobRequest | None, types: Sequence[str]) -> tuple[int, ...]:
+        """Schedulable node indexes of the given types that the job may use (static partition),
+        in node order; one tuple per `node_gpus_for` answer and round (`preemption.plan_reclaim`
+        keeps its per-round node index under it)."""
+        node_gpus = self.node_gpus_for(job, types)
+        found = self._node_ids.get(id(node_gpus))
+        if found is None or found[0] is not node_gpus:
+            # keyed by identity, the answer kept alongside: `node_gpus_for`'s answers live as
+            # long as the round, and a 1,000-node tuple hashed per call would cost more
+            found = self._node_ids[id(node_gpus)] = (node_gpus, tuple(i for i, _gpus in node_gpus))
+        return found[1]
 
     def node_gpus_for(self, job: JobRequest | None, types: Sequence[str]) -> NodeGpus:
         """(node index, GPU ids) of `nodes_for`, in node order; built once per round and key.

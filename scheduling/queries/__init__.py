@@ -51,6 +51,7 @@ from scheduling.queries.rounds import (
     unnest_update,
 )
 from scheduling.queries.snapshot import (
+    cluster_nodes_read,
     open_jobs_by_id_read,
     open_jobs_versions_read,
     open_jobs_whole_read,
@@ -79,6 +80,7 @@ __all__ = [
     "booking_refs_get",
     "capacity_by_cluster",
     "clock_epoch_s",
+    "cluster_nodes_read",
     "free_nodes_get",
     "job_allocations_insert",
     "jobs_requeue_write",

@@ -16,6 +16,7 @@ from typing import Any
 from django.db import connection
 
 from scheduling.models import Allocation, AuditEvent, Job
+from scheduling.queries.binary import binary_rows, bound_cursor
 
 
 def array_literal(values: Iterable[Any]) -> str:
@@ -90,7 +91,7 @@ def unnest_update(
     arrays = [array_literal(column) for column in zip(*rows, strict=True)]
     casts = ", ".join(["%s::bigint[]", *(f"%s::{kind}[]" for _, kind in columns)])
     names = ", ".join(["id", *(name for name, _ in columns)])
-    with connection.cursor() as cursor:
+    with bound_cursor() as cursor:
         cursor.execute(
             f"UPDATE {table} AS t SET {assign} FROM UNNEST({casts}) AS v({names})"  # noqa: S608 (see above)
             f" WHERE t.id = v.id{(' AND ' + where) if where else ''}",
@@ -124,7 +125,7 @@ def audit_events_insert(events: Sequence[AuditEvent]) -> None:
         for e in events
     ]
     arrays = [array_literal(column) for column in zip(*rows, strict=True)]
-    with connection.cursor() as cursor:
+    with bound_cursor() as cursor:
         cursor.execute(
             f"""
             INSERT INTO {AuditEvent._meta.db_table}
@@ -150,7 +151,7 @@ def job_allocations_insert(
     if not rows:
         return []
     arrays = [array_literal(column) for column in zip(*rows, strict=True)]
-    with connection.cursor() as cursor:
+    with bound_cursor() as cursor:
         cursor.execute(
             f"""
             INSERT INTO {Allocation._meta.db_table}
@@ -169,7 +170,7 @@ def job_allocations_insert(
 def jobs_requeue_write(rows: Sequence[tuple[Any, ...]], *, at: datetime) -> None:
     """Requeue jobs in one statement: ``rows`` are (id, first_submitted_at, attempt,
     pending_sentence, status_message); every one becomes pending again, submitted at ``at``."""
-    with connection.cursor() as cursor:
+    with bound_cursor() as cursor:
         arrays = [array_literal(column) for column in zip(*rows, strict=True)]
         cursor.execute(
             f"""
@@ -190,17 +191,15 @@ def pending_explanations_read(*, cluster_id: int) -> list[tuple[int, str, str, f
     pending jobs.  Plain columns, ETAs as epoch seconds: 2,000 ids in an ``IN (...)`` list, or in
     an array parameter (psycopg dumps lists in Python), and 4,000 timestamps parsed in Python
     were most of the explanation write."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"""
-            SELECT id, pending_reason, pending_sentence,
-                   date_part('epoch', eta_p50_at), date_part('epoch', eta_p90_at)
-              FROM {Job._meta.db_table}
-             WHERE cluster_id = %s AND status = %s
-            """,  # noqa: S608 (the table name is the model's, every value a parameter)
-            [cluster_id, Job.Status.PENDING],
-        )
-        return list(cursor.fetchall())
+    return binary_rows(
+        f"""
+        SELECT id, pending_reason, pending_sentence,
+               date_part('epoch', eta_p50_at), date_part('epoch', eta_p90_at)
+          FROM {Job._meta.db_table}
+         WHERE cluster_id = %s AND status = %s
+        """,  # noqa: S608 (the table name is the model's, every value a parameter)
+        [cluster_id, str(Job.Status.PENDING)],
+    )
 
 
 def pending_explanations_write(changed: Sequence[tuple[int, str, str, float | None, float | None]]) -> None:
@@ -210,7 +209,7 @@ def pending_explanations_write(changed: Sequence[tuple[int, str, str, float | No
     if not changed:
         return
     columns = list(zip(*changed, strict=True))
-    with nested_loops_off(), connection.cursor() as cursor:
+    with nested_loops_off(), bound_cursor() as cursor:
         cursor.execute(
             f"""
             UPDATE {Job._meta.db_table} AS j

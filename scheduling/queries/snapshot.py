@@ -12,10 +12,10 @@ from datetime import datetime
 from typing import Any
 
 from django.contrib.auth.models import User
-from django.db import connection
 
 from portal.accounts.models import Project
-from scheduling.models import Allocation, GpuType, Job
+from scheduling.models import Allocation, Gpu, GpuType, Job, Node
+from scheduling.queries.binary import binary_rows
 
 _RUNNING_ALLOCATIONS_SQL = f"""
     SELECT a.job_id, a.gpu_id, a.is_preemptible
@@ -29,9 +29,9 @@ def running_allocations_read(*, cluster_id: int, statuses: Sequence[str]) -> lis
     """(job id, GPU id, is_preemptible) of the active allocations of the cluster's jobs in
     ``statuses``: one join, no id list (2,048 running job ids in two ``IN (...)`` lists cost
     ~200 ms of Django parameter handling per round at 1,000 nodes)."""
-    with connection.cursor() as cursor:
-        cursor.execute(_RUNNING_ALLOCATIONS_SQL, [cluster_id, list(statuses), Allocation.State.ACTIVE])
-        return list(cursor.fetchall())
+    return binary_rows(
+        _RUNNING_ALLOCATIONS_SQL, [cluster_id, list(map(str, statuses)), str(Allocation.State.ACTIVE)]
+    )
 
 
 _OPEN_JOBS_COLUMNS = """
@@ -88,24 +88,20 @@ _OPEN_JOBS_WHOLE_SQL = f"""
 
 def open_jobs_whole_read(*, cluster_id: int, statuses: Sequence[str]) -> list[tuple[Any, ...]]:
     """(id, version, the 20 columns) of every open job of the cluster, in submission order."""
-    with connection.cursor() as cursor:
-        cursor.execute(_OPEN_JOBS_WHOLE_SQL, [cluster_id, list(statuses)])
-        return list(cursor.fetchall())
+    return binary_rows(_OPEN_JOBS_WHOLE_SQL, [cluster_id, list(map(str, statuses))])
 
 
 def open_jobs_versions_read(*, cluster_id: int, statuses: Sequence[str]) -> list[tuple[int, int]]:
     """(id, version) of every open job of the cluster, in submission order."""
-    with connection.cursor() as cursor:
-        cursor.execute(_OPEN_JOBS_VERSIONS_SQL, [cluster_id, list(statuses)])
-        return list(cursor.fetchall())
+    return binary_rows(_OPEN_JOBS_VERSIONS_SQL, [cluster_id, list(map(str, statuses))])
 
 
 def open_jobs_by_id_read(*, job_ids: Sequence[int], statuses: Sequence[str]) -> list[tuple[Any, ...]]:
     """(id, the 20 columns) of the given jobs still open.  One text parameter for the ids: a list
     is quoted element by element in Python."""
-    with connection.cursor() as cursor:
-        cursor.execute(_OPEN_JOBS_BY_ID_SQL, ["{" + ",".join(map(str, job_ids)) + "}", list(statuses)])
-        return list(cursor.fetchall())
+    return binary_rows(
+        _OPEN_JOBS_BY_ID_SQL, ["{" + ",".join(map(str, job_ids)) + "}", list(map(str, statuses))]
+    )
 
 
 _USAGE_SQL = f"""
@@ -122,6 +118,21 @@ _USAGE_SQL = f"""
 def usage_runs_rows(*, cluster_id: int, now: datetime, since: datetime) -> list[tuple[Any, ...]]:
     """(project slug, GPU count, type value, started, ended in epoch s) of the cluster's runs
     that overlap ``[since, now)``."""
-    with connection.cursor() as cursor:
-        cursor.execute(_USAGE_SQL, [cluster_id, now, since])
-        return list(cursor.fetchall())
+    return binary_rows(_USAGE_SQL, [cluster_id, now, since])
+
+
+_CLUSTER_NODES_SQL = f"""
+    SELECT n.name, t.name, n.status, n.domain,
+           ARRAY(SELECT g.id FROM {Gpu._meta.db_table} g WHERE g.node_id = n.id ORDER BY g.index)
+      FROM {Node._meta.db_table} n
+      JOIN {GpuType._meta.db_table} t ON t.id = n.gpu_type_id
+     WHERE n.cluster_id = %s
+     ORDER BY n.name
+"""  # noqa: S608 (table names from the models; values are parameters)
+
+
+def cluster_nodes_read(*, cluster_id: int) -> list[tuple[str, str, str, str, list[int]]]:
+    """(name, GPU type name, status, domain, GPU ids by index) of the cluster's nodes, by name:
+    one statement (a round reads the inventory twice: the backend's and the snapshot's; 1,000
+    nodes and their 8,000 GPUs through two ORM value queries cost ~9 ms of CPU each time)."""
+    return binary_rows(_CLUSTER_NODES_SQL, [cluster_id])

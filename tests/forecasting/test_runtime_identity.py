@@ -138,3 +138,27 @@ def test_window_mode_chooses_the_same_window_on_ties_and_duplicates() -> None:
             expected = reference.window_mode(list(votes), centre=centre)
             got = window_mode(list(votes), centre=centre)
             assert got == expected or (math.isnan(got) and math.isnan(expected)), (votes, centre)
+
+
+def test_the_bounded_window_scan_stops_early_on_the_same_window() -> None:
+    """`densest_window_bounded` (the batch's scan, weights never negative) gives the window of
+    the full scan and of the reference window mode, on vote lists with repeated values and
+    weights, zero weights, exact ties between windows, and sums far from 1."""
+    from forecasting.core.runtime_votes import LOG4, densest_window, densest_window_bounded
+
+    rng = random.Random(5)
+    for trial in range(3_000):
+        n = rng.randint(1, 200)
+        grid = [math.log(s) for s in (1, 30, 59, 60, 120, 240, 241, 3600, 7200, 14_400, 86_400)]
+        scale = (1.0, 1e-6, 1e6)[trial % 3]
+        weights = [w * scale for w in (0.0, 0.1, 0.1 * 0.85, 0.25, 0.5 * 0.85**3, 1.0)]
+        votes = sorted(
+            (rng.choice(grid) if rng.random() < 0.7 else rng.uniform(0.0, 12.0), rng.choice(weights))
+            for _ in range(n)
+        )
+        total = sum(w for _, w in votes)
+        full = densest_window(list(votes), LOG4)
+        bounded = densest_window_bounded(list(votes), LOG4, total)
+        assert (bounded[0], bounded[1], bounded[2].hex()) == (full[0], full[1], full[2].hex()), votes
+        left, right, _ = bounded
+        assert 0.5 * (votes[left][0] + votes[right - 1][0]) == reference.window_mode(list(votes))

@@ -278,3 +278,17 @@ def test_mail_preferences_and_a_missing_address_send_no_mail(
 
     assert Job.objects.filter(status=Job.Status.RUNNING).count() == 2
     assert not Delivery.objects.exists()
+
+
+def test_a_job_path_is_what_reverse_writes_under_any_script_prefix() -> None:
+    from django.urls import reverse, set_script_prefix
+
+    from notifications.events import _job_path
+
+    try:
+        for prefix in ("/", "/berth/", "/a b/"):
+            set_script_prefix(prefix)
+            for job_id in (1, 7, 10, 123_456_789, 2**62):
+                assert _job_path(job_id) == reverse("job-detail", args=[job_id])
+    finally:
+        set_script_prefix("/")

@@ -160,3 +160,18 @@ def test_config_from_cluster_settings() -> None:
     assert config.key_prefix == "p"
     with pytest.raises(ValueError, match="speedup"):
         LiveSimConfig.from_mapping({"speedup": 0}, key_prefix="p")
+
+
+def test_a_loaded_record_is_a_copy_the_caller_may_change(client: redis.Redis) -> None:
+    """`_load` hands out copies of the records it parsed before (its cache of parsed records
+    must not see what a caller does to them, lists included)."""
+    clock = Clock()
+    sim = backend(client, clock)
+    sim.apply(Plan(starts=(start("1", (1, 2)),)), payloads={"1": {"sim_runtime_s": 600}})
+    first = sim.records()["1"]
+    first["gpu_ids"].append(99)
+    first["state"] = "completed"
+    again = sim.records()["1"]
+    assert again["gpu_ids"] == [1, 2]
+    assert again["state"] == "running"
+    assert again["gpu_ids"] is not sim.records()["1"]["gpu_ids"]

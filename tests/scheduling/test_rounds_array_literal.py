@@ -1,4 +1,6 @@
-"""`rounds.batch.array_literal`: what PostgreSQL reads back from the literal is the values given."""
+"""`rounds.batch.array_literal`: what PostgreSQL reads back from the literal is the values given,
+sent through Django's cursor (quoted into the statement) and through `queries.binary.bound_cursor`
+(a parameter apart from it, as the round's writes send it)."""
 
 from __future__ import annotations
 
@@ -9,13 +11,21 @@ import pytest
 from django.db import connection
 
 from scheduling.models import Job
+from scheduling.queries.binary import bound_cursor
 from scheduling.rounds.batch import array_literal
 
 pytestmark = pytest.mark.django_db
 
+_VIA = {"django": connection.cursor, "bound": bound_cursor}
 
-def _read_back(values, kind):
-    with connection.cursor() as cursor:
+
+@pytest.fixture(params=sorted(_VIA))
+def via(request):
+    return request.param
+
+
+def _read_back(values, kind, via="django"):
+    with _VIA[via]() as cursor:
         cursor.execute(
             f"SELECT v FROM UNNEST(%s::{kind}[]) WITH ORDINALITY AS t(v, i) ORDER BY i",  # noqa: S608 (a type name)
             [array_literal(values)],
@@ -23,7 +33,7 @@ def _read_back(values, kind):
         return [row[0] for row in cursor.fetchall()]
 
 
-def test_text_comes_back_as_given():
+def test_text_comes_back_as_given(via):
     texts = [
         "",
         "NULL",
@@ -39,11 +49,11 @@ def test_text_comes_back_as_given():
         "Expected start in 5.4 d (p90 10.6 d).",
         Job.Status.PENDING,  # a Choices member: its value
     ]
-    assert _read_back(texts, "varchar") == [t if t is None else str(t) for t in texts]
-    assert _read_back(texts, "text")[-1] == "pending"
+    assert _read_back(texts, "varchar", via) == [t if t is None else str(t) for t in texts]
+    assert _read_back(texts, "text", via)[-1] == "pending"
 
 
-def test_numbers_and_flags_come_back_exactly():
+def test_numbers_and_flags_come_back_exactly(via):
     floats = [
         0.0,
         -0.0,
@@ -58,20 +68,20 @@ def test_numbers_and_flags_come_back_exactly():
         -math.inf,
         None,
     ]
-    back = _read_back(floats, "float8")
+    back = _read_back(floats, "float8", via)
     assert back[:-1] == floats[:-1]
     assert math.copysign(1.0, back[1]) == -1.0
     assert back[-1] is None
-    assert math.isnan(_read_back([math.nan], "float8")[0])
+    assert math.isnan(_read_back([math.nan], "float8", via)[0])
     ints = [0, -1, 2**62, None, 7]
-    assert _read_back(ints, "bigint") == ints
-    assert _read_back([True, False, None], "boolean") == [True, False, None]
+    assert _read_back(ints, "bigint", via) == ints
+    assert _read_back([True, False, None], "boolean", via) == [True, False, None]
 
 
-def test_instants_come_back_exactly():
+def test_instants_come_back_exactly(via):
     instants = [
         datetime(2026, 12, 3, 10, 0, 0, 123456, tzinfo=UTC),
         datetime(2026, 12, 3, 10, 0, 0, 1, tzinfo=timezone(timedelta(hours=5, minutes=30))),
         None,
     ]
-    assert _read_back(instants, "timestamptz") == instants
+    assert _read_back(instants, "timestamptz", via) == instants

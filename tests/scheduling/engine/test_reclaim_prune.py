@@ -27,12 +27,14 @@ def _exhaustive(
     single: bool,
     refused: set[str],
     high: bool,
+    nodes: range | tuple[int, ...],
 ) -> Reclaim | None:
     best: tuple[tuple[float, float, int], Reclaim] | None = None
     pool_free: list[int] = []
     pool_incoming: list[tuple[float, int]] = []
     pool_victims = {}
-    for index, node in enumerate(state.nodes):
+    for index in nodes:
+        node = state.nodes[index]
         if single and len(node.gpu_ids) < gpu_count:
             continue
         node_free = free.get(index, [])
@@ -114,30 +116,79 @@ def test_the_pruned_search_finds_the_exhaustive_plan(seed: int) -> None:
     rng = random.Random(seed)
     state, free, incoming, excluded = _cluster(rng)
     refused = {f"r{i}" for i in range(200) if rng.random() < 0.15}  # what may_take says no to
-    for single in (True, False):
-        for high in (True, False):
-            gpu_count = rng.choice((1, 1, 2, 3, 4, 8))
-            expected = _exhaustive(
-                state,
-                gpu_count=gpu_count,
-                free=free,
-                incoming=incoming,
-                excluded=excluded,
-                single=single,
-                refused=refused,
-                high=high,
-            )
-            for free_nodes in (set(free), None):  # twice: the round's caches are warm the second time
-                got = plan_reclaim(
+    everywhere = range(len(state.nodes))
+    # some nodes only (a demand's GPU types), which the floor order's index must respect
+    some = tuple(i for i in everywhere if rng.random() < 0.6)
+    for nodes in (everywhere, some):
+        for single in (True, False):
+            for high in (True, False):
+                gpu_count = rng.choice((1, 1, 2, 3, 4, 8))
+                expected = _exhaustive(
                     state,
-                    node_indexes=range(len(state.nodes)),
                     gpu_count=gpu_count,
-                    free_on_node=lambda i: list(free.get(i, [])),
+                    free=free,
                     incoming=incoming,
-                    excluded_jobs=excluded,
-                    is_single_node=single,
-                    may_take=lambda r: r.job.id not in refused,
-                    is_high_class=high,
-                    free_nodes=free_nodes,
+                    excluded=excluded,
+                    single=single,
+                    refused=refused,
+                    high=high,
+                    nodes=nodes,
                 )
-                assert got == expected, (seed, single, high, gpu_count, free_nodes)
+                for free_nodes in (set(free), None, set(free)):  # the round's caches warm after the first
+                    got = plan_reclaim(
+                        state,
+                        node_indexes=nodes,
+                        gpu_count=gpu_count,
+                        free_on_node=lambda i: list(free.get(i, [])),
+                        incoming=incoming,
+                        excluded_jobs=excluded,
+                        is_single_node=single,
+                        may_take=lambda r: r.job.id not in refused,
+                        is_high_class=high,
+                        free_nodes=free_nodes,
+                    )
+                    assert got == expected, (seed, nodes, single, high, gpu_count, free_nodes)
+
+
+@pytest.mark.parametrize("seed", range(150))
+def test_the_search_stays_exhaustive_while_the_round_signals_jobs(seed: int) -> None:
+    """One state searched again and again, as a round does, its signalled set growing between
+    the searches (the floor index keeps floors computed with fewer signalled jobs) and once
+    replaced by another, smaller set."""
+    rng = random.Random(seed)
+    state, free, incoming, _ = _cluster(rng)
+    refused = {f"r{i}" for i in range(200) if rng.random() < 0.15}
+    nodes = tuple(range(len(state.nodes)))
+    signalled: set[str] = set()
+    ids = sorted(r.job.id for r in state.snapshot.running)
+    for step in range(12):
+        if step == 8:
+            signalled = set(rng.sample(sorted(signalled), len(signalled) // 2)) if signalled else set()
+        elif ids:
+            signalled.add(rng.choice(ids))
+        high = rng.random() < 0.5
+        gpu_count = rng.choice((1, 1, 2, 3, 4))
+        expected = _exhaustive(
+            state,
+            gpu_count=gpu_count,
+            free=free,
+            incoming=incoming,
+            excluded=signalled,
+            single=True,
+            refused=refused,
+            high=high,
+            nodes=nodes,
+        )
+        got = plan_reclaim(
+            state,
+            node_indexes=nodes,
+            gpu_count=gpu_count,
+            free_on_node=lambda i: list(free.get(i, [])),
+            incoming=incoming,
+            excluded_jobs=signalled,
+            is_single_node=True,
+            may_take=lambda r: r.job.id not in refused,
+            is_high_class=high,
+            free_nodes=set(free),
+        )
+        assert got == expected, (seed, step, gpu_count, high)
