@@ -530,7 +530,7 @@ class Replay(BookingDesk, TickRule, StillTickRule):
             acted = True
         self._idle_counts = self._idle_of(plan)
         if self._skips_still_ticks:
-            self._remember_still(snapshot, plan, t, acted=acted)
+            self._remember_still(snapshot, plan, t, acted=acted, free_gpus=self.backend.free_gpu_count)
         return acted
 
     def _verify_still(self, snapshot: ClusterSnapshot, t: float) -> None:

@@ -16,8 +16,8 @@ reads of ``now`` is then:
   end jumps there); an overdue job's seen end moves with ``now``, and everything that depends on
   it (the top job's shadow, the GPUs it holds) moves later by no more than ``now`` does, so a
   start that would delay a reservation at the last round still would;
-* whether a job's run fits before a time something is held from: a booking's lead time and
-  start, the start of a reservation the last plan made (the top job's shadow).  A job of
+* whether a job's run fits before a time something is held from: a booking's lead time, the
+  start of a reservation the last plan made (the top job's shadow).  A job of
   duration ``d`` (any of a pending job's estimates, plus ``overdue_epsilon_s`` for a GPU whose
   overdue job frees it "soon") fits before ``s`` until ``now`` passes ``s - d``: no such
   instant may lie between the two rounds.  A booking's start, end, lead and release are events
@@ -59,6 +59,7 @@ class _Still:
     at: float
     snapshot: ClusterSnapshot
     plan: Plan
+    free_gpus: int  # GPUs free at ``at`` (and until the next event)
     order: list[JobRequest] | None = None  # the queue order at ``at``
     until: float | None = None  # the first instant after ``at`` at which time alone could change the plan
 
@@ -97,7 +98,7 @@ class StillTickRule:
             last = still.snapshot
             still.until = min(
                 _next_overdue(last, self.config, still.at),
-                _next_fit_change(last, still.plan, self.config, still.at),
+                _next_fit_change(last, still.plan, self.config, still.at, free_gpus=still.free_gpus),
             )
         if t >= still.until:
             return False
@@ -105,9 +106,11 @@ class StillTickRule:
             still.order = self._order_at(still.snapshot, still.at)
         return self._order_at(snapshot, t) == still.order
 
-    def _remember_still(self, snapshot: ClusterSnapshot, plan: Plan, t: float, *, acted: bool) -> None:
+    def _remember_still(
+        self, snapshot: ClusterSnapshot, plan: Plan, t: float, *, acted: bool, free_gpus: int
+    ) -> None:
         """After a planned round: keep it for the ticks after it, if it did nothing."""
-        self._still = None if acted or not self._skips_still_ticks else _Still(t, snapshot, plan)
+        self._still = None if acted or not self._skips_still_ticks else _Still(t, snapshot, plan, free_gpus)
 
 
 def _next_overdue(snapshot: ClusterSnapshot, config: PolicyConfig, t: float) -> float:
@@ -121,19 +124,28 @@ def _next_overdue(snapshot: ClusterSnapshot, config: PolicyConfig, t: float) -> 
     return found
 
 
-def _next_fit_change(snapshot: ClusterSnapshot, plan: Plan, config: PolicyConfig, t: float) -> float:
+def _next_fit_change(
+    snapshot: ClusterSnapshot, plan: Plan, config: PolicyConfig, t: float, *, free_gpus: int
+) -> float:
     """The first instant after ``t`` at which some job's run stops fitting before a time
-    something is held from (module docstring); inf when nothing is held ahead."""
+    something is held from (module docstring); inf when nothing is held ahead.  The jobs whose
+    runs are placed against those times: those no wider than the ``free_gpus`` (the others
+    cannot start, and their verdict says so whatever the time) and the holders of the plan's
+    reservations (the top jobs: where their shadow falls)."""
     holds = {r.start_at for r in plan.reservations if r.start_at > t}
     for booking in snapshot.bookings:
         if booking.start_at > t:
-            holds.add(booking.start_at)
+            # a future booking's GPUs are held from its lead time (pools, and the windows a
+            # reservation's run must fit between); its start is an event of its own
             holds.add(booking.start_at - config.booking_lead_s)
     if not holds:
         return math.inf
     estimates = estimates_by_job(config, is_predicted=False)
     durations: set[float] = set()
+    holders = {r.holder_id for r in plan.reservations}
     for job in snapshot.pending:
+        if job.gpu_count > free_gpus and job.id not in holders:
+            continue
         estimate = estimate_of(job, estimates, config, is_predicted=False)
         durations.update((estimate.p50_s, estimate.hold_s, max(estimate.hold_s, job.requested_s or 0.0)))
     durations.update([d + config.overdue_epsilon_s for d in durations])

@@ -47,7 +47,7 @@ def test_skipping_still_ticks_changes_no_result(policy: str) -> None:
 def test_a_fit_that_time_ends_is_a_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
     # without the instants at which a job stops fitting before a booking or the top job's
     # shadow, some tick of this workload is taken for still when its plan differs
-    monkeypatch.setattr(replay_still, "_next_fit_change", lambda *_args: float("inf"))
+    monkeypatch.setattr(replay_still, "_next_fit_change", lambda *_args, **_kwargs: float("inf"))
     with pytest.raises(AssertionError, match="was not still"):
         _replay("easy", skip=True, verify=True)
 
