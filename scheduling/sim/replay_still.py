@@ -13,9 +13,10 @@ reads of ``now`` is then:
 * the bookings passed to the engine (those starting within the replay's horizon): compared;
 * running jobs' expected ends (the user's estimate; one past it is seen as ending
   ``overdue_epsilon_s`` from now): no running job may pass its estimate in between (the seen
-  end jumps there); an overdue job's seen end moves with ``now``, and everything that depends on
-  it (the top job's shadow, the GPUs it holds) moves later by no more than ``now`` does, so a
-  start that would delay a reservation at the last round still would;
+  end jumps there), nor, while a job is overdue, may its moving end pass another's fixed end
+  (the order in which GPUs come free changes there); an overdue job's seen end moves with
+  ``now``, and what depends on it (the top job's shadow) moves later by no more than ``now``
+  does, so a start that would delay a reservation at the last round still would;
 * whether a job's run fits before a time something is held from: a booking's lead time, the
   start of a reservation the last plan made (the top job's shadow).  A job of
   duration ``d`` (any of a pending job's estimates, plus ``overdue_epsilon_s`` for a GPU whose
@@ -114,14 +115,20 @@ class StillTickRule:
 
 
 def _next_overdue(snapshot: ClusterSnapshot, config: PolicyConfig, t: float) -> float:
-    """The first instant after ``t`` at which a running job passes its estimate."""
+    """The first instant after ``t`` at which a running job passes its estimate, or, while some
+    job is overdue (seen ending ``overdue_epsilon_s`` from now), at which that moving end
+    passes another job's fixed end (which GPUs come free first, so which ones a reservation
+    takes, can change there)."""
     estimates = estimates_by_job(config, is_predicted=False)
-    found = math.inf
-    for running in snapshot.running:
-        end = running.started_at + estimate_of(running.job, estimates, config, is_predicted=False).hold_s
-        if t < end < found:
-            found = end
-    return found
+    ends = [
+        running.started_at + estimate_of(running.job, estimates, config, is_predicted=False).hold_s
+        for running in snapshot.running
+    ]
+    found = min((end for end in ends if end > t), default=math.inf)
+    if any(end <= t for end in ends):
+        epsilon = config.overdue_epsilon_s
+        found = min(found, min((end - epsilon for end in ends if end - epsilon > t), default=math.inf))
+    return found - _MARGIN_S
 
 
 def _next_fit_change(
