@@ -13,8 +13,9 @@ reads of ``now`` is then:
 * the bookings passed to the engine (those starting within the replay's horizon): compared;
 * running jobs' expected ends (the user's estimate; one past it is seen as ending
   ``overdue_epsilon_s`` from now): no running job may pass its estimate in between (the seen
-  end jumps there), nor, while a job is overdue, may its moving end pass another's fixed end
-  (the order in which GPUs come free changes there); an overdue job's seen end moves with
+  end jumps there), nor, while a job is overdue, may its moving end pass a fixed instant at
+  which a GPU comes free or is held from (another job's end, a booking's lead time, start or
+  end: the order in which GPUs come free changes there); an overdue job's seen end moves with
   ``now``, and what depends on it (the top job's shadow) moves later by no more than ``now``
   does, so a start that would delay a reservation at the last round still would;
 * whether a job's run fits before a time something is held from: a booking's lead time, the
@@ -117,8 +118,8 @@ class StillTickRule:
 def _next_overdue(snapshot: ClusterSnapshot, config: PolicyConfig, t: float) -> float:
     """The first instant after ``t`` at which a running job passes its estimate, or, while some
     job is overdue (seen ending ``overdue_epsilon_s`` from now), at which that moving end
-    passes another job's fixed end (which GPUs come free first, so which ones a reservation
-    takes, can change there)."""
+    passes a fixed instant at which a GPU comes free or is held from (which GPUs come free
+    first, so which ones a reservation takes, can change there)."""
     estimates = estimates_by_job(config, is_predicted=False)
     ends = [
         running.started_at + estimate_of(running.job, estimates, config, is_predicted=False).hold_s
@@ -126,8 +127,13 @@ def _next_overdue(snapshot: ClusterSnapshot, config: PolicyConfig, t: float) -> 
     ]
     found = min((end for end in ends if end > t), default=math.inf)
     if any(end <= t for end in ends):
+        # every fixed instant a GPU comes free at or is held from: other jobs' ends, and the
+        # bookings' lead times, starts and ends (an active booking's GPUs come free at its end)
+        fixed = list(ends)
+        for booking in snapshot.bookings:
+            fixed += (booking.start_at - config.booking_lead_s, booking.start_at, booking.end_at)
         epsilon = config.overdue_epsilon_s
-        found = min(found, min((end - epsilon for end in ends if end - epsilon > t), default=math.inf))
+        found = min(found, min((at - epsilon for at in fixed if at - epsilon > t), default=math.inf))
     return found - _MARGIN_S
 
 
