@@ -4,12 +4,14 @@ planned is not planned, and the replay's results are the same as when every tick
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from scheduling.engine import plan_round
+from scheduling.engine.types import Booking, ClusterSnapshot, JobRequest, PolicyConfig, RunningJob
 from scheduling.sim import replay_still
 from scheduling.sim.inventory import parse_cluster_spec
 from scheduling.sim.metrics import compute_metrics
@@ -70,3 +72,36 @@ def test_another_engine_is_planned_every_tick() -> None:
         return plan_round(snapshot, policy=policy, now=now)
 
     assert _replay("easy", skip=True, plan_fn=other_engine)["rounds_skipped"] == 0
+
+
+def test_an_overdue_end_passing_an_active_bookings_end_is_a_threshold() -> None:
+    # the case the whole-trace KTH overlay found under easy: while a job is overdue (seen ending
+    # 60 s from now), the instant that moving end passes an active booking's end changes which
+    # GPUs come free first, so which ones the top job's reservation takes
+    inventory = parse_cluster_spec("4x1")
+    config = PolicyConfig(name="easy")
+    overdue = RunningJob(
+        job=JobRequest(id="j1", user="u", project="p", gpu_count=1, submit_at=0.0, requested_s=100.0),
+        gpu_ids=(0,),
+        started_at=0.0,
+        is_preemptible=False,
+    )
+    later = RunningJob(
+        job=JobRequest(id="j2", user="u", project="p", gpu_count=1, submit_at=0.0, requested_s=5_000.0),
+        gpu_ids=(1,),
+        started_at=0.0,
+        is_preemptible=False,
+    )
+    booking = Booking(
+        id="bk-1", user="v", project="p", gpu_count=1, start_at=500.0, end_at=1_400.0, gpu_ids=(2,)
+    )
+    snapshot = ClusterSnapshot(
+        cluster="c", gpu_types=inventory.gpu_types, nodes=inventory.nodes, running=(overdue, later)
+    )
+    # without the booking: the overdue end (now + 60) passes j2's end (5,000 s) at 4,940 s
+    assert replay_still._next_overdue(snapshot, config, 1_000.0) == pytest.approx(4_940.0, abs=0.01)
+    booked = dataclasses.replace(snapshot, bookings=(booking,))
+    assert replay_still._next_overdue(booked, config, 1_000.0) == pytest.approx(1_340.0, abs=0.01)
+    # with nothing overdue only a job passing its own estimate counts
+    on_time = dataclasses.replace(booked, running=(later,))
+    assert replay_still._next_overdue(on_time, config, 1_000.0) == pytest.approx(5_000.0, abs=0.01)
