@@ -94,6 +94,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="round tick while jobs wait and GPUs are free (doubles while idle); 0 disables",
     )
     parser.add_argument(
+        "--still-ticks",
+        choices=("skip", "plan", "verify"),
+        default="skip",
+        help="easy and static: a tick that would plan what the last round planned is skipped "
+        "(default), planned like any round, or planned and checked to be the no-op skipping "
+        "assumes (an error if not); the metrics are the same (scheduling/sim/replay_still.py)",
+    )
+    parser.add_argument(
         "--workers",
         type=int,
         default=None,
@@ -245,7 +253,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ),
         inventory=inventory,
     )
-    options = ReplayOptions(tick_s=args.tick_s, max_tick_s=max(args.tick_s, ReplayOptions().max_tick_s))
+    options = ReplayOptions(
+        tick_s=args.tick_s,
+        max_tick_s=max(args.tick_s, ReplayOptions().max_tick_s),
+        skip_still_ticks=args.still_ticks != "plan",
+        verify_still_ticks=args.still_ticks == "verify",
+    )
     workers = args.workers if args.workers is not None else _usable_cpus()
     started = time.perf_counter()
     cpu_started = time.process_time()

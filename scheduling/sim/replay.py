@@ -12,18 +12,16 @@ Sessions give up after the overlay's patience (``sessions_abandoned``); a bookin
 not come within the overlay's grace after its start is released; a booking is honored when its
 owner had all booked GPUs within 60 s of arriving (a fixed threshold, not the policy's grace).
 
-Time advances from event to event: arrivals,
-completions, preemption kills, booking creation / start / owner arrival / owner leaving / end,
-and a tick while a GPU is free and a session waits or a pending job is no wider than the free
-GPUs (30 s, doubling up to ``max_tick_s`` while rounds change nothing, reset by any other
-event).  `plan_round` runs after every event batch except batch arrivals while no GPU is free
-(nothing could start, and batch arrivals cannot trigger a preemption: the replay configures no
-guaranteed quotas) and the patience check of a session that already started (it changes
-nothing).
-
-Bookings (admission, seating owners, no-shows) are in `scheduling.sim.replay_bookings`; the
-options, the per-policy set-up and the arguments in `scheduling.sim.replay_setup` (re-exported
-here).
+Time advances from event to event: arrivals, completions, preemption kills, booking creation /
+start / owner arrival / owner leaving / end, and a tick while a GPU is free and a session waits
+or a pending job is no wider than the free GPUs (30 s, doubling up to ``max_tick_s`` while
+rounds change nothing, reset by any other event).  `plan_round` runs after every event batch
+except batch arrivals while no GPU is free (nothing could start, and batch arrivals cannot
+trigger a preemption: the replay configures no guaranteed quotas), the patience check of a
+session that already started (it changes nothing) and, under easy and static, a tick that would
+plan what the last round did (`scheduling.sim.replay_still`).  Claims: `scheduling.sim.claims`.
+Bookings (admission, seating owners, no-shows): `scheduling.sim.replay_bookings`; options,
+per-policy set-up and arguments: `scheduling.sim.replay_setup` (re-exported).
 """
 
 from __future__ import annotations
@@ -76,6 +74,7 @@ from scheduling.sim.replay_setup import (
     ReplaySetup,
     policy_config,
 )
+from scheduling.sim.replay_still import StillTickRule, still_plan_difference
 from scheduling.sim.replay_ticks import TickRule
 from scheduling.sim.trace import Trace
 
@@ -104,7 +103,7 @@ class _Meta:
     saved_s: float = 0.0  # kept progress so far
 
 
-class Replay(BookingDesk, TickRule):
+class Replay(BookingDesk, TickRule, StillTickRule):
     """One policy over one workload.  Use `run_replay` unless you need the internals."""
 
     def __init__(
@@ -181,6 +180,7 @@ class Replay(BookingDesk, TickRule):
         self._released_no_show = 0
         self._wakes: set[float] = set()
         self._triggers: Counter[str] = Counter()  # what caused each round
+        self._init_still(policy, self.plan_fn, enabled=self.options.skip_still_ticks)
 
     # ---- events ----
 
@@ -234,12 +234,15 @@ class Replay(BookingDesk, TickRule):
                 if self._idle_tick_rounds > self.options.max_idle_rounds:
                     break  # only jobs that can never start are left
             if kinds == {_ARRIVE} and not freed and not seated and self._batch_side_full():
+                self._still = None  # the queue changed without a round
                 continue  # nothing can start and a batch arrival preempts nothing
+            if not is_tick:
+                self._still = None  # something happened: a tick is still only after a round
             trigger = (
                 "completion" if freed else ("tick" if is_tick else _KIND_NAMES[min(kinds or {_BK_WAKE})])
             )
             self._triggers[trigger] += 1
-            acted = self._round(t)
+            acted = self._round(t, is_tick=is_tick)
             if acted:
                 self._idle_tick_rounds = 0
             self._schedule_tick(t, after_tick=is_tick, acted=acted)
@@ -452,8 +455,9 @@ class Replay(BookingDesk, TickRule):
         value = self._gpu_value.get(self._gpu_type_of.get(gpu_ids[0], ""), 1.0) if gpu_ids else 1.0
         return len(gpu_ids) * value
 
-    def _round(self, t: float) -> bool:
-        """One engine round at ``t``; True if the plan started or preempted anything."""
+    def _round(self, t: float, *, is_tick: bool = False) -> bool:
+        """One engine round at ``t``; True if the plan started or preempted anything.  A still
+        tick (`replay_still`) is not planned: it would plan what the last round did."""
         config = self.config
         if self._forecast is not None:
             booked = sum(
@@ -468,6 +472,11 @@ class Replay(BookingDesk, TickRule):
                     config, interactive_headroom=wanted, interactive_pool=pool
                 )
         snapshot = self._snapshot(t)
+        if is_tick and self._still is not None and self._is_still(snapshot, t):
+            self._rounds_skipped += 1
+            if self.options.verify_still_ticks:
+                self._verify_still(snapshot, t)
+            return False
         started = time.perf_counter()
         plan = self.plan_fn(snapshot, policy=config, now=t)
         self.record.round_ms.append((time.perf_counter() - started) * 1000.0)
@@ -498,12 +507,7 @@ class Replay(BookingDesk, TickRule):
                 else t + (request.requested_s or math.inf)
             )
             gpu_ids = tuple(action.gpu_ids)
-            self._running[action.job_id] = RunningJob(
-                job=request,
-                gpu_ids=gpu_ids,
-                started_at=t,
-                is_preemptible=action.is_preemptible,
-            )
+            self._running[action.job_id] = RunningJob(request, gpu_ids, t, action.is_preemptible)
             self._running_usage[action.job_id] = (request.project, self._run_value(gpu_ids), t)
             acted = True
         for preempt, result in zip(
@@ -522,10 +526,19 @@ class Replay(BookingDesk, TickRule):
             self._push(next_round_at, _WAKE, 0)
         if self._waiting_owners and self._seat_owners(t):
             acted = True
-        self._count_idle(plan)
+        self._idle_counts = self._idle_of(plan)
+        if self._skips_still_ticks:
+            self._remember_still(snapshot, plan, t, acted=acted, free_gpus=self.backend.free_gpu_count)
         return acted
 
-    def _count_idle(self, plan: Plan) -> None:
+    def _verify_still(self, snapshot: ClusterSnapshot, t: float) -> None:
+        plan = self.plan_fn(snapshot, policy=self.config, now=t)
+        why = still_plan_difference(plan, self._idle_counts, self._idle_of(plan), wakes=self._wakes, t=t)
+        if why is not None:
+            raise AssertionError(f"{self.policy}: the still tick at {t} was not still: {why}")
+
+    def _idle_of(self, plan: Plan) -> Counter[str]:
+        """The plan's idle reasons per free GPU (those it does not explain: `unexplained`)."""
         counts: Counter[str] = Counter()
         explained = 0
         is_free = self.backend.is_free
@@ -536,7 +549,7 @@ class Replay(BookingDesk, TickRule):
         missing = self.backend.free_gpu_count - explained
         if missing > 0:
             counts[UNEXPLAINED] += missing
-        self._idle_counts = counts
+        return counts
 
     def _finish(self, wall_start: float) -> None:
         record = self.record
@@ -571,6 +584,7 @@ class Replay(BookingDesk, TickRule):
             "sessions_abandoned_gpu_hours": self._abandoned_gpu_s / 3600.0,
             "restore_gpu_hours": record.restore_gpu_s / 3600.0,
             "rounds_by_trigger": dict(sorted(self._triggers.items())),
+            "rounds_skipped": self._rounds_skipped,  # still ticks (`replay_still`), not planned
             "backend_messages": counters.messages[:10],
         }
 

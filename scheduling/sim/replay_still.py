@@ -1,0 +1,190 @@
+"""Still ticks: a tick whose round would plan exactly what the last round planned is not planned.
+
+`Replay` (``scheduling.sim.replay``) mixes this in.  Under ``easy`` and ``static`` (the shipped
+engine, `scheduling.engine.plan_round`) a tick that follows a round which started and preempted
+nothing, with no event of any kind in between, plans nothing new when time alone has crossed
+no threshold the round reads.  Between the two instants the pending jobs, the running jobs, the
+free GPUs, the bookings and the policy are the very same objects; what a round of these policies
+reads of ``now`` is then:
+
+* the queue order (age saturating at ``max_age_s``, fair share from usage that decays while
+  work runs): recomputed at the tick with the engine's own `priority.priority_order` and
+  compared job by job;
+* the bookings passed to the engine (those starting within the replay's horizon): compared;
+* running jobs' expected ends (the user's estimate; one past it is seen as ending
+  ``overdue_epsilon_s`` from now): no running job may pass its estimate in between (the seen
+  end jumps there), nor, while a job is overdue, may its moving end pass a fixed instant at
+  which a GPU comes free or is held from (another job's end, a booking's lead time, start or
+  end: the order in which GPUs come free changes there); an overdue job's seen end moves with
+  ``now``, and what depends on it (the top job's shadow) moves later by no more than ``now``
+  does, so a start that would delay a reservation at the last round still would;
+* whether a job's run fits before a time something is held from: a booking's lead time, the
+  start of a reservation the last plan made (the top job's shadow).  A job of
+  duration ``d`` (any of a pending job's estimates, plus ``overdue_epsilon_s`` for a GPU whose
+  overdue job frees it "soon") fits before ``s`` until ``now`` passes ``s - d``: no such
+  instant may lie between the two rounds.  A booking's start, end, lead and release are events
+  of their own (they end the stillness).
+
+So the skipped round would start nothing, preempt nothing, explain the idle GPUs as the last
+round did and ask for the same wake-up: the replay keeps the last round's idle counts and
+doubles the tick as after a round that changed nothing.  ``ReplayOptions.verify_still_ticks``
+plans every skipped tick anyway and raises if its plan differs in any of these
+(`tests/scheduling/sim/test_replay_still.py`; docs/benchmarks.md, "Speed IV").
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from scheduling.engine import plan_round
+from scheduling.engine.cluster import RoundState, estimate_of, estimates_by_job
+from scheduling.engine.priority import priority_order
+
+if TYPE_CHECKING:
+    from scheduling.engine.types import ClusterSnapshot, JobRequest, Plan, PolicyConfig
+    from scheduling.sim.replay_setup import PlanFn
+
+# the policies whose rounds read ``now`` only as the module docstring says (no predictions,
+# no reclaim, no interactive pool, no forecast)
+STILL_POLICIES = frozenset({"easy", "static"})
+
+
+@dataclass(slots=True)
+class _Still:
+    """The last round, which acted on nothing; what a tick compares is computed at the first
+    tick that asks (most such rounds are followed by an event, not a tick)."""
+
+    at: float
+    snapshot: ClusterSnapshot
+    plan: Plan
+    free_gpus: int  # GPUs free at ``at`` (and until the next event)
+    order: list[JobRequest] | None = None  # the queue order at ``at``
+    until: float | None = None  # the first instant after ``at`` at which time alone could change the plan
+
+
+class StillTickRule:
+    """The still-tick half of `Replay` (module docstring); the attributes are `Replay`'s."""
+
+    config: PolicyConfig
+    _still: _Still | None
+    _still_order: tuple[float, list[JobRequest]] | None
+    _skips_still_ticks: bool
+    _rounds_skipped: int
+
+    def _init_still(self, policy: str, plan_fn: PlanFn, *, enabled: bool) -> None:
+        self._skips_still_ticks = enabled and policy in STILL_POLICIES and plan_fn is plan_round
+        self._still = None
+        self._still_order = None  # (instant, queue order) computed by the last stillness test
+        self._rounds_skipped = 0
+
+    def _order_at(self, snapshot: ClusterSnapshot, t: float) -> list[JobRequest]:
+        """The engine's queue order of ``snapshot`` at ``t`` (`priority.priority_order`); one
+        snapshot per instant (the round's)."""
+        kept = self._still_order
+        if kept is not None and kept[0] == t:
+            return kept[1]
+        order = priority_order(RoundState(snapshot, self.config, t, is_predicted=False))
+        self._still_order = (t, order)
+        return order
+
+    def _is_still(self, snapshot: ClusterSnapshot, t: float) -> bool:
+        """Whether a tick at ``t`` would plan what the last round planned (module docstring)."""
+        still = self._still
+        if still is None or snapshot.bookings != still.snapshot.bookings:
+            return False
+        if still.until is None:
+            last = still.snapshot
+            still.until = min(
+                _next_overdue(last, self.config, still.at),
+                _next_fit_change(last, still.plan, self.config, still.at, free_gpus=still.free_gpus),
+            )
+        if t >= still.until:
+            return False
+        if still.order is None:
+            still.order = self._order_at(still.snapshot, still.at)
+        return self._order_at(snapshot, t) == still.order
+
+    def _remember_still(
+        self, snapshot: ClusterSnapshot, plan: Plan, t: float, *, acted: bool, free_gpus: int
+    ) -> None:
+        """After a planned round: keep it for the ticks after it, if it did nothing."""
+        self._still = None if acted or not self._skips_still_ticks else _Still(t, snapshot, plan, free_gpus)
+
+
+def _next_overdue(snapshot: ClusterSnapshot, config: PolicyConfig, t: float) -> float:
+    """The first instant after ``t`` at which a running job passes its estimate, or, while some
+    job is overdue (seen ending ``overdue_epsilon_s`` from now), at which that moving end
+    passes a fixed instant at which a GPU comes free or is held from (which GPUs come free
+    first, so which ones a reservation takes, can change there)."""
+    estimates = estimates_by_job(config, is_predicted=False)
+    ends = [
+        running.started_at + estimate_of(running.job, estimates, config, is_predicted=False).hold_s
+        for running in snapshot.running
+    ]
+    found = min((end for end in ends if end > t), default=math.inf)
+    if any(end <= t for end in ends):
+        # every fixed instant a GPU comes free at or is held from: other jobs' ends, and the
+        # bookings' lead times, starts and ends (an active booking's GPUs come free at its end)
+        fixed = list(ends)
+        for booking in snapshot.bookings:
+            fixed += (booking.start_at - config.booking_lead_s, booking.start_at, booking.end_at)
+        epsilon = config.overdue_epsilon_s
+        found = min(found, min((at - epsilon for at in fixed if at - epsilon > t), default=math.inf))
+    return found - _MARGIN_S
+
+
+def _next_fit_change(
+    snapshot: ClusterSnapshot, plan: Plan, config: PolicyConfig, t: float, *, free_gpus: int
+) -> float:
+    """The first instant after ``t`` at which some job's run stops fitting before a time
+    something is held from (module docstring); inf when nothing is held ahead.  The jobs whose
+    runs are placed against those times: those no wider than the ``free_gpus`` (the others
+    cannot start, and their verdict says so whatever the time) and the holders of the plan's
+    reservations (the top jobs: where their shadow falls)."""
+    holds = {r.start_at for r in plan.reservations if r.start_at > t}
+    for booking in snapshot.bookings:
+        if booking.start_at > t:
+            # a future booking's GPUs are held from its lead time (pools, and the windows a
+            # reservation's run must fit between); its start is an event of its own
+            holds.add(booking.start_at - config.booking_lead_s)
+    if not holds:
+        return math.inf
+    estimates = estimates_by_job(config, is_predicted=False)
+    durations: set[float] = set()
+    holders = {r.holder_id for r in plan.reservations}
+    for job in snapshot.pending:
+        if job.gpu_count > free_gpus and job.id not in holders:
+            continue
+        estimate = estimate_of(job, estimates, config, is_predicted=False)
+        durations.update((estimate.p50_s, estimate.hold_s, max(estimate.hold_s, job.requested_s or 0.0)))
+    durations.update([d + config.overdue_epsilon_s for d in durations])
+    ordered = sorted(durations)
+    found = math.inf
+    for start in holds:
+        # the longest duration that still fits before ``start`` at ``t`` stops fitting first
+        index = bisect_right(ordered, start - t) - 1
+        if index >= 0:
+            found = min(found, start - ordered[index])
+    return found - _MARGIN_S
+
+
+_MARGIN_S = 1e-3  # float rounding of ``now + d`` against ``start``: stop a little early
+
+
+def still_plan_difference(
+    plan: Plan, idle: Counter[str], new_idle: Counter[str], *, wakes: set[float], t: float
+) -> str | None:
+    """Why a skipped tick's ``plan`` is not the no-op the skip assumed (None when it is):
+    ``idle``/``new_idle`` are the idle counts kept and those ``plan`` gives."""
+    if plan.starts or plan.preemptions:
+        return f"it starts {len(plan.starts)} and preempts {len(plan.preemptions)} jobs"
+    if new_idle != idle:
+        return f"its idle GPUs are {dict(new_idle)}, not {dict(idle)}"
+    wake = plan.next_round_at
+    if wake is not None and wake > t and wake not in wakes:
+        return f"it asks for a new wake-up at {wake}"
+    return None
