@@ -201,8 +201,11 @@ def _behind_claimants(keyed: list[_Key], claims: Mapping[str, str]) -> None:
     2 % x8, seed 2: one job signalled 424 times for a claimant that waited 0.3 h).
     """
     at = {item[4]: i for i, item in enumerate(keyed)}
+    step = 0.5 / (len(keyed) + 1)
     for evicted in sorted(claims):
         claimant = keyed[at[claims[evicted]]]
-        behind = (*claimant[:5], claimant[5] + 0.5, keyed[at[evicted]][6])
-        if keyed[at[evicted]] < behind:
+        own = keyed[at[evicted]]
+        # between the claimant and the next position, in the evicted jobs' own order (unique)
+        behind = (*claimant[:5], claimant[5] + step * (1.0 + own[5]), own[6])
+        if own < behind:
             keyed[at[evicted]] = behind

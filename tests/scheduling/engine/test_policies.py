@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from scheduling.engine import plan_round
@@ -593,3 +595,9 @@ def test_berth_the_gpus_freed_for_a_claim_go_to_the_claimant_not_back_to_the_evi
     # claim on other work
     assert set(starts((("gone", "victim", NOW - 5),))) == {"victim"}
     assert set(starts((("claim", "other", NOW - 5),))) == {"victim"}
+    # two evicted jobs behind one claimant
+    twin = dataclasses.replace(victim, id="twin")
+    pending = [victim, twin, claimant]
+    claims = (("claim", "victim", NOW - 5), ("claim", "twin", NOW - 5))
+    snap = snapshot(nodes, running_jobs=[own], pending=pending, projects=projects, claims=claims)
+    assert started(plan_round(snap, policy, NOW)) == {"claim": (0, 1)}
