@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from operator import attrgetter
 
@@ -95,32 +95,41 @@ class SlowdownOrder:
     starvation_s: float = 86_400.0
 
 
-def live_claims(snapshot: ClusterSnapshot, hold_s: float, now: float) -> frozenset[str]:
-    """The pending jobs whose claim (``ClusterSnapshot.claims``) lives at ``now``: running work
-    was reclaimed for them and its grace ended at most ``hold_s`` ago (or has not ended yet)."""
+# a pending job's sort key in `slowdown_orders`: (-class, rank, first, second, id, position, job)
+_Key = tuple[float, float, float, float, str, float, JobRequest]
+
+
+def live_claims(snapshot: ClusterSnapshot, hold_s: float, now: float) -> dict[str, str]:
+    """Evicted job -> its claimant, for the claims (``ClusterSnapshot.claims``) that live at
+    ``now``: both jobs pending, the kill at most ``hold_s`` ago (or still to come); of several
+    claims on one job, the latest."""
     if not snapshot.claims:
-        return frozenset()
+        return {}
     pending = {job.id for job in snapshot.pending}
-    return frozenset(
-        job_id for job_id, kill_at in snapshot.claims if job_id in pending and now <= kill_at + hold_s
-    )
+    latest: dict[str, tuple[float, str]] = {}
+    for claimant, evicted, kill_at in snapshot.claims:
+        live = now <= kill_at + hold_s and claimant in pending and evicted in pending
+        if live and (evicted not in latest or latest[evicted] < (kill_at, claimant)):
+            latest[evicted] = (kill_at, claimant)
+    return {evicted: claimant for evicted, (_, claimant) in latest.items()}
 
 
 def slowdown_orders(
     state: RoundState,
     order: SlowdownOrder,
     is_guaranteed: Callable[[JobRequest], bool] | None = None,
-    claimants: Collection[str] = (),
+    claims: Mapping[str, str] | None = None,
 ) -> tuple[list[JobRequest], list[JobRequest]]:
     """(priority order, backfill order) for berth; see `SlowdownOrder`.
 
-    Interactive sessions first, then explicit priority classes; within a class, the jobs in
-    ``claimants`` (running work was just reclaimed for them: `live_claims`) by age, then starved
-    jobs by age (those ``is_guaranteed`` says run within their project's guarantee before the
-    others), then the rest by fair-share-weighted expansion factor.  With ``short_job_weight > 0``
-    backfill candidates are taken shortest predicted GPU-time first (ties in priority order),
-    so the holes before the top job's reservation go to the work that fits them best and
-    the most jobs get through them; with 0 they are taken in priority order.
+    Interactive sessions first, then explicit priority classes, then starved jobs by age
+    (those ``is_guaranteed`` says run within their project's guarantee before the others),
+    then the rest by fair-share-weighted expansion factor; a job evicted for a claimant still
+    pending (``claims``: evicted -> claimant, `live_claims`) ranks no higher than right behind it.
+    With ``short_job_weight > 0`` backfill candidates are taken shortest predicted GPU-time
+    first (ties in priority order), so the holes before the top job's reservation go to the
+    work that fits them best and the most jobs get through them; with 0 they are taken in
+    priority order.
     """
     policy = state.policy
     factors = fairshare_factors(state.snapshot, state.types, state.gpu_type, queued_only=True)
@@ -133,7 +142,7 @@ def slowdown_orders(
     # the fair-share multiplier of each project, computed once per project
     boost: dict[str, float] = {}
     p50: dict[str, float] = {}
-    keyed: list[tuple[float, float, float, float, str, int, JobRequest]] = []
+    keyed: list[_Key] = []
     interactive = JobKind.INTERACTIVE
     append = keyed.append
     for index, job in enumerate(state.snapshot.pending):
@@ -158,12 +167,7 @@ def slowdown_orders(
             tier = interactive_priority
         tier += 10.0 * job.priority
         # starved jobs rank by age alone (earliest submit first), the others by expansion
-        if claimants and job_id in claimants:
-            # the GPUs its victims free are its: ranked behind them, the evicted work (requeued,
-            # often starved) retook them and was evicted again, round after round (Alibaba 2 %
-            # x8, seed 2: one job preempted 424 times for a claimant that waited 0.3 h)
-            append((-tier, -3.0, submitted, submitted, job_id, index, job))
-        elif age >= starve:
+        if age >= starve:
             # A starved job within its guarantee goes before starved borrowing work: it would
             # claim that work's GPUs at once (a quota claim), so a borrowing job ranked ahead of
             # it retook the GPUs its own eviction freed, round after round (Alibaba 2 % x8,
@@ -172,6 +176,8 @@ def slowdown_orders(
             append((-tier, rank, submitted, submitted, job_id, index, job))
         else:
             append((-tier, -0.0, -expansion, submitted, job_id, index, job))
+    if claims:
+        _behind_claimants(keyed, claims)
     # the position breaks ties of equal ids (as a stable sort would), so tuples never compare jobs
     keyed.sort()
     queue = [item[6] for item in keyed]
@@ -185,3 +191,21 @@ def slowdown_orders(
     keyed_backfill.sort()
     backfill = [item[4] for item in keyed_backfill]
     return queue, backfill
+
+
+def _behind_claimants(keyed: list[_Key], claims: Mapping[str, str]) -> None:
+    """Move each evicted job's key to right behind its claimant's when it ranks above it.
+
+    Ranked ahead (requeued work is often starved by its first submit), the evicted job retook
+    the GPUs its eviction freed and was evicted again a grace later, round after round (Alibaba
+    2 % x8, seed 2: one job signalled 424 times for a claimant that waited 0.3 h).
+    """
+    at = {item[4]: i for i, item in enumerate(keyed)}
+    step = 0.5 / (len(keyed) + 1)
+    for evicted in sorted(claims):
+        claimant = keyed[at[claims[evicted]]]
+        own = keyed[at[evicted]]
+        # between the claimant and the next position, in the evicted jobs' own order (unique)
+        behind = (*claimant[:5], claimant[5] + step * (1.0 + own[5]), own[6])
+        if own < behind:
+            keyed[at[evicted]] = behind

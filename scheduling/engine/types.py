@@ -161,8 +161,9 @@ class PolicyConfig:
     # next 24 h).  Empty: only ``interactive_headroom`` (the level for now) is known.
     interactive_pool: tuple[tuple[float, str, int], ...] = ()
     restore_s: float = 120.0  # GPU-time each GPU loses when work resumes from a checkpoint
-    # how long past its victims' kill a claim (``ClusterSnapshot.claims``) keeps its job first:
-    # the next round or two in the portal (a round every 15 s), the next event in the replay
+    # how long past its kill a claim (``ClusterSnapshot.claims``) keeps the evicted job behind
+    # its claimant: the next round or two in the portal (a round every 15 s), the next event in
+    # the replay
     claim_hold_s: float = 120.0
 
 
@@ -176,11 +177,11 @@ class ClusterSnapshot:
     bookings: tuple[Booking, ...] = ()  # those overlapping [now, now + horizon)
     projects: tuple[ProjectShare, ...] = ()
     gpus_in_use_idle: frozenset[int] = frozenset()  # telemetry: allocated but 0% busy
-    # (job id, planned kill): pending jobs that running work was reclaimed for, with when the
-    # (last) victim's grace ends.  Such a job goes first while its claim lives
-    # (``PolicyConfig.claim_hold_s`` past the kill), so the GPUs freed for it go to it and not
-    # back to the work evicted from them (a round forgets whom it evicted for).
-    claims: tuple[tuple[str, float], ...] = ()
+    # (claimant job id, evicted job id, planned kill): running work reclaimed for a job.  While
+    # the claim lives (``PolicyConfig.claim_hold_s`` past the kill) the evicted job, requeued,
+    # ranks no higher than right behind its claimant, so the GPUs freed for the claimant do not
+    # go back to it (a round forgets whom the one before evicted work for).
+    claims: tuple[tuple[str, str, float], ...] = ()
 
 
 # ---- plan ----

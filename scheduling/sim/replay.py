@@ -518,7 +518,7 @@ class Replay(BookingDesk, TickRule, StillTickRule):
                 self._running[preempt.job_id] = dataclasses.replace(running, grace_until=preempt.kill_at)
                 acted = True
                 if preempt.for_id in self._pending:  # a job's claim (a booking holds its GPUs)
-                    self._claims.signalled(preempt.for_id, preempt.kill_at)
+                    self._claims.signalled(preempt.for_id, preempt.job_id, preempt.kill_at)
         self._fix_bookings(plan, t)
         next_round_at = getattr(plan, "next_round_at", None)  # added to the contract by the engine
         if next_round_at is not None and next_round_at > t and next_round_at not in self._wakes:

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
-from django.db.models import Max
 from django.db.models.functions import Coalesce, Greatest
 
 from portal.accounts.models import Project
@@ -108,10 +107,10 @@ def open_preemptions(*, cluster: Cluster) -> dict[int, Preemption]:
 _CLAIM_SIGNAL_WINDOW = timedelta(days=1)
 
 
-def open_claims(*, cluster: Cluster, now: datetime, hold_s: float) -> tuple[tuple[str, float], ...]:
-    """(job id, when its last victim's GPUs were freed) for every job that running work was
-    reclaimed for and whose GPUs were freed at most ``hold_s`` ago or are still in a grace: the
-    engine's ``ClusterSnapshot.claims`` (it keeps only those of pending jobs).  Freed is the
+def open_claims(*, cluster: Cluster, now: datetime, hold_s: float) -> tuple[tuple[str, str, float], ...]:
+    """(claimant, evicted job, when its GPUs were freed) for every job that running work was
+    reclaimed for, freed at most ``hold_s`` ago or still in its grace: the engine's
+    ``ClusterSnapshot.claims`` (it keeps only those whose two jobs are pending).  Freed is the
     planned kill, or the real stop when the backend stopped the work later than planned."""
     rows = (
         Preemption.objects.filter(
@@ -119,11 +118,11 @@ def open_claims(*, cluster: Cluster, now: datetime, hold_s: float) -> tuple[tupl
         )
         .annotate(freed=Greatest("kill_at", Coalesce("killed_at", "kill_at")))
         .filter(freed__gte=now - timedelta(seconds=hold_s))
-        .values("for_job_id")
-        .annotate(latest=Max("freed"))
-        .order_by("for_job_id")
+        .order_by("for_job_id", "job_id", "freed")
+        .values_list("for_job_id", "job_id", "freed")
     )
-    return tuple((str(row["for_job_id"]), epoch(row["latest"])) for row in rows)
+    latest = {(str(claimant), str(evicted)): epoch(freed) for claimant, evicted, freed in rows}
+    return tuple((claimant, evicted, freed) for (claimant, evicted), freed in latest.items())
 
 
 # How long a prediction a round made is reused for a job without a stored one: the hourly

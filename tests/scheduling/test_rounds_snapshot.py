@@ -152,8 +152,8 @@ def test_berth_policy_holds_the_forecast_headroom(monkeypatch: pytest.MonkeyPatc
 def test_snapshot_carries_the_claims_of_pending_jobs_work_was_reclaimed_for(
     engine_redis_url, run_round, t0: datetime
 ) -> None:
-    """A preemption's beneficiary keeps its claim (the engine ranks it first) from the signal
-    until ``claim_hold_s`` past the victim's stop: the planned kill, or the real stop if later."""
+    """A preemption for a job is a claim (the engine ranks the evicted job behind the claimant)
+    from the signal until ``claim_hold_s`` past the stop: the planned kill, or the real one if later."""
     cluster = make_cluster(nodes=1, gpus_per_node=2)
     user, project = make_member()
     victim = submit(user, project, cluster, gpus=2, runtime_s=9000, now=t0, is_preemptible=True)
@@ -166,16 +166,17 @@ def test_snapshot_carries_the_claims_of_pending_jobs_work_was_reclaimed_for(
     )
     policy = policy_config_for_cluster(cluster=cluster)
 
-    def claims(at_s: float) -> tuple[tuple[str, float], ...]:
+    def claims(at_s: float) -> tuple[tuple[str, str, float], ...]:
         return cluster_snapshot_build(cluster=cluster, now=later(t0, at_s), policy=policy).claims
 
     kill = signal.kill_at.timestamp()
-    assert claims(20) == ((str(claimant.pk), kill),)  # in the grace
-    assert claims(40 + policy.claim_hold_s) == ((str(claimant.pk), kill),)
+    claim = (str(claimant.pk), str(victim.pk))
+    assert claims(20) == ((*claim, kill),)  # in the grace
+    assert claims(40 + policy.claim_hold_s) == ((*claim, kill),)
     assert claims(41 + policy.claim_hold_s) == ()  # past its hold
     # the backend stopped the work late: the claim runs from the real stop
     Preemption.objects.filter(pk=signal.pk).update(killed_at=later(t0, 100))
-    assert claims(41 + policy.claim_hold_s) == ((str(claimant.pk), later(t0, 100).timestamp()),)
+    assert claims(41 + policy.claim_hold_s) == ((*claim, later(t0, 100).timestamp()),)
     # a booking's reclaim is not a job's claim
     Preemption.objects.filter(pk=signal.pk).update(for_job=None)
     assert claims(20) == ()

@@ -2,9 +2,9 @@
 
 * `ArrivalOrder` (fifo): submit order (requeues keep their age), ties by id;
 * `MultifactorOrder` (easy, static): Slurm-style age + fair share + class (`priority`);
-* `SlowdownFirst` (berth): sessions, classes, jobs holding a claim, starved jobs, then expected
-  slowdown x fair share; backfill candidates shortest predicted GPU-time first
-  (`priority.slowdown_orders`).
+* `SlowdownFirst` (berth): sessions, classes, starved jobs, then expected slowdown x fair
+  share, a job evicted for another no higher than behind it while the claim lives; backfill
+  candidates shortest predicted GPU-time first (`priority.slowdown_orders`).
 """
 
 from __future__ import annotations
@@ -58,9 +58,9 @@ class SlowdownFirst:
     params: SlowdownOrder = field(default_factory=SlowdownOrder)
 
     def __call__(self, rnd: Round) -> Orders:
-        """(priority order, backfill order) from `priority.slowdown_orders`: jobs holding a live
-        claim first (`priority.live_claims`), starved jobs within their project's guarantee
-        (`Round.is_within_guarantee`) before the other starved."""
+        """(priority order, backfill order) from `priority.slowdown_orders`: starved jobs within
+        their project's guarantee (`Round.is_within_guarantee`) before the other starved, a job
+        evicted for a live claim no higher than behind its claimant (`priority.live_claims`)."""
         shares = rnd.shares
 
         def is_guaranteed(job: JobRequest) -> bool:  # asked of starved jobs only
@@ -71,5 +71,5 @@ class SlowdownFirst:
             )
 
         state = rnd.state
-        claimants = live_claims(state.snapshot, state.policy.claim_hold_s, state.now)
-        return slowdown_orders(state, self.params, is_guaranteed, claimants)
+        claims = live_claims(state.snapshot, state.policy.claim_hold_s, state.now)
+        return slowdown_orders(state, self.params, is_guaranteed, claims)

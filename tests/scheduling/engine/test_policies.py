@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from scheduling.engine import plan_round
@@ -552,9 +554,9 @@ def test_berth_a_starved_job_within_its_guarantee_goes_before_starved_borrowing_
 
 
 def test_berth_the_gpus_freed_for_a_claim_go_to_the_claimant_not_back_to_the_evicted_work() -> None:
-    """A claim (`ClusterSnapshot.claims`) keeps its job first until ``claim_hold_s`` past its
-    victims' kill: the evicted, requeued work (starved here, so ranked by age before a claimant
-    that waited minutes) does not retake the GPUs its eviction freed.
+    """While a claim (`ClusterSnapshot.claims`) lives (``claim_hold_s`` past the kill), the
+    evicted, requeued job (starved here, so ranked by age before a claimant that waited
+    minutes) ranks behind its claimant and does not retake the GPUs its eviction freed.
 
     Without it the victim restarted there and the claimant evicted it again a grace later,
     round after round (Alibaba 2 % x8, seed 2: one job preempted 424 times for one claimant).
@@ -579,19 +581,23 @@ def test_berth_the_gpus_freed_for_a_claim_go_to_the_claimant_not_back_to_the_evi
     claimant = job("claim", 2, project="owner", submit_at=NOW - 1_000)
     policy = PolicyConfig(name="berth")
 
-    def starts(claims: tuple[tuple[str, float], ...]) -> dict[str, tuple[int, ...]]:
-        return started(
-            plan_round(
-                snapshot(nodes, running_jobs=[own], pending=[victim, claimant], projects=projects, claims=claims),
-                policy,
-                NOW,
-            )
-        )
+    def starts(claims: tuple[tuple[str, str, float], ...]) -> dict[str, tuple[int, ...]]:
+        pending = [victim, claimant]
+        snap = snapshot(nodes, running_jobs=[own], pending=pending, projects=projects, claims=claims)
+        return started(plan_round(snap, policy, NOW))
 
     # the victim's grace ended 5 s ago: the claim lives
-    assert starts((("claim", NOW - 5),)) == {"claim": (0, 1)}
+    assert starts((("claim", "victim", NOW - 5),)) == {"claim": (0, 1)}
     # no claim, or one past its hold: the starved victim goes first again
     assert set(starts(())) == {"victim"}
-    assert set(starts((("claim", NOW - policy.claim_hold_s - 1),))) == {"victim"}
-    # a claim for a job that is not pending (it started, or left) changes nothing
-    assert set(starts((("gone", NOW - 5),))) == {"victim"}
+    assert set(starts((("claim", "victim", NOW - policy.claim_hold_s - 1),))) == {"victim"}
+    # a claim of a job that is not pending (it started, or left) changes nothing, nor does a
+    # claim on other work
+    assert set(starts((("gone", "victim", NOW - 5),))) == {"victim"}
+    assert set(starts((("claim", "other", NOW - 5),))) == {"victim"}
+    # two evicted jobs behind one claimant
+    twin = dataclasses.replace(victim, id="twin")
+    pending = [victim, twin, claimant]
+    claims = (("claim", "victim", NOW - 5), ("claim", "twin", NOW - 5))
+    snap = snapshot(nodes, running_jobs=[own], pending=pending, projects=projects, claims=claims)
+    assert started(plan_round(snap, policy, NOW)) == {"claim": (0, 1)}

@@ -330,26 +330,26 @@ def test_a_booking_never_gets_another_bookings_gpu_when_running_work_blocks_the_
 def test_the_replay_passes_each_claim_while_its_job_waits_within_the_hold(
     trace: Trace, inventory: Inventory, overlay: Overlay, plan_round: Any
 ) -> None:
-    """Every preemption for a pending job becomes that job's claim in the next snapshots (its
-    latest planned kill), until the job starts or ``claim_hold_s`` past the kill: the portal's
-    `snapshots.open_claims` from its preemption rows, here from the plans."""
+    """Every preemption for a pending job becomes a claim (claimant, evicted job, planned kill)
+    in the next snapshots, until the claimant starts or ``claim_hold_s`` past the kill: the
+    portal's `snapshots.open_claims` from its preemption rows, here from the plans."""
     replay = Replay(trace, inventory, overlay, policy="berth", plan_fn=plan_round)
     hold = replay.config.claim_hold_s
-    kills: dict[str, float] = {}  # beneficiary -> latest planned kill signalled so far
+    kills: dict[tuple[str, str], float] = {}  # (claimant, evicted) -> planned kill
     checked = 0
 
     def spy(snapshot: ClusterSnapshot, *, policy: PolicyConfig, now: float) -> Plan:
         nonlocal checked
         pending = {job.id for job in snapshot.pending}
-        for job_id in [j for j, k in kills.items() if j not in pending or now > k + hold]:
-            del kills[job_id]  # started (or left), or past the hold: forgotten
-        assert dict(snapshot.claims) == kills
+        for key in [key for key, kill in kills.items() if key[0] not in pending or now > kill + hold]:
+            del kills[key]  # the claimant started (or left), or past the hold: forgotten
+        assert {(c, e): k for c, e, k in snapshot.claims} == kills
         checked += bool(kills)
         plan = plan_round(snapshot, policy=policy, now=now)
         signalled = {r.job.id for r in snapshot.running if r.grace_until is not None}
         for preemption in plan.preemptions:
             if preemption.for_id in pending and preemption.job_id not in signalled:
-                kills[preemption.for_id] = max(kills.get(preemption.for_id, 0.0), preemption.kill_at)
+                kills[preemption.for_id, preemption.job_id] = preemption.kill_at
         return plan
 
     replay.plan_fn = spy
