@@ -167,7 +167,6 @@ def _quiet_prophet() -> None:
     # cmdstanpy logs two INFO lines per fit; prophet logs its seasonality choices.
     logging.getLogger("cmdstanpy").setLevel(logging.WARNING)
     logging.getLogger("prophet").setLevel(logging.WARNING)
-    logging.getLogger("prophet.plot").setLevel(logging.CRITICAL)  # "Importing plotly failed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +193,8 @@ def prophet_fit_predict(
     NaN values are left out of the fit.  Daily seasonality needs two days of data, weekly
     seasonality two weeks: less makes Prophet fit noise as season.
     """
+    # before the import, which logs "Importing plotly failed" at ERROR (plots are not used here)
+    logging.getLogger("prophet.plot").setLevel(logging.CRITICAL)
     from prophet import Prophet  # heavy (about 0.6 s); only where a fit happens
 
     _quiet_prophet()  # after the import: cmdstanpy sets its own level when imported

@@ -196,3 +196,23 @@ def test_berth_bands_are_calibrated_on_session_demand() -> None:
     (result,) = backtest(_session_demand(70, seed=5), [lambda: make_model("berth")], days=14)
     assert 0.72 <= result.coverage_80 <= 0.88
     assert 0.90 <= result.coverage_upper_95 <= 0.99
+
+
+def test_a_prophet_fit_logs_no_error_about_plotting() -> None:
+    """Importing Prophet logs "Importing plotly failed" at ERROR (plotly is not installed, and
+    plots are not used): the fit silences it, so a worker's log shows no ERROR for a normal fit.
+    A fresh interpreter, because this process may have imported Prophet already."""
+    import subprocess
+    import sys
+
+    code = (
+        "import logging; logging.basicConfig(level=logging.INFO)\n"
+        "import numpy as np, pandas as pd\n"
+        "from forecasting.core.basemodels import prophet_fit_predict\n"
+        "h = pd.Series(np.arange(200.0) % 24, index=pd.date_range('2026-01-01', periods=200, freq='h'))\n"
+        "print(len(prophet_fit_predict(h, horizon_h=24).future))\n"
+    )
+    command = [sys.executable, "-c", code]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "24"
+    assert "ERROR" not in done.stderr, done.stderr
