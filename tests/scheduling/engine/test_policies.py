@@ -12,12 +12,14 @@ from scheduling.engine.types import (
     GpuType,
     IdleReason,
     JobKind,
+    JobRequest,
     Node,
     NodeStatus,
     PendingReason,
     Plan,
     PolicyConfig,
     ProjectShare,
+    RunningJob,
 )
 from tests.scheduling.engine.conftest import job, make_nodes, running, snapshot
 
@@ -505,6 +507,28 @@ def test_berth_guarantee_claim_takes_only_borrowed_work_and_never_more_than_it_a
     assert preempted(within, old) == []
 
 
+def _evicted_borrower_case() -> tuple[tuple[Node, ...], tuple[ProjectShare, ...], RunningJob, JobRequest]:
+    """Two 2-GPU nodes, a project with a guarantee of 2 ("owner") and a borrowing one: node 1
+    runs the borrower's guaranteed GPU and one more of its own, node 0 is free (the borrowing
+    job's own eviction just freed it); the evicted job, requeued, is starved by its first submit."""
+    projects = (
+        ProjectShare("owner", guaranteed=(("A100", 2),)),
+        ProjectShare("borrower", guaranteed=(("A100", 1),), borrow_limit=4),
+    )
+    own = running(job("own", 2, project="borrower"), (2, 3), started_at=NOW - 600)
+    victim = job(
+        "victim",
+        2,
+        project="borrower",
+        submit_at=NOW - 5,
+        first_submit_at=NOW - 2 * 86_400.0,
+        attempt=1,
+        is_preemptible=True,
+        is_checkpointable=True,
+    )
+    return make_nodes(2, 2), projects, own, victim
+
+
 def test_berth_a_starved_job_within_its_guarantee_goes_before_starved_borrowing_work() -> None:
     """Both waited past the starvation bound: the job within its project's guarantee starts on
     the free GPUs, not the older borrowing job, which the guarantee would claim back at once.
@@ -512,25 +536,8 @@ def test_berth_a_starved_job_within_its_guarantee_goes_before_starved_borrowing_
     Ranked by age alone the borrowing job started there and the claimant took the GPUs back a
     grace later, round after round (Alibaba 2 % x8, seed 6: one job preempted 3,363 times).
     """
-    nodes = make_nodes(2, 2)
-    projects = (
-        ProjectShare("owner", guaranteed=(("A100", 2),)),
-        ProjectShare("borrower", guaranteed=(("A100", 1),), borrow_limit=4),
-    )
+    nodes, projects, own, victim = _evicted_borrower_case()
     day = 86_400.0
-    # node 1 runs the borrower's guaranteed GPU and one more of its own; node 0 is free (the
-    # borrowing job's own eviction just freed it)
-    own = running(job("own", 2, project="borrower"), (2, 3), started_at=NOW - 600)
-    victim = job(
-        "victim",
-        2,
-        project="borrower",
-        submit_at=NOW - 30,
-        first_submit_at=NOW - 2 * day,
-        attempt=1,
-        is_preemptible=True,
-        is_checkpointable=True,
-    )
     claim = job("claim", 2, project="owner", submit_at=NOW - 1.5 * day)
     plan = plan_round(
         snapshot(nodes, running_jobs=[own], pending=[victim, claim], projects=projects),
@@ -561,23 +568,7 @@ def test_berth_the_gpus_freed_for_a_claim_go_to_the_claimant_not_back_to_the_evi
     Without it the victim restarted there and the claimant evicted it again a grace later,
     round after round (Alibaba 2 % x8, seed 2: one job preempted 424 times for one claimant).
     """
-    nodes = make_nodes(2, 2)
-    projects = (
-        ProjectShare("owner", guaranteed=(("A100", 2),)),
-        ProjectShare("borrower", guaranteed=(("A100", 1),), borrow_limit=4),
-    )
-    day = 86_400.0
-    own = running(job("own", 2, project="borrower"), (2, 3), started_at=NOW - 600)
-    victim = job(
-        "victim",
-        2,
-        project="borrower",
-        submit_at=NOW - 5,
-        first_submit_at=NOW - 2 * day,
-        attempt=1,
-        is_preemptible=True,
-        is_checkpointable=True,
-    )
+    nodes, projects, own, victim = _evicted_borrower_case()
     claimant = job("claim", 2, project="owner", submit_at=NOW - 1_000)
     policy = PolicyConfig(name="berth")
 
