@@ -64,7 +64,6 @@ from forecasting.core.runtime_votes import (
     Context,
     KeyFn,
     densest_window,
-    densest_window_bounded,
     level_key,
     name_template,
     window_mode,
@@ -426,10 +425,8 @@ class HistoryRuntimePredictor:
         self._pending_votes[job.id] = parts
         # window_mode(list(zip(values, weights))) with the pairs already sorted; in a batch whose
         # weights are all non-negative, the scan may stop once the weight left cannot win.
-        if total is not None and self._is_weight_bounded:
-            left, right, _ = densest_window_bounded(pairs, LOG4, total)
-        else:
-            left, right, _ = densest_window(pairs, LOG4)
+        limit = total if total is not None and self._is_weight_bounded else math.inf
+        left, right, _ = densest_window(pairs, LOG4, limit)
         return 0.5 * (pairs[left][0] + pairs[right - 1][0])
 
     def predict(self, job: JobRequest) -> tuple[float, float]:

@@ -29,7 +29,6 @@ __all__ = [
     "LEVEL_KEYS",
     "KeyFn",
     "densest_window",
-    "densest_window_bounded",
     "level_key",
     "name_template",
     "window_mode",
@@ -98,7 +97,9 @@ def level_key(level: str, job: JobRequest, req: int | None, ctx: Context = NO_CO
 _END = (math.inf, 0.0)
 
 
-def densest_window(votes: list[tuple[float, float]], width: float) -> tuple[int, int, float]:
+def densest_window(
+    votes: list[tuple[float, float]], width: float, total: float = math.inf
+) -> tuple[int, int, float]:
     """(left, right, weight) of the first interval ``votes[left:right]`` of length at most
     ``width`` holding the most weight; ``votes`` sorted, not empty.
 
@@ -111,44 +112,19 @@ def densest_window(votes: list[tuple[float, float]], width: float) -> tuple[int,
     appended for the scan and removed after it (an infinite value minus any finite one, or a
     NaN comparison, is never within the width: the same stop as a bound check, ~20 % less
     work; the right edge's vote is unpacked once, not once per left edge it waits for).
+
+    ``total``: the sum of the weights, given only when none is negative.  The scan then stops
+    once the weight right of the left edge is below what a window must beat by a margin (1e-9
+    of the total; the rounding of these sums, over at most a few thousand votes, is below
+    1e-12 of it): no later window can hold more, so none would have won, and the windows
+    scanned are summed in the same order.  The runtime predictor's batch
+    (`HistoryRuntimePredictor.predict_many`) gives it: the best window usually lies well
+    before the end of a job's votes (~20 % of the scan saved in the full bench's first
+    round).  Without it (infinite) the scan never stops early, whatever the weights' signs.
     """
     n = len(votes)
     best_weight, best_left, best_right = -1.0, 0, 1
     beat = best_weight + 1e-12  # what a window must exceed, recomputed when the best changes
-    acc, right = 0.0, 0
-    votes.append(_END)
-    try:
-        right_value, right_weight = votes[0]
-        for left in range(n):
-            lo, left_weight = votes[left]
-            while right_value - lo <= width:
-                acc += right_weight
-                right += 1
-                right_value, right_weight = votes[right]
-            if acc > beat:
-                best_weight, best_left, best_right = acc, left, right
-                beat = best_weight + 1e-12
-            acc -= left_weight
-    finally:
-        votes.pop()
-    return best_left, best_right, best_weight
-
-
-def densest_window_bounded(
-    votes: list[tuple[float, float]], width: float, total: float
-) -> tuple[int, int, float]:
-    """`densest_window` of votes none of whose weights is negative, ``total`` the sum of their
-    weights: the same answer, the scan stopping once the weight right of the left edge is
-    below what a window must beat by a margin (1e-9 of the total; the rounding of these
-    sums, over at most a few thousand votes, is below 1e-12 of it).  No later window can
-    hold more than that weight, so no later one would have won; the windows scanned are
-    summed in the same order as `densest_window` sums them.  The runtime predictor's batch
-    (`HistoryRuntimePredictor.predict_many`) uses it: the best window usually lies well
-    before the end of a job's votes (~20 % of the scan saved in the full bench's first round).
-    """
-    n = len(votes)
-    best_weight, best_left, best_right = -1.0, 0, 1
-    beat = best_weight + 1e-12
     acc, right = 0.0, 0
     margin = 1e-9 * (total + 1.0)
     gone, stop_after = 0.0, math.inf  # the weight the left edge passed; where the scan may stop
@@ -164,7 +140,7 @@ def densest_window_bounded(
             if acc > beat:
                 best_weight, best_left, best_right = acc, left, right
                 beat = best_weight + 1e-12
-                stop_after = total - beat + margin
+                stop_after = total - beat + margin  # infinite without a total
             acc -= left_weight
             gone += left_weight
             if gone > stop_after:

@@ -141,10 +141,10 @@ def test_window_mode_chooses_the_same_window_on_ties_and_duplicates() -> None:
 
 
 def test_the_bounded_window_scan_stops_early_on_the_same_window() -> None:
-    """`densest_window_bounded` (the batch's scan, weights never negative) gives the window of
-    the full scan and of the reference window mode, on vote lists with repeated values and
-    weights, zero weights, exact ties between windows, and sums far from 1."""
-    from forecasting.core.runtime_votes import LOG4, densest_window, densest_window_bounded
+    """`densest_window` given the total (the batch's scan, weights never negative) gives the
+    window of the full scan and of the reference window mode, on vote lists with repeated
+    values and weights, zero weights, exact ties between windows, and sums far from 1."""
+    from forecasting.core.runtime_votes import LOG4, densest_window
 
     rng = random.Random(5)
     for trial in range(3_000):
@@ -158,7 +158,7 @@ def test_the_bounded_window_scan_stops_early_on_the_same_window() -> None:
         )
         total = sum(w for _, w in votes)
         full = densest_window(list(votes), LOG4)
-        bounded = densest_window_bounded(list(votes), LOG4, total)
+        bounded = densest_window(list(votes), LOG4, total)
         assert (bounded[0], bounded[1], bounded[2].hex()) == (full[0], full[1], full[2].hex()), votes
         left, right, _ = bounded
         assert 0.5 * (votes[left][0] + votes[right - 1][0]) == reference.window_mode(list(votes))

@@ -17,6 +17,34 @@ from tests.scheduling.engine.conftest import job, make_nodes, running, snapshot
 NOW = 100_000.0
 
 
+def _planned(
+    state: RoundState,
+    *,
+    gpu_count: int,
+    free: dict[int, list[int]],
+    incoming: dict[int, float],
+    excluded: set[str],
+    single: bool,
+    refused: set[str],
+    high: bool,
+    nodes: range | tuple[int, ...],
+    free_nodes: set[int] | None,
+) -> Reclaim | None:
+    """`plan_reclaim` on the same arguments `_exhaustive` takes (and the round's free nodes)."""
+    return plan_reclaim(
+        state,
+        node_indexes=nodes,
+        gpu_count=gpu_count,
+        free_on_node=lambda i: list(free.get(i, [])),
+        incoming=incoming,
+        excluded_jobs=excluded,
+        is_single_node=single,
+        may_take=lambda r: r.job.id not in refused,
+        is_high_class=high,
+        free_nodes=free_nodes,
+    )
+
+
 def _exhaustive(
     state: RoundState,
     *,
@@ -135,16 +163,16 @@ def test_the_pruned_search_finds_the_exhaustive_plan(seed: int) -> None:
                     nodes=nodes,
                 )
                 for free_nodes in (set(free), None, set(free)):  # the round's caches warm after the first
-                    got = plan_reclaim(
+                    got = _planned(
                         state,
-                        node_indexes=nodes,
                         gpu_count=gpu_count,
-                        free_on_node=lambda i: list(free.get(i, [])),
+                        free=free,
                         incoming=incoming,
-                        excluded_jobs=excluded,
-                        is_single_node=single,
-                        may_take=lambda r: r.job.id not in refused,
-                        is_high_class=high,
+                        excluded=excluded,
+                        single=single,
+                        refused=refused,
+                        high=high,
+                        nodes=nodes,
                         free_nodes=free_nodes,
                     )
                     assert got == expected, (seed, nodes, single, high, gpu_count, free_nodes)
@@ -179,16 +207,16 @@ def test_the_search_stays_exhaustive_while_the_round_signals_jobs(seed: int) -> 
             high=high,
             nodes=nodes,
         )
-        got = plan_reclaim(
+        got = _planned(
             state,
-            node_indexes=nodes,
             gpu_count=gpu_count,
-            free_on_node=lambda i: list(free.get(i, [])),
+            free=free,
             incoming=incoming,
-            excluded_jobs=signalled,
-            is_single_node=True,
-            may_take=lambda r: r.job.id not in refused,
-            is_high_class=high,
+            excluded=signalled,
+            single=True,
+            refused=refused,
+            high=high,
+            nodes=nodes,
             free_nodes=set(free),
         )
         assert got == expected, (seed, step, gpu_count, high)
