@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench._util import fraction_text
+
 COLUMNS = (
-    ("util", "utilization", "{:.3f}"),
-    ("busy util", "busy_utilization", "{:.3f}"),
+    ("util", "utilization", fraction_text),
+    ("busy util", "busy_utilization", fraction_text),
     ("wait mean s", "wait_mean_s", "{:,.0f}"),
     ("wait p95 s", "wait_p95_s", "{:,.0f}"),
     ("bsld", "bounded_slowdown_mean", "{:,.1f}"),
     ("int. wait p95 s", "interactive_wait_p95_s", "{:,.0f}"),
-    ("honored", "bookings_honored", "{:.3f}"),
+    ("honored", "bookings_honored", fraction_text),
     ("preempt", "preemptions", "{:,}"),
     ("lost GPU-h", "lost_gpu_hours", "{:,.0f}"),
     ("jain", "jain_fairness", "{:.3f}"),
@@ -30,11 +33,11 @@ COLUMNS = (
 )
 
 
-def _cell(fmt: str, value: Any) -> str:
+def _cell(fmt: str | Callable[[float], str], value: Any) -> str:
     if value is None:
         return "–"
     try:
-        return fmt.format(value)
+        return fmt(value) if callable(fmt) else fmt.format(value)
     except (TypeError, ValueError):
         return str(value)
 

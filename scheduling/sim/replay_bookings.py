@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from scheduling import admission
-from scheduling.engine.types import Booking, Plan, PolicyConfig, RunningJob
+from scheduling.engine.preemption import is_consenting
+from scheduling.engine.types import Booking, JobKind, Plan, PolicyConfig, RunningJob
 from scheduling.sim.metrics import BookingOutcome, ReplayRecord
 from scheduling.sim.overlays import BookingPlan, Overlay
 
@@ -57,6 +59,19 @@ _EXTEND_S = 1_800.0
 HONORED_WITHIN_S = 60.0  # a booking owner served within this of arriving is honored
 
 
+# Which running jobs block a booking's pick (`BookingDesk._admission_gpus`).
+def _any_running(running: RunningJob) -> bool:
+    return True
+
+
+def _unreclaimable(running: RunningJob) -> bool:
+    return running.job.kind != JobKind.BATCH or not is_consenting(running)
+
+
+def _no_running(running: RunningJob) -> bool:
+    return False
+
+
 @dataclass(slots=True)
 class _BookingState:
     plan: BookingPlan
@@ -96,7 +111,10 @@ class BookingDesk:
         chosen = plan.gpu_ids
         if self.options.booking_gpus == "portal" and chosen:
             chosen = (
-                self._admission_gpus(plan, t) or self._admission_gpus(plan, t, counts_running=False) or chosen
+                self._admission_gpus(plan, t)
+                or self._admission_gpus(plan, t, counts_running=_unreclaimable)
+                or self._admission_gpus(plan, t, counts_running=_no_running)
+                or chosen
             )
         for gpu in chosen:
             self._booked_windows.setdefault(gpu, []).append((plan.start_at, plan.end_at))
@@ -126,7 +144,7 @@ class BookingDesk:
         self._push(plan.end_at, _BK_END, index)
 
     def _admission_gpus(
-        self, plan: BookingPlan, t: float, *, counts_running: bool = True
+        self, plan: BookingPlan, t: float, *, counts_running: Callable[[RunningJob], bool] = _any_running
     ) -> tuple[int, ...] | None:
         """The GPUs `booking_create` picks at ``t``: of the booking's type, with no blocking
         allocation overlapping its window (other bookings, and running jobs until their
@@ -135,14 +153,22 @@ class BookingDesk:
 
         The overlay's admission counted capacity minus overlapping bookings and admitted the
         booking, so the replay keeps it (it cannot know whether the portal would have refused
-        it); with ``counts_running=False`` only other bookings block, which is the pick kept
-        then: two bookings never share a GPU (the database's exclusion constraint), and the
-        running work in the way is reclaimed or ends.  The overlay's own pick, made without
-        the replay's picks of earlier bookings, could share one (seed 1 of the KTH overlay:
-        one owner waited 86 s for a GPU another booking held)."""
+        it) and picks again with only the running work ``counts_running`` says blocks:
+
+        * first ``_unreclaimable``: work a booking cannot take back (sessions, batch work
+          without consent), so the running work in the way is reclaimed a grace before the
+          start (`Reclaim.for_bookings`) or ends.  Without this step an 8-GPU booking went on
+          a running session's GPUs, and its owner waited 2 h for them (KTH overlay, seed 1,
+          berth: the year's one unhonored booking);
+        * then ``_no_running``: only other bookings block, so two bookings never share a GPU
+          (the database's exclusion constraint).  The overlay's own pick, made without the
+          replay's picks of earlier bookings, could share one (seed 1 of the KTH overlay: one
+          owner waited 86 s for a GPU another booking held)."""
         start, end = plan.start_at, plan.end_at
         busy_until: dict[int, float] = {}
-        for job_id, running in self._running.items() if counts_running else ():
+        for job_id, running in self._running.items():
+            if not counts_running(running):
+                continue
             alloc_end = max(self._alloc_end.get(job_id, math.inf), t + _EXTEND_S)
             for gpu in running.gpu_ids:
                 busy_until[gpu] = alloc_end

@@ -22,3 +22,17 @@ def test_render_shows_each_policy_and_only_nonzero_idle_reasons() -> None:
     assert "| policy | no_demand | reserved_unused |" in text
     assert "fragmentation" not in text
     assert "| – |" in text  # metrics a replay did not write show as a dash
+
+
+def test_a_share_just_below_one_never_reads_as_one() -> None:
+    from bench._util import format_table, fraction_text
+
+    assert fraction_text(0.999677) == "0.9997"  # one unhonored booking of ~3,100
+    assert fraction_text(1.0) == "1.000"
+    assert fraction_text(0.00046) == "0.0005"
+    assert fraction_text(0.0) == "0.000"
+    assert fraction_text(0.8164) == "0.816"
+    text = render({"jobs": 1, "capacity_gpus": 1, "policies": {"berth": {"bookings_honored": 0.999677}}})
+    assert "0.9997" in text
+    assert "1.000" not in text
+    assert "0.9997" in format_table(["honored"], [[0.999677]])

@@ -327,6 +327,47 @@ def test_a_booking_never_gets_another_bookings_gpu_when_running_work_blocks_the_
     assert (6_000.0, 8_000.0) not in replay._booked_windows[1]
 
 
+def test_a_booking_avoids_the_gpus_of_running_work_it_cannot_take_back(
+    trace: Trace, overlay: Overlay
+) -> None:
+    # 2 GPUs, both running work past the booking's start: GPU 0 a session (never reclaimed),
+    # GPU 1 consenting batch work (reclaimed a grace before the booking starts). The portal's
+    # pick finds nothing free; the pick kept must be GPU 1, or the owner waits for the session.
+    from scheduling.engine.types import JobKind, JobRequest, RunningJob
+    from scheduling.sim.overlays import BookingPlan
+
+    replay = _standin_replay(trace, parse_cluster_spec("2x1"), overlay, "berth")
+    t = 1_000.0
+    session = JobRequest(
+        id="int-1",
+        user="u",
+        project="p",
+        gpu_count=1,
+        submit_at=0.0,
+        requested_s=1e6,
+        kind=JobKind.INTERACTIVE,
+    )
+    batch = JobRequest(id="b-1", user="w", project="p", gpu_count=1, submit_at=0.0, requested_s=1e6)
+    replay._running["int-1"] = RunningJob(job=session, gpu_ids=(0,), started_at=0.0, is_preemptible=False)
+    replay._running["b-1"] = RunningJob(job=batch, gpu_ids=(1,), started_at=0.0, is_preemptible=True)
+    replay._alloc_end["int-1"] = replay._alloc_end["b-1"] = 1e6
+    plan = BookingPlan(
+        id="bk-000001",
+        user="v",
+        project="q",
+        created_at=t,
+        start_at=6_000.0,
+        end_at=8_000.0,
+        gpu_count=1,
+        use_start_at=6_000.0,
+        use_end_at=8_000.0,
+        gpu_type="A100",
+        gpu_ids=(0,),
+    )
+    replay._create_booking(plan, t)
+    assert replay._bookings["bk-000001"].gpu_ids == (1,)
+
+
 def test_the_replay_passes_each_claim_while_its_job_waits_within_the_hold(
     trace: Trace, inventory: Inventory, overlay: Overlay, plan_round: Any
 ) -> None:
