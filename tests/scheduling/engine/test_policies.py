@@ -404,6 +404,13 @@ def test_berth_top_job_suspends_only_long_checkpointing_work_in_its_way() -> Non
     near = running(close, (2, 3), started_at=NOW - 2_000)
     plan = plan_round(snapshot(nodes, running_jobs=[near], pending=[top]), PolicyConfig(name="berth"), NOW)
     assert plan.preemptions == ()
+    # work with three times the top job's runtime left is suspended (the ratio is 2)
+    triple = job(
+        "triple", 2, requested_s=12_800, is_preemptible=True, is_checkpointable=True, checkpoint_interval_s=60
+    )
+    three = running(triple, (2, 3), started_at=NOW - 2_000)
+    plan = plan_round(snapshot(nodes, running_jobs=[three], pending=[top]), PolicyConfig(name="berth"), NOW)
+    assert [p.job_id for p in plan.preemptions] == ["triple"]
     # nor work that would restart from scratch
     scratch = job("scratch", 2, requested_s=50_000, is_preemptible=True)
     plain = running(scratch, (2, 3), started_at=NOW - 2_000, is_preemptible=True)
