@@ -64,8 +64,49 @@ def _ordered(jobs: tuple[JobRequest, ...], score: dict[str, float]) -> list[JobR
 
 
 def priority_order(state: RoundState) -> list[JobRequest]:
-    """Pending jobs by multifactor priority, highest first; ties by original submit, then id."""
-    return _ordered(state.snapshot.pending, priority_scores(state))
+    """Pending jobs by multifactor priority, highest first; ties by original submit, then id.
+
+    `_ordered` of `priority_scores` in one pass: every round orders the whole queue (static's
+    grows to thousands of jobs), so each job's sort key is built from its score at once, with
+    the very same arithmetic (``min``/``max`` written out as comparisons that pick the same
+    operand; each project's fair-share term computed once)."""
+    pending = state.snapshot.pending
+    if len({job.id for job in pending}) != len(pending):
+        return _ordered(pending, priority_scores(state))  # a repeated id: its last score for all
+    policy = state.policy
+    factors = fairshare_factors(state.snapshot, state.types, state.gpu_type, queued_only=True)
+    max_age = policy.max_age_s if policy.max_age_s > 0 else 1.0
+    age_weight = policy.age_weight / max_age
+    cap = policy.age_weight
+    fs_weight = policy.fairshare_weight
+    bonus = policy.interactive_priority
+    interactive = JobKind.INTERACTIVE
+    now = state.now
+    fair: dict[str, float] = {}
+    keyed: list[tuple[float, float, str, int, JobRequest]] = []
+    append = keyed.append
+    for i, job in enumerate(pending):
+        submitted = job.first_submit_at
+        if submitted is None:
+            submitted = job.submit_at
+        age = now - submitted
+        if not age > 0.0:  # max(0.0, age)
+            age = 0.0
+        aged = age * age_weight
+        score = cap if cap < aged else aged  # min(aged, cap)
+        project = job.project
+        term = fair.get(project)
+        if term is None:
+            term = fair[project] = fs_weight * factors.get(project, 1.0)
+        score += term
+        if job.priority:
+            score += 10.0 * job.priority
+        if job.kind == interactive:
+            score += bonus
+        # the position breaks ties of equal ids, so tuples never compare the jobs themselves
+        append((-score, submitted, job.id, i, job))
+    keyed.sort()
+    return [item[4] for item in keyed]
 
 
 @dataclass(frozen=True, slots=True)

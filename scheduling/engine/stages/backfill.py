@@ -97,59 +97,182 @@ class EasyPass:
 def backfill(rnd: Round, rest: Sequence[JobRequest]) -> None:
     """The backfill candidates behind the top job, in their order: start what fits without
     delaying anything held, sessions may reclaim, the others are told why they wait; at most
-    ``PolicyConfig.backfill_depth`` of them are considered (`beyond_window` for the rest)."""
-    composition = rnd.composition
-    try_start = composition.place.try_start
-    reclaim = composition.reclaim
-    state = rnd.state
+    ``PolicyConfig.backfill_depth`` of them are considered (`beyond_window` for the rest).
+
+    Most candidates of a long queue start nothing and get a verdict shared by many (too few
+    GPUs free, or a static wide job behind the top job): `_Cheap` gives those without trying a
+    start, and for the common job (batch, unconstrained, of a project without a limit, once the
+    interactive pool is held) `Admitted` and `_Cheap` are written out here, with no call per job
+    (a queue can be thousands long every round); the others go through `_consider`."""
     verdicts = rnd.out.verdicts
     admitted = Admitted(rnd)
+    by_shape = admitted.by_shape
+    cheap = _Cheap(rnd)
     scanned = 0
     depth = rnd.policy.backfill_depth
     wide = rnd.wide
-    too_few: dict[tuple[object, ...], Verdict] = {}
-    refused: dict[int, Verdict] = {}
+    batch = JobKind.BATCH
+    limited = cheap.limited
+    admits = cheap.admits
     for index, job in enumerate(rest):
         if scanned >= depth:
             # every job admitted from here on is beyond the window
             beyond = f"{depth} other jobs are considered first; it is beyond this round's backfill window."
             beyond_window(admitted, rest[index:], beyond)
             return
+        job_id = job.id
+        if job_id in verdicts:
+            continue  # admit refuses it and records nothing (`Admitted.__call__`)
+        project = job.project
+        if (
+            job.kind == batch
+            and job.gpu_type is None
+            and not job.precisions
+            and job.min_memory_gib <= 0
+            and rnd.headroom_done
+            and not (limited[project] if project in limited else cheap.has_limit(project))
+        ):
+            # what `Admit.__call__` reads of such a job: its size and project (and whether no
+            # type satisfies it or it can never start: its memory and precisions)
+            key = (job.gpu_count, project, job.min_memory_gib, job.precisions)
+            if key in admits:
+                known = admits[key]
+                if known is not None:
+                    verdicts[job_id] = known
+                    continue
+            elif admitted(job):
+                admits[key] = None
+            else:  # refused: admit said why
+                admits[key] = verdicts[job_id]
+                continue
+            scanned += 1
+            if wide and job_id in wide:
+                if rnd.top is not None:
+                    verdicts[job_id] = cheap.refused(job)
+                else:  # it draws from both sides (`Round.pool_for`)
+                    _consider(rnd, job, rnd.types_for(job))
+                continue
+            few = cheap.plain_few(job)
+            if few is None:
+                _consider(rnd, job, rnd.types_for(job))
+                continue
+            # too few GPUs free: `_too_few`'s verdict, by what its sentence reads of the job
+            top = rnd.top
+            shared = (job.gpu_count, top is not None and top.user == job.user, top is not None and top.id == job_id)
+            verdict = few.get(shared)
+            if verdict is None:
+                verdict = few[shared] = _too_few(rnd, job, rnd.types_for(job), cheap.plain[2], cheap.too_few)
+            verdicts[job_id] = verdict
+            continue
         if not admitted(job):
             continue
         scanned += 1
-        if wide and job.id in wide and rnd.top is not None:
-            # what `Place.try_start` does first for a wide job behind the top job (static,
-            # whose queue can be mostly such jobs), without estimating it first; its verdict
-            # names the top job and its size only (one per size)
-            verdict = refused.get(job.gpu_count)
-            if verdict is None:
-                refuse_wide(rnd, job)
-                refused[job.gpu_count] = verdicts[job.id]
-            else:
-                verdicts[job.id] = verdict
+        verdict = cheap.verdict(job)
+        if verdict is not None:
+            verdicts[job_id] = verdict
             continue
-        types = rnd.types_for(job)
-        if reclaim is None or job.kind != JobKind.INTERACTIVE:
-            pool = rnd.pool_for(job)
+        _consider(rnd, job, rnd.types_for(job))
+
+
+class _Cheap:
+    """The verdicts `backfill` gives without trying a start, each shared by the jobs it fits.
+
+    * a static wide job behind the top job waits for the top job (`refuse_wide`, which
+      `Place.try_start` would also give first), one verdict per size;
+    * a job (not a session under a policy that reclaims) with fewer GPUs of its types free
+      than it needs, held ones included, cannot start (`Place.try_start` refuses it before
+      anything else) and nothing but a session's reclaim could act for it: `explain_blocked`'s
+      verdict, one per distinct sentence (`_too_few`).
+
+    Starts and claims take GPUs from a pool mid-pass: the free counts are re-read when the
+    pool's ``takes`` counter moves."""
+
+    __slots__ = ("_counts", "_refused", "admits", "limited", "plain", "rnd", "too_few")
+
+    def __init__(self, rnd: Round) -> None:
+        """The memos of one round's backfill pass."""
+        self.rnd = rnd
+        self._refused: dict[int, Verdict] = {}
+        self.too_few: dict[tuple[object, ...], Verdict] = {}
+        # (id of the pool, id of the types list) -> (the pool's takes, the types, free count)
+        self._counts: dict[tuple[int, int], tuple[int, Sequence[str], int]] = {}
+        # project -> whether it has a total limit (`Round.limit`, fixed for the round)
+        self.limited: dict[str, bool] = {}
+        # (size, project, memory, precisions) of an unconstrained batch job of a project without
+        # a limit -> None (admitted) or admit's verdict, once the interactive pool is held
+        self.admits: dict[tuple[object, ...], Verdict | None] = {}
+        # for unconstrained batch jobs: (the batch pool's takes, the top job, free GPUs, the
+        # too-few verdicts given at that count) (`plain_few`)
+        self.plain: tuple[int, JobRequest | None, int, dict[tuple[int, bool, bool], Verdict]] | None = None
+
+    def has_limit(self, project: str) -> bool:
+        """Whether a project has a total limit (then admit reads what it runs)."""
+        found = self.limited[project] = self.rnd.limit(project) is not None
+        return found
+
+    def refused(self, job: JobRequest) -> Verdict:
+        """A wide job's verdict behind the top job (`refuse_wide`), one per size."""
+        verdict = self._refused.get(job.gpu_count)
+        if verdict is None:
+            refuse_wide(self.rnd, job)
+            verdict = self._refused[job.gpu_count] = self.rnd.out.verdicts[job.id]
+        return verdict
+
+    def free(self, job: JobRequest, types: Sequence[str]) -> int:
+        """Free GPUs of ``types`` (held ones included) in the pool of a job that is not wide."""
+        rnd = self.rnd
+        pool = rnd.inter_pool if job.kind == JobKind.INTERACTIVE else rnd.batch_pool
+        key = (id(pool), id(types))
+        counted = self._counts.get(key)
+        if counted is None or counted[0] != pool.takes:
+            # the types list is kept in the entry: its id stays its own while the entry lives
             free = pool.free_count(types[0]) if len(types) == 1 else sum(pool.free_count(t) for t in types)
-            if free < job.gpu_count:
-                # fewer free GPUs than it needs, held ones included: `Place.try_start` refuses it
-                # before anything else, and nothing but a session's reclaim could act for it
-                verdicts[job.id] = _too_few(rnd, job, types, free, too_few)
-                continue
-        estimate = state.estimate(job)
-        if try_start(rnd, job, types, estimate):
-            continue
-        if job.id in verdicts:
-            continue
-        if (
-            reclaim is not None
-            and job.kind == JobKind.INTERACTIVE
-            and reclaim.for_demand(rnd, job, types, estimate, single=rnd.is_single_node(types, job.gpu_count))
-        ):
-            continue
-        explain_blocked(rnd, job, types, estimate)
+            counted = self._counts[key] = (pool.takes, types, free)
+        return counted[2]
+
+    def plain_few(self, job: JobRequest) -> dict[tuple[int, bool, bool], Verdict] | None:
+        """For an unconstrained batch job that is not wide: None if enough GPUs of its types
+        are free (held ones included), else the too-few verdicts of the current free count and
+        top job by (size, same owner as the top job, is the top job)."""
+        rnd = self.rnd
+        pool = rnd.batch_pool
+        plain = self.plain
+        if plain is None or plain[0] != pool.takes or plain[1] is not rnd.top:
+            plain = self.plain = (pool.takes, rnd.top, self.free(job, rnd.types_for(job)), {})
+        return None if plain[2] >= job.gpu_count else plain[3]
+
+    def verdict(self, job: JobRequest) -> Verdict | None:
+        """The job's shared verdict, or None when it needs `_consider`."""
+        rnd = self.rnd
+        wide = rnd.wide
+        if wide and job.id in wide:
+            return None if rnd.top is None else self.refused(job)
+        if job.kind == JobKind.INTERACTIVE and rnd.composition.reclaim is not None:
+            return None
+        types = rnd.types_for(job)
+        free = self.free(job, types)
+        if free >= job.gpu_count:
+            return None
+        return _too_few(rnd, job, types, free, self.too_few)
+
+
+def _consider(rnd: Round, job: JobRequest, types: Sequence[str]) -> None:
+    """A backfill candidate that may start: start it where it fits, a session may reclaim,
+    else record why it waits."""
+    composition = rnd.composition
+    reclaim = composition.reclaim
+    estimate = rnd.state.estimate(job)
+    if composition.place.try_start(rnd, job, types, estimate):
+        return
+    if job.id in rnd.out.verdicts:
+        return
+    if (
+        reclaim is not None
+        and job.kind == JobKind.INTERACTIVE
+        and reclaim.for_demand(rnd, job, types, estimate, single=rnd.is_single_node(types, job.gpu_count))
+    ):
+        return
+    explain_blocked(rnd, job, types, estimate)
 
 
 class Admitted:
