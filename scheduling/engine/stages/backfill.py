@@ -114,6 +114,7 @@ def backfill(rnd: Round, rest: Sequence[JobRequest]) -> None:
     batch = JobKind.BATCH
     limited = cheap.limited
     admits = cheap.admits
+    refused = cheap.by_size
     for index, job in enumerate(rest):
         if scanned >= depth:
             # every job admitted from here on is beyond the window
@@ -135,22 +136,17 @@ def backfill(rnd: Round, rest: Sequence[JobRequest]) -> None:
             # what `Admit.__call__` reads of such a job: its size and project (and whether no
             # type satisfies it or it can never start: its memory and precisions)
             key = (job.gpu_count, project, job.min_memory_gib, job.precisions)
-            if key in admits:
-                known = admits[key]
-                if known is not None:
-                    verdicts[job_id] = known
-                    continue
-            elif admitted(job):
-                admits[key] = None
-            else:  # refused: admit said why
-                admits[key] = verdicts[job_id]
+            known = admits[key] if key in admits else cheap.admit_plain(job, key, admitted)
+            if known is not None:
+                verdicts[job_id] = known
                 continue
             scanned += 1
             if wide and job_id in wide:
-                if rnd.top is not None:
-                    verdicts[job_id] = cheap.refused(job)
-                else:  # it draws from both sides (`Round.pool_for`)
+                if rnd.top is None:  # it draws from both sides (`Round.pool_for`)
                     _consider(rnd, job, rnd.types_for(job))
+                else:
+                    verdict = refused.get(job.gpu_count)
+                    verdicts[job_id] = verdict if verdict is not None else cheap.refused(job)
                 continue
             few = cheap.plain_few(job)
             if few is None:
@@ -161,7 +157,7 @@ def backfill(rnd: Round, rest: Sequence[JobRequest]) -> None:
             shared = (job.gpu_count, top is not None and top.user == job.user, top is not None and top.id == job_id)
             verdict = few.get(shared)
             if verdict is None:
-                verdict = few[shared] = _too_few(rnd, job, rnd.types_for(job), cheap.plain[2], cheap.too_few)
+                verdict = few[shared] = _too_few(rnd, job, rnd.types_for(job), cheap.plain_free, cheap.too_few)
             verdicts[job_id] = verdict
             continue
         if not admitted(job):
@@ -172,6 +168,9 @@ def backfill(rnd: Round, rest: Sequence[JobRequest]) -> None:
             verdicts[job_id] = verdict
             continue
         _consider(rnd, job, rnd.types_for(job))
+
+
+_KEPT_ADMITTED = 1 << 14  # admitted shapes kept per inventory and admit stage across rounds
 
 
 class _Cheap:
@@ -187,12 +186,12 @@ class _Cheap:
     Starts and claims take GPUs from a pool mid-pass: the free counts are re-read when the
     pool's ``takes`` counter moves."""
 
-    __slots__ = ("_counts", "_refused", "admits", "limited", "plain", "rnd", "too_few")
+    __slots__ = ("_counts", "_kept", "_plain", "_quotas", "admits", "by_size", "limited", "rnd", "too_few")
 
     def __init__(self, rnd: Round) -> None:
         """The memos of one round's backfill pass."""
         self.rnd = rnd
-        self._refused: dict[int, Verdict] = {}
+        self.by_size: dict[int, Verdict] = {}  # a wide job's verdict behind the top job, per size
         self.too_few: dict[tuple[object, ...], Verdict] = {}
         # (id of the pool, id of the types list) -> (the pool's takes, the types, free count)
         self._counts: dict[tuple[int, int], tuple[int, Sequence[str], int]] = {}
@@ -201,21 +200,58 @@ class _Cheap:
         # (size, project, memory, precisions) of an unconstrained batch job of a project without
         # a limit -> None (admitted) or admit's verdict, once the interactive pool is held
         self.admits: dict[tuple[object, ...], Verdict | None] = {}
+        # project -> its quotas as `Admit.never_startable_of` keys them (None: it has none)
+        self._quotas: dict[str, object] = {}
+        # the shapes admit admitted in earlier rounds on this inventory (`admit_plain`)
+        derived = rnd.state.topology.derived
+        kept_key = ("plain_admitted", rnd.composition.admit)
+        kept = derived.get(kept_key)
+        if kept is None or len(kept) > _KEPT_ADMITTED:
+            kept = derived[kept_key] = set()
+        self._kept: set[tuple[object, ...]] = kept
         # for unconstrained batch jobs: (the batch pool's takes, the top job, free GPUs, the
         # too-few verdicts given at that count) (`plain_few`)
-        self.plain: tuple[int, JobRequest | None, int, dict[tuple[int, bool, bool], Verdict]] | None = None
+        self._plain: tuple[int, JobRequest | None, int, dict[tuple[int, bool, bool], Verdict]] | None = None
 
     def has_limit(self, project: str) -> bool:
         """Whether a project has a total limit (then admit reads what it runs)."""
         found = self.limited[project] = self.rnd.limit(project) is not None
         return found
 
+    def admit_plain(self, job: JobRequest, key: tuple[object, ...], admitted: Admitted) -> Verdict | None:
+        """`Admitted` for the first unconstrained batch job of its ``key`` in this round (its
+        project has no limit and the interactive pool is held): None if admitted, else admit's
+        verdict.  Admit's answer then reads only the job's size, memory and precisions, its
+        project's quotas and the inventory, so an admission is also kept across rounds (a
+        refusal, which records a sentence, is asked again)."""
+        project = job.project
+        if project in self._quotas:
+            quotas = self._quotas[project]
+        else:
+            share = self.rnd.shares.get(project)
+            quotas = self._quotas[project] = (
+                (share.name, share.guaranteed, share.borrow_limit, share.borrow_limits)
+                if share is not None
+                and (bool(share.guaranteed) or share.borrow_limit is not None or bool(share.borrow_limits))
+                else None
+            )
+        shape = (key[0], quotas, key[2], key[3])
+        if shape in self._kept:
+            found: Verdict | None = None
+        elif admitted(job):
+            self._kept.add(shape)
+            found = None
+        else:
+            found = self.rnd.out.verdicts[job.id]
+        self.admits[key] = found
+        return found
+
     def refused(self, job: JobRequest) -> Verdict:
         """A wide job's verdict behind the top job (`refuse_wide`), one per size."""
-        verdict = self._refused.get(job.gpu_count)
+        verdict = self.by_size.get(job.gpu_count)
         if verdict is None:
             refuse_wide(self.rnd, job)
-            verdict = self._refused[job.gpu_count] = self.rnd.out.verdicts[job.id]
+            verdict = self.by_size[job.gpu_count] = self.rnd.out.verdicts[job.id]
         return verdict
 
     def free(self, job: JobRequest, types: Sequence[str]) -> int:
@@ -230,15 +266,21 @@ class _Cheap:
             counted = self._counts[key] = (pool.takes, types, free)
         return counted[2]
 
+    @property
+    def plain_free(self) -> int:
+        """The free count `plain_few` last compared with."""
+        assert self._plain is not None
+        return self._plain[2]
+
     def plain_few(self, job: JobRequest) -> dict[tuple[int, bool, bool], Verdict] | None:
         """For an unconstrained batch job that is not wide: None if enough GPUs of its types
         are free (held ones included), else the too-few verdicts of the current free count and
         top job by (size, same owner as the top job, is the top job)."""
         rnd = self.rnd
         pool = rnd.batch_pool
-        plain = self.plain
+        plain = self._plain
         if plain is None or plain[0] != pool.takes or plain[1] is not rnd.top:
-            plain = self.plain = (pool.takes, rnd.top, self.free(job, rnd.types_for(job)), {})
+            plain = self._plain = (pool.takes, rnd.top, self.free(job, rnd.types_for(job)), {})
         return None if plain[2] >= job.gpu_count else plain[3]
 
     def verdict(self, job: JobRequest) -> Verdict | None:
