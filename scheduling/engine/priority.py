@@ -9,7 +9,7 @@ from operator import attrgetter
 
 from scheduling.engine.cluster import RoundState
 from scheduling.engine.fairshare import fairshare_factors
-from scheduling.engine.types import ClusterSnapshot, JobKind, JobRequest
+from scheduling.engine.types import ClusterSnapshot, JobKind, JobRequest, PolicyConfig
 
 
 def submitted_at(job: JobRequest) -> float:
@@ -70,6 +70,22 @@ def priority_order(state: RoundState) -> list[JobRequest]:
     grows to thousands of jobs), so each job's sort key is built from its score at once, with
     the very same arithmetic (``min``/``max`` written out as comparisons that pick the same
     operand; each project's fair-share term computed once)."""
+    snapshot = state.snapshot
+    last = _LAST_ORDER[0]
+    if last is not None and last[0] is snapshot and last[1] is state.policy and last[2] == state.now:
+        return list(last[3])
+    order = _priority_order(state)
+    # the order reads the snapshot (immutable), the policy and the instant: kept for the next
+    # caller with the very same ones (a replay tests a still tick against the last round's)
+    _LAST_ORDER[0] = (snapshot, state.policy, state.now, order)
+    return list(order)
+
+
+# (snapshot, policy, now, queue order) of the last `priority_order`
+_LAST_ORDER: list[tuple[ClusterSnapshot, PolicyConfig, float, list[JobRequest]] | None] = [None]
+
+
+def _priority_order(state: RoundState) -> list[JobRequest]:
     pending = state.snapshot.pending
     if len({job.id for job in pending}) != len(pending):
         return _ordered(pending, priority_scores(state))  # a repeated id: its last score for all

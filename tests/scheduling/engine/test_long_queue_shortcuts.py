@@ -122,3 +122,19 @@ def test_priority_order_with_a_repeated_id_keeps_the_last_score() -> None:
     snap = snapshot(make_nodes(1, 1), pending=pending)
     state = RoundState(snap, PolicyConfig(name="easy"), NOW, is_predicted=False)
     assert priority_order(state) == _ordered(snap.pending, priority_scores(state))
+
+
+def test_priority_order_is_kept_for_the_same_snapshot_policy_and_instant() -> None:
+    """The last order is given again for the very same snapshot, policy and instant (a replay
+    asks for it again to test a still tick), as a list of its own; any of the three changed,
+    it is computed anew."""
+    pending = [job("old", 1, submit_at=0.0, project="busy"), job("new", 1, submit_at=NOW - 10.0, project="zero")]
+    snap = snapshot(make_nodes(1, 1), pending=pending, projects=_PROJECTS)
+    policy = PolicyConfig(name="easy")
+    first = priority_order(RoundState(snap, policy, NOW, is_predicted=False))
+    first.reverse()  # the caller's own list
+    again = priority_order(RoundState(snap, policy, NOW, is_predicted=False))
+    assert [j.id for j in again] == ["old", "new"]
+    # a heavy fair-share weight puts the light project's newer job first: a new policy is read
+    heavy = PolicyConfig(name="easy", fairshare_weight=100.0)
+    assert [j.id for j in priority_order(RoundState(snap, heavy, NOW, is_predicted=False))] == ["new", "old"]
