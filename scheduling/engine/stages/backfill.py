@@ -106,7 +106,6 @@ def backfill(rnd: Round, rest: Sequence[JobRequest]) -> None:
     (a queue can be thousands long every round); the others go through `_consider`."""
     verdicts = rnd.out.verdicts
     admitted = Admitted(rnd)
-    by_shape = admitted.by_shape
     cheap = _Cheap(rnd)
     scanned = 0
     depth = rnd.policy.backfill_depth
@@ -154,10 +153,16 @@ def backfill(rnd: Round, rest: Sequence[JobRequest]) -> None:
                 continue
             # too few GPUs free: `_too_few`'s verdict, by what its sentence reads of the job
             top = rnd.top
-            shared = (job.gpu_count, top is not None and top.user == job.user, top is not None and top.id == job_id)
+            shared = (
+                job.gpu_count,
+                top is not None and top.user == job.user,
+                top is not None and top.id == job_id,
+            )
             verdict = few.get(shared)
             if verdict is None:
-                verdict = few[shared] = _too_few(rnd, job, rnd.types_for(job), cheap.plain_free, cheap.too_few)
+                verdict = few[shared] = _too_few(
+                    rnd, job, rnd.types_for(job), cheap.plain_free, cheap.too_few
+                )
             verdicts[job_id] = verdict
             continue
         if not admitted(job):
@@ -407,7 +412,6 @@ def beyond_window(admitted: Admitted, jobs: Sequence[JobRequest], sentence: str)
         return
     # `Admitted.__call__` written out: nothing starts from here on, so what the projects run
     # (part of a job's shape) stays as it is
-    by_shape = admitted.by_shape
     use = _UseNow(rnd)
     for job in jobs:
         job_id = job.id

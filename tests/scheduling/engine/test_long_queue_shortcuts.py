@@ -88,7 +88,11 @@ def test_long_queue_matches_the_long_way(policy: str, seed: int, monkeypatch: py
     if config.backfill_depth == 1_000:
         # the shortcuts had work to do: too-few verdicts at more than one free count (a start
         # between them), and (static) wide jobs behind the top job
-        counts = {p.sentence.split(" are free")[0].rsplit(" ", 1)[-1] for p in long_way.pending if " are free" in p.sentence}
+        counts = {
+            p.sentence.split(" are free")[0].rsplit(" ", 1)[-1]
+            for p in long_way.pending
+            if " are free" in p.sentence
+        }
         assert len(counts) >= 2 or policy != "static"
         if policy == "static":
             assert any("more than the batch partition has" in p.sentence for p in long_way.pending)
@@ -118,7 +122,11 @@ def test_priority_order_is_the_order_of_the_scores(seed: int) -> None:
 
 def test_priority_order_with_a_repeated_id_keeps_the_last_score() -> None:
     """Two pending jobs with one id share the last one's score, as `_ordered` has it."""
-    pending = [job("same", 1, submit_at=0.0), job("other", 1, submit_at=500.0), job("same", 1, submit_at=900.0)]
+    pending = [
+        job("same", 1, submit_at=0.0),
+        job("other", 1, submit_at=500.0),
+        job("same", 1, submit_at=900.0),
+    ]
     snap = snapshot(make_nodes(1, 1), pending=pending)
     state = RoundState(snap, PolicyConfig(name="easy"), NOW, is_predicted=False)
     assert priority_order(state) == _ordered(snap.pending, priority_scores(state))
@@ -128,7 +136,10 @@ def test_priority_order_is_kept_for_the_same_snapshot_policy_and_instant() -> No
     """The last order is given again for the very same snapshot, policy and instant (a replay
     asks for it again to test a still tick), as a list of its own; any of the three changed,
     it is computed anew."""
-    pending = [job("old", 1, submit_at=0.0, project="busy"), job("new", 1, submit_at=NOW - 10.0, project="zero")]
+    pending = [
+        job("old", 1, submit_at=0.0, project="busy"),
+        job("new", 1, submit_at=NOW - 10.0, project="zero"),
+    ]
     snap = snapshot(make_nodes(1, 1), pending=pending, projects=_PROJECTS)
     policy = PolicyConfig(name="easy")
     first = priority_order(RoundState(snap, policy, NOW, is_predicted=False))
