@@ -412,6 +412,7 @@ def beyond_window(admitted: Admitted, jobs: Sequence[JobRequest], sentence: str)
         return
     # `Admitted.__call__` written out: nothing starts from here on, so what the projects run
     # (part of a job's shape) stays as it is
+    by_shape = admitted.by_shape
     use = _UseNow(rnd)
     for job in jobs:
         job_id = job.id
