@@ -118,7 +118,7 @@ def backfill(rnd: Round, rest: Sequence[JobRequest]) -> None:
         if scanned >= depth:
             # every job admitted from here on is beyond the window
             beyond = f"{depth} other jobs are considered first; it is beyond this round's backfill window."
-            beyond_window(admitted, rest[index:], beyond)
+            beyond_window(admitted, rest[index:], beyond, cheap)
             return
         job_id = job.id
         if job_id in verdicts:
@@ -399,9 +399,12 @@ class _UseNow(dict[str, "int | None"]):
         return found
 
 
-def beyond_window(admitted: Admitted, jobs: Sequence[JobRequest], sentence: str) -> None:
+def beyond_window(
+    admitted: Admitted, jobs: Sequence[JobRequest], sentence: str, cheap: _Cheap | None = None
+) -> None:
     """Admit the jobs behind the backfill window, and make each that is admitted wait with
-    ``sentence`` (one verdict for all of them, only read from here on)."""
+    ``sentence`` (one verdict for all of them, only read from here on); ``cheap``: the pass's
+    memos, whose admissions of common jobs (`_Cheap.admit_plain`) are used too."""
     rnd = admitted.rnd
     verdicts = rnd.out.verdicts
     waiting = Verdict(PendingReason.PRIORITY, sentence)
@@ -414,11 +417,26 @@ def beyond_window(admitted: Admitted, jobs: Sequence[JobRequest], sentence: str)
     # (part of a job's shape) stays as it is
     by_shape = admitted.by_shape
     use = _UseNow(rnd)
+    batch = JobKind.BATCH
     for job in jobs:
         job_id = job.id
         if job_id in verdicts:
             continue
-        shape = job_shape(job, use[job.project])
+        project = job.project
+        if (
+            cheap is not None
+            and job.kind == batch
+            and job.gpu_type is None
+            and not job.precisions
+            and job.min_memory_gib <= 0
+            and not (cheap.limited[project] if project in cheap.limited else cheap.has_limit(project))
+        ):
+            # `backfill`'s common job: admitted or refused once per (size, project)
+            key = (job.gpu_count, project, job.min_memory_gib, job.precisions)
+            known = cheap.admits[key] if key in cheap.admits else cheap.admit_plain(job, key, admitted)
+            verdicts[job_id] = waiting if known is None else known
+            continue
+        shape = job_shape(job, use[project])
         if shape in by_shape:
             verdict = by_shape[shape]
             verdicts[job_id] = waiting if verdict is None else verdict
