@@ -576,7 +576,8 @@ class SplitPass:
         """The batch pass, then the session pass with its own top job."""
         easy = EasyPass()
         interactive = [job for job in queue if job.kind == JobKind.INTERACTIVE]
-        batch = [job for job in queue if job.kind != JobKind.INTERACTIVE]
+        # without sessions waiting (the common case) the batch queue is the queue
+        batch = [job for job in queue if job.kind != JobKind.INTERACTIVE] if interactive else list(queue)
         easy.run(rnd, batch, None)
         batch_top = (rnd.top, rnd.top_shadow, rnd.top_fragmented)
         # each side has its own top job: the batch one must not block the partition's pass
