@@ -265,16 +265,21 @@ def waiting_kinds(sched: Round, queue: list[JobRequest]) -> set[Kind]:
     type_order = state.type_order
     priority = PendingReason.PRIORITY
     kinds: set[Kind] = set()
+    # an unconstrained job's kind is (every type, its reason): such jobs' distinct verdicts
+    # are collected first, by identity (a long queue shares a few), then read once each
+    plain: dict[int, Verdict | None] = {}
+    get = verdicts.get
     for job in queue:
         job_id = job.id
         if job_id in started:
             continue
-        verdict = verdicts.get(job_id)
+        verdict = get(job_id)
         if job.gpu_type is None and not job.precisions and job.min_memory_gib <= 0:
-            types = type_order  # what `eligible_types` gives an unconstrained job, without the call
+            plain[id(verdict)] = verdict  # `eligible_types` gives such a job ``type_order``
         else:
-            types = eligible_types(job)
-        kinds.add((types, priority if verdict is None else verdict.reason))
+            kinds.add((eligible_types(job), priority if verdict is None else verdict.reason))
+    for verdict in plain.values():
+        kinds.add((type_order, priority if verdict is None else verdict.reason))
     return kinds
 
 
