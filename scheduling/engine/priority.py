@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from operator import attrgetter
+from itertools import count, repeat
+from operator import add, attrgetter, mul, neg, sub
 
 from scheduling.engine.cluster import RoundState
 from scheduling.engine.fairshare import fairshare_factors
@@ -68,8 +69,8 @@ def priority_order(state: RoundState) -> list[JobRequest]:
 
     `_ordered` of `priority_scores` in one pass: every round orders the whole queue (static's
     grows to thousands of jobs), so each job's sort key is built from its score at once, with
-    the very same arithmetic (``min``/``max`` written out as comparisons that pick the same
-    operand; each project's fair-share term computed once)."""
+    the very same arithmetic (looped in C when no job has a class or is a session, else
+    `_keyed_one_by_one`)."""
     snapshot = state.snapshot
     last = _LAST_ORDER[0]
     if last is not None and last[0] is snapshot and last[1] is state.policy and last[2] == state.now:
@@ -85,12 +86,45 @@ def priority_order(state: RoundState) -> list[JobRequest]:
 _LAST_ORDER: list[tuple[ClusterSnapshot, PolicyConfig, float, list[JobRequest]] | None] = [None]
 
 
+_ID = attrgetter("id")
+_PROJECT = attrgetter("project")
+_PRIORITY = attrgetter("priority")
+_KIND = attrgetter("kind")
+
+
 def _priority_order(state: RoundState) -> list[JobRequest]:
     pending = state.snapshot.pending
-    if len({job.id for job in pending}) != len(pending):
+    ids = list(map(_ID, pending))
+    if len(set(ids)) != len(ids):
         return _ordered(pending, priority_scores(state))  # a repeated id: its last score for all
-    policy = state.policy
     factors = fairshare_factors(state.snapshot, state.types, state.gpu_type, queued_only=True)
+    firsts = list(map(_FIRST_SUBMIT, pending))
+    if None in firsts or any(map(_PRIORITY, pending)) or JobKind.INTERACTIVE in map(_KIND, pending):
+        keyed = _keyed_one_by_one(state, factors)
+    else:
+        # every job knows its first submit, none has a class or is a session (static's long
+        # queue): `priority_scores`' arithmetic, operation for operation, looped in C
+        policy = state.policy
+        max_age = policy.max_age_s if policy.max_age_s > 0 else 1.0
+        age_weight = policy.age_weight / max_age
+        fs_weight = policy.fairshare_weight
+        projects = list(map(_PROJECT, pending))
+        fair = {project: fs_weight * factors.get(project, 1.0) for project in set(projects)}
+        ages = map(max, repeat(0.0), map(sub, repeat(state.now), firsts))
+        aged = map(min, map(mul, ages, repeat(age_weight)), repeat(policy.age_weight))
+        scores = map(add, aged, map(fair.__getitem__, projects))
+        # the position breaks ties of equal ids, so tuples never compare the jobs themselves
+        keyed = list(zip(map(neg, scores), firsts, ids, count(), pending))
+    keyed.sort()
+    return [item[4] for item in keyed]
+
+
+def _keyed_one_by_one(
+    state: RoundState, factors: dict[str, float]
+) -> list[tuple[float, float, str, int, JobRequest]]:
+    """`_ordered`'s sort keys of `priority_scores`, job by job (``min``/``max`` written out as
+    comparisons that pick the same operand; each project's fair-share term computed once)."""
+    policy = state.policy
     max_age = policy.max_age_s if policy.max_age_s > 0 else 1.0
     age_weight = policy.age_weight / max_age
     cap = policy.age_weight
@@ -101,7 +135,7 @@ def _priority_order(state: RoundState) -> list[JobRequest]:
     fair: dict[str, float] = {}
     keyed: list[tuple[float, float, str, int, JobRequest]] = []
     append = keyed.append
-    for i, job in enumerate(pending):
+    for i, job in enumerate(state.snapshot.pending):
         submitted = job.first_submit_at
         if submitted is None:
             submitted = job.submit_at
@@ -119,10 +153,8 @@ def _priority_order(state: RoundState) -> list[JobRequest]:
             score += 10.0 * job.priority
         if job.kind == interactive:
             score += bonus
-        # the position breaks ties of equal ids, so tuples never compare the jobs themselves
         append((-score, submitted, job.id, i, job))
-    keyed.sort()
-    return [item[4] for item in keyed]
+    return keyed
 
 
 @dataclass(frozen=True, slots=True)

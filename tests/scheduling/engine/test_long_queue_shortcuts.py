@@ -98,10 +98,12 @@ def test_long_queue_matches_the_long_way(policy: str, seed: int, monkeypatch: py
             assert any("more than the batch partition has" in p.sentence for p in long_way.pending)
 
 
+@pytest.mark.parametrize("is_plain", [True, False])
 @pytest.mark.parametrize("seed", range(20))
-def test_priority_order_is_the_order_of_the_scores(seed: int) -> None:
-    """Ties everywhere: equal submit times, ages saturated or negative, sessions, classes,
-    first submits kept or not, projects with and without a share."""
+def test_priority_order_is_the_order_of_the_scores(seed: int, is_plain: bool) -> None:
+    """Ties everywhere: equal submit times, ages saturated or negative, projects with and
+    without a share; unless plain (batch work only, the C loop), sessions, classes and first
+    submits unknown too."""
     rng = random.Random(seed)
     pending = [
         job(
@@ -109,9 +111,11 @@ def test_priority_order_is_the_order_of_the_scores(seed: int) -> None:
             1,
             submit_at=rng.choice((NOW, NOW + 10.0, NOW - 1e6, NOW - 604_800.0, rng.uniform(0, NOW))),
             project=rng.choice(("zero", "capped", "busy", "unknown")),
-            kind=JobKind.INTERACTIVE if rng.random() < 0.2 else JobKind.BATCH,
-            priority=rng.choice((0, 0, 1, 2)),
-            first_submit_at=rng.choice((None, 5.0, NOW - 2e6)),
+            kind=JobKind.INTERACTIVE if rng.random() < 0.2 and not is_plain else JobKind.BATCH,
+            priority=0 if is_plain else rng.choice((0, 0, 1, 2)),
+            first_submit_at=rng.choice(
+                (NOW, NOW - 1e6, NOW - 604_800.0, NOW + 5e5) if is_plain else (None, 5.0, NOW - 2e6)
+            ),
         )
         for i in range(200)
     ]
