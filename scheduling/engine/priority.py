@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from itertools import count, repeat
-from operator import add, attrgetter, mul, neg, sub
+from itertools import compress, count, repeat
+from operator import add, attrgetter, eq, mul, neg, or_, sub
 
 from scheduling.engine.cluster import RoundState
 from scheduling.engine.fairshare import fairshare_factors
@@ -69,7 +69,7 @@ def priority_order(state: RoundState) -> list[JobRequest]:
 
     `_ordered` of `priority_scores` in one pass: every round orders the whole queue (static's
     grows to thousands of jobs), so each job's sort key is built from its score at once, with
-    the very same arithmetic (looped in C when no job has a class or is a session, else
+    the very same arithmetic (looped in C when every job knows its first submit, else
     `_keyed_one_by_one`)."""
     snapshot = state.snapshot
     last = _LAST_ORDER[0]
@@ -99,11 +99,12 @@ def _priority_order(state: RoundState) -> list[JobRequest]:
         return _ordered(pending, priority_scores(state))  # a repeated id: its last score for all
     factors = fairshare_factors(state.snapshot, state.types, state.gpu_type, queued_only=True)
     firsts = list(map(_FIRST_SUBMIT, pending))
-    if None in firsts or any(map(_PRIORITY, pending)) or JobKind.INTERACTIVE in map(_KIND, pending):
+    if None in firsts:
         keyed = _keyed_one_by_one(state, factors)
     else:
-        # every job knows its first submit, none has a class or is a session (static's long
-        # queue): `priority_scores`' arithmetic, operation for operation, looped in C
+        # every job knows its first submit (a replay's queue): `priority_scores`' arithmetic,
+        # operation for operation, looped in C; the few sessions and jobs with a class get
+        # their bonuses after, in `priority_scores`' order
         policy = state.policy
         max_age = policy.max_age_s if policy.max_age_s > 0 else 1.0
         age_weight = policy.age_weight / max_age
@@ -112,7 +113,14 @@ def _priority_order(state: RoundState) -> list[JobRequest]:
         fair = {project: fs_weight * factors.get(project, 1.0) for project in set(projects)}
         ages = map(max, repeat(0.0), map(sub, repeat(state.now), firsts))
         aged = map(min, map(mul, ages, repeat(age_weight)), repeat(policy.age_weight))
-        scores = map(add, aged, map(fair.__getitem__, projects))
+        scores = list(map(add, aged, map(fair.__getitem__, projects)))
+        sessions = map(eq, map(_KIND, pending), repeat(JobKind.INTERACTIVE))
+        for i in compress(count(), map(or_, map(bool, map(_PRIORITY, pending)), sessions)):
+            job = pending[i]
+            if job.priority:
+                scores[i] += 10.0 * job.priority
+            if job.kind == JobKind.INTERACTIVE:
+                scores[i] += policy.interactive_priority
         # the position breaks ties of equal ids, so tuples never compare the jobs themselves
         keyed = list(zip(map(neg, scores), firsts, ids, count(), pending))
     keyed.sort()

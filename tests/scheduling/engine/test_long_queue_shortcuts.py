@@ -98,13 +98,14 @@ def test_long_queue_matches_the_long_way(policy: str, seed: int, monkeypatch: py
             assert any("more than the batch partition has" in p.sentence for p in long_way.pending)
 
 
-@pytest.mark.parametrize("is_plain", [True, False])
+@pytest.mark.parametrize("mode", ["plain", "classes", "first-unknown"])
 @pytest.mark.parametrize("seed", range(20))
-def test_priority_order_is_the_order_of_the_scores(seed: int, is_plain: bool) -> None:
-    """Ties everywhere: equal submit times, ages saturated or negative, projects with and
-    without a share; unless plain (batch work only, the C loop), sessions, classes and first
-    submits unknown too."""
+def test_priority_order_is_the_order_of_the_scores(seed: int, mode: str) -> None:
+    """Ties everywhere: equal submit times, ages saturated or negative (a submit in the
+    future), projects with and without a share; then sessions and classes (their bonuses
+    after the C loop); then first submits unknown too (job by job)."""
     rng = random.Random(seed)
+    is_plain = mode == "plain"
     pending = [
         job(
             f"j{rng.randint(0, 10_000)}-{i}",
@@ -114,7 +115,9 @@ def test_priority_order_is_the_order_of_the_scores(seed: int, is_plain: bool) ->
             kind=JobKind.INTERACTIVE if rng.random() < 0.2 and not is_plain else JobKind.BATCH,
             priority=0 if is_plain else rng.choice((0, 0, 1, 2)),
             first_submit_at=rng.choice(
-                (NOW, NOW - 1e6, NOW - 604_800.0, NOW + 5e5) if is_plain else (None, 5.0, NOW - 2e6)
+                (None, 5.0, NOW - 2e6)
+                if mode == "first-unknown"
+                else (NOW, NOW - 1e6, NOW - 604_800.0, NOW + 5e5)
             ),
         )
         for i in range(200)
