@@ -5,8 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from itertools import compress, count, repeat
-from operator import add, attrgetter, eq, mul, neg, or_, sub
+from operator import attrgetter
 
 from scheduling.engine.cluster import RoundState
 from scheduling.engine.fairshare import fairshare_factors
@@ -69,8 +68,7 @@ def priority_order(state: RoundState) -> list[JobRequest]:
 
     `_ordered` of `priority_scores` in one pass: every round orders the whole queue (static's
     grows to thousands of jobs), so each job's sort key is built from its score at once, with
-    the very same arithmetic (looped in C when every job knows its first submit, else
-    `_keyed_one_by_one`)."""
+    the very same arithmetic (`_keyed_one_by_one`)."""
     snapshot = state.snapshot
     last = _LAST_ORDER[0]
     if last is not None and last[0] is snapshot and last[1] is state.policy and last[2] == state.now:
@@ -87,42 +85,14 @@ _LAST_ORDER: list[tuple[ClusterSnapshot, PolicyConfig, float, list[JobRequest]] 
 
 
 _ID = attrgetter("id")
-_PROJECT = attrgetter("project")
-_PRIORITY = attrgetter("priority")
-_KIND = attrgetter("kind")
 
 
 def _priority_order(state: RoundState) -> list[JobRequest]:
     pending = state.snapshot.pending
-    ids = list(map(_ID, pending))
-    if len(set(ids)) != len(ids):
+    if len(set(map(_ID, pending))) != len(pending):
         return _ordered(pending, priority_scores(state))  # a repeated id: its last score for all
     factors = fairshare_factors(state.snapshot, state.types, state.gpu_type, queued_only=True)
-    firsts = list(map(_FIRST_SUBMIT, pending))
-    if None in firsts:
-        keyed = _keyed_one_by_one(state, factors)
-    else:
-        # every job knows its first submit (a replay's queue): `priority_scores`' arithmetic,
-        # operation for operation, looped in C; the few sessions and jobs with a class get
-        # their bonuses after, in `priority_scores`' order
-        policy = state.policy
-        max_age = policy.max_age_s if policy.max_age_s > 0 else 1.0
-        age_weight = policy.age_weight / max_age
-        fs_weight = policy.fairshare_weight
-        projects = list(map(_PROJECT, pending))
-        fair = {project: fs_weight * factors.get(project, 1.0) for project in set(projects)}
-        ages = map(max, repeat(0.0), map(sub, repeat(state.now), firsts))
-        aged = map(min, map(mul, ages, repeat(age_weight)), repeat(policy.age_weight))
-        scores = list(map(add, aged, map(fair.__getitem__, projects)))
-        sessions = map(eq, map(_KIND, pending), repeat(JobKind.INTERACTIVE))
-        for i in compress(count(), map(or_, map(bool, map(_PRIORITY, pending)), sessions)):
-            job = pending[i]
-            if job.priority:
-                scores[i] += 10.0 * job.priority
-            if job.kind == JobKind.INTERACTIVE:
-                scores[i] += policy.interactive_priority
-        # the position breaks ties of equal ids, so tuples never compare the jobs themselves
-        keyed = list(zip(map(neg, scores), firsts, ids, count(), pending))
+    keyed = _keyed_one_by_one(state, factors)
     keyed.sort()
     return [item[4] for item in keyed]
 

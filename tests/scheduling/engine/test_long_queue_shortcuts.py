@@ -3,7 +3,8 @@
 * `backfill.backfill` decides the common candidate (unconstrained batch work of a project
   without a limit) without a call per job: admitted once per (size, project), too few GPUs
   free or a wide job behind the top job told so with one shared verdict (`backfill._Cheap`);
-* `priority.priority_order` builds each job's sort key from its score in one pass.
+* `priority.priority_order` builds each job's sort key from its score in one pass, and gives
+  the last order again for the same snapshot, policy and instant.
 
 Each is compared with the long way on queues shaped like the KTH overlay's (one-GPU nodes,
 a static partition that leaves batch short, most jobs wider than what is free) and with jobs
@@ -102,8 +103,8 @@ def test_long_queue_matches_the_long_way(policy: str, seed: int, monkeypatch: py
 @pytest.mark.parametrize("seed", range(20))
 def test_priority_order_is_the_order_of_the_scores(seed: int, mode: str) -> None:
     """Ties everywhere: equal submit times, ages saturated or negative (a submit in the
-    future), projects with and without a share; then sessions and classes (their bonuses
-    after the C loop); then first submits unknown too (job by job)."""
+    future), projects with and without a share; then sessions and classes; then first
+    submits unknown too."""
     rng = random.Random(seed)
     is_plain = mode == "plain"
     pending = [
