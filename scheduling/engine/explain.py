@@ -265,21 +265,16 @@ def waiting_kinds(sched: Round, queue: list[JobRequest]) -> set[Kind]:
     type_order = state.type_order
     priority = PendingReason.PRIORITY
     kinds: set[Kind] = set()
-    # an unconstrained job's kind is (every type, its reason): such jobs' distinct verdicts
-    # are collected first, by identity (a long queue shares a few), then read once each
-    plain: dict[int, Verdict | None] = {}
-    get = verdicts.get
     for job in queue:
         job_id = job.id
         if job_id in started:
             continue
-        verdict = get(job_id)
+        verdict = verdicts.get(job_id)
         if job.gpu_type is None and not job.precisions and job.min_memory_gib <= 0:
-            plain[id(verdict)] = verdict  # `eligible_types` gives such a job ``type_order``
+            types = type_order  # what `eligible_types` gives an unconstrained job, without the call
         else:
-            kinds.add((eligible_types(job), priority if verdict is None else verdict.reason))
-    for verdict in plain.values():
-        kinds.add((type_order, priority if verdict is None else verdict.reason))
+            types = eligible_types(job)
+        kinds.add((types, priority if verdict is None else verdict.reason))
     return kinds
 
 

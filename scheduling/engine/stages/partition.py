@@ -20,7 +20,6 @@ batch side's shadow time).  With ``Model.spans_wide_jobs`` the engine does the s
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from scheduling.engine.placement import FreePool, Hold, gang_from_nodes
@@ -123,10 +122,6 @@ def _is_wider_than_batch(rnd: Round, job: JobRequest) -> bool:
     return total < job.gpu_count
 
 
-# (type, memory, precisions, size): what makes a batch job wide (`_is_wider_than_batch`)
-_shape = attrgetter("gpu_type", "min_memory_gib", "precisions", "gpu_count")
-
-
 def open_span(rnd: Round) -> None:
     """Build the span pool and find the wide batch jobs of the round (module docstring)."""
     nodes = rnd.state.nodes
@@ -141,13 +136,17 @@ def open_span(rnd: Round) -> None:
         if memo is None:
             memo = derived[key] = {}
         batch = JobKind.BATCH
-        jobs = [job for job in rnd.state.snapshot.pending if job.kind == batch]
-        # one job per shape not known yet (any: the answer reads only the shape), then the
-        # wide ones by lookups (a queue can be thousands long every round)
-        for shape, job in {_shape(job): job for job in jobs}.items():
-            if shape not in memo:
-                memo[shape] = _is_wider_than_batch(rnd, job)
-        rnd.wide = frozenset([job.id for job in jobs if memo[_shape(job)]])
+        wide: list[str] = []
+        for job in rnd.state.snapshot.pending:
+            if job.kind != batch:
+                continue
+            shape = (job.gpu_type, job.min_memory_gib, job.precisions, job.gpu_count)
+            is_wide = memo.get(shape)
+            if is_wide is None:
+                is_wide = memo[shape] = _is_wider_than_batch(rnd, job)
+            if is_wide:
+                wide.append(job.id)
+        rnd.wide = frozenset(wide)
 
 
 def refuse_wide(rnd: Round, job: JobRequest) -> None:
