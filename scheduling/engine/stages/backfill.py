@@ -149,7 +149,7 @@ def backfill(rnd: Round, rest: Sequence[JobRequest]) -> None:
                 continue
             few = cheap.plain_few(job)
             if few is None:
-                _consider(rnd, job, rnd.types_for(job))
+                cheap.consider(job, rnd.types_for(job))
                 continue
             # too few GPUs free: `_too_few`'s verdict, by what its sentence reads of the job
             top = rnd.top
@@ -172,7 +172,7 @@ def backfill(rnd: Round, rest: Sequence[JobRequest]) -> None:
         if verdict is not None:
             verdicts[job_id] = verdict
             continue
-        _consider(rnd, job, rnd.types_for(job))
+        cheap.consider(job, rnd.types_for(job))
 
 
 _KEPT_ADMITTED = 1 << 14  # admitted shapes kept per inventory and admit stage across rounds
@@ -191,7 +191,18 @@ class _Cheap:
     Starts and claims take GPUs from a pool mid-pass: the free counts are re-read when the
     pool's ``takes`` counter moves."""
 
-    __slots__ = ("_counts", "_kept", "_plain", "_quotas", "admits", "by_size", "limited", "rnd", "too_few")
+    __slots__ = (
+        "_blocked",
+        "_counts",
+        "_kept",
+        "_plain",
+        "_quotas",
+        "admits",
+        "by_size",
+        "limited",
+        "rnd",
+        "too_few",
+    )
 
     def __init__(self, rnd: Round) -> None:
         """The memos of one round's backfill pass."""
@@ -217,6 +228,11 @@ class _Cheap:
         # for unconstrained batch jobs: (the batch pool's takes, the top job, free GPUs, the
         # too-few verdicts given at that count) (`plain_few`)
         self._plain: tuple[int, JobRequest | None, int, dict[tuple[int, bool, bool], Verdict]] | None = None
+        # what `consider` read of a job -> ((the pool's takes, holds), the top job, the verdict
+        # the job got, its types list)
+        self._blocked: dict[
+            tuple[object, ...], tuple[tuple[int, int], JobRequest | None, Verdict, Sequence[str]]
+        ] = {}
 
     def has_limit(self, project: str) -> bool:
         """Whether a project has a total limit (then admit reads what it runs)."""
@@ -288,8 +304,56 @@ class _Cheap:
             plain = self._plain = (pool.takes, rnd.top, self.free(job, rnd.types_for(job)), {})
         return None if plain[2] >= job.gpu_count else plain[3]
 
+    def consider(self, job: JobRequest, types: Sequence[str]) -> None:
+        """`_consider`, or, under a policy whose failed start changes nothing (no reclaim, no
+        lending, no drain-aware choice, no pool forecast: easy, static), the verdict of an
+        earlier candidate that read the same of the round: a job that is not wide, of the same
+        size, estimates, limit, kind, consent and quota limits per type, and the same owner as
+        the top job or not, while its pool is as it was (no start, no hold) and the top job too.
+
+        A failed `Place.try_start` of such a policy leaves nothing behind but the verdict it
+        may record, and `explain_blocked` reads no more of the job than that key."""
+        rnd = self.rnd
+        composition = rnd.composition
+        if (
+            composition.reclaim is not None
+            or composition.place.lends
+            or rnd.drain_chooser is not None
+            or rnd.pool_forecast is not None
+            or (rnd.wide and job.id in rnd.wide)
+        ):
+            _consider(rnd, job, types)
+            return
+        pool = rnd.inter_pool if job.kind == JobKind.INTERACTIVE else rnd.batch_pool
+        top = rnd.top
+        share = rnd.shares.get(job.project)
+        estimate = rnd.state.estimate(job)
+        key = (
+            id(pool),
+            id(types),
+            job.gpu_count,
+            estimate.hold_s,
+            estimate.p50_s,
+            job.requested_s,
+            job.kind,
+            job.is_preemptible,
+            job.is_checkpointable,
+            job.project if share is not None and share.borrow_limits else None,
+            top is not None and top.user == job.user,
+        )
+        counters = (pool.takes, pool.holds)
+        found = self._blocked.get(key)
+        if found is not None and found[0] == counters and found[1] is top:
+            rnd.out.verdicts[job.id] = found[2]
+            return
+        _consider(rnd, job, types)
+        verdict = rnd.out.verdicts.get(job.id)
+        if verdict is not None and (pool.takes, pool.holds) == counters and rnd.top is top:
+            # nothing started: the types list is kept in the entry, so its id stays its own
+            self._blocked[key] = (counters, top, verdict, types)
+
     def verdict(self, job: JobRequest) -> Verdict | None:
-        """The job's shared verdict, or None when it needs `_consider`."""
+        """The job's shared verdict, or None when it needs `consider`."""
         rnd = self.rnd
         wide = rnd.wide
         if wide and job.id in wide:

@@ -2,7 +2,9 @@
 
 * `backfill.backfill` decides the common candidate (unconstrained batch work of a project
   without a limit) without a call per job: admitted once per (size, project), too few GPUs
-  free or a wide job behind the top job told so with one shared verdict (`backfill._Cheap`);
+  free or a wide job behind the top job told so with one shared verdict, and (easy, static) a
+  job held back like an earlier one, with nothing started since, told what it was told
+  (`backfill._Cheap`);
 * `priority.priority_order` builds each job's sort key from its score in one pass, and gives
   the last order again for the same snapshot, policy and instant.
 
@@ -157,3 +159,29 @@ def test_priority_order_is_kept_for_the_same_snapshot_policy_and_instant() -> No
     # a heavy fair-share weight puts the light project's newer job first: a new policy is read
     heavy = PolicyConfig(name="easy", fairshare_weight=100.0)
     assert [j.id for j in priority_order(RoundState(snap, heavy, NOW, is_predicted=False))] == ["new", "old"]
+
+
+@pytest.mark.parametrize("policy", ["easy", "static"])
+def test_a_start_between_two_alike_blocked_jobs_is_seen(policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two alike jobs held back by the top job's reservation share a verdict only while
+    nothing starts between them: a short job starting in between leaves one GPU fewer free,
+    and the second job is told so."""
+    nodes = make_nodes(7, 1)  # static: n6 is the partition, the batch side has 6 GPUs
+    busy = [running(job("r", 1, requested_s=1_300.0), (0,), started_at=NOW - 300.0)]
+    pending = [
+        # every GPU of its side: waits for GPU 0 at +1,000 s, holding the others
+        job("top", 7 if policy == "easy" else 6, submit_at=0.0),
+        job("long-a", 2, submit_at=10.0, requested_s=7_200.0),
+        job("short", 1, submit_at=20.0, requested_s=600.0),  # ends before the top job starts
+        job("long-b", 2, submit_at=30.0, requested_s=7_200.0),
+    ]
+    snap = snapshot(nodes, running_jobs=busy, pending=pending)
+    config = PolicyConfig(name=policy, interactive_partition=("n6",) if policy == "static" else ())
+    plan = plan_round(snap, config, NOW)
+    by_id = {p.job_id: p.sentence for p in plan.pending}
+    assert [s.job_id for s in plan.starts] == ["short"]
+    free_a = 6 if policy == "easy" else 5
+    assert by_id["long-a"].startswith(f"{free_a} fitting GPUs are free, but they are held")
+    assert by_id["long-b"].startswith(f"{free_a - 1} fitting GPUs are free, but they are held")
+    monkeypatch.setattr(backfill, "backfill", _long_way)
+    assert plan_round(snap, config, NOW) == plan
