@@ -4,7 +4,7 @@
   without a limit) without a call per job: admitted once per (size, project), too few GPUs
   free or a wide job behind the top job told so with one shared verdict, and (easy, static) a
   job held back like an earlier one, with nothing started since, told what it was told
-  (`backfill._Cheap`);
+  (`backfill_verdicts.CheapVerdicts`);
 * `priority.priority_order` builds each job's sort key from its score in one pass, and gives
   the last order again for the same snapshot, policy and instant.
 
