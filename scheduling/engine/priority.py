@@ -9,7 +9,7 @@ from operator import attrgetter
 
 from scheduling.engine.cluster import RoundState
 from scheduling.engine.fairshare import fairshare_factors
-from scheduling.engine.types import ClusterSnapshot, JobKind, JobRequest
+from scheduling.engine.types import ClusterSnapshot, JobKind, JobRequest, PolicyConfig
 
 
 def submitted_at(job: JobRequest) -> float:
@@ -64,8 +64,75 @@ def _ordered(jobs: tuple[JobRequest, ...], score: dict[str, float]) -> list[JobR
 
 
 def priority_order(state: RoundState) -> list[JobRequest]:
-    """Pending jobs by multifactor priority, highest first; ties by original submit, then id."""
-    return _ordered(state.snapshot.pending, priority_scores(state))
+    """Pending jobs by multifactor priority, highest first; ties by original submit, then id.
+
+    `_ordered` of `priority_scores` in one pass: every round orders the whole queue (static's
+    grows to thousands of jobs), so each job's sort key is built from its score at once, with
+    the very same arithmetic (`_keyed_one_by_one`)."""
+    snapshot = state.snapshot
+    last = _LAST_ORDER[0]
+    if last is not None and last[0] is snapshot and last[1] is state.policy and last[2] == state.now:
+        return list(last[3])
+    order = _priority_order(state)
+    # the order reads the snapshot (immutable), the policy and the instant: kept for the next
+    # caller with the very same ones (a replay tests a still tick against the last round's)
+    _LAST_ORDER[0] = (snapshot, state.policy, state.now, order)
+    return list(order)
+
+
+# (snapshot, policy, now, queue order) of the last `priority_order`
+_LAST_ORDER: list[tuple[ClusterSnapshot, PolicyConfig, float, list[JobRequest]] | None] = [None]
+
+
+_ID = attrgetter("id")
+
+
+def _priority_order(state: RoundState) -> list[JobRequest]:
+    pending = state.snapshot.pending
+    if len(set(map(_ID, pending))) != len(pending):
+        return _ordered(pending, priority_scores(state))  # a repeated id: its last score for all
+    factors = fairshare_factors(state.snapshot, state.types, state.gpu_type, queued_only=True)
+    keyed = _keyed_one_by_one(state, factors)
+    keyed.sort()
+    return [item[4] for item in keyed]
+
+
+def _keyed_one_by_one(
+    state: RoundState, factors: dict[str, float]
+) -> list[tuple[float, float, str, int, JobRequest]]:
+    """`_ordered`'s sort keys of `priority_scores`, job by job (``min``/``max`` written out as
+    comparisons that pick the same operand; each project's fair-share term computed once)."""
+    policy = state.policy
+    max_age = policy.max_age_s if policy.max_age_s > 0 else 1.0
+    age_weight = policy.age_weight / max_age
+    cap = policy.age_weight
+    fs_weight = policy.fairshare_weight
+    bonus = policy.interactive_priority
+    interactive = JobKind.INTERACTIVE
+    now = state.now
+    fair: dict[str, float] = {}
+    keyed: list[tuple[float, float, str, int, JobRequest]] = []
+    append = keyed.append
+    for i, job in enumerate(state.snapshot.pending):
+        submitted = job.first_submit_at
+        if submitted is None:
+            submitted = job.submit_at
+        age = now - submitted
+        if not age > 0.0:  # max(0.0, age)
+            age = 0.0
+        aged = age * age_weight
+        score = cap if cap < aged else aged  # min(aged, cap)
+        project = job.project
+        term = fair.get(project)
+        if term is None:
+            term = fair[project] = fs_weight * factors.get(project, 1.0)
+        score += term
+        if job.priority:
+            score += 10.0 * job.priority
+        if job.kind == interactive:
+            score += bonus
+        append((-score, submitted, job.id, i, job))
+    return keyed
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,15 +17,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from scheduling.engine.outcome import Verdict, fmt_gpus, fmt_s, job_label
-from scheduling.engine.placement import INF
+from scheduling.engine.outcome import Verdict
 from scheduling.engine.stages.admit import hold_pool
-from scheduling.engine.stages.partition import refuse_wide
-from scheduling.engine.stages.reserve import HEADROOM
+from scheduling.engine.stages.backfill_verdicts import (
+    CheapVerdicts,
+    consider,
+    too_few,
+)
 from scheduling.engine.types import JobKind, JobRequest, PendingReason
 
 if TYPE_CHECKING:
-    from scheduling.engine.cluster import Estimate
     from scheduling.engine.round import Round
 
 
@@ -97,59 +98,80 @@ class EasyPass:
 def backfill(rnd: Round, rest: Sequence[JobRequest]) -> None:
     """The backfill candidates behind the top job, in their order: start what fits without
     delaying anything held, sessions may reclaim, the others are told why they wait; at most
-    ``PolicyConfig.backfill_depth`` of them are considered (`beyond_window` for the rest)."""
-    composition = rnd.composition
-    try_start = composition.place.try_start
-    reclaim = composition.reclaim
-    state = rnd.state
+    ``PolicyConfig.backfill_depth`` of them are considered (`beyond_window` for the rest).
+
+    Most candidates of a long queue start nothing and get a verdict shared by many (too few
+    GPUs free, or a static wide job behind the top job): `CheapVerdicts` gives those without trying a
+    start, and for the common job (batch, unconstrained, of a project without a limit, once the
+    interactive pool is held) `Admitted` and `CheapVerdicts` are written out here, with no call per job
+    (a queue can be thousands long every round); the others go through `consider`."""
     verdicts = rnd.out.verdicts
     admitted = Admitted(rnd)
+    cheap = CheapVerdicts(rnd)
     scanned = 0
     depth = rnd.policy.backfill_depth
     wide = rnd.wide
-    too_few: dict[tuple[object, ...], Verdict] = {}
-    refused: dict[int, Verdict] = {}
+    batch = JobKind.BATCH
+    limited = cheap.limited
+    admits = cheap.admits
+    refused = cheap.by_size
     for index, job in enumerate(rest):
         if scanned >= depth:
             # every job admitted from here on is beyond the window
             beyond = f"{depth} other jobs are considered first; it is beyond this round's backfill window."
-            beyond_window(admitted, rest[index:], beyond)
+            beyond_window(admitted, rest[index:], beyond, cheap)
             return
+        job_id = job.id
+        if job_id in verdicts:
+            continue  # admit refuses it and records nothing (`Admitted.__call__`)
+        project = job.project
+        if (
+            job.kind == batch
+            and job.gpu_type is None
+            and not job.precisions
+            and job.min_memory_gib <= 0
+            and rnd.headroom_done
+            and not (limited[project] if project in limited else cheap.has_limit(project))
+        ):
+            # what `Admit.__call__` reads of such a job: its size and project (and whether no
+            # type satisfies it or it can never start: its memory and precisions)
+            key = (job.gpu_count, project, job.min_memory_gib, job.precisions)
+            known = admits[key] if key in admits else cheap.admit_plain(job, key, admitted)
+            if known is not None:
+                verdicts[job_id] = known
+                continue
+            scanned += 1
+            if wide and job_id in wide:
+                if rnd.top is None:  # it draws from both sides (`Round.pool_for`)
+                    consider(rnd, job, rnd.types_for(job))
+                else:
+                    verdict = refused.get(job.gpu_count)
+                    verdicts[job_id] = verdict if verdict is not None else cheap.refused(job)
+                continue
+            few = cheap.plain_few(job)
+            if few is None:
+                cheap.consider(job, rnd.types_for(job))
+                continue
+            # too few GPUs free: `too_few`'s verdict, by what its sentence reads of the job
+            top = rnd.top
+            shared = (
+                job.gpu_count,
+                top is not None and top.user == job.user,
+                top is not None and top.id == job_id,
+            )
+            verdict = few.get(shared)
+            if verdict is None:
+                verdict = few[shared] = too_few(rnd, job, rnd.types_for(job), cheap.plain_free, cheap.too_few)
+            verdicts[job_id] = verdict
+            continue
         if not admitted(job):
             continue
         scanned += 1
-        if wide and job.id in wide and rnd.top is not None:
-            # what `Place.try_start` does first for a wide job behind the top job (static,
-            # whose queue can be mostly such jobs), without estimating it first; its verdict
-            # names the top job and its size only (one per size)
-            verdict = refused.get(job.gpu_count)
-            if verdict is None:
-                refuse_wide(rnd, job)
-                refused[job.gpu_count] = verdicts[job.id]
-            else:
-                verdicts[job.id] = verdict
+        verdict = cheap.verdict(job)
+        if verdict is not None:
+            verdicts[job_id] = verdict
             continue
-        types = rnd.types_for(job)
-        if reclaim is None or job.kind != JobKind.INTERACTIVE:
-            pool = rnd.pool_for(job)
-            free = pool.free_count(types[0]) if len(types) == 1 else sum(pool.free_count(t) for t in types)
-            if free < job.gpu_count:
-                # fewer free GPUs than it needs, held ones included: `Place.try_start` refuses it
-                # before anything else, and nothing but a session's reclaim could act for it
-                verdicts[job.id] = _too_few(rnd, job, types, free, too_few)
-                continue
-        estimate = state.estimate(job)
-        if try_start(rnd, job, types, estimate):
-            continue
-        if job.id in verdicts:
-            continue
-        if (
-            reclaim is not None
-            and job.kind == JobKind.INTERACTIVE
-            and reclaim.for_demand(rnd, job, types, estimate, single=rnd.is_single_node(types, job.gpu_count))
-        ):
-            continue
-        explain_blocked(rnd, job, types, estimate)
+        cheap.consider(job, rnd.types_for(job))
 
 
 class Admitted:
@@ -229,9 +251,12 @@ class _UseNow(dict[str, "int | None"]):
         return found
 
 
-def beyond_window(admitted: Admitted, jobs: Sequence[JobRequest], sentence: str) -> None:
+def beyond_window(
+    admitted: Admitted, jobs: Sequence[JobRequest], sentence: str, cheap: CheapVerdicts | None = None
+) -> None:
     """Admit the jobs behind the backfill window, and make each that is admitted wait with
-    ``sentence`` (one verdict for all of them, only read from here on)."""
+    ``sentence`` (one verdict for all of them, only read from here on); ``cheap``: the pass's
+    memos, whose admissions of common jobs (`CheapVerdicts.admit_plain`) are used too."""
     rnd = admitted.rnd
     verdicts = rnd.out.verdicts
     waiting = Verdict(PendingReason.PRIORITY, sentence)
@@ -244,87 +269,31 @@ def beyond_window(admitted: Admitted, jobs: Sequence[JobRequest], sentence: str)
     # (part of a job's shape) stays as it is
     by_shape = admitted.by_shape
     use = _UseNow(rnd)
+    batch = JobKind.BATCH
     for job in jobs:
         job_id = job.id
         if job_id in verdicts:
             continue
-        shape = job_shape(job, use[job.project])
+        project = job.project
+        if (
+            cheap is not None
+            and job.kind == batch
+            and job.gpu_type is None
+            and not job.precisions
+            and job.min_memory_gib <= 0
+            and not (cheap.limited[project] if project in cheap.limited else cheap.has_limit(project))
+        ):
+            # `backfill`'s common job: admitted or refused once per (size, project)
+            key = (job.gpu_count, project, job.min_memory_gib, job.precisions)
+            known = cheap.admits[key] if key in cheap.admits else cheap.admit_plain(job, key, admitted)
+            verdicts[job_id] = waiting if known is None else known
+            continue
+        shape = job_shape(job, use[project])
         if shape in by_shape:
             verdict = by_shape[shape]
             verdicts[job_id] = waiting if verdict is None else verdict
         elif admitted(job):
             verdicts[job_id] = waiting
-
-
-def _too_few(
-    rnd: Round,
-    job: JobRequest,
-    types: Sequence[str],
-    free: int,
-    kept: dict[tuple[object, ...], Verdict],
-) -> Verdict:
-    """`explain_blocked`'s verdict for a job with fewer fitting GPUs free than it needs, one
-    per distinct sentence of the round (``kept``)."""
-    top = rnd.top
-    same_owner = top is not None and top.user == job.user
-    is_top = top is not None and top.id == job.id
-    key = (job.gpu_count, tuple(types), free, same_owner, is_top)
-    verdict = kept.get(key)
-    if verdict is None:
-        verdict = kept[key] = Verdict(*_too_few_sentence(rnd, job, types, free))
-    return verdict
-
-
-def explain_blocked(rnd: Round, job: JobRequest, types: Sequence[str], estimate: Estimate) -> None:
-    """Record why a backfill candidate did not start: held GPUs, fragments, or too few free."""
-    pool = rnd.pool_for(job)
-    free = pool.free_count(types[0]) if len(types) == 1 else sum(pool.free_count(t) for t in types)
-    top = rnd.top
-    if free >= job.gpu_count:
-        ignoring_holds = pool.find(types, job.gpu_count, until=-INF, strict_until=-INF)
-        if ignoring_holds is not None:
-            holder = pool.hold_of(ignoring_holds[0])
-            what = holder.holder if holder is not None else "a reservation"
-            whom = (
-                "interactive headroom"
-                if what == HEADROOM
-                else (
-                    "the top job, " + job_label(top.id, top.name, same_owner=top.user == job.user)
-                    if top is not None and what == top.id
-                    else "booking " + what
-                )
-            )
-            rnd.out.wait(
-                job.id,
-                PendingReason.RESERVATION,
-                f"{free} fitting GPUs are free, but they are held for {whom} and this job's "
-                f"estimated {fmt_s(estimate.hold_s)} would run into that.",
-            )
-            return
-        rnd.out.wait(
-            job.id,
-            PendingReason.FRAGMENTATION,
-            f"{free} fitting GPUs are free in total, but no node has {job.gpu_count} of them together.",
-        )
-        return
-    rnd.out.wait(job.id, *_too_few_sentence(rnd, job, types, free))
-
-
-def _too_few_sentence(
-    rnd: Round, job: JobRequest, types: Sequence[str], free: int
-) -> tuple[PendingReason, str]:
-    """Why a job with fewer fitting GPUs free than it needs waits."""
-    top = rnd.top
-    ahead = (
-        "; the next free GPUs go to the job first in line, "
-        + job_label(top.id, top.name, same_owner=top.user == job.user)
-        if top is not None
-        else ""
-    )
-    return (
-        PendingReason.RESOURCES if top is None or top.id == job.id else PendingReason.PRIORITY,
-        f"Needs {fmt_gpus(job.gpu_count)} of type {'/'.join(types)}; {free} are free{ahead}.",
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -388,7 +357,8 @@ class SplitPass:
         """The batch pass, then the session pass with its own top job."""
         easy = EasyPass()
         interactive = [job for job in queue if job.kind == JobKind.INTERACTIVE]
-        batch = [job for job in queue if job.kind != JobKind.INTERACTIVE]
+        # without sessions waiting (the common case) the batch queue is the queue
+        batch = [job for job in queue if job.kind != JobKind.INTERACTIVE] if interactive else list(queue)
         easy.run(rnd, batch, None)
         batch_top = (rnd.top, rnd.top_shadow, rnd.top_fragmented)
         # each side has its own top job: the batch one must not block the partition's pass

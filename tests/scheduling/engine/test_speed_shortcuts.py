@@ -17,6 +17,7 @@ import pytest
 
 from scheduling.engine import plan_round
 from scheduling.engine.stages import backfill
+from scheduling.engine.stages.backfill_verdicts import explain_blocked
 from scheduling.engine.types import (
     GpuType,
     JobKind,
@@ -65,7 +66,7 @@ def _long_way(rnd: Round, rest: Sequence[JobRequest]) -> None:
             )
         ):
             continue
-        backfill.explain_blocked(rnd, request, types, estimate)
+        explain_blocked(rnd, request, types, estimate)
 
 
 def _queue(rng: random.Random, count: int) -> list[JobRequest]:

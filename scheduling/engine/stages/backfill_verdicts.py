@@ -1,0 +1,304 @@
+"""Backfill candidates decided without a placement attempt, and why a candidate waits.
+
+`backfill.backfill` walks a queue that can be thousands long every round (static's grows
+through the year on the KTH overlay: docs/benchmarks.md, "Speed V"); most of its candidates
+start nothing and get a verdict shared by many.  `CheapVerdicts` gives those verdicts,
+`consider` tries the others, `explain_blocked` and `too_few` say why a candidate waits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from scheduling.engine.outcome import Verdict, fmt_gpus, fmt_s, job_label
+from scheduling.engine.placement import INF
+from scheduling.engine.stages.partition import refuse_wide
+from scheduling.engine.stages.reserve import HEADROOM
+from scheduling.engine.types import JobKind, JobRequest, PendingReason
+
+if TYPE_CHECKING:
+    from scheduling.engine.cluster import Estimate
+    from scheduling.engine.round import Round
+    from scheduling.engine.stages.backfill import Admitted
+
+_KEPT_ADMITTED = 1 << 14  # admitted shapes kept per inventory and admit stage across rounds
+
+
+class CheapVerdicts:
+    """The verdicts `backfill` gives without trying a start, each shared by the jobs it fits.
+
+    * a static wide job behind the top job waits for the top job (`refuse_wide`, which
+      `Place.try_start` would also give first), one verdict per size;
+    * a job (not a session under a policy that reclaims) with fewer GPUs of its types free
+      than it needs, held ones included, cannot start (`Place.try_start` refuses it before
+      anything else) and nothing but a session's reclaim could act for it: `explain_blocked`'s
+      verdict, one per distinct sentence (`too_few`).
+
+    Starts and claims take GPUs from a pool mid-pass: the free counts are re-read when the
+    pool's ``takes`` counter moves."""
+
+    __slots__ = (
+        "_blocked",
+        "_counts",
+        "_kept",
+        "_plain",
+        "_quotas",
+        "admits",
+        "by_size",
+        "limited",
+        "rnd",
+        "too_few",
+    )
+
+    def __init__(self, rnd: Round) -> None:
+        """The memos of one round's backfill pass."""
+        self.rnd = rnd
+        self.by_size: dict[int, Verdict] = {}  # a wide job's verdict behind the top job, per size
+        self.too_few: dict[tuple[object, ...], Verdict] = {}
+        # (id of the pool, id of the types list) -> (the pool's takes, the types, free count)
+        self._counts: dict[tuple[int, int], tuple[int, Sequence[str], int]] = {}
+        # project -> whether it has a total limit (`Round.limit`, fixed for the round)
+        self.limited: dict[str, bool] = {}
+        # (size, project, memory, precisions) of an unconstrained batch job of a project without
+        # a limit -> None (admitted) or admit's verdict, once the interactive pool is held
+        self.admits: dict[tuple[object, ...], Verdict | None] = {}
+        # project -> its quotas as `Admit.never_startable_of` keys them (None: it has none)
+        self._quotas: dict[str, object] = {}
+        # the shapes admit admitted in earlier rounds on this inventory (`admit_plain`)
+        derived = rnd.state.topology.derived
+        kept_key = ("plain_admitted", rnd.composition.admit)
+        kept = derived.get(kept_key)
+        if kept is None or len(kept) > _KEPT_ADMITTED:
+            kept = derived[kept_key] = set()
+        self._kept: set[tuple[object, ...]] = kept
+        # for unconstrained batch jobs: (the batch pool's takes, the top job, free GPUs, the
+        # too-few verdicts given at that count) (`plain_few`)
+        self._plain: tuple[int, JobRequest | None, int, dict[tuple[int, bool, bool], Verdict]] | None = None
+        # what `consider` read of a job -> ((the pool's takes, holds), the top job, the verdict
+        # the job got, its types list)
+        self._blocked: dict[
+            tuple[object, ...], tuple[tuple[int, int], JobRequest | None, Verdict, Sequence[str]]
+        ] = {}
+
+    def has_limit(self, project: str) -> bool:
+        """Whether a project has a total limit (then admit reads what it runs)."""
+        found = self.limited[project] = self.rnd.limit(project) is not None
+        return found
+
+    def admit_plain(self, job: JobRequest, key: tuple[object, ...], admitted: Admitted) -> Verdict | None:
+        """`Admitted` for the first unconstrained batch job of its ``key`` in this round (its
+        project has no limit and the interactive pool is held): None if admitted, else admit's
+        verdict.  Admit's answer then reads only the job's size, memory and precisions, its
+        project's quotas and the inventory, so an admission is also kept across rounds (a
+        refusal, which records a sentence, is asked again)."""
+        project = job.project
+        if project in self._quotas:
+            quotas = self._quotas[project]
+        else:
+            share = self.rnd.shares.get(project)
+            quotas = self._quotas[project] = (
+                (share.name, share.guaranteed, share.borrow_limit, share.borrow_limits)
+                if share is not None
+                and (bool(share.guaranteed) or share.borrow_limit is not None or bool(share.borrow_limits))
+                else None
+            )
+        shape = (key[0], quotas, key[2], key[3])
+        if shape in self._kept:
+            found: Verdict | None = None
+        elif admitted(job):
+            self._kept.add(shape)
+            found = None
+        else:
+            found = self.rnd.out.verdicts[job.id]
+        self.admits[key] = found
+        return found
+
+    def refused(self, job: JobRequest) -> Verdict:
+        """A wide job's verdict behind the top job (`refuse_wide`), one per size."""
+        verdict = self.by_size.get(job.gpu_count)
+        if verdict is None:
+            refuse_wide(self.rnd, job)
+            verdict = self.by_size[job.gpu_count] = self.rnd.out.verdicts[job.id]
+        return verdict
+
+    def free(self, job: JobRequest, types: Sequence[str]) -> int:
+        """Free GPUs of ``types`` (held ones included) in the pool of a job that is not wide."""
+        rnd = self.rnd
+        pool = rnd.inter_pool if job.kind == JobKind.INTERACTIVE else rnd.batch_pool
+        key = (id(pool), id(types))
+        counted = self._counts.get(key)
+        if counted is None or counted[0] != pool.takes:
+            # the types list is kept in the entry: its id stays its own while the entry lives
+            free = pool.free_count(types[0]) if len(types) == 1 else sum(pool.free_count(t) for t in types)
+            counted = self._counts[key] = (pool.takes, types, free)
+        return counted[2]
+
+    @property
+    def plain_free(self) -> int:
+        """The free count `plain_few` last compared with."""
+        assert self._plain is not None
+        return self._plain[2]
+
+    def plain_few(self, job: JobRequest) -> dict[tuple[int, bool, bool], Verdict] | None:
+        """For an unconstrained batch job that is not wide: None if enough GPUs of its types
+        are free (held ones included), else the too-few verdicts of the current free count and
+        top job by (size, same owner as the top job, is the top job)."""
+        rnd = self.rnd
+        pool = rnd.batch_pool
+        plain = self._plain
+        if plain is None or plain[0] != pool.takes or plain[1] is not rnd.top:
+            plain = self._plain = (pool.takes, rnd.top, self.free(job, rnd.types_for(job)), {})
+        return None if plain[2] >= job.gpu_count else plain[3]
+
+    def consider(self, job: JobRequest, types: Sequence[str]) -> None:
+        """`consider`, or, under a policy whose failed start changes nothing (no reclaim, no
+        lending, no drain-aware choice, no pool forecast: easy, static), the verdict of an
+        earlier candidate that read the same of the round: a job that is not wide, of the same
+        size, estimates, limit, kind, consent and quota limits per type, and the same owner as
+        the top job or not, while its pool is as it was (no start, no hold) and the top job too.
+
+        A failed `Place.try_start` of such a policy leaves nothing behind but the verdict it
+        may record, and `explain_blocked` reads no more of the job than that key."""
+        rnd = self.rnd
+        composition = rnd.composition
+        if (
+            composition.reclaim is not None
+            or composition.place.lends
+            or rnd.drain_chooser is not None
+            or rnd.pool_forecast is not None
+            or (rnd.wide and job.id in rnd.wide)
+        ):
+            consider(rnd, job, types)
+            return
+        pool = rnd.inter_pool if job.kind == JobKind.INTERACTIVE else rnd.batch_pool
+        top = rnd.top
+        share = rnd.shares.get(job.project)
+        estimate = rnd.state.estimate(job)
+        key = (
+            id(pool),
+            id(types),
+            job.gpu_count,
+            estimate.hold_s,
+            estimate.p50_s,
+            job.requested_s,
+            job.kind,
+            job.is_preemptible,
+            job.is_checkpointable,
+            job.project if share is not None and share.borrow_limits else None,
+            top is not None and top.user == job.user,
+        )
+        counters = (pool.takes, pool.holds)
+        found = self._blocked.get(key)
+        if found is not None and found[0] == counters and found[1] is top:
+            rnd.out.verdicts[job.id] = found[2]
+            return
+        consider(rnd, job, types)
+        verdict = rnd.out.verdicts.get(job.id)
+        if verdict is not None and (pool.takes, pool.holds) == counters and rnd.top is top:
+            # nothing started: the types list is kept in the entry, so its id stays its own
+            self._blocked[key] = (counters, top, verdict, types)
+
+    def verdict(self, job: JobRequest) -> Verdict | None:
+        """The job's shared verdict, or None when it needs `consider`."""
+        rnd = self.rnd
+        wide = rnd.wide
+        if wide and job.id in wide:
+            return None if rnd.top is None else self.refused(job)
+        if job.kind == JobKind.INTERACTIVE and rnd.composition.reclaim is not None:
+            return None
+        types = rnd.types_for(job)
+        free = self.free(job, types)
+        if free >= job.gpu_count:
+            return None
+        return too_few(rnd, job, types, free, self.too_few)
+
+
+def consider(rnd: Round, job: JobRequest, types: Sequence[str]) -> None:
+    """A backfill candidate that may start: start it where it fits, a session may reclaim,
+    else record why it waits."""
+    composition = rnd.composition
+    reclaim = composition.reclaim
+    estimate = rnd.state.estimate(job)
+    if composition.place.try_start(rnd, job, types, estimate):
+        return
+    if job.id in rnd.out.verdicts:
+        return
+    if (
+        reclaim is not None
+        and job.kind == JobKind.INTERACTIVE
+        and reclaim.for_demand(rnd, job, types, estimate, single=rnd.is_single_node(types, job.gpu_count))
+    ):
+        return
+    explain_blocked(rnd, job, types, estimate)
+
+
+def too_few(
+    rnd: Round,
+    job: JobRequest,
+    types: Sequence[str],
+    free: int,
+    kept: dict[tuple[object, ...], Verdict],
+) -> Verdict:
+    """`explain_blocked`'s verdict for a job with fewer fitting GPUs free than it needs, one
+    per distinct sentence of the round (``kept``)."""
+    top = rnd.top
+    same_owner = top is not None and top.user == job.user
+    is_top = top is not None and top.id == job.id
+    key = (job.gpu_count, tuple(types), free, same_owner, is_top)
+    verdict = kept.get(key)
+    if verdict is None:
+        verdict = kept[key] = Verdict(*_too_few_sentence(rnd, job, types, free))
+    return verdict
+
+
+def explain_blocked(rnd: Round, job: JobRequest, types: Sequence[str], estimate: Estimate) -> None:
+    """Record why a backfill candidate did not start: held GPUs, fragments, or too few free."""
+    pool = rnd.pool_for(job)
+    free = pool.free_count(types[0]) if len(types) == 1 else sum(pool.free_count(t) for t in types)
+    top = rnd.top
+    if free >= job.gpu_count:
+        ignoring_holds = pool.find(types, job.gpu_count, until=-INF, strict_until=-INF)
+        if ignoring_holds is not None:
+            holder = pool.hold_of(ignoring_holds[0])
+            what = holder.holder if holder is not None else "a reservation"
+            whom = (
+                "interactive headroom"
+                if what == HEADROOM
+                else (
+                    "the top job, " + job_label(top.id, top.name, same_owner=top.user == job.user)
+                    if top is not None and what == top.id
+                    else "booking " + what
+                )
+            )
+            rnd.out.wait(
+                job.id,
+                PendingReason.RESERVATION,
+                f"{free} fitting GPUs are free, but they are held for {whom} and this job's "
+                f"estimated {fmt_s(estimate.hold_s)} would run into that.",
+            )
+            return
+        rnd.out.wait(
+            job.id,
+            PendingReason.FRAGMENTATION,
+            f"{free} fitting GPUs are free in total, but no node has {job.gpu_count} of them together.",
+        )
+        return
+    rnd.out.wait(job.id, *_too_few_sentence(rnd, job, types, free))
+
+
+def _too_few_sentence(
+    rnd: Round, job: JobRequest, types: Sequence[str], free: int
+) -> tuple[PendingReason, str]:
+    """Why a job with fewer fitting GPUs free than it needs waits."""
+    top = rnd.top
+    ahead = (
+        "; the next free GPUs go to the job first in line, "
+        + job_label(top.id, top.name, same_owner=top.user == job.user)
+        if top is not None
+        else ""
+    )
+    return (
+        PendingReason.RESOURCES if top is None or top.id == job.id else PendingReason.PRIORITY,
+        f"Needs {fmt_gpus(job.gpu_count)} of type {'/'.join(types)}; {free} are free{ahead}.",
+    )
