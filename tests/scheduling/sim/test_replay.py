@@ -294,36 +294,51 @@ def test_engine_no_policy_beats_the_session_floor(engine_metrics: dict[str, Any]
         assert m["interactive_over_60s_share"] >= floor["interactive_over_60s_share"] - 1e-9, name
 
 
-def test_a_booking_never_gets_another_bookings_gpu_when_running_work_blocks_the_rest(
-    trace: Trace, overlay: Overlay
+def _run_until_1e6(
+    replay: Replay, job_id: str, gpu: int, *, kind: str = "batch", consent: bool = False
 ) -> None:
-    # 2 GPUs: GPU 0 runs a long job, GPU 1 is booked for the same window. The portal's pick
-    # (running work counted) finds nothing; the overlay's own pick (GPU 1) would share a GPU
-    # with the other booking, which the database's exclusion constraint never allows.
-    from scheduling.engine.types import JobRequest, RunningJob
+    """Put a 1-GPU job on ``gpu`` of a stand-in replay, running from 0 with its allocation to 1e6 s."""
+    from scheduling.engine.types import JobKind, JobRequest, RunningJob
+
+    request = JobRequest(
+        id=job_id, user="u", project="p", gpu_count=1, submit_at=0.0, requested_s=1e6, kind=JobKind(kind)
+    )
+    replay._running[job_id] = RunningJob(job=request, gpu_ids=(gpu,), started_at=0.0, is_preemptible=consent)
+    replay._alloc_end[job_id] = 1e6
+
+
+def _book_one_gpu(replay: Replay, *, overlay_pick: int) -> tuple[int, ...]:
+    """Create a 1-GPU booking for [6,000, 8,000) s at t = 1,000 s whose overlay picked
+    ``overlay_pick``; the GPUs the replay kept for it."""
     from scheduling.sim.overlays import BookingPlan
 
-    replay = _standin_replay(trace, parse_cluster_spec("2x1"), overlay, "easy")
-    t = 1_000.0
-    long_job = JobRequest(id="long", user="u", project="p", gpu_count=1, submit_at=0.0, requested_s=1e6)
-    replay._running["long"] = RunningJob(job=long_job, gpu_ids=(0,), started_at=0.0, is_preemptible=False)
-    replay._alloc_end["long"] = 1e6
-    replay._booked_windows[1] = [(5_000.0, 9_000.0)]
     plan = BookingPlan(
         id="bk-000001",
         user="v",
         project="q",
-        created_at=t,
+        created_at=1_000.0,
         start_at=6_000.0,
         end_at=8_000.0,
         gpu_count=1,
         use_start_at=6_000.0,
         use_end_at=8_000.0,
         gpu_type="A100",
-        gpu_ids=(1,),
+        gpu_ids=(overlay_pick,),
     )
-    replay._create_booking(plan, t)
-    assert replay._bookings["bk-000001"].gpu_ids == (0,)
+    replay._create_booking(plan, 1_000.0)
+    return replay._bookings["bk-000001"].gpu_ids
+
+
+def test_a_booking_never_gets_another_bookings_gpu_when_running_work_blocks_the_rest(
+    trace: Trace, overlay: Overlay
+) -> None:
+    # 2 GPUs: GPU 0 runs a long job, GPU 1 is booked for the same window. The portal's pick
+    # (running work counted) finds nothing; the overlay's own pick (GPU 1) would share a GPU
+    # with the other booking, which the database's exclusion constraint never allows.
+    replay = _standin_replay(trace, parse_cluster_spec("2x1"), overlay, "easy")
+    _run_until_1e6(replay, "long", 0)
+    replay._booked_windows[1] = [(5_000.0, 9_000.0)]
+    assert _book_one_gpu(replay, overlay_pick=1) == (0,)
     assert (6_000.0, 8_000.0) not in replay._booked_windows[1]
 
 
@@ -333,39 +348,10 @@ def test_a_booking_avoids_the_gpus_of_running_work_it_cannot_take_back(
     # 2 GPUs, both running work past the booking's start: GPU 0 a session (never reclaimed),
     # GPU 1 consenting batch work (reclaimed a grace before the booking starts). The portal's
     # pick finds nothing free; the pick kept must be GPU 1, or the owner waits for the session.
-    from scheduling.engine.types import JobKind, JobRequest, RunningJob
-    from scheduling.sim.overlays import BookingPlan
-
     replay = _standin_replay(trace, parse_cluster_spec("2x1"), overlay, "berth")
-    t = 1_000.0
-    session = JobRequest(
-        id="int-1",
-        user="u",
-        project="p",
-        gpu_count=1,
-        submit_at=0.0,
-        requested_s=1e6,
-        kind=JobKind.INTERACTIVE,
-    )
-    batch = JobRequest(id="b-1", user="w", project="p", gpu_count=1, submit_at=0.0, requested_s=1e6)
-    replay._running["int-1"] = RunningJob(job=session, gpu_ids=(0,), started_at=0.0, is_preemptible=False)
-    replay._running["b-1"] = RunningJob(job=batch, gpu_ids=(1,), started_at=0.0, is_preemptible=True)
-    replay._alloc_end["int-1"] = replay._alloc_end["b-1"] = 1e6
-    plan = BookingPlan(
-        id="bk-000001",
-        user="v",
-        project="q",
-        created_at=t,
-        start_at=6_000.0,
-        end_at=8_000.0,
-        gpu_count=1,
-        use_start_at=6_000.0,
-        use_end_at=8_000.0,
-        gpu_type="A100",
-        gpu_ids=(0,),
-    )
-    replay._create_booking(plan, t)
-    assert replay._bookings["bk-000001"].gpu_ids == (1,)
+    _run_until_1e6(replay, "int-1", 0, kind="interactive")
+    _run_until_1e6(replay, "b-1", 1, consent=True)
+    assert _book_one_gpu(replay, overlay_pick=0) == (1,)
 
 
 def test_the_replay_passes_each_claim_while_its_job_waits_within_the_hold(
