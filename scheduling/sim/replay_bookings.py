@@ -157,9 +157,9 @@ class BookingDesk:
 
         * first ``_unreclaimable``: work a booking cannot take back (sessions, batch work
           without consent), so the running work in the way is reclaimed a grace before the
-          start (`Reclaim.for_bookings`) or ends.  Without this step an 8-GPU booking went on
-          a running session's GPUs, and its owner waited 2 h for them (KTH overlay, seed 1,
-          berth: the year's one unhonored booking);
+          start (`Reclaim.for_bookings`, under policies with a reclaim stage) or ends.
+          Without this step an 8-GPU booking went on a running session's GPUs, and its owner
+          waited 2 h for them (KTH overlay, seed 1, berth: the year's one unhonored booking);
         * then ``_no_running``: only other bookings block, so two bookings never share a GPU
           (the database's exclusion constraint).  The overlay's own pick, made without the
           replay's picks of earlier bookings, could share one (seed 1 of the KTH overlay: one
