@@ -36,24 +36,10 @@ def priority_scores(state: RoundState) -> dict[str, float]:
     Interactive sessions get ``interactive_priority``; ``JobRequest.priority`` adds its class
     bonus; age saturates at ``max_age_s``; fair share is in (0, 1].
     """
-    policy = state.policy
     factors = fairshare_factors(state.snapshot, state.types, state.gpu_type, queued_only=True)
-    max_age = policy.max_age_s if policy.max_age_s > 0 else 1.0
-    age_weight = policy.age_weight / max_age
-    cap = policy.age_weight
-    fs_weight = policy.fairshare_weight
-    now = state.now
-    scores: dict[str, float] = {}
-    for job in state.snapshot.pending:
-        submitted = job.first_submit_at if job.first_submit_at is not None else job.submit_at
-        score = min(max(0.0, now - submitted) * age_weight, cap)
-        score += fs_weight * factors.get(job.project, 1.0)
-        if job.priority:
-            score += 10.0 * job.priority
-        if job.kind == JobKind.INTERACTIVE:
-            score += policy.interactive_priority
-        scores[job.id] = score
-    return scores
+    # one arithmetic for the scores and the one-pass order (`_keyed_one_by_one`); a repeated
+    # id keeps its last score
+    return {key[2]: -key[0] for key in _keyed_one_by_one(state, factors)}
 
 
 def _ordered(jobs: tuple[JobRequest, ...], score: dict[str, float]) -> list[JobRequest]:

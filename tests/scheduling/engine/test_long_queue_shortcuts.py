@@ -21,6 +21,7 @@ import pytest
 
 from scheduling.engine import plan_round
 from scheduling.engine.cluster import RoundState
+from scheduling.engine.fairshare import fairshare_factors
 from scheduling.engine.priority import _ordered, priority_order, priority_scores
 from scheduling.engine.stages import backfill
 from scheduling.engine.types import JobKind, JobRequest, PolicyConfig, ProjectShare
@@ -101,6 +102,25 @@ def test_long_queue_matches_the_long_way(policy: str, seed: int, monkeypatch: py
             assert any("more than the batch partition has" in p.sentence for p in long_way.pending)
 
 
+def _reference_scores(state: RoundState) -> dict[str, float]:
+    """The multifactor score per job id as `priority.priority_scores` defined it before the
+    one-pass order (``min``/``max``, job by job): the reference the order must equal."""
+    policy = state.policy
+    factors = fairshare_factors(state.snapshot, state.types, state.gpu_type, queued_only=True)
+    max_age = policy.max_age_s if policy.max_age_s > 0 else 1.0
+    scores: dict[str, float] = {}
+    for request in state.snapshot.pending:
+        submitted = request.first_submit_at if request.first_submit_at is not None else request.submit_at
+        score = min(max(0.0, state.now - submitted) * (policy.age_weight / max_age), policy.age_weight)
+        score += policy.fairshare_weight * factors.get(request.project, 1.0)
+        if request.priority:
+            score += 10.0 * request.priority
+        if request.kind == JobKind.INTERACTIVE:
+            score += policy.interactive_priority
+        scores[request.id] = score
+    return scores
+
+
 @pytest.mark.parametrize("mode", ["plain", "classes", "first-unknown"])
 @pytest.mark.parametrize("seed", range(20))
 def test_priority_order_is_the_order_of_the_scores(seed: int, mode: str) -> None:
@@ -127,7 +147,8 @@ def test_priority_order_is_the_order_of_the_scores(seed: int, mode: str) -> None
     ]
     snap = snapshot(make_nodes(2, 2), pending=pending, projects=_PROJECTS)
     state = RoundState(snap, PolicyConfig(name="easy"), NOW, is_predicted=False)
-    assert priority_order(state) == _ordered(snap.pending, priority_scores(state))
+    assert priority_order(state) == _ordered(snap.pending, _reference_scores(state))
+    assert priority_scores(state) == _reference_scores(state)
 
 
 def test_priority_order_with_a_repeated_id_keeps_the_last_score() -> None:
@@ -139,7 +160,8 @@ def test_priority_order_with_a_repeated_id_keeps_the_last_score() -> None:
     ]
     snap = snapshot(make_nodes(1, 1), pending=pending)
     state = RoundState(snap, PolicyConfig(name="easy"), NOW, is_predicted=False)
-    assert priority_order(state) == _ordered(snap.pending, priority_scores(state))
+    assert priority_order(state) == _ordered(snap.pending, _reference_scores(state))
+    assert priority_scores(state) == _reference_scores(state)
 
 
 def test_priority_order_is_kept_for_the_same_snapshot_policy_and_instant() -> None:
