@@ -248,7 +248,7 @@ def _still_fragmented(sched: Round, job: JobRequest) -> bool:
     blocked by fragmentation when it was considered may have lost that to later backfill, and
     then the GPUs left idle are not idle because of fragmentation (DESIGN §3.5)."""
     pool = sched.pool_for(job)
-    return sum(pool.free_count(name) for name in sched.types_for(job)) >= job.gpu_count
+    return pool.free_in(sched.types_for(job)) >= job.gpu_count
 
 
 Kind = tuple[tuple[str, ...], PendingReason]  # (eligible types, reason code) of a waiting job

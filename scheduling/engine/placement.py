@@ -170,6 +170,13 @@ class FreePool:
         """Free GPUs of a type, held ones included."""
         return self._type_free.get(gpu_type, 0)
 
+    def free_in(self, types: Sequence[str]) -> int:
+        """Free GPUs of any of ``types``, held ones included (one type: `free_count`)."""
+        type_free = self._type_free
+        if len(types) == 1:
+            return type_free.get(types[0], 0)
+        return sum(type_free.get(t, 0) for t in types)
+
     def hold_of(self, gpu: int) -> Hold | None:
         return self._held.get(gpu)
 

@@ -130,7 +130,7 @@ class CheapVerdicts:
         counted = self._counts.get(key)
         if counted is None or counted[0] != pool.takes:
             # the types list is kept in the entry: its id stays its own while the entry lives
-            free = pool.free_count(types[0]) if len(types) == 1 else sum(pool.free_count(t) for t in types)
+            free = pool.free_in(types)
             counted = self._counts[key] = (pool.takes, types, free)
         return counted[2]
 
@@ -255,7 +255,7 @@ def too_few(
 def explain_blocked(rnd: Round, job: JobRequest, types: Sequence[str], estimate: Estimate) -> None:
     """Record why a backfill candidate did not start: held GPUs, fragments, or too few free."""
     pool = rnd.pool_for(job)
-    free = pool.free_count(types[0]) if len(types) == 1 else sum(pool.free_count(t) for t in types)
+    free = pool.free_in(types)
     top = rnd.top
     if free >= job.gpu_count:
         ignoring_holds = pool.find(types, job.gpu_count, until=-INF, strict_until=-INF)

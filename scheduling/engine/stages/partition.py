@@ -43,6 +43,10 @@ class SpanPool:
         """Free GPUs of a type on both sides."""
         return self.batch.free_count(gpu_type) + self.inter.free_count(gpu_type)
 
+    def free_in(self, types: Sequence[str]) -> int:
+        """Free GPUs of any of ``types`` on both sides."""
+        return sum(self.free_count(t) for t in types)
+
     def hold_of(self, gpu: int) -> Hold | None:
         """The hold on a free GPU, from the side it is on."""
         return (self.inter if gpu in self.inter_gpus else self.batch).hold_of(gpu)

@@ -54,7 +54,7 @@ class Place:
             refuse_wide(rnd, job)
             return False
         pool = rnd.pool_for(job)
-        free = pool.free_count(types[0]) if len(types) == 1 else sum(pool.free_count(t) for t in types)
+        free = pool.free_in(types)
         if free < job.gpu_count:
             return False  # too few free GPUs (held ones included) for any start, lent or not
         now = rnd.now

@@ -245,7 +245,7 @@ class Reserve:
             return
         rnd.top = job
         rnd.top_shadow = shadow
-        free_total = sum(pool.free_count(t) for t in types)
+        free_total = pool.free_in(types)
         # fragmentation only if the free GPUs could not host it even ignoring holds (bookings)
         rnd.top_fragmented = (
             free_total >= job.gpu_count
