@@ -231,6 +231,7 @@ class RoundState:
         "snapshot",
         "takeable_by_node",
         "takeable_gpus_by_node",
+        "takeable_on_nodes",
         "topology",
         "type_order",
         "types",
@@ -286,6 +287,8 @@ class RoundState:
         self.takeable_by_node: dict[int, tuple[RunningJob, ...]] = {}
         # node index -> GPUs on it of that work (`preemption._takeable_gpus`)
         self.takeable_gpus_by_node: dict[int, int] = {}
+        # node indexes -> that work with a GPU on any of them (`preemption.takeable_on_nodes`)
+        self.takeable_on_nodes: dict[tuple[int, ...], tuple[RunningJob, ...]] = {}
         # (node index, high class) -> that work as victims in victim order, with the GPUs each
         # frees on the node (`preemption._node_victims`)
         self.victims_by_node: dict[tuple[int, bool], tuple[tuple[Victim, tuple[int, ...]], ...]] = {}

@@ -143,6 +143,26 @@ def takeable_on(state: RoundState, node_index: int) -> tuple[RunningJob, ...]:
     return found
 
 
+def takeable_on_nodes(state: RoundState, node_indexes: tuple[int, ...]) -> tuple[RunningJob, ...]:
+    """The running jobs with a GPU on any of ``node_indexes`` that are reclaimable this round
+    before this round's own signals (`takeable_on` over those nodes, each job once); indexed
+    once per node list and round, by walking the running jobs instead of the nodes (a
+    multi-node demand on one-GPU nodes asks about every node of the cluster)."""
+    cache = state.takeable_on_nodes
+    found = cache.get(node_indexes)
+    if found is None:
+        wanted = frozenset(node_indexes)
+        gpu_node = state.gpu_node
+        nothing: set[str] = set()
+        found = cache[node_indexes] = tuple(
+            running
+            for running in state.snapshot.running
+            if is_reclaimable(running, excluded=nothing)
+            and any(gpu_node.get(g) in wanted for g in running.gpu_ids)
+        )
+    return found
+
+
 def _takeable_gpus(state: RoundState, node_index: int) -> int:
     """GPUs of the node held by jobs reclaimable this round (`takeable_on`; once per node and
     round)."""
@@ -219,37 +239,52 @@ def plan_reclaim(
             state, _floor_index(state, node_indexes, is_high_class, excluded_jobs), free_on_node,
             arriving_on, free_nodes, (gpu_count, excluded_jobs, may_take, is_high_class),
         )  # fmt: skip
+    if not is_single_node:
+        return _plan_multi(state, node_indexes, gpu_count, free_on_node, arriving_on, excluded_jobs, may_take,
+                           is_high_class)  # fmt: skip
     best: tuple[tuple[float, float, int], Reclaim] | None = None
-    pool_free: list[int] = []
-    pool_incoming: list[tuple[float, int]] = []
-    pool_victims: dict[str, Victim] = {}
     victims_ready = state.now + state.policy.grace_s  # no kill time is earlier (`kill_time`)
     nodes = state.nodes
     for node_index in node_indexes:
-        if is_single_node and len(nodes[node_index].gpu_ids) < gpu_count:
+        if len(nodes[node_index].gpu_ids) < gpu_count:
             continue  # the node is too small whatever is taken on it
         free = free_on_node(node_index)
         arriving = arriving_on.get(node_index, []) if arriving_on else []
-        if not is_single_node:
-            pool_free.extend(free)
-            pool_incoming.extend(arriving)
-            for victim, _gained in _may_take_on(state, node_index, excluded_jobs, may_take, is_high_class):
-                pool_victims[victim.running.job.id] = victim
-            continue
         found = (free, arriving, node_index, gpu_count)
         reclaim = _node_reclaim(state, found, excluded_jobs, may_take, is_high_class, best, victims_ready)
         best = _better(best, reclaim, node_index)
-    if not is_single_node:
-        return _assemble(
-            state,
-            pool_free,
-            sorted(pool_incoming),
-            pool_victims.values(),
-            gpu_count,
-            None,
-            is_high_class=is_high_class,
-        )
     return None if best is None else best[1]
+
+
+def _plan_multi(
+    state: RoundState,
+    node_indexes: Iterable[int],
+    gpu_count: int,
+    free_on_node: Callable[[int], list[int]],
+    arriving_on: dict[int, list[tuple[float, int]]],
+    excluded_jobs: set[str],
+    may_take: Callable[[RunningJob], bool] | None,
+    is_high_class: bool,
+) -> Reclaim | None:
+    """`plan_reclaim` of a multi-node demand: the free and arriving GPUs of its nodes, then
+    victims in victim order, each freeing all its GPUs.  The victims are collected per running
+    job (`takeable_on_nodes`), not per node: on one-GPU nodes a wide job's demand covers every
+    node of the cluster, and the running jobs are far fewer."""
+    nodes = node_indexes if type(node_indexes) is tuple else tuple(node_indexes)
+    pool_free: list[int] = []
+    pool_incoming: list[tuple[float, int]] = []
+    for node_index in nodes:
+        pool_free.extend(free_on_node(node_index))
+        if arriving_on:
+            pool_incoming.extend(arriving_on.get(node_index, []))
+    victims = [
+        victim_of(state, running, is_high_class=is_high_class)
+        for running in takeable_on_nodes(state, nodes)
+        if running.job.id not in excluded_jobs and (may_take is None or may_take(running))
+    ]
+    return _assemble(
+        state, pool_free, sorted(pool_incoming), victims, gpu_count, None, is_high_class=is_high_class
+    )
 
 
 # A single-node demand's search: (GPUs wanted, jobs signalled this round, what the demand may

@@ -220,3 +220,64 @@ def test_the_search_stays_exhaustive_while_the_round_signals_jobs(seed: int) -> 
             free_nodes=set(free),
         )
         assert got == expected, (seed, step, gpu_count, high)
+
+
+def _spanning_cluster(rng: random.Random) -> tuple[RoundState, dict[int, list[int]], dict[int, float]]:
+    """Jobs laid over the GPUs in order, so many span two or more nodes (a multi-node gang)."""
+    nodes = make_nodes(rng.randint(3, 12), rng.choice((1, 2, 4)))
+    flat = [gpu for node in nodes for gpu in node.gpu_ids]
+    jobs: list[RunningJob] = []
+    free: dict[int, list[int]] = {}
+    incoming: dict[int, float] = {}
+    node_of = {gpu: index for index, node in enumerate(nodes) for gpu in node.gpu_ids}
+    at = 0
+    while at < len(flat):
+        if rng.random() < 0.15:
+            free.setdefault(node_of[flat[at]], []).append(flat[at])
+            at += 1
+            continue
+        size = rng.choice((1, 2, 3, 5))
+        taken, at = flat[at : at + size], at + size
+        consent = rng.random() < 0.7
+        request = job(
+            f"s{len(jobs)}",
+            len(taken),
+            requested_s=50_000,
+            is_preemptible=consent,
+            is_checkpointable=consent and rng.random() < 0.5,
+        )
+        if rng.random() < 0.1:
+            for gpu in taken:
+                incoming[gpu] = NOW + rng.choice((0.0, 30.0))
+        started = NOW - rng.choice((5.0, 400.0, rng.uniform(0, 40_000)))
+        jobs.append(running(request, taken, started_at=started, is_preemptible=rng.random() < 0.3))
+    state = RoundState(snapshot(nodes, running_jobs=jobs), PolicyConfig(name="berth"), NOW, is_predicted=True)
+    return state, free, incoming
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_a_multi_node_demand_takes_the_victims_of_the_exhaustive_search(seed: int) -> None:
+    """A multi-node demand's victims are collected per running job (`takeable_on_nodes`), not
+    per node: a gang with GPUs on a node of the demand is a victim (freeing all its GPUs), one
+    with none there is not, one signalled or refused never; the plan equals the per-node search,
+    also while the round's signalled set grows between searches of the same node list."""
+    rng = random.Random(seed)
+    state, free, incoming = _spanning_cluster(rng)
+    ids = sorted(r.job.id for r in state.snapshot.running)
+    refused = {i for i in ids if rng.random() < 0.15}
+    some = tuple(i for i in range(len(state.nodes)) if rng.random() < 0.5) or (0,)
+    signalled: set[str] = set()
+    for step in range(6):
+        if ids and step:
+            signalled.add(rng.choice(ids))
+        gpu_count = rng.randint(2, 9)
+        high = rng.random() < 0.5
+        expected = _exhaustive(
+            state, gpu_count=gpu_count, free=free, incoming=incoming, excluded=signalled, single=False,
+            refused=refused, high=high, nodes=some,
+        )  # fmt: skip
+        got = _planned(
+            state, gpu_count=gpu_count, free=free, incoming=incoming, excluded=signalled, single=False,
+            refused=refused, high=high, nodes=some, free_nodes=None,
+        )  # fmt: skip
+        assert got == expected, (seed, step, some, gpu_count)
