@@ -62,13 +62,19 @@ class SlowdownFirst:
         their project's guarantee (`Round.is_within_guarantee`) before the other starved, a job
         evicted for a live claim no higher than behind its claimant (`priority.live_claims`)."""
         shares = rnd.shares
+        # nothing has started yet when the order is made, so the answer reads only the job's
+        # project, size and type constraints: asked once per such shape (on a long-starved
+        # queue most of the queue is starved, every round)
+        answers: dict[tuple[str, int, str | None, float, frozenset[str]], bool] = {}
 
         def is_guaranteed(job: JobRequest) -> bool:  # asked of starved jobs only
-            return (
-                job.kind == JobKind.BATCH
-                and job.project in shares
-                and rnd.is_within_guarantee(job, rnd.types_for(job))
-            )
+            if job.kind != JobKind.BATCH or job.project not in shares:
+                return False
+            shape = (job.project, job.gpu_count, job.gpu_type, job.min_memory_gib, job.precisions)
+            answer = answers.get(shape)
+            if answer is None:
+                answer = answers[shape] = rnd.is_within_guarantee(job, rnd.types_for(job))
+            return answer
 
         state = rnd.state
         claims = live_claims(state.snapshot, state.policy.claim_hold_s, state.now)

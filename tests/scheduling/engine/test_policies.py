@@ -7,6 +7,8 @@ import dataclasses
 import pytest
 
 from scheduling.engine import plan_round
+from scheduling.engine.policies.berth import BERTH
+from scheduling.engine.round import Round
 from scheduling.engine.types import (
     Booking,
     GpuType,
@@ -599,3 +601,26 @@ def test_berth_the_gpus_freed_for_a_claim_go_to_the_claimant_not_back_to_the_evi
     claims = (("claim", "victim", NOW - 5), ("claim", "twin", NOW - 5))
     snap = snapshot(nodes, running_jobs=[own], pending=pending, projects=projects, claims=claims)
     assert started(plan_round(snap, policy, NOW)) == {"claim": (0, 1)}
+
+
+def test_berth_starved_jobs_of_one_project_are_judged_within_its_guarantee_by_their_own_size() -> None:
+    """The order asks whether a starved job is within its project's guarantee once per
+    (project, size, type constraints) per round: the project's 2-GPU job is covered and goes
+    first, its 4-GPU job and its job asking for a type it has no guarantee of are not and rank
+    by age, behind another project's older starved job."""
+    day = 86_400.0
+    projects = (
+        ProjectShare("owner", guaranteed=(("A100", 2),)),
+        ProjectShare("other", guaranteed=(("A100", 1),), borrow_limit=8),
+    )
+    pending = [
+        job("old", 2, project="other", submit_at=NOW - 3 * day),
+        job("wide", 4, project="owner", submit_at=NOW - 2 * day),
+        job("fits", 2, project="owner", submit_at=NOW - 1.5 * day),
+        job("h100", 2, project="owner", submit_at=NOW - 2.5 * day, gpu_type="H100"),
+        job("fits_too", 2, project="owner", submit_at=NOW - 1.2 * day),
+    ]
+    snap = snapshot(make_nodes(2, 4), pending=pending, projects=projects)
+    rnd = Round(snap, PolicyConfig(name="berth"), NOW, BERTH)
+    queue, _backfill = BERTH.order(rnd)
+    assert [j.id for j in queue] == ["fits", "fits_too", "old", "h100", "wide"]
