@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from scheduling.engine import plan_round
-from scheduling.engine.types import Booking, PolicyConfig
+from scheduling.engine.types import Booking, JobKind, PolicyConfig
 from tests.scheduling.engine.conftest import job, make_nodes, running, snapshot
 
 NOW = 100_000.0
@@ -34,9 +34,10 @@ def test_a_booking_partly_busy_holds_its_free_gpus(policy: str, booked_gpus: tup
         end_at=NOW + 10_800.0,
         gpu_ids=booked_gpus,
     )
-    kind = {"kind": "interactive"} if policy == "static" and free >= 4 else {}
-    long_job = job("long", 1, requested_s=86_400.0, **kind)  # type: ignore[arg-type]
-    short_job = job("short", 1, requested_s=600.0, submit_at=1.0, **kind)  # type: ignore[arg-type]
+    # static: the free GPU's side decides who may use it (sessions on the partition)
+    kind = JobKind.INTERACTIVE if policy == "static" and free >= 4 else JobKind.BATCH
+    long_job = job("long", 1, requested_s=86_400.0, kind=kind)
+    short_job = job("short", 1, requested_s=600.0, submit_at=1.0, kind=kind)
     snap = snapshot(nodes, running_jobs=runs, pending=[long_job, short_job], bookings=(booking,))
     config = PolicyConfig(
         name=policy, interactive_partition=("n4", "n5", "n6", "n7") if policy == "static" else ()
