@@ -79,7 +79,8 @@ def test_a_round_and_its_explanations_run_paused(
 def test_a_round_leaves_no_cycle_for_the_collector(policy: str, collector_enabled: None) -> None:
     """A dropped plan frees its round by reference counting: a cycle through the round would
     leave each of a replay's hundreds of thousands of rounds to the cyclic collector (with
-    static's span pool pointing back at its round that was 12 % of a replay's CPU)."""
+    static's span pool pointing back at its round that was 12 % of static's CPU on the
+    overlay's first 3,000 KTH jobs)."""
     nodes = make_nodes(8, 1)
     # a wide job heads static's batch queue (it spans the partition), work waits behind it
     pending = [job("wide", 6, submit_at=0.0), job("a", 1, submit_at=10.0), job("b", 3, submit_at=20.0)]
