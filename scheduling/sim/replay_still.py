@@ -154,13 +154,24 @@ def _next_fit_change(
     if not holds:
         return math.inf
     estimates = estimates_by_job(config, is_predicted=False)
-    durations: set[float] = set()
     holders = {r.holder_id for r in plan.reservations}
+    # what each job's durations are made of, once per distinct triple (a queue of thousands
+    # has a few hundred): `estimate_of`'s cache read in place
+    made_of: set[tuple[float, float, float | None]] = set()
+    known = estimates.get
     for job in snapshot.pending:
         if job.gpu_count > free_gpus and job.id not in holders:
             continue
-        estimate = estimate_of(job, estimates, config, is_predicted=False)
-        durations.update((estimate.p50_s, estimate.hold_s, max(estimate.hold_s, job.requested_s or 0.0)))
+        entry = known(job.id)
+        estimate = (
+            entry[1]
+            if entry is not None and entry[0] is job
+            else estimate_of(job, estimates, config, is_predicted=False)
+        )
+        made_of.add((estimate.p50_s, estimate.hold_s, job.requested_s))
+    durations: set[float] = set()
+    for p50_s, hold_s, requested_s in made_of:
+        durations.update((p50_s, hold_s, max(hold_s, requested_s or 0.0)))
     durations.update([d + config.overdue_epsilon_s for d in durations])
     ordered = sorted(durations)
     found = math.inf

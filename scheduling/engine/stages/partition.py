@@ -19,6 +19,7 @@ batch side's shadow time).  With ``Model.spans_wide_jobs`` the engine does the s
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -37,7 +38,9 @@ class SpanPool:
         self.batch = batch
         self.inter = inter
         self.inter_gpus = inter_gpus
-        self.rnd = rnd
+        # a weak reference: the round holds this pool, and a cycle would leave every round's
+        # objects to the cyclic collector (a replay plans hundreds of thousands of rounds)
+        self.rnd = weakref.proxy(rnd)
 
     def free_count(self, gpu_type: str) -> int:
         """Free GPUs of a type on both sides."""

@@ -139,9 +139,20 @@ def place_bookings(rnd: Round, free: set[int]) -> None:
 
 
 def hold_bookings(rnd: Round) -> None:
-    """Hold future bookings' free GPUs until their lead time in the pools."""
+    """Hold future bookings' free GPUs until their lead time in the pools.
+
+    A pool ignores the GPUs that are not free in it, so it is not asked for a booking none of
+    whose GPUs it has free (most are: a future booking's GPUs are often busy, and with a
+    partition each lies on one side only), which changes no hold."""
+    pools = [rnd.inter_pool] if rnd.batch_pool is rnd.inter_pool else [rnd.inter_pool, rnd.batch_pool]
+    # each pool with its free GPUs (taking none: holds only mark free GPUs)
+    with_free = [(pool, set(pool.free_gpus())) for pool in pools]
     for booking in rnd.state.snapshot.bookings:
         if booking.start_at <= rnd.now or booking.id not in rnd.booking_gpus:
+            continue
+        gpus = rnd.booking_gpus[booking.id]
+        asked = [pool for pool, free in with_free if not free.isdisjoint(gpus)]
+        if not asked:
             continue
         lead_at = booking.start_at - rnd.policy.booking_lead_s
         # lent work is evicted when the booking starts: only checkpointing work may borrow
@@ -152,9 +163,8 @@ def hold_bookings(rnd: Round) -> None:
             is_strict=True,
             is_checkpoint_only=True,
         )
-        rnd.inter_pool.hold(rnd.booking_gpus[booking.id], hold)
-        if rnd.batch_pool is not rnd.inter_pool:
-            rnd.batch_pool.hold(rnd.booking_gpus[booking.id], hold)
+        for pool in asked:
+            pool.hold(gpus, hold)
 
 
 # ---- the interactive pool ----
