@@ -156,18 +156,12 @@ def _next_fit_change(
     estimates = estimates_by_job(config, is_predicted=False)
     holders = {r.holder_id for r in plan.reservations}
     # what each job's durations are made of, once per distinct triple (a queue of thousands
-    # has a few hundred): `estimate_of`'s cache read in place
+    # has a few hundred)
     made_of: set[tuple[float, float, float | None]] = set()
-    known = estimates.get
     for job in snapshot.pending:
         if job.gpu_count > free_gpus and job.id not in holders:
             continue
-        entry = known(job.id)
-        estimate = (
-            entry[1]
-            if entry is not None and entry[0] is job
-            else estimate_of(job, estimates, config, is_predicted=False)
-        )
+        estimate = estimate_of(job, estimates, config, is_predicted=False)
         made_of.add((estimate.p50_s, estimate.hold_s, job.requested_s))
     durations: set[float] = set()
     for p50_s, hold_s, requested_s in made_of:
