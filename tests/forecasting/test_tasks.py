@@ -220,3 +220,34 @@ def test_forecast_refresh_command(
     assert f"cluster {cluster.pk}: 3 runs stored" in out
     assert "gpu_type:A100" in out
     assert "interactive headroom now: {'A100': 0}" in out
+
+
+def test_the_hourly_task_keeps_stored_predictions_and_fills_missing_ones(
+    cluster: Cluster, nodes: list[Node]
+) -> None:
+    # a prediction made at submission is kept while the job waits, even once the cluster's
+    # history would now predict it otherwise; a job whose submission prediction was lost gets one
+    predicted = JobFactory(cluster=cluster, requested_s=7_200)
+    assert tasks.job_runtime_predict(predicted.pk)["predicted_p50_s"] == 7_200.0
+    lost = JobFactory(cluster=cluster, requested_s=7_200)
+    user, project = predicted.user, predicted.project
+    now = timezone.now()
+    for i in range(8):  # the same user's 10-minute jobs finish meanwhile
+        JobFactory(
+            cluster=cluster,
+            user=user,
+            project=project,
+            requested_s=7_200,
+            status=Job.Status.COMPLETED,
+            submitted_at=now - timedelta(hours=2, minutes=i),
+            started_at=now - timedelta(hours=1, minutes=i + 10),
+            ended_at=now - timedelta(hours=1, minutes=i),
+        )
+    runtime_predictor_forget(cluster_id=cluster.pk)
+
+    assert tasks.jobs_runtime_predict(cluster.pk) == {"cluster_id": cluster.pk, "jobs": 1}
+    predicted.refresh_from_db()
+    lost.refresh_from_db()
+    assert predicted.predicted_p50_s == 7_200.0
+    assert lost.predicted_p50_s is not None
+    assert lost.predicted_p50_s < 3_600.0
