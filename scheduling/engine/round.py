@@ -349,7 +349,15 @@ class Round:
 
     # ---- actions ----
 
-    def start(self, job: JobRequest, gpus: tuple[int, ...], estimate: Estimate, *, is_lent: bool) -> None:
+    def start(
+        self,
+        job: JobRequest,
+        gpus: tuple[int, ...],
+        estimate: Estimate,
+        *,
+        is_lent: bool,
+        time_limit_s: float | None = None,
+    ) -> None:
         """Start ``job`` on ``gpus`` now (lent: reclaimable) and account for it."""
         state = self.state
         self.pool_for(job).take(gpus)
@@ -380,6 +388,7 @@ class Round:
                 node_ids=tuple(nodes),
                 is_preemptible=is_lent,
                 expected_end_at=hold_end,
+                time_limit_s=time_limit_s,
             )
         )
         self.used[job.project] = self.used.get(job.project, 0) + len(gpus)

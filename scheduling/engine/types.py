@@ -165,6 +165,9 @@ class PolicyConfig:
     # its claimant: the next round or two in the portal (a round every 15 s), the next event in
     # the replay
     claim_hold_s: float = 120.0
+    # berth: consenting batch work that fits nowhere on its own estimate may start as a probe on
+    # GPUs free for this long (its time limit lowered to it); 0: no probes
+    probe_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +197,9 @@ class StartAction:
     node_ids: tuple[str, ...]
     is_preemptible: bool  # started on lent/borrowed capacity
     expected_end_at: float
+    # a probe: the run's time limit is lowered to this (Slurm ``--time-min``); consenting work
+    # still running then is stopped and requeued, keeping its place (`stages.place`)
+    time_limit_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -175,6 +175,10 @@ class Replay(BookingDesk, TickRule, StillTickRule):
         ]
         self._shares = inputs.ShareBuilder(self._specs)
         self._abandoned = 0
+        self._probes: dict[str, JobRequest] = {}  # running probes: the request as it was queued
+        self._probe_wins = 0  # probes that finished within their time limit
+        self._probe_fails = 0
+        self._probe_lost_gpu_s = 0.0
         self._abandoned_gpu_s = 0.0  # session GPU-time never served because its user gave up
         self._sessions_total = len(overlay.sessions)
         self._released_no_show = 0
@@ -399,6 +403,8 @@ class Replay(BookingDesk, TickRule, StillTickRule):
                 self.record.lost_gpu_s += tr.lost_s * len(tr.gpu_ids)  # the restore after a resume
                 self.record.restore_gpu_s += tr.lost_s * len(tr.gpu_ids)
             if tr.kind == TransitionKind.COMPLETED:
+                if self._probes.pop(tr.job_id, None) is not None:
+                    self._probe_wins += 1
                 if meta.kind == JobKind.BATCH:
                     self.record.jobs.append(
                         JobOutcome(
@@ -416,12 +422,19 @@ class Replay(BookingDesk, TickRule, StillTickRule):
             else:
                 self.record.preemptions += 1
                 self.record.lost_gpu_s += tr.lost_s * len(tr.gpu_ids)
-                request = dataclasses.replace(
-                    running.job,
-                    submit_at=t,
-                    attempt=running.job.attempt + 1,
-                    first_submit_at=meta.request.submit_at,
-                )
+                probed = self._probes.pop(tr.job_id, None)
+                if probed is not None:
+                    # a probe that needed longer: back in the queue with its place kept
+                    self._probe_fails += 1
+                    self._probe_lost_gpu_s += tr.lost_s * len(tr.gpu_ids)
+                    request = dataclasses.replace(probed, attempt=probed.attempt + 1)
+                else:
+                    request = dataclasses.replace(
+                        running.job,
+                        submit_at=t,
+                        attempt=running.job.attempt + 1,
+                        first_submit_at=meta.request.submit_at,
+                    )
                 self._enqueue(request, meta)
         return bool(transitions)
 
@@ -507,6 +520,16 @@ class Replay(BookingDesk, TickRule, StillTickRule):
                 else t + (request.requested_s or math.inf)
             )
             gpu_ids = tuple(action.gpu_ids)
+            limit = getattr(action, "time_limit_s", None)
+            if limit is not None:
+                # a probe runs with its time limit lowered; requeued as it was if it needs longer
+                self._probes[action.job_id] = request
+                request = dataclasses.replace(
+                    request,
+                    requested_s=limit,
+                    predicted_p50_s=min(request.predicted_p50_s or limit, limit),
+                    predicted_p90_s=min(request.predicted_p90_s or limit, limit),
+                )
             self._running[action.job_id] = RunningJob(request, gpu_ids, t, action.is_preemptible)
             self._running_usage[action.job_id] = (request.project, self._run_value(gpu_ids), t)
             acted = True
@@ -584,6 +607,9 @@ class Replay(BookingDesk, TickRule, StillTickRule):
             "sessions_abandoned_gpu_hours": self._abandoned_gpu_s / 3600.0,
             "restore_gpu_hours": record.restore_gpu_s / 3600.0,
             "rounds_by_trigger": dict(sorted(self._triggers.items())),
+            "probes_finished": self._probe_wins,
+            "probes_requeued": self._probe_fails,
+            "probes_lost_gpu_hours": self._probe_lost_gpu_s / 3600.0,
             "rounds_skipped": self._rounds_skipped,  # still ticks (`replay_still`), not planned
             "backend_messages": counters.messages[:10],
         }

@@ -56,7 +56,8 @@ def policy_config(
         raise ValueError(f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
     restore_s = overlay.config.restore_s
     if policy != "static":
-        return PolicyConfig(name=policy, restore_s=restore_s)
+        import os  # SCRATCH experiment
+        return PolicyConfig(name=policy, restore_s=restore_s, probe_s=float(os.environ.get("PROBE_S", "0")))
     demand = [float(level) for _, level in demand_series(overlay)]
     want = math.ceil(percentile(demand, options.static_quantile))
     partition: list[str] = []

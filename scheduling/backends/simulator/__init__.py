@@ -311,6 +311,10 @@ class SimulatorBackend:
         )
         self._runs[job_id] = run
         self._push(run.end_at, _COMPLETE, job_id, run.version)
+        if action.time_limit_s is not None:
+            # a probe: stopped at its lowered time limit if it has not finished by then
+            run.kill_at = run.signal_at = self._now + action.time_limit_s
+            self._push(run.kill_at, _KILL, job_id, run.version)
         self.counters.starts += 1
         return ActionResult("start", job_id, True)
 

@@ -61,7 +61,7 @@ BERTH = Composition(
     # are really needed (on the full KTH replay it beat the p90 on wait, slowdown and
     # utilization; the first 4,000 jobs alone, with one 60-hour job predicted at a few hours
     # holding a 94-GPU reservation, favoured the p90).
-    place=Place(fits_on_p50=True, lends=True, is_drain_aware=True),
+    place=Place(fits_on_p50=True, lends=True, is_drain_aware=True, probes=True),
     explain=Explain(),
 )
 

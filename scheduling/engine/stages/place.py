@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from scheduling.engine.cluster import Estimate
 from scheduling.engine.headroom import may_use_headroom
 from scheduling.engine.placement import INF
 from scheduling.engine.preemption import is_costly_start
@@ -23,7 +24,6 @@ from scheduling.engine.stages.admit import pool_admits, within_type_limits
 from scheduling.engine.types import JobKind, JobRequest
 
 if TYPE_CHECKING:
-    from scheduling.engine.cluster import Estimate
     from scheduling.engine.round import Round
 
 
@@ -34,6 +34,7 @@ class Place:
     fits_on_p50: bool = False
     lends: bool = False
     is_drain_aware: bool = False
+    probes: bool = False
 
     def lent_until(self, rnd: Round, job: JobRequest, estimate: Estimate) -> float:
         """Earliest time a lent start of this job could be off its GPUs again.
@@ -106,4 +107,33 @@ class Place:
                 return True
         if chooser is not None:
             chooser.is_lendable = False
+        if self.probes:
+            return self._try_probe(rnd, job, types, estimate, must_lend=must_lend)
         return False
+
+    def _try_probe(
+        self, rnd: Round, job: JobRequest, types: Sequence[str], estimate: Estimate, *, must_lend: bool
+    ) -> bool:
+        probe_s = rnd.policy.probe_s
+        if (
+            probe_s <= 0
+            or job.kind != JobKind.BATCH
+            or not job.is_preemptible
+            or job.attempt > 0
+            or estimate.p50_s <= probe_s
+        ):
+            return False
+        until = rnd.now + probe_s
+        gpus = rnd.pool_for(job).find(
+            types,
+            job.gpu_count,
+            until=until,
+            strict_until=until,
+            is_interactive=False,
+            prefer_type_order=rnd.composition.model.prefers_cheap_types,
+        )
+        if gpus is None:
+            return False
+        probe = Estimate(p50_s=probe_s, hold_s=probe_s)
+        rnd.start(job, gpus, probe, is_lent=must_lend, time_limit_s=probe_s)
+        return True
