@@ -27,6 +27,11 @@ if TYPE_CHECKING:
     from scheduling.engine.round import Round
 
 
+import os as _os
+
+_PROBE_LENT = _os.environ.get("PROBE_LENT") == "1"  # SCRATCH
+
+
 @dataclass(frozen=True, slots=True)
 class Place:
     """The place stage (see the module docstring)."""
@@ -132,8 +137,20 @@ class Place:
             is_interactive=False,
             prefer_type_order=rnd.composition.model.prefers_cheap_types,
         )
+        is_lent = must_lend
+        if gpus is None and _PROBE_LENT:
+            # SCRATCH: on held GPUs as lent work (sessions take it back within the grace)
+            gpus = rnd.pool_for(job).find(
+                types,
+                job.gpu_count,
+                until=until + rnd.policy.grace_s,
+                is_lent=True,
+                is_checkpointing=job.is_checkpointable,
+                prefer_type_order=rnd.composition.model.prefers_cheap_types,
+            )
+            is_lent = True
         if gpus is None:
             return False
         probe = Estimate(p50_s=probe_s, hold_s=probe_s)
-        rnd.start(job, gpus, probe, is_lent=must_lend, time_limit_s=probe_s)
+        rnd.start(job, gpus, probe, is_lent=is_lent, time_limit_s=probe_s)
         return True
