@@ -167,6 +167,9 @@ def live_claims(snapshot: ClusterSnapshot, hold_s: float, now: float) -> dict[st
     return {evicted: claimant for evicted, (_, claimant) in latest.items()}
 
 
+STICKY_TOP: list[str | None] = [None]  # SCRATCH: the last round's top job (replay sets it)
+
+
 def slowdown_orders(
     state: RoundState,
     order: SlowdownOrder,
@@ -227,6 +230,8 @@ def slowdown_orders(
             # seed 6: one job preempted 3,363 times for one claimant that never started there).
             rank = -2.0 if is_guaranteed is not None and is_guaranteed(job) else -1.0
             append((-tier, rank, submitted, submitted, job_id, index, job))
+        elif job_id == STICKY_TOP[0]:
+            append((-tier, -0.5, -expansion, submitted, job_id, index, job))  # SCRATCH
         else:
             append((-tier, -0.0, -expansion, submitted, job_id, index, job))
     if claims:

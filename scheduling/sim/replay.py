@@ -90,6 +90,8 @@ __all__ = [
 ]
 
 
+_STICKY = __import__("os").environ.get("STICKY") == "1"  # SCRATCH
+_REFRESH = __import__("os").environ.get("REFRESH") == "1"  # SCRATCH
 _REASON_VALUE = {reason: reason.value for reason in IdleReason}  # cheaper than the enum's .value
 
 
@@ -175,6 +177,8 @@ class Replay(BookingDesk, TickRule, StillTickRule):
         ]
         self._shares = inputs.ShareBuilder(self._specs)
         self._abandoned = 0
+        self._refreshed_slot = -math.inf
+        self._refresh_changed = 0
         self._probes: dict[str, JobRequest] = {}  # running probes: the request as it was queued
         self._probe_wins = 0  # probes that finished within their time limit
         self._probe_fails = 0
@@ -484,6 +488,8 @@ class Replay(BookingDesk, TickRule, StillTickRule):
                 config = self.config = dataclasses.replace(
                     config, interactive_headroom=wanted, interactive_pool=pool
                 )
+        if self.predictor is not None and _REFRESH:
+            self._refresh_predictions(t)
         snapshot = self._snapshot(t)
         if is_tick and self._still is not None and self._is_still(snapshot, t):
             self._rounds_skipped += 1
@@ -550,9 +556,33 @@ class Replay(BookingDesk, TickRule, StillTickRule):
         if self._waiting_owners and self._seat_owners(t):
             acted = True
         self._idle_counts = self._idle_of(plan)
+        if _STICKY:
+            from scheduling.engine import priority as _prio
+            _prio.STICKY_TOP[0] = next(
+                (r.holder_id for r in plan.reservations if r.holder_id in self._pending
+                 and self._pending[r.holder_id].kind == JobKind.BATCH), None)
         if self._skips_still_ticks:
             self._remember_still(snapshot, plan, t, acted=acted, free_gpus=self.backend.free_gpu_count)
         return acted
+
+    def _refresh_predictions(self, t: float) -> None:
+        # SCRATCH: the portal's hourly refresh (minute 2) of every pending job's prediction
+        slot = math.floor((t - 120.0) / 3600.0)
+        if slot <= self._refreshed_slot:
+            return
+        self._refreshed_slot = slot
+        predictor = self.predictor
+        assert predictor is not None
+        batch = [r for r in self._pending.values() if r.kind == JobKind.BATCH]
+        answers = predictor.predict_many(batch) if hasattr(predictor, "predict_many") else [predictor.predict(r) for r in batch]
+        for request, (p50, p90) in zip(batch, answers, strict=True):
+            job_id = request.id
+            meta = self._meta[job_id]
+            if meta.saved_s:
+                p50, p90 = max(p50 - meta.saved_s, 60.0), max(p90 - meta.saved_s, 60.0)
+            if p50 != request.predicted_p50_s or p90 != request.predicted_p90_s:
+                self._pending[job_id] = dataclasses.replace(request, predicted_p50_s=p50, predicted_p90_s=p90)
+                self._refresh_changed += 1
 
     def _verify_still(self, snapshot: ClusterSnapshot, t: float) -> None:
         plan = self.plan_fn(snapshot, policy=self.config, now=t)
@@ -607,6 +637,7 @@ class Replay(BookingDesk, TickRule, StillTickRule):
             "sessions_abandoned_gpu_hours": self._abandoned_gpu_s / 3600.0,
             "restore_gpu_hours": record.restore_gpu_s / 3600.0,
             "rounds_by_trigger": dict(sorted(self._triggers.items())),
+            "predictions_refreshed": self._refresh_changed,
             "probes_finished": self._probe_wins,
             "probes_requeued": self._probe_fails,
             "probes_lost_gpu_hours": self._probe_lost_gpu_s / 3600.0,

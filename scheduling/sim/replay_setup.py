@@ -57,7 +57,7 @@ def policy_config(
     restore_s = overlay.config.restore_s
     if policy != "static":
         import os  # SCRATCH experiment
-        return PolicyConfig(name=policy, restore_s=restore_s, probe_s=float(os.environ.get("PROBE_S", "0")))
+        return PolicyConfig(name=policy, restore_s=restore_s, probe_s=float(os.environ.get("PROBE_S", "0")), fairshare_weight=float(os.environ.get("FS_W", "1")))
     demand = [float(level) for _, level in demand_series(overlay)]
     want = math.ceil(percentile(demand, options.static_quantile))
     partition: list[str] = []
