@@ -66,6 +66,7 @@ from scheduling.sim.replay_bookings import (
     BookingDesk,
     _BookingState,
 )
+from scheduling.sim.replay_predictions import PredictionRule
 from scheduling.sim.replay_setup import (
     _SETUP_KEYS,
     POLICIES,
@@ -103,7 +104,7 @@ class _Meta:
     saved_s: float = 0.0  # kept progress so far
 
 
-class Replay(BookingDesk, TickRule, StillTickRule):
+class Replay(BookingDesk, TickRule, StillTickRule, PredictionRule):
     """One policy over one workload.  Use `run_replay` unless you need the internals."""
 
     def __init__(
@@ -181,6 +182,7 @@ class Replay(BookingDesk, TickRule, StillTickRule):
         self._wakes: set[float] = set()
         self._triggers: Counter[str] = Counter()  # what caused each round
         self._init_still(policy, self.plan_fn, enabled=self.options.skip_still_ticks)
+        self._init_predictions()
 
     # ---- events ----
 
@@ -215,6 +217,8 @@ class Replay(BookingDesk, TickRule, StillTickRule):
             t = min(t_driver, t_backend if t_backend is not None else math.inf)
             if t == math.inf or t > self.options.stop_at_s:
                 break
+            # first: a refresh due since the last event sees what was known at its instant
+            self._refresh_predictions(t)
             self._accrue(t)
             freed = self._handle_transitions(t)
             kinds: set[int] = set()
@@ -280,12 +284,7 @@ class Replay(BookingDesk, TickRule, StillTickRule):
         return gpu_count <= self._capacity_by_type.get(gpu_type, 0)
 
     def _enqueue(self, request: JobRequest, meta: _Meta) -> None:
-        if self.predictor is not None and request.kind == JobKind.BATCH:
-            p50, p90 = self.predictor.predict(request)
-            if meta.saved_s:
-                # A restarted job only has its remaining work to do.
-                p50, p90 = max(p50 - meta.saved_s, 60.0), max(p90 - meta.saved_s, 60.0)
-            request = dataclasses.replace(request, predicted_p50_s=p50, predicted_p90_s=p90)
+        request = self._predicted(request)
         self._pending[request.id] = request
         self._pending_widths[request.gpu_count] += 1
         if request.kind == JobKind.BATCH:
@@ -294,6 +293,9 @@ class Replay(BookingDesk, TickRule, StillTickRule):
             self._feasible_pending += 1
         if request.kind == JobKind.INTERACTIVE:
             self._interactive_gpus += request.gpu_count
+
+    def _saved_s(self, job_id: str) -> float:
+        return self._meta[job_id].saved_s
 
     def _handle_event(self, kind: int, index: int, t: float) -> bool:
         """Apply one driver event; False when it changed nothing (an abandon check of a session
@@ -584,6 +586,7 @@ class Replay(BookingDesk, TickRule, StillTickRule):
             "sessions_abandoned_gpu_hours": self._abandoned_gpu_s / 3600.0,
             "restore_gpu_hours": record.restore_gpu_s / 3600.0,
             "rounds_by_trigger": dict(sorted(self._triggers.items())),
+            "predictions_refreshed": self._predictions_refreshed,  # hourly, as the portal does
             "rounds_skipped": self._rounds_skipped,  # still ticks (`replay_still`), not planned
             "backend_messages": counters.messages[:10],
         }

@@ -44,6 +44,9 @@ class ReplayOptions:
     # (`scheduling.sim.replay_still`); verify: plan it anyway and raise if it differs
     skip_still_ticks: bool = True
     verify_still_ticks: bool = False
+    # the portal's refresh of every pending job's predicted runtime (hourly); 0: predicted
+    # only when queued (`scheduling.sim.replay_predictions`)
+    prediction_refresh_s: float = 3_600.0
 
 
 def policy_config(
