@@ -74,6 +74,7 @@ from scheduling.sim.replay_setup import (
     ReplaySetup,
     policy_config,
 )
+from scheduling.sim.replay_sides import BatchSideRule
 from scheduling.sim.replay_still import StillTickRule, still_plan_difference
 from scheduling.sim.replay_ticks import TickRule
 from scheduling.sim.trace import Trace
@@ -103,7 +104,7 @@ class _Meta:
     saved_s: float = 0.0  # kept progress so far
 
 
-class Replay(BookingDesk, TickRule, StillTickRule):
+class Replay(BookingDesk, TickRule, StillTickRule, BatchSideRule):
     """One policy over one workload.  Use `run_replay` unless you need the internals."""
 
     def __init__(
@@ -181,6 +182,7 @@ class Replay(BookingDesk, TickRule, StillTickRule):
         self._wakes: set[float] = set()
         self._triggers: Counter[str] = Counter()  # what caused each round
         self._init_still(policy, self.plan_fn, enabled=self.options.skip_still_ticks)
+        self._init_sides(policy, self.plan_fn, enabled=self.options.skip_still_ticks)
 
     # ---- events ----
 
@@ -478,7 +480,7 @@ class Replay(BookingDesk, TickRule, StillTickRule):
                 self._verify_still(snapshot, t)
             return False
         started = time.perf_counter()
-        plan = self.plan_fn(snapshot, policy=config, now=t)
+        plan = self._plan(snapshot, config, t, verify=self.options.verify_still_ticks)
         self.record.round_ms.append((time.perf_counter() - started) * 1000.0)
         results = self.backend.apply(plan)
         acted = False
