@@ -19,7 +19,9 @@ rounds change nothing, reset by any other event).  `plan_round` runs after every
 except batch arrivals while no GPU is free (nothing could start, and batch arrivals cannot
 trigger a preemption: the replay configures no guaranteed quotas), the patience check of a
 session that already started (it changes nothing) and, under easy and static, a tick that would
-plan what the last round did (`scheduling.sim.replay_still`).  Claims: `scheduling.sim.claims`.
+plan what the last round did (`scheduling.sim.replay_still`); under static a round whose batch
+side would plan what the last full round planned there plans only the interactive partition
+(`scheduling.sim.replay_sides`).  Claims: `scheduling.sim.claims`.
 Bookings (admission, seating owners, no-shows): `scheduling.sim.replay_bookings`; options,
 per-policy set-up and arguments: `scheduling.sim.replay_setup` (re-exported).
 """
