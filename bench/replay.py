@@ -99,9 +99,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="skip",
         help="easy and static: a tick that would plan what the last round planned is skipped "
         "(default), planned like any round, or planned and checked to be the no-op skipping "
-        "assumes (an error if not); the metrics are the same (scheduling/sim/replay_still.py). "
-        "static: likewise a round whose batch side is still plans only the interactive "
-        "partition, is planned in full, or both and compared (scheduling/sim/replay_sides.py)",
+        "assumes (an error if not); the metrics are the same (scheduling/sim/replay_still.py)",
     )
     parser.add_argument(
         "--workers",

@@ -19,9 +19,7 @@ rounds change nothing, reset by any other event).  `plan_round` runs after every
 except batch arrivals while no GPU is free (nothing could start, and batch arrivals cannot
 trigger a preemption: the replay configures no guaranteed quotas), the patience check of a
 session that already started (it changes nothing) and, under easy and static, a tick that would
-plan what the last round did (`scheduling.sim.replay_still`); under static a round whose batch
-side would plan what the last full round planned there plans only the interactive partition
-(`scheduling.sim.replay_sides`).  Claims: `scheduling.sim.claims`.
+plan what the last round did (`scheduling.sim.replay_still`).  Claims: `scheduling.sim.claims`.
 Bookings (admission, seating owners, no-shows): `scheduling.sim.replay_bookings`; options,
 per-policy set-up and arguments: `scheduling.sim.replay_setup` (re-exported).
 """
@@ -76,7 +74,6 @@ from scheduling.sim.replay_setup import (
     ReplaySetup,
     policy_config,
 )
-from scheduling.sim.replay_sides import BatchSideRule
 from scheduling.sim.replay_still import StillTickRule, still_plan_difference
 from scheduling.sim.replay_ticks import TickRule
 from scheduling.sim.trace import Trace
@@ -106,7 +103,7 @@ class _Meta:
     saved_s: float = 0.0  # kept progress so far
 
 
-class Replay(BookingDesk, TickRule, StillTickRule, BatchSideRule):
+class Replay(BookingDesk, TickRule, StillTickRule):
     """One policy over one workload.  Use `run_replay` unless you need the internals."""
 
     def __init__(
@@ -184,7 +181,6 @@ class Replay(BookingDesk, TickRule, StillTickRule, BatchSideRule):
         self._wakes: set[float] = set()
         self._triggers: Counter[str] = Counter()  # what caused each round
         self._init_still(policy, self.plan_fn, enabled=self.options.skip_still_ticks)
-        self._init_sides(policy, self.plan_fn, enabled=self.options.skip_still_ticks)
 
     # ---- events ----
 
@@ -482,7 +478,7 @@ class Replay(BookingDesk, TickRule, StillTickRule, BatchSideRule):
                 self._verify_still(snapshot, t)
             return False
         started = time.perf_counter()
-        plan = self._plan(snapshot, config, t, verify=self.options.verify_still_ticks)
+        plan = self.plan_fn(snapshot, policy=config, now=t)
         self.record.round_ms.append((time.perf_counter() - started) * 1000.0)
         results = self.backend.apply(plan)
         acted = False

@@ -41,9 +41,7 @@ class ReplayOptions:
     # the demo lab's history replay ends at "now".  inf: until every job is done.
     stop_at_s: float = math.inf
     # easy and static: a tick that would plan what the last round planned is not planned
-    # (`scheduling.sim.replay_still`), and under static a round whose batch side is still plans
-    # only the interactive partition (`scheduling.sim.replay_sides`); verify: plan each in
-    # full anyway and raise if it differs
+    # (`scheduling.sim.replay_still`); verify: plan it anyway and raise if it differs
     skip_still_ticks: bool = True
     verify_still_ticks: bool = False
 
