@@ -71,24 +71,25 @@ class StillTickRule:
 
     config: PolicyConfig
     _still: _Still | None
-    _still_order: tuple[float, list[JobRequest]] | None
+    _still_order: tuple[float, ClusterSnapshot, list[JobRequest]] | None
     _skips_still_ticks: bool
     _rounds_skipped: int
 
     def _init_still(self, policy: str, plan_fn: PlanFn, *, enabled: bool) -> None:
         self._skips_still_ticks = enabled and policy in STILL_POLICIES and plan_fn is plan_round
         self._still = None
-        self._still_order = None  # (instant, queue order) computed by the last stillness test
+        self._still_order = None  # (instant, snapshot, queue order) of the last `_order_at`
         self._rounds_skipped = 0
 
     def _order_at(self, snapshot: ClusterSnapshot, t: float) -> list[JobRequest]:
-        """The engine's queue order of ``snapshot`` at ``t`` (`priority.priority_order`); one
-        snapshot per instant (the round's)."""
+        """The engine's queue order of ``snapshot`` at ``t`` (`priority.priority_order`), kept
+        for the next call with the same instant and snapshot (two rounds can share an instant:
+        an event the first round caused)."""
         kept = self._still_order
-        if kept is not None and kept[0] == t:
-            return kept[1]
+        if kept is not None and kept[0] == t and kept[1] is snapshot:
+            return kept[2]
         order = priority_order(RoundState(snapshot, self.config, t, is_predicted=False))
-        self._still_order = (t, order)
+        self._still_order = (t, snapshot, order)
         return order
 
     def _is_still(self, snapshot: ClusterSnapshot, t: float) -> bool:

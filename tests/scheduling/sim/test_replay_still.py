@@ -105,3 +105,18 @@ def test_an_overdue_end_passing_an_active_bookings_end_is_a_threshold() -> None:
     # with nothing overdue only a job passing its own estimate counts
     on_time = dataclasses.replace(booked, running=(later,))
     assert replay_still._next_overdue(on_time, config, 1_000.0) == pytest.approx(5_000.0, abs=0.01)
+
+
+def test_the_order_is_kept_per_snapshot_not_per_instant() -> None:
+    # two rounds can share an instant (an event the first caused): the second's order is its own
+    inventory = parse_cluster_spec("4x1")
+    trace = load_trace(SAMPLES / "pwa_kth_sp2_1996_sample.csv.gz", limit_jobs=10)
+    overlay = build_overlay(trace, OverlayConfig(), inventory=inventory)
+    replay = Replay(trace, inventory, overlay, policy="easy", plan_fn=plan_round, seed=1)
+    jobs = [JobRequest(id=f"j{i}", user="u", project="p", gpu_count=1, submit_at=float(i)) for i in range(3)]
+    first = ClusterSnapshot(
+        cluster="c", gpu_types=inventory.gpu_types, nodes=inventory.nodes, pending=tuple(jobs)
+    )
+    second = dataclasses.replace(first, pending=tuple(jobs[1:]))
+    assert [job.id for job in replay._order_at(first, 100.0)] == ["j0", "j1", "j2"]
+    assert [job.id for job in replay._order_at(second, 100.0)] == ["j1", "j2"]
