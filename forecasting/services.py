@@ -350,7 +350,8 @@ def job_runtime_predict(*, job: Job) -> tuple[float, float]:
 
 
 def jobs_runtime_predict(*, cluster_id: int, only_missing: bool = False) -> int:
-    """Refresh the predictions of the cluster's pending jobs (the hourly runtime refresh)."""
+    """Predict and store the runtimes of the cluster's pending jobs; with ``only_missing``
+    only of those without a stored prediction (the hourly task: `tasks.jobs_runtime_predict`)."""
     jobs = Job.objects.filter(cluster_id=cluster_id, status=Job.Status.PENDING).select_related(
         "gpu_type", "user", "project"
     )
