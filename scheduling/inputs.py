@@ -10,6 +10,8 @@ portal ships rather than a replay-only approximation:
 * `headroom_gpus` and `interactive_pool`: the interactive headroom for now and the pool per
   coming hour from a demand forecast's upper band (the shipped forecaster's 80 % interval, as
   stored by the portal's hourly refresh), booked GPUs and capacity.
+* `resumed_prediction`: a requeued job's runtime prediction, its stored one less the progress
+  its checkpoint saved.
 
 Pure: no Django, no I/O.  Times are float seconds on the caller's clock; usage is in GPU-hours.
 """
@@ -224,3 +226,17 @@ def interactive_pool(
             if gpus > 0:
                 out.append((start_at, gpu_type, gpus))
     return tuple(out)
+
+
+MIN_RESUMED_S = 60.0  # a resumed job is never predicted to need less than a minute more
+
+
+def resumed_prediction(p50_s: float, p90_s: float, *, saved_s: float) -> tuple[float, float]:
+    """A requeued job's (p50, p90): the prediction it ran with, less the progress its checkpoint
+    kept from that run (``saved_s``; 0 for a job that lost everything), floored at
+    `MIN_RESUMED_S`.  A job keeps the prediction made at its submission while it waits (the
+    hourly task fills only missing ones), so subtracting each run's saved progress in turn leaves
+    its submission prediction less all the progress kept so far."""
+    if saved_s <= 0:
+        return p50_s, p90_s
+    return max(p50_s - saved_s, MIN_RESUMED_S), max(p90_s - saved_s, MIN_RESUMED_S)

@@ -169,7 +169,8 @@ def job_allocations_insert(
 
 def jobs_requeue_write(rows: Sequence[tuple[Any, ...]], *, at: datetime) -> None:
     """Requeue jobs in one statement: ``rows`` are (id, first_submitted_at, attempt,
-    pending_sentence, status_message); every one becomes pending again, submitted at ``at``."""
+    pending_sentence, status_message, predicted_p50_s, predicted_p90_s); every one becomes
+    pending again, submitted at ``at``."""
     with bound_cursor() as cursor:
         arrays = [array_literal(column) for column in zip(*rows, strict=True)]
         cursor.execute(
@@ -177,9 +178,11 @@ def jobs_requeue_write(rows: Sequence[tuple[Any, ...]], *, at: datetime) -> None
             UPDATE {Job._meta.db_table} AS t
                SET status = %s, attempt = v.attempt, first_submitted_at = v.first, submitted_at = %s,
                    started_at = NULL, ended_at = NULL, pending_reason = %s, pending_sentence = v.sentence,
-                   eta_p50_at = NULL, eta_p90_at = NULL, status_message = v.message
-              FROM UNNEST(%s::bigint[], %s::timestamptz[], %s::integer[], %s::varchar[], %s::varchar[])
-                   AS v(id, first, attempt, sentence, message)
+                   eta_p50_at = NULL, eta_p90_at = NULL, status_message = v.message,
+                   predicted_p50_s = v.p50, predicted_p90_s = v.p90
+              FROM UNNEST(%s::bigint[], %s::timestamptz[], %s::integer[], %s::varchar[], %s::varchar[],
+                          %s::double precision[], %s::double precision[])
+                   AS v(id, first, attempt, sentence, message, p50, p90)
              WHERE t.id = v.id
             """,  # noqa: S608 (the table name is the model's, every value a parameter)
             [Job.Status.PENDING, at, Job.PendingReason.NONE, *arrays],

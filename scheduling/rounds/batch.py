@@ -20,6 +20,7 @@ from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 
 from notifications.events import job_event_emit
 from scheduling import queries
+from scheduling.inputs import resumed_prediction
 from scheduling.models import Allocation, Job, Preemption
 from scheduling.queries.rounds import (  # re-exported: their old home
     array_literal as array_literal,
@@ -75,25 +76,35 @@ def allocations_close_many(ends: Sequence[tuple[Job, datetime]], *, verb: str) -
 
 @dataclass(frozen=True, slots=True)
 class Requeue:
-    """A job going back to the queue: its allocations end at ``ended_at``; ``verb`` is audited."""
+    """A job going back to the queue: its allocations end at ``ended_at``; ``verb`` is audited.
+    ``saved_s``: the progress its checkpoint kept from the run that ended (0 when all is lost)."""
 
     job: Job
     ended_at: datetime
     sentence: str
     message: str
     verb: str
+    saved_s: float = 0.0
 
 
 def jobs_requeue(requeues: Sequence[Requeue], *, at: datetime, result: RoundResult) -> None:
     """Back to the queue with ``attempt + 1``, the original submission time kept: for many jobs
-    at once (one allocation close, one UPDATE), each audited as `reconcile._job_requeue` does."""
+    at once (one allocation close, one UPDATE), each audited as `reconcile._job_requeue` does.
+
+    The job keeps its stored runtime prediction less the progress its checkpoint saved
+    (`inputs.resumed_prediction`): a resumed job has only the rest of its work to do.  The
+    replay does the same (`sim.replay.Replay._enqueue`)."""
     if not requeues:
         return
     allocations_close_many([(r.job, r.ended_at) for r in requeues], verb="allocation.end")
-    rows: list[tuple[int, datetime | None, int, str, str]] = []
+    rows: list[tuple[int, datetime | None, int, str, str, float | None, float | None]] = []
     for r in requeues:
         job = r.job
         before = _job_state(job)
+        if job.predicted_p50_s is not None and job.predicted_p90_s is not None:
+            job.predicted_p50_s, job.predicted_p90_s = resumed_prediction(
+                job.predicted_p50_s, job.predicted_p90_s, saved_s=r.saved_s
+            )
         job.first_submitted_at = job.first_submitted_at or job.submitted_at
         job.status = Job.Status.PENDING
         job.attempt += 1
@@ -103,7 +114,17 @@ def jobs_requeue(requeues: Sequence[Requeue], *, at: datetime, result: RoundResu
         job.pending_sentence = r.sentence[:500]
         job.eta_p50_at = job.eta_p90_at = None
         job.status_message = r.message[:500]
-        rows.append((job.pk, job.first_submitted_at, job.attempt, job.pending_sentence, job.status_message))
+        rows.append(
+            (
+                job.pk,
+                job.first_submitted_at,
+                job.attempt,
+                job.pending_sentence,
+                job.status_message,
+                job.predicted_p50_s,
+                job.predicted_p90_s,
+            )
+        )
         _audit(r.verb, "job", job.pk, before, _job_state(job), at)
         result.requeued += 1
     queries.jobs_requeue_write(rows, at=at)

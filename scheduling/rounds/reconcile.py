@@ -24,6 +24,7 @@ from scheduling.models import (
     Cluster,
     Job,
     Node,
+    Preemption,
 )
 from scheduling.rounds.batch import (
     Finish,
@@ -93,6 +94,15 @@ def _lost_gpu_s(
     return lost_s * job.gpu_count
 
 
+def _saved_s(kill: Kill, preemption: Preemption) -> float:
+    """Seconds of progress the killed run kept (its run less the work `_lost_gpu_s` counted lost)."""
+    job = kill.job
+    if job.started_at is None or job.gpu_count <= 0:
+        return 0.0
+    run_s = max(0.0, (kill.ended_at - job.started_at).total_seconds())
+    return max(0.0, run_s - preemption.lost_gpu_s / job.gpu_count)
+
+
 def _job_finish(job: Job, *, status: str, at: datetime, message: str, result: RoundResult) -> None:
     """One job ended (`batch.jobs_finish` for one)."""
     jobs_finish([Finish(job=job, status=status, at=at, message=message)], result=result)
@@ -143,6 +153,7 @@ def _jobs_preempted(killed: Sequence[tuple[Job, ObservedJob]], *, now: datetime,
                 sentence="Preempted and requeued; waiting for the next round.",
                 message=f"Preempted: {preemption.reason}"[:500],
                 verb="job.requeue",
+                saved_s=_saved_s(kill, preemption),
             )
             for kill, preemption in zip(kills, preemptions, strict=True)
         ],

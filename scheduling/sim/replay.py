@@ -100,7 +100,6 @@ class _Meta:
     kind: JobKind
     fits: bool  # some empty-cluster placement exists
     started_at: float | None = None  # first start
-    saved_s: float = 0.0  # kept progress so far
 
 
 class Replay(BookingDesk, TickRule, StillTickRule):
@@ -279,12 +278,16 @@ class Replay(BookingDesk, TickRule, StillTickRule):
             return gpu_count <= self.record.capacity_gpus
         return gpu_count <= self._capacity_by_type.get(gpu_type, 0)
 
-    def _enqueue(self, request: JobRequest, meta: _Meta) -> None:
+    def _enqueue(self, request: JobRequest, meta: _Meta, *, saved_s: float = 0.0) -> None:
+        """Queue ``request``; a batch job is predicted once, at its submission.  A requeued job
+        keeps the prediction it ran with, less the progress its checkpoint saved (``saved_s``):
+        the portal does the same (`inputs.resumed_prediction`)."""
         if self.predictor is not None and request.kind == JobKind.BATCH:
-            p50, p90 = self.predictor.predict(request)
-            if meta.saved_s:
-                # A restarted job only has its remaining work to do.
-                p50, p90 = max(p50 - meta.saved_s, 60.0), max(p90 - meta.saved_s, 60.0)
+            p50, p90 = request.predicted_p50_s, request.predicted_p90_s
+            if p50 is None or p90 is None:
+                p50, p90 = self.predictor.predict(request)
+            else:
+                p50, p90 = inputs.resumed_prediction(p50, p90, saved_s=saved_s)
             request = dataclasses.replace(request, predicted_p50_s=p50, predicted_p90_s=p90)
         self._pending[request.id] = request
         self._pending_widths[request.gpu_count] += 1
@@ -388,7 +391,6 @@ class Replay(BookingDesk, TickRule, StillTickRule):
             del self._running_usage[tr.job_id]
             self._alloc_end.pop(tr.job_id, None)
             self._add_segment(meta.kind.value, tr.started_at, tr.started_at + tr.saved_s, len(tr.gpu_ids))
-            meta.saved_s += tr.saved_s
             self._usage.add(
                 meta.request.project,
                 gpu_value=self._run_value(running.gpu_ids),
@@ -422,7 +424,7 @@ class Replay(BookingDesk, TickRule, StillTickRule):
                     attempt=running.job.attempt + 1,
                     first_submit_at=meta.request.submit_at,
                 )
-                self._enqueue(request, meta)
+                self._enqueue(request, meta, saved_s=tr.saved_s)
         return bool(transitions)
 
     def _add_segment(self, kind: str, start: float, useful_end: float, gpus: int) -> None:

@@ -168,3 +168,50 @@ def test_node_states_follow_the_backend_and_only_changed_nodes_are_written():
         _sync_nodes(cluster, observed)
     assert len(again.captured_queries) == 1  # nothing changed: one read, no write
     assert nodes[0].status == "up"
+
+
+def test_requeued_jobs_keep_their_prediction_less_what_their_checkpoint_saved(
+    engine_redis_url, run_round, t0: datetime
+) -> None:
+    """A preempted job keeps the runtime prediction stored at its submission; a checkpointing one
+    is predicted to need only the work its checkpoint did not save (`inputs.resumed_prediction`),
+    set-wise for many jobs in the one requeue statement."""
+    cluster = make_cluster(nodes=1, gpus_per_node=4)
+    user, project = make_member()
+    restartable = [
+        submit(user, project, cluster, gpus=1, runtime_s=7_200, now=t0, is_preemptible=True) for _ in range(2)
+    ]
+    checkpointing = [
+        submit(
+            user,
+            project,
+            cluster,
+            gpus=1,
+            runtime_s=7_200,
+            now=t0,
+            is_preemptible=True,
+            is_checkpointable=True,
+            checkpoint_interval_s=250,
+        )
+        for _ in range(2)
+    ]
+    jobs = restartable + checkpointing
+    Job.objects.filter(pk__in=[j.pk for j in jobs]).update(predicted_p50_s=5_000.0, predicted_p90_s=9_000.0)
+    assert run_round(cluster, t0).started == 4
+    _preempt_on_the_cluster(cluster, jobs, at=later(t0, 600))
+    # a job without a stored prediction keeps none (the next round asks the predictor)
+    Job.objects.filter(pk=restartable[1].pk).update(predicted_p50_s=None, predicted_p90_s=None)
+
+    assert run_round(cluster, later(t0, 615)).requeued == 4
+
+    by_pk = Job.objects.in_bulk([j.pk for j in jobs])
+    assert (by_pk[restartable[0].pk].predicted_p50_s, by_pk[restartable[0].pk].predicted_p90_s) == (
+        5_000.0,
+        9_000.0,
+    )
+    assert by_pk[restartable[1].pk].predicted_p50_s is None
+    for job in checkpointing:
+        # a 600 s run killed at its signal, where it checkpoints: nothing lost, 600 s saved
+        assert Preemption.objects.get(job=job).lost_gpu_s == pytest.approx(0.0)
+        assert by_pk[job.pk].predicted_p50_s == pytest.approx(4_400.0)
+        assert by_pk[job.pk].predicted_p90_s == pytest.approx(8_400.0)

@@ -124,6 +124,9 @@ def test_booking_gets_its_gpus_by_preempting_lent_work(engine_redis_url, run_rou
         name="lent",
     )
 
+    # Its runtime prediction as stored at submission (the submission task's, written here).
+    Job.objects.filter(pk=lent.pk).update(predicted_p50_s=3 * 3600.0, predicted_p90_s=4 * 3600.0)
+
     run_round(cluster, t0)
 
     lent.refresh_from_db()
@@ -158,6 +161,11 @@ def test_booking_gets_its_gpus_by_preempting_lent_work(engine_redis_url, run_rou
     assert booking.status == Booking.Status.ACTIVE
     assert not sim_backend(cluster, at=at).running_on()
     assert AuditEvent.objects.filter(entity_type="job", entity_id=lent.pk, verb="job.requeue").exists()
+    # It is predicted to need only what its checkpoint did not save (the replay does the same).
+    saved_s = run_s - preemption.lost_gpu_s / 4
+    assert saved_s > 3000
+    assert lent.predicted_p50_s == pytest.approx(3 * 3600 - saved_s)
+    assert lent.predicted_p90_s == pytest.approx(4 * 3600 - saved_s)
 
     # The booking ends; the requeued job gets the GPUs back and resumes from its checkpoint.
     booking_end = later(booking_start, 3600)
