@@ -231,6 +231,8 @@ class Job(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
     attempt = models.PositiveSmallIntegerField(default=0)  # times preempted and requeued
+    # Not a column: queued seconds over every attempt, set for pages by `selectors.jobs_waits_set`.
+    waited_s: float | None
     # The engine's explanation for a pending job (DESIGN §3.5).
     pending_reason = models.CharField(max_length=16, choices=PendingReason.choices, blank=True, default="")
     pending_sentence = models.CharField(max_length=500, blank=True, default="")

@@ -16,7 +16,7 @@ import secrets
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -128,6 +128,30 @@ def job_list(
     """Jobs the user may see, newest submission first."""
     qs = _scoped(Job.objects.all(), user, status=status, project_slug=project_slug, mine_only=mine_only)
     return qs.select_related("user", "project", "cluster", "gpu_type")
+
+
+def jobs_waits_set(jobs: Iterable[Job]) -> None:
+    """Set ``waited_s`` on each job: seconds it spent queued before its current run started, over
+    every attempt (from its first submission, less the runs that preemptions or a lost node
+    ended: their allocations' periods); None when it has not started.  One query for the jobs
+    that ran before."""
+    jobs = list(jobs)
+    again = [job.pk for job in jobs if job.started_at is not None and job.attempt > 0]
+    runs: dict[int, set[tuple[datetime, datetime]]] = defaultdict(set)
+    if again:
+        for job_id, period in Allocation.objects.filter(
+            job_id__in=again, state=Allocation.State.ENDED
+        ).values_list("job_id", "period"):
+            if period.lower is not None and period.upper is not None:
+                runs[job_id].add((period.lower, period.upper))  # one per run, not per GPU
+    for job in jobs:
+        started = job.started_at
+        if started is None:
+            job.waited_s = None
+            continue
+        earlier = sum((end - start).total_seconds() for start, end in runs.get(job.pk, ()) if end <= started)
+        queued = (started - (job.first_submitted_at or job.submitted_at)).total_seconds()
+        job.waited_s = max(0.0, queued - earlier)
 
 
 def job_get(user: AnyUser, *, job_id: int) -> Job:

@@ -37,6 +37,7 @@ from scheduling.selectors import (
     cluster_list,
     gpu_type_list,
     job_list,
+    jobs_waits_set,
 )
 from scheduling.services import (
     job_cancel,
@@ -117,6 +118,7 @@ def my_jobs(request: HtmxHttpRequest) -> HttpResponse:
     valid_statuses = {value for value, _ in Job.Status.choices}
     jobs = job_list(request.user, mine_only=True, status=[status] if status in valid_statuses else ())
     page = Paginator(jobs, JOBS_PER_PAGE).get_page(request.GET.get("page"))
+    jobs_waits_set(page.object_list)
     context = {
         "page": page,
         "status": status if status in valid_statuses else "",
@@ -140,6 +142,7 @@ def job_cancel_view(request: HtmxHttpRequest, job_id: int) -> HttpResponse:
         error = refusal_text(exc)
     if request.htmx:
         job = job_list(request.user, mine_only=True).get(pk=job_id)
+        jobs_waits_set([job])
         return render(request, f"{JOBS_TEMPLATE}#job-row", {"job": job, "row_error": error})
     return row_action_redirect(request, error=error, success=f"Cancelled job {job.name}.", to="my-jobs")
 
@@ -160,6 +163,7 @@ def job_detail(request: HtmxHttpRequest, job_id: int) -> HttpResponse:
     except BackendError as exc:
         job, output = job_list(request.user, mine_only=True).get(pk=job_id), None
         error = f"The cluster cannot be reached right now ({exc}); try again in a minute."
+    jobs_waits_set([job])
     context = {"job": job, "output": output, "output_error": error}
     return render_page(request, JOB_DETAIL_TEMPLATE, "job-output", context)
 

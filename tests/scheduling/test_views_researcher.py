@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.contrib.auth.models import User
 from django.db import connection
+from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
@@ -23,9 +24,9 @@ from rest_framework.authtoken.models import Token
 from forecasting.models import ForecastPoint, ForecastRun
 from forecasting.selectors import runtime_predictor_forget
 from portal.accounts.models import Project
-from scheduling.models import AuditEvent, Booking, Cluster, GpuType, Job, Node, Preemption
+from scheduling.models import Allocation, AuditEvent, Booking, Cluster, Gpu, GpuType, Job, Node, Preemption
 from scheduling.services import booking_create
-from tests.factories import JobFactory, MembershipFactory
+from tests.factories import AllocationFactory, JobFactory, MembershipFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -490,3 +491,46 @@ def test_my_jobs_shows_the_predicted_runtime_beside_the_estimate(
         .split("</tr>")[0]
     )
     assert "Predicted runtime 30 min (p90 1 h 30 min); you said 1 h." in row
+
+
+def test_waited_counts_only_queued_time_over_every_attempt(
+    member_web: Client, member: User, project: Project, nodes: list[Node]
+) -> None:
+    """A job preempted once waited 10 min, ran 40 min on 2 GPUs, waited 5 min more and runs
+    again: it waited 15 min, not the 55 min from its first submission to its current start."""
+    t0 = timezone.now() - timedelta(hours=2)
+    job = JobFactory(
+        user=member,
+        project=project,
+        cluster=nodes[0].cluster,
+        name="resumed",
+        gpu_count=2,
+        status=Job.Status.RUNNING,
+        first_submitted_at=t0,
+        submitted_at=t0 + timedelta(minutes=50),
+        started_at=t0 + timedelta(minutes=55),
+        attempt=1,
+    )
+    first_run = DateTimeTZRange(t0 + timedelta(minutes=10), t0 + timedelta(minutes=50), "[)")
+    current = DateTimeTZRange(t0 + timedelta(minutes=55), t0 + timedelta(hours=3), "[)")
+    gpus = list(Gpu.objects.filter(node__in=nodes).order_by("id")[:2])
+    for gpu in gpus:  # one allocation per GPU and run: the run counts once
+        AllocationFactory(job=job, gpu=gpu, period=first_run, state=Allocation.State.ENDED)
+        AllocationFactory(job=job, gpu=gpu, period=current, state=Allocation.State.ACTIVE)
+    fresh = JobFactory(
+        user=member,
+        project=project,
+        cluster=nodes[0].cluster,
+        name="fresh",
+        status=Job.Status.RUNNING,
+        submitted_at=t0,
+        started_at=t0 + timedelta(minutes=20),
+    )
+
+    page = member_web.get(reverse("my-jobs")).content.decode()
+    row = page.split(f'id="job-row-{job.pk}"')[1].split("</tr>")[0]
+    assert 'title="Waited 15 minutes in all, not counting its 1 earlier run">15 min<' in row
+    fresh_row = page.split(f'id="job-row-{fresh.pk}"')[1].split("</tr>")[0]
+    assert 'title="Waited 20 minutes">20 min<' in fresh_row
+    detail = re.sub(r"\s+", " ", member_web.get(reverse("job-detail", args=[job.pk])).content.decode())
+    assert "after waiting 15 minutes in all (not counting its 1 earlier run)" in detail
