@@ -110,10 +110,13 @@ class BookingDesk:
         """The booking as the portal admitted it (`scheduling.sim.overlays`: the portal's rules)."""
         chosen = plan.gpu_ids
         if self.options.booking_gpus == "portal" and chosen:
+            # under static, bookings go to its interactive partition (the engine's rule, and the
+            # partition is sized for their demand); only one the partition cannot hold goes
+            # elsewhere (the replay keeps every booking the overlay admitted)
+            partition = frozenset(self.config.interactive_partition)
             chosen = (
-                self._admission_gpus(plan, t)
-                or self._admission_gpus(plan, t, counts_running=_unreclaimable)
-                or self._admission_gpus(plan, t, counts_running=_no_running)
+                (partition and self._admission_choice(plan, t, nodes=partition))
+                or self._admission_choice(plan, t)
                 or chosen
             )
         for gpu in chosen:
@@ -143,8 +146,23 @@ class BookingDesk:
             self._push(plan.start_at + grace, _BK_NO_SHOW, index)
         self._push(plan.end_at, _BK_END, index)
 
+    def _admission_choice(
+        self, plan: BookingPlan, t: float, *, nodes: frozenset[str] = frozenset()
+    ) -> tuple[int, ...] | None:
+        """`_admission_gpus` with what blocks relaxed in turn (see there), on ``nodes`` if given."""
+        return (
+            self._admission_gpus(plan, t, nodes=nodes)
+            or self._admission_gpus(plan, t, counts_running=_unreclaimable, nodes=nodes)
+            or self._admission_gpus(plan, t, counts_running=_no_running, nodes=nodes)
+        )
+
     def _admission_gpus(
-        self, plan: BookingPlan, t: float, *, counts_running: Callable[[RunningJob], bool] = _any_running
+        self,
+        plan: BookingPlan,
+        t: float,
+        *,
+        counts_running: Callable[[RunningJob], bool] = _any_running,
+        nodes: frozenset[str] = frozenset(),
     ) -> tuple[int, ...] | None:
         """The GPUs `booking_create` picks at ``t``: of the booking's type, with no blocking
         allocation overlapping its window (other bookings, and running jobs until their
@@ -175,6 +193,8 @@ class BookingDesk:
         free: list[admission.FreeNode] = []
         for index, node in enumerate(self.inventory.nodes):
             if plan.gpu_type is not None and node.gpu_type != plan.gpu_type:
+                continue
+            if nodes and node.id not in nodes:
                 continue
             ids = []
             for gpu in node.gpu_ids:

@@ -6,7 +6,7 @@ from forecasting.core.runtime import HistoryRuntimePredictor
 from scheduling.engine import plan_round
 from scheduling.sim.inventory import parse_cluster_spec
 from scheduling.sim.metrics import compute_metrics
-from scheduling.sim.overlays import InteractiveSession, Overlay
+from scheduling.sim.overlays import BookingPlan, InteractiveSession, Overlay
 from scheduling.sim.replay import Replay
 from scheduling.sim.trace import Trace, TraceJob
 
@@ -84,3 +84,52 @@ def test_static_runs_a_job_wider_than_its_batch_partition() -> None:
     # it starts when the session and the narrow job leave both sides free
     (wide,) = [job for job in record.jobs if job.id == "wide"]
     assert wide.end_at == 2 * HOUR
+
+
+def _booking(gpu_ids: tuple[int, ...]) -> BookingPlan:
+    return BookingPlan(
+        id="bk-0",
+        user="w",
+        project="q",
+        created_at=0.0,
+        start_at=2 * HOUR,
+        end_at=3 * HOUR,
+        gpu_count=1,
+        use_start_at=2 * HOUR,
+        use_end_at=3 * HOUR,
+        gpu_ids=gpu_ids,
+    )
+
+
+class _BookingSpy(Replay):
+    """A replay that keeps the GPUs each booking was given when it was created."""
+
+    booked: dict[str, tuple[int, ...]]
+
+    def _create_booking(self, plan: BookingPlan, t: float) -> None:
+        super()._create_booking(plan, t)
+        self.booked = {**getattr(self, "booked", {}), plan.id: self._bookings[plan.id].gpu_ids}
+
+
+def test_static_books_in_its_interactive_partition() -> None:
+    """static's bookings take GPUs of its partition (the engine's rule, and what the partition is
+    sized for), not of the batch side the overlay's admission picked; easy keeps that pick."""
+    trace = _trace(("narrow", 0.0, 1, HOUR))
+    overlay = Overlay(
+        sessions=(_session(0.0),),
+        bookings=(_booking((0,)),),
+        preemptible=frozenset(),
+        checkpointable=frozenset(),
+        checkpoint_interval_s=1_800.0,
+    )
+    inventory = parse_cluster_spec("4x1")
+    gpu_of = {node.id: node.gpu_ids for node in inventory.nodes}
+    static = _BookingSpy(trace, inventory, overlay, policy="static", plan_fn=plan_round)
+    partition = {gpu for node in static.config.interactive_partition for gpu in gpu_of[node]}
+    assert partition
+    assert 0 not in partition
+    static.run()
+    assert set(static.booked["bk-0"]) <= partition
+    easy = _BookingSpy(trace, inventory, overlay, policy="easy", plan_fn=plan_round)
+    easy.run()
+    assert not set(easy.booked["bk-0"]) <= partition
