@@ -15,12 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Protocol
 
 from scheduling.engine.outcome import Verdict
 from scheduling.engine.stages.admit import hold_pool
 from scheduling.engine.stages.backfill_verdicts import (
     CheapVerdicts,
+    Memos,
     consider,
     too_few,
 )
@@ -256,15 +258,50 @@ def beyond_window(
 ) -> None:
     """Admit the jobs behind the backfill window, and make each that is admitted wait with
     ``sentence`` (one verdict for all of them, only read from here on); ``cheap``: the pass's
-    memos, whose admissions of common jobs (`CheapVerdicts.admit_plain`) are used too."""
+    memos, whose admissions of common jobs (`CheapVerdicts.admit_plain`) are used too.
+
+    Once the interactive pool is held, this is deferred to the first reader of the verdicts
+    (`Round.settle`): nothing starts behind the window, so the verdicts are decided already,
+    and a replay reads none of them in most rounds (its explanations are never read, and the
+    idle reasons read the queue only when an idle GPU is not held: `explain.idle_reasons`).
+    Admit reads only the jobs, the inventory, the projects' quotas and limits, what the projects
+    run and the verdicts recorded: the readers settle before anything changes what projects run
+    or records a verdict of a job behind the window (static's session pass settles first;
+    under easy and berth the window ends the round's passes)."""
     rnd = admitted.rnd
-    verdicts = rnd.out.verdicts
-    waiting = Verdict(PendingReason.PRIORITY, sentence)
     if not rnd.headroom_done:
+        verdicts = rnd.out.verdicts
+        waiting = Verdict(PendingReason.PRIORITY, sentence)
         for job in jobs:
             if admitted(job):
                 verdicts[job.id] = waiting
         return
+    # the pass's memos go along, not the pass's objects: those hold the round
+    rnd.deferred.append(
+        partial(
+            _beyond_held,
+            jobs=jobs,
+            sentence=sentence,
+            by_shape=admitted.by_shape,
+            memos=cheap.memos() if cheap is not None else None,
+        )
+    )
+
+
+def _beyond_held(
+    rnd: Round,
+    *,
+    jobs: Sequence[JobRequest],
+    sentence: str,
+    by_shape: dict[tuple[object, ...], Verdict | None],
+    memos: Memos | None,
+) -> None:
+    """`beyond_window` once the interactive pool is held, with the window's memos."""
+    admitted = Admitted(rnd)
+    admitted.by_shape = by_shape
+    cheap = None if memos is None else CheapVerdicts(rnd, memos)
+    verdicts = rnd.out.verdicts
+    waiting = Verdict(PendingReason.PRIORITY, sentence)
     # `Admitted.__call__` written out: nothing starts from here on, so what the projects run
     # (part of a job's shape) stays as it is
     by_shape = admitted.by_shape
@@ -356,10 +393,16 @@ class SplitPass:
     ) -> None:
         """The batch pass, then the session pass with its own top job."""
         easy = EasyPass()
-        interactive = [job for job in queue if job.kind == JobKind.INTERACTIVE]
+        # the enum member read once: `JobKind.INTERACTIVE` costs ~0.17 µs per read on Python
+        # 3.11 (an enum class attribute), twice per job of a queue thousands long
+        session = JobKind.INTERACTIVE
+        interactive = [job for job in queue if job.kind == session]
         # without sessions waiting (the common case) the batch queue is the queue
-        batch = [job for job in queue if job.kind != JobKind.INTERACTIVE] if interactive else list(queue)
+        batch = [job for job in queue if job.kind != session] if interactive else list(queue)
         easy.run(rnd, batch, None)
+        if interactive:
+            # the session pass reads the verdicts and may start sessions (`beyond_window`)
+            rnd.settle()
         batch_top = (rnd.top, rnd.top_shadow, rnd.top_fragmented)
         # each side has its own top job: the batch one must not block the partition's pass
         rnd.top = None
