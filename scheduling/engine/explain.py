@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 _Profile = tuple[list[float], list[float], int, float, float]
 _EMPTY: _Profile = ([], [], 0, 0.0, 0.0)
 _NO_ETA = (PendingReason.CONSTRAINT, PendingReason.QUOTA)
+_UNSEEN = object()
 
 
 def _profiles(sched: Round) -> dict[str, _Profile]:
@@ -267,12 +268,18 @@ def waiting_kinds(sched: Round, queue: list[JobRequest]) -> set[Kind]:
     type_order = state.type_order
     priority = PendingReason.PRIORITY
     kinds: set[Kind] = set()
+    # the verdict of the last unconstrained job: the next one with the very same verdict (a
+    # long queue's jobs share a few) adds the very same pair, without hashing it again
+    last: object = _UNSEEN
     for job in queue:
         job_id = job.id
         if job_id in started:
             continue
         verdict = verdicts.get(job_id)
         if job.gpu_type is None and not job.precisions and job.min_memory_gib <= 0:
+            if verdict is last:
+                continue
+            last = verdict
             types = type_order  # what `eligible_types` gives an unconstrained job, without the call
         else:
             types = eligible_types(job)

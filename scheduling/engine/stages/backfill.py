@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from scheduling.engine.outcome import Verdict
 from scheduling.engine.stages.admit import hold_pool
@@ -30,6 +30,8 @@ from scheduling.engine.types import JobKind, JobRequest, PendingReason
 
 if TYPE_CHECKING:
     from scheduling.engine.round import Round
+
+_UNASKED: Any = object()  # a key admit was not asked about yet
 
 
 class Pass(Protocol):
@@ -138,7 +140,9 @@ def backfill(rnd: Round, rest: Sequence[JobRequest]) -> None:
             # what `Admit.__call__` reads of such a job: its size and project (and whether no
             # type satisfies it or it can never start: its memory and precisions)
             key = (job.gpu_count, project, job.min_memory_gib, job.precisions)
-            known = admits[key] if key in admits else cheap.admit_plain(job, key, admitted)
+            known = admits.get(key, _UNASKED)  # one lookup: the key's hash is not kept
+            if known is _UNASKED:
+                known = cheap.admit_plain(job, key, admitted)
             if known is not None:
                 verdicts[job_id] = known
                 continue
@@ -322,7 +326,9 @@ def _beyond_held(
         ):
             # `backfill`'s common job: admitted or refused once per (size, project)
             key = (job.gpu_count, project, job.min_memory_gib, job.precisions)
-            known = cheap.admits[key] if key in cheap.admits else cheap.admit_plain(job, key, admitted)
+            known = cheap.admits.get(key, _UNASKED)
+            if known is _UNASKED:
+                known = cheap.admit_plain(job, key, admitted)
             verdicts[job_id] = waiting if known is None else known
             continue
         shape = job_shape(job, use[project])
