@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Protocol
 
 from scheduling.engine.outcome import Verdict
@@ -269,9 +270,10 @@ def beyond_window(
     and a replay reads none of them in most rounds (its explanations are never read, and the
     idle reasons read the queue only when an idle GPU is not held: `explain.idle_reasons`).
     Admit reads only the jobs, the inventory, the projects' quotas and limits, what the projects
-    run and the verdicts recorded: the readers settle before anything changes what projects run
-    or records a verdict of a job behind the window (static's session pass settles first;
-    under easy and berth the window ends the round's passes)."""
+    run (only under a limit) and the verdicts recorded: nothing may change those for the jobs
+    behind the window before they are settled.  Under easy and berth the window ends the
+    round's passes; static's session pass settles first unless it cannot change them
+    (`_is_tail_apart`)."""
     rnd = admitted.rnd
     if not rnd.headroom_done:
         verdicts = rnd.out.verdicts
@@ -406,8 +408,8 @@ class SplitPass:
         # without sessions waiting (the common case) the batch queue is the queue
         batch = [job for job in queue if job.kind != session] if interactive else list(queue)
         easy.run(rnd, batch, None)
-        if interactive:
-            # the session pass reads the verdicts and may start sessions (`beyond_window`)
+        if interactive and rnd.deferred and not _is_tail_apart(rnd):
+            # the session pass records verdicts and may start sessions (`beyond_window`)
             rnd.settle()
         batch_top = (rnd.top, rnd.top_shadow, rnd.top_fragmented)
         # each side has its own top job: the batch one must not block the partition's pass
@@ -416,3 +418,17 @@ class SplitPass:
         rnd.top_fragmented = False
         easy.run(rnd, interactive, None)
         rnd.top, rnd.top_shadow, rnd.top_fragmented = batch_top
+
+
+_ID = attrgetter("id")
+
+
+def _is_tail_apart(rnd: Round) -> bool:
+    """Whether static's session pass leaves the deferred batch verdicts as they are: no
+    project has a total limit (admit reads what a project runs, which a session's start
+    changes, only under one) and no two pending jobs share an id (the session pass records
+    verdicts of sessions only)."""
+    if any(share.borrow_limit is not None for share in rnd.shares.values()):
+        return False
+    pending = rnd.state.snapshot.pending
+    return len(set(map(_ID, pending))) == len(pending)

@@ -299,3 +299,32 @@ def test_a_round_whose_idle_gpus_are_held_does_not_walk_the_queue(
     assert walks == []
     assert len(plan.pending) == 6  # the verdicts behind the window, recorded when read
     assert walks == []  # explaining walks the queue its own way
+
+
+@pytest.mark.parametrize("case", ["apart", "same-id", "limit"])
+def test_static_session_pass_and_the_verdicts_behind_the_window(
+    case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The verdicts behind static's batch window may wait past the session pass only when that
+    pass cannot change them: a session sharing an id with a job behind the window is refused
+    as that job was told to wait, and a session's start takes its project to its limit, which
+    the job behind the window, admitted before, did not see."""
+    limit = 1 if case == "limit" else None
+    # p's heavy usage puts its batch job behind q's two, the second of which fills the window
+    projects = (ProjectShare(name="p", borrow_limit=limit, decayed_usage=1_000.0), ProjectShare(name="q"))
+    pending = [
+        job("top", 6, submit_at=0.0, project="q"),  # every batch GPU: holds the free ones
+        job("w0", 1, submit_at=10.0, project="q", requested_s=7_200.0),
+        job("s" if case == "same-id" else "tail", 1, submit_at=20.0, project="p", requested_s=7_200.0),
+        job("s", 1, submit_at=30.0, project="p", kind=JobKind.INTERACTIVE),  # starts on n6
+    ]
+    busy = [running(job("r", 1, project="o", requested_s=3_600.0), (0,), started_at=NOW - 300.0)]
+    snap = snapshot(make_nodes(7, 1), running_jobs=busy, pending=pending, projects=projects)
+    # no session bonus: a repeated id orders both jobs by the last one's score (the session's)
+    config = PolicyConfig(
+        name="static", interactive_partition=("n6",), backfill_depth=1, interactive_priority=0.0
+    )
+    plan = plan_round(snap, config, NOW)
+    assert [s.job_id for s in plan.starts] == ([] if case == "same-id" else ["s"])
+    monkeypatch.setattr(backfill, "backfill", _long_way)
+    assert plan_round(snap, config, NOW) == plan
