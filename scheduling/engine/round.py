@@ -11,7 +11,7 @@ guarantee is left", and records starts and preemptions.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from scheduling.engine.cluster import RoundState, running_ends
@@ -136,6 +136,16 @@ class Round:
         self.reclaim_failed: dict[tuple[object, ...], tuple[tuple[int, int, int, int], int | None]] = {}
         # the snapshot's running work in its grace period (`stages.reclaim._incoming`)
         self.in_grace: list[RunningJob] | None = None
+        # verdicts decided but not recorded yet (`settle`), each given this round; none holds
+        # the round itself, or every round would be garbage for the cyclic collector
+        self.deferred: list[Callable[[Round], None]] = []
+
+    def settle(self) -> None:
+        """Record the deferred verdicts (`stages.backfill.beyond_window`): every reader of
+        ``out.verdicts`` after the backfill window calls this first."""
+        deferred = self.deferred
+        while deferred:
+            deferred.pop(0)(self)
 
     def _pinned_by_type(self) -> dict[str, int]:
         """GPUs per type held by work sessions cannot take back (batch work without consent

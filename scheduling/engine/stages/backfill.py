@@ -15,12 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from functools import partial
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any, Protocol
 
 from scheduling.engine.outcome import Verdict
 from scheduling.engine.stages.admit import hold_pool
 from scheduling.engine.stages.backfill_verdicts import (
     CheapVerdicts,
+    Memos,
     consider,
     too_few,
 )
@@ -28,6 +31,8 @@ from scheduling.engine.types import JobKind, JobRequest, PendingReason
 
 if TYPE_CHECKING:
     from scheduling.engine.round import Round
+
+_UNASKED: Any = object()  # a key admit was not asked about yet
 
 
 class Pass(Protocol):
@@ -136,7 +141,9 @@ def backfill(rnd: Round, rest: Sequence[JobRequest]) -> None:
             # what `Admit.__call__` reads of such a job: its size and project (and whether no
             # type satisfies it or it can never start: its memory and precisions)
             key = (job.gpu_count, project, job.min_memory_gib, job.precisions)
-            known = admits[key] if key in admits else cheap.admit_plain(job, key, admitted)
+            known = admits.get(key, _UNASKED)  # one lookup: the key's hash is not kept
+            if known is _UNASKED:
+                known = cheap.admit_plain(job, key, admitted)
             if known is not None:
                 verdicts[job_id] = known
                 continue
@@ -256,15 +263,51 @@ def beyond_window(
 ) -> None:
     """Admit the jobs behind the backfill window, and make each that is admitted wait with
     ``sentence`` (one verdict for all of them, only read from here on); ``cheap``: the pass's
-    memos, whose admissions of common jobs (`CheapVerdicts.admit_plain`) are used too."""
+    memos, whose admissions of common jobs (`CheapVerdicts.admit_plain`) are used too.
+
+    Once the interactive pool is held, this is deferred to the first reader of the verdicts
+    (`Round.settle`): nothing starts behind the window, so the verdicts are decided already,
+    and a replay reads none of them in most rounds (its explanations are never read, and the
+    idle reasons read the queue only when an idle GPU is not held: `explain.idle_reasons`).
+    Admit reads only the jobs, the inventory, the projects' quotas and limits, what the projects
+    run (only under a limit) and the verdicts recorded: nothing may change those for the jobs
+    behind the window before they are settled.  Under easy and berth the window ends the
+    round's passes; static's session pass settles first unless it cannot change them
+    (`_is_tail_apart`)."""
     rnd = admitted.rnd
-    verdicts = rnd.out.verdicts
-    waiting = Verdict(PendingReason.PRIORITY, sentence)
     if not rnd.headroom_done:
+        verdicts = rnd.out.verdicts
+        waiting = Verdict(PendingReason.PRIORITY, sentence)
         for job in jobs:
             if admitted(job):
                 verdicts[job.id] = waiting
         return
+    # the pass's memos go along, not the pass's objects: those hold the round
+    rnd.deferred.append(
+        partial(
+            _beyond_held,
+            jobs=jobs,
+            sentence=sentence,
+            by_shape=admitted.by_shape,
+            memos=cheap.memos() if cheap is not None else None,
+        )
+    )
+
+
+def _beyond_held(
+    rnd: Round,
+    *,
+    jobs: Sequence[JobRequest],
+    sentence: str,
+    by_shape: dict[tuple[object, ...], Verdict | None],
+    memos: Memos | None,
+) -> None:
+    """`beyond_window` once the interactive pool is held, with the window's memos."""
+    admitted = Admitted(rnd)
+    admitted.by_shape = by_shape
+    cheap = None if memos is None else CheapVerdicts(rnd, memos)
+    verdicts = rnd.out.verdicts
+    waiting = Verdict(PendingReason.PRIORITY, sentence)
     # `Admitted.__call__` written out: nothing starts from here on, so what the projects run
     # (part of a job's shape) stays as it is
     by_shape = admitted.by_shape
@@ -285,7 +328,9 @@ def beyond_window(
         ):
             # `backfill`'s common job: admitted or refused once per (size, project)
             key = (job.gpu_count, project, job.min_memory_gib, job.precisions)
-            known = cheap.admits[key] if key in cheap.admits else cheap.admit_plain(job, key, admitted)
+            known = cheap.admits.get(key, _UNASKED)
+            if known is _UNASKED:
+                known = cheap.admit_plain(job, key, admitted)
             verdicts[job_id] = waiting if known is None else known
             continue
         shape = job_shape(job, use[project])
@@ -356,10 +401,16 @@ class SplitPass:
     ) -> None:
         """The batch pass, then the session pass with its own top job."""
         easy = EasyPass()
-        interactive = [job for job in queue if job.kind == JobKind.INTERACTIVE]
+        # the enum member read once: `JobKind.INTERACTIVE` costs ~0.17 µs per read on Python
+        # 3.11 (an enum class attribute), twice per job of a queue thousands long
+        session = JobKind.INTERACTIVE
+        interactive = [job for job in queue if job.kind == session]
         # without sessions waiting (the common case) the batch queue is the queue
-        batch = [job for job in queue if job.kind != JobKind.INTERACTIVE] if interactive else list(queue)
+        batch = [job for job in queue if job.kind != session] if interactive else list(queue)
         easy.run(rnd, batch, None)
+        if interactive and rnd.deferred and not _is_tail_apart(rnd):
+            # the session pass records verdicts and may start sessions (`beyond_window`)
+            rnd.settle()
         batch_top = (rnd.top, rnd.top_shadow, rnd.top_fragmented)
         # each side has its own top job: the batch one must not block the partition's pass
         rnd.top = None
@@ -367,3 +418,17 @@ class SplitPass:
         rnd.top_fragmented = False
         easy.run(rnd, interactive, None)
         rnd.top, rnd.top_shadow, rnd.top_fragmented = batch_top
+
+
+_ID = attrgetter("id")
+
+
+def _is_tail_apart(rnd: Round) -> bool:
+    """Whether static's session pass leaves the deferred batch verdicts as they are: no
+    project has a total limit (admit reads what a project runs, which a session's start
+    changes, only under one) and no two pending jobs share an id (the session pass records
+    verdicts of sessions only)."""
+    if any(share.borrow_limit is not None for share in rnd.shares.values()):
+        return False
+    pending = rnd.state.snapshot.pending
+    return len(set(map(_ID, pending))) == len(pending)

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from scheduling.engine.round import Round
     from scheduling.engine.stages.backfill import Admitted
 
+# `CheapVerdicts.memos`: project -> has a limit, common job's key -> admission, project -> quotas
+Memos = tuple[dict[str, bool], dict[tuple[object, ...], "Verdict | None"], dict[str, object]]
 _KEPT_ADMITTED = 1 << 14  # admitted shapes kept per inventory and admit stage across rounds
 
 
@@ -51,20 +53,22 @@ class CheapVerdicts:
         "too_few",
     )
 
-    def __init__(self, rnd: Round) -> None:
-        """The memos of one round's backfill pass."""
+    def __init__(self, rnd: Round, memos: Memos | None = None) -> None:
+        """The memos of one round's backfill pass; ``memos``: those of admission (`memos`)
+        from an earlier instance on the same round."""
         self.rnd = rnd
         self.by_size: dict[int, Verdict] = {}  # a wide job's verdict behind the top job, per size
         self.too_few: dict[tuple[object, ...], Verdict] = {}
         # (id of the pool, id of the types list) -> (the pool's takes, the types, free count)
         self._counts: dict[tuple[int, int], tuple[int, Sequence[str], int]] = {}
-        # project -> whether it has a total limit (`Round.limit`, fixed for the round)
-        self.limited: dict[str, bool] = {}
+        # project -> whether it has a total limit (`Round.limit`, fixed for the round);
         # (size, project, memory, precisions) of an unconstrained batch job of a project without
-        # a limit -> None (admitted) or admit's verdict, once the interactive pool is held
-        self.admits: dict[tuple[object, ...], Verdict | None] = {}
+        # a limit -> None (admitted) or admit's verdict, once the interactive pool is held;
         # project -> its quotas as `Admit.never_startable_of` keys them (None: it has none)
-        self._quotas: dict[str, object] = {}
+        self.limited: dict[str, bool]
+        self.admits: dict[tuple[object, ...], Verdict | None]
+        self._quotas: dict[str, object]
+        self.limited, self.admits, self._quotas = ({}, {}, {}) if memos is None else memos
         # the shapes admit admitted in earlier rounds on this inventory (`admit_plain`)
         derived = rnd.state.topology.derived
         kept_key = ("plain_admitted", rnd.composition.admit)
@@ -80,6 +84,11 @@ class CheapVerdicts:
         self._blocked: dict[
             tuple[object, ...], tuple[tuple[int, int], JobRequest | None, Verdict, Sequence[str]]
         ] = {}
+
+    def memos(self) -> Memos:
+        """The admission memos (limits, admissions, quotas), which outlive the pass: the
+        deferred verdicts behind the window use them (`backfill.beyond_window`)."""
+        return self.limited, self.admits, self._quotas
 
     def has_limit(self, project: str) -> bool:
         """Whether a project has a total limit (then admit reads what it runs)."""

@@ -142,15 +142,25 @@ def open_span(rnd: Round) -> None:
         memo = derived.get(key)
         if memo is None:
             memo = derived[key] = {}
+        # an unconstrained job may use every type (`Round.types_for`): its answer depends on
+        # its size alone, looked up without building its shape
+        by_size = derived.get(("wide_sizes", rnd.partition_nodes))
+        if by_size is None:
+            by_size = derived[("wide_sizes", rnd.partition_nodes)] = {}
         batch = JobKind.BATCH
         wide: list[str] = []
         for job in rnd.state.snapshot.pending:
             if job.kind != batch:
                 continue
-            shape = (job.gpu_type, job.min_memory_gib, job.precisions, job.gpu_count)
-            is_wide = memo.get(shape)
-            if is_wide is None:
-                is_wide = memo[shape] = _is_wider_than_batch(rnd, job)
+            if job.gpu_type is None and not job.precisions and job.min_memory_gib <= 0:
+                is_wide = by_size.get(job.gpu_count)
+                if is_wide is None:
+                    is_wide = by_size[job.gpu_count] = _is_wider_than_batch(rnd, job)
+            else:
+                shape = (job.gpu_type, job.min_memory_gib, job.precisions, job.gpu_count)
+                is_wide = memo.get(shape)
+                if is_wide is None:
+                    is_wide = memo[shape] = _is_wider_than_batch(rnd, job)
             if is_wide:
                 wide.append(job.id)
         rnd.wide = frozenset(wide)

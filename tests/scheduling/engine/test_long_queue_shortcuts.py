@@ -16,17 +16,21 @@ that start between the refused ones, so the free count changes mid-pass.
 from __future__ import annotations
 
 import random
+from typing import TYPE_CHECKING
 
 import pytest
 
-from scheduling.engine import plan_round
+from scheduling.engine import explain, plan_round
 from scheduling.engine.cluster import RoundState
 from scheduling.engine.fairshare import fairshare_factors
 from scheduling.engine.priority import _ordered, priority_order, priority_scores
 from scheduling.engine.stages import backfill
-from scheduling.engine.types import JobKind, JobRequest, PolicyConfig, ProjectShare
+from scheduling.engine.types import IdleReason, JobKind, JobRequest, PolicyConfig, ProjectShare
 from tests.scheduling.engine.conftest import job, make_nodes, running, snapshot
 from tests.scheduling.engine.test_speed_shortcuts import _long_way
+
+if TYPE_CHECKING:
+    from scheduling.engine.round import Round
 
 NOW = 1_000_000.0
 _PROJECTS = (
@@ -205,5 +209,122 @@ def test_a_start_between_two_alike_blocked_jobs_is_seen(policy: str, monkeypatch
     free_a = 6 if policy == "easy" else 5
     assert by_id["long-a"].startswith(f"{free_a} fitting GPUs are free, but they are held")
     assert by_id["long-b"].startswith(f"{free_a - 1} fitting GPUs are free, but they are held")
+    monkeypatch.setattr(backfill, "backfill", _long_way)
+    assert plan_round(snap, config, NOW) == plan
+
+
+_FROM_THE_QUEUE = {IdleReason.NO_DEMAND, IdleReason.CONSTRAINT_MISMATCH, IdleReason.QUOTA_BLOCKED}
+
+
+def _eager_idle(sched: Round, queue: list[JobRequest]) -> tuple[tuple[int, IdleReason], ...]:
+    """The idle reasons with the queue walked first, as before `explain.idle_reasons` asked
+    for it only when an idle GPU needs it."""
+    kinds = explain.waiting_kinds(sched, queue)
+    demand = (kinds, explain.fragmented_types(sched, queue, kinds), explain.quota_demand(sched, queue, kinds))
+    return explain.idle_reasons(sched, lambda: demand)
+
+
+@pytest.mark.parametrize("policy", ["static", "easy", "berth"])
+def test_idle_reasons_walk_the_queue_only_for_a_gpu_that_needs_it(
+    policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An idle GPU held, booked or in static's partition has its reason without the queue:
+    rounds that leave only such GPUs do not walk it, and every round's reasons are those of
+    the queue walked first.  Behind a short window the verdicts are recorded only when read
+    (`backfill.beyond_window`), so the plan is compared before and after its explanations."""
+    walks: list[int] = []
+    waiting_kinds = explain.waiting_kinds
+
+    def counted(sched: Round, queue: list[JobRequest]) -> set[explain.Kind]:
+        walks.append(len(queue))
+        return waiting_kinds(sched, queue)
+
+    asked = {True: 0, False: 0}
+    for seed in range(12):
+        rng = random.Random(seed)
+        nodes = make_nodes(24, 1)
+        busy = [
+            running(job(f"r{i}", 1, project="busy", requested_s=36_000.0), (gpu,), started_at=NOW - 300.0)
+            for i, gpu in enumerate(rng.sample(range(24), rng.randint(2, 16)))
+        ]
+        queue = _queue(rng, rng.choice((3, 60)))
+        snap = snapshot(nodes, running_jobs=busy, pending=queue, projects=_PROJECTS)
+        config = PolicyConfig(
+            name=policy,
+            backfill_depth=rng.choice((2, 1_000)),
+            interactive_partition=tuple(f"n{i}" for i in range(16, 24)) if policy == "static" else (),
+        )
+        monkeypatch.setattr(explain, "waiting_kinds", counted)
+        walks.clear()
+        plan = plan_round(snap, config, NOW)
+        idle = plan.idle  # before the explanations are read
+        is_asked = bool(walks)
+        asked[is_asked] += 1
+        if not is_asked:
+            assert not {reason for _gpu, reason in idle} & _FROM_THE_QUEUE
+        monkeypatch.setattr(explain, "waiting_kinds", waiting_kinds)
+        monkeypatch.setattr(explain, "_idle", _eager_idle)
+        eager = plan_round(snap, config, NOW)
+        monkeypatch.undo()
+        assert eager.idle == idle
+        assert eager == plan  # explanations included (the deferred verdicts recorded now)
+    assert asked[True]  # both ways were taken
+    assert asked[False]
+
+
+@pytest.mark.parametrize("policy", ["static", "easy"])
+def test_a_round_whose_idle_gpus_are_held_does_not_walk_the_queue(
+    policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The top job holds every free GPU of its side and static's partition is idle: each idle
+    GPU is `reserved_unused` whatever waits, and the queue is not walked for it."""
+    walks: list[int] = []
+    waiting_kinds = explain.waiting_kinds
+
+    def counted(sched: Round, queue: list[JobRequest]) -> set[explain.Kind]:
+        walks.append(len(queue))
+        return waiting_kinds(sched, queue)
+
+    monkeypatch.setattr(explain, "waiting_kinds", counted)
+    busy = [running(job("r", 1, requested_s=3_600.0), (0,), started_at=NOW - 300.0)]
+    pending = [job("top", 6 if policy == "static" else 8, submit_at=0.0)] + [
+        job(f"w{i}", 2, submit_at=10.0 + i, requested_s=7_200.0) for i in range(5)
+    ]
+    snap = snapshot(make_nodes(8, 1), running_jobs=busy, pending=pending)
+    config = PolicyConfig(
+        name=policy, interactive_partition=("n6", "n7") if policy == "static" else (), backfill_depth=2
+    )
+    plan = plan_round(snap, config, NOW)
+    assert plan.idle == tuple((gpu, IdleReason.RESERVED_UNUSED) for gpu in range(1, 8))
+    assert walks == []
+    assert len(plan.pending) == 6  # the verdicts behind the window, recorded when read
+    assert walks == []  # explaining walks the queue its own way
+
+
+@pytest.mark.parametrize("case", ["apart", "same-id", "limit"])
+def test_static_session_pass_and_the_verdicts_behind_the_window(
+    case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The verdicts behind static's batch window may wait past the session pass only when that
+    pass cannot change them: a session sharing an id with a job behind the window is refused
+    as that job was told to wait, and a session's start takes its project to its limit, which
+    the job behind the window, admitted before, did not see."""
+    limit = 1 if case == "limit" else None
+    # p's heavy usage puts its batch job behind q's two, the second of which fills the window
+    projects = (ProjectShare(name="p", borrow_limit=limit, decayed_usage=1_000.0), ProjectShare(name="q"))
+    pending = [
+        job("top", 6, submit_at=0.0, project="q"),  # every batch GPU: holds the free ones
+        job("w0", 1, submit_at=10.0, project="q", requested_s=7_200.0),
+        job("s" if case == "same-id" else "tail", 1, submit_at=20.0, project="p", requested_s=7_200.0),
+        job("s", 1, submit_at=30.0, project="p", kind=JobKind.INTERACTIVE),  # starts on n6
+    ]
+    busy = [running(job("r", 1, project="o", requested_s=3_600.0), (0,), started_at=NOW - 300.0)]
+    snap = snapshot(make_nodes(7, 1), running_jobs=busy, pending=pending, projects=projects)
+    # no session bonus: a repeated id orders both jobs by the last one's score (the session's)
+    config = PolicyConfig(
+        name="static", interactive_partition=("n6",), backfill_depth=1, interactive_priority=0.0
+    )
+    plan = plan_round(snap, config, NOW)
+    assert [s.job_id for s in plan.starts] == ([] if case == "same-id" else ["s"])
     monkeypatch.setattr(backfill, "backfill", _long_way)
     assert plan_round(snap, config, NOW) == plan
