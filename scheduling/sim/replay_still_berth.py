@@ -1,0 +1,178 @@
+"""Still ticks under berth: when a tick provably plans what the last (no-op) round planned.
+
+`scheduling.sim.replay_still` holds the rule and its proof for easy and static; this module adds
+what berth reads of ``now`` besides.  Between a berth round that started and preempted nothing
+and a tick with no event in between, the pending and running jobs, the free GPUs, the bookings
+and the claims are the same; the policy (interactive headroom and pool, rebuilt by the replay
+from its forecast every round) must be the very same object.  Time alone then changes berth's
+plan only through:
+
+* the queue order (expected slowdown ``(wait + p50) / p50`` x fair share, which every waiting
+  job's wait and the decaying usage move; the one-day starvation bound; claims expiring
+  ``claim_hold_s`` past their kill): recomputed at the tick with berth's own order stage
+  (`berth_order`) and compared job by job;
+* reclaim, for sessions, bookings, quota claims, the top job and wide jobs
+  (`stages.reclaim`, `fragmentation.reclaim_for_wide`), and the pool's count of work in reach
+  (`headroom.headroom_need`): their tests read minimum runtimes, work lost since the last
+  checkpoint and predicted remaining times, which all move with ``now``.  They all act on
+  reclaimable work (`preemption.is_reclaimable`: consenting batch work not in its grace), so
+  a tick is not skipped while any runs (`berth_refuses`), nor while a session waits;
+* running jobs' expected ends: from the users' limits, fixed until a job passes its limit, after
+  which berth moves the end later with the job's age (`overdue.correct_overdue`): no tick is
+  skipped while a job is overdue, and the next limit is a threshold (`berth_until`).  A job in
+  its grace is gone at its kill, an event;
+* whether a run fits before an instant something is held from (`berth_until`): the top job's
+  shadow, a booking's reclaim signal, lead time, start and end (its window, and the booked
+  windows the pool's peak adds), the pool forecast's hour starts and its end (its level, peak,
+  next rise and low-demand windows), with every duration berth places a job with: p50 (backfill
+  before the shadow), p90 (the pool's peak, the next rise), the user's limit (a booking's
+  window), a lent start's ``min_runtime_s`` (checkpointing) or p90 (restartable) plus the grace;
+  the hour starts are thresholds in themselves too (the level held changes there).
+
+A shadow at the round's own instant could move with ``now`` (a low-demand window that opens
+now): such a round is not kept.  `ReplayOptions.verify_still_ticks` plans every skipped tick
+anyway and raises if it differs (`tests/scheduling/sim/test_replay_still_berth.py`).
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from scheduling.engine.cluster import RoundState, estimate_of, estimates_by_job, job_estimate
+from scheduling.engine.policies.berth import BERTH
+from scheduling.engine.pool import HOUR_S, PoolForecast
+from scheduling.engine.preemption import is_reclaimable
+from scheduling.engine.priority import live_claims, slowdown_orders
+from scheduling.engine.round import Round
+from scheduling.engine.stages.order import SlowdownFirst, guarantee_test
+from scheduling.engine.types import JobKind
+
+if TYPE_CHECKING:
+    from scheduling.engine.types import ClusterSnapshot, JobRequest, Plan, PolicyConfig
+
+_NOTHING: set[str] = set()
+_MARGIN_S = 1e-3  # float rounding of ``now + d`` against an instant: stop a little early
+
+GuaranteeTest = Callable[["JobRequest"], bool]
+
+
+def _order_stage() -> SlowdownFirst:
+    order = BERTH.order
+    assert isinstance(order, SlowdownFirst)
+    return order
+
+
+def has_starved(snapshot: ClusterSnapshot, t: float) -> bool:
+    """Whether some pending job is past berth's starvation bound at ``t`` (only then does the
+    order ask whether a job runs within its project's guarantee)."""
+    starve = _order_stage().params.starvation_s
+    for job in snapshot.pending:
+        submitted = job.first_submit_at if job.first_submit_at is not None else job.submit_at
+        if t - submitted >= starve:
+            return True
+    return False
+
+
+def still_guarantees(snapshot: ClusterSnapshot, config: PolicyConfig, t: float) -> GuaranteeTest:
+    """Berth's "within its project's guarantee" test of the still round (`order.guarantee_test`
+    of a round built on its snapshot): it reads the running work and the projects' quotas, the
+    same at every tick after it (no event in between, quotas are fixed)."""
+    return guarantee_test(Round(snapshot, config, t, BERTH))
+
+
+def berth_order(
+    snapshot: ClusterSnapshot, config: PolicyConfig, t: float, guarantees: GuaranteeTest | None
+) -> list[JobRequest]:
+    """Berth's queue order of ``snapshot`` at ``t`` (`stages.order.SlowdownFirst`), with the
+    guarantee test ``guarantees`` (asked of starved jobs only: None when none is starved)."""
+    state = RoundState(snapshot, config, t, is_predicted=True, is_running_predicted=False)
+    claims = live_claims(snapshot, config.claim_hold_s, t)
+    return slowdown_orders(state, _order_stage().params, guarantees, claims)[0]
+
+
+def berth_refuses(
+    snapshot: ClusterSnapshot, config: PolicyConfig, t: float, guarantees: Callable[[], GuaranteeTest]
+) -> bool:
+    """Whether a round of ``snapshot`` at ``t`` may read ``now`` in a way `berth_until` does not
+    bound (module docstring): a session waits, some running work is overdue or reclaimable and
+    checkpointing, some pending batch job runs within its project's guarantee (it would claim
+    consenting work back), or a node has several GPUs (wide jobs' reclaim, drain-aware
+    placement on predicted ends).  ``guarantees``: gives the still round's guarantee test."""
+    if any(len(node.gpu_ids) > 1 for node in snapshot.nodes):
+        return True
+    if any(job.kind == JobKind.INTERACTIVE for job in snapshot.pending):
+        return True
+    limits = estimates_by_job(config, is_predicted=False)
+    for running in snapshot.running:
+        if running.job.is_checkpointable and is_reclaimable(running, excluded=_NOTHING):
+            return True
+        if running.started_at + estimate_of(running.job, limits, config, is_predicted=False).hold_s <= t:
+            return True
+    if any(share.guaranteed for share in snapshot.projects):
+        is_guaranteed = guarantees()
+        return any(job.kind == JobKind.BATCH and is_guaranteed(job) for job in snapshot.pending)
+    return False
+
+
+def berth_until(
+    snapshot: ClusterSnapshot, plan: Plan, config: PolicyConfig, t: float, *, free_gpus: int
+) -> float:
+    """The first instant after ``t`` at which time alone could change berth's plan of
+    ``snapshot`` (module docstring); ``t`` itself when the round must not be kept."""
+    pending = {job.id for job in snapshot.pending}
+    if any(r.start_at <= t and r.holder_id in pending for r in plan.reservations):
+        return t  # a job's shadow from now on moves with now (a booking's start is fixed)
+    limits = estimates_by_job(config, is_predicted=False)
+    found = min(
+        (
+            end
+            for running in snapshot.running
+            if (
+                end := running.started_at
+                + estimate_of(running.job, limits, config, is_predicted=False).hold_s
+            )
+            > t
+        ),
+        default=math.inf,
+    )
+    holds = {r.start_at for r in plan.reservations}
+    for booking in snapshot.bookings:
+        lead = booking.start_at - config.booking_lead_s
+        holds.update((lead - config.grace_s, lead, booking.start_at, booking.end_at))
+    forecast = PoolForecast.of(config)
+    if forecast is not None:
+        holds.update(forecast.starts)
+        holds.add(forecast.starts[-1] + HOUR_S)
+    holds = {at for at in holds if at > t}
+    # instants that change a round by themselves: a booking's signal, lead and start, an hour
+    found = min(found, min(holds, default=math.inf))
+    durations = _durations(snapshot, plan, config, free_gpus=free_gpus)
+    if durations:
+        for start in holds:
+            index = bisect_right(durations, start - t) - 1
+            if index >= 0:
+                found = min(found, start - durations[index])
+    return found - _MARGIN_S
+
+
+def _durations(snapshot: ClusterSnapshot, plan: Plan, config: PolicyConfig, *, free_gpus: int) -> list[float]:
+    """Every duration berth fits a pending job's run with (module docstring), of the jobs that
+    could use the free GPUs or those in grace, and of the plan's reservation holders; sorted."""
+    in_grace = sum(len(r.gpu_ids) for r in snapshot.running if r.grace_until is not None)
+    holders = {r.holder_id for r in plan.reservations}
+    predicted = estimates_by_job(config, is_predicted=True)
+    grace, floor = config.grace_s, config.min_runtime_s
+    durations: set[float] = set()
+    for job in snapshot.pending:
+        if job.gpu_count > free_gpus + in_grace and job.id not in holders:
+            continue
+        estimate = estimate_of(job, predicted, config, is_predicted=True)
+        limit = job_estimate(job, config, is_predicted=False).hold_s
+        p90 = estimate.hold_s
+        durations.update((estimate.p50_s, p90, limit, max(p90, job.requested_s or 0.0)))
+        if job.is_preemptible:
+            durations.add((floor if job.is_checkpointable else max(p90, floor)) + grace)
+    return sorted(durations)
