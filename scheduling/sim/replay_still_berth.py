@@ -39,6 +39,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from scheduling.engine.cluster import RoundState, estimate_of, estimates_by_job, job_estimate
@@ -48,10 +49,11 @@ from scheduling.engine.preemption import is_reclaimable
 from scheduling.engine.priority import live_claims, slowdown_orders
 from scheduling.engine.round import Round
 from scheduling.engine.stages.order import SlowdownFirst, guarantee_test
-from scheduling.engine.types import JobKind
+from scheduling.engine.stages.reclaim import Reclaim
+from scheduling.engine.types import JobKind, PendingReason
 
 if TYPE_CHECKING:
-    from scheduling.engine.types import ClusterSnapshot, JobRequest, Plan, PolicyConfig
+    from scheduling.engine.types import ClusterSnapshot, JobRequest, Plan, PolicyConfig, RunningJob
 
 _NOTHING: set[str] = set()
 _MARGIN_S = 1e-3  # float rounding of ``now + d`` against an instant: stop a little early
@@ -97,9 +99,9 @@ def berth_refuses(
     snapshot: ClusterSnapshot, config: PolicyConfig, t: float, guarantees: Callable[[], GuaranteeTest]
 ) -> bool:
     """Whether a round of ``snapshot`` at ``t`` may read ``now`` in a way `berth_until` does not
-    bound (module docstring): a session waits, some running work is overdue or reclaimable and
-    checkpointing, some pending batch job runs within its project's guarantee (it would claim
-    consenting work back), or a node has several GPUs (wide jobs' reclaim, drain-aware
+    bound (module docstring): a session waits, some running work is overdue, some pending batch
+    job runs within its project's guarantee (it would claim consenting work back, losing work
+    that grows with time), or a node has several GPUs (wide jobs' reclaim, drain-aware
     placement on predicted ends).  ``guarantees``: gives the still round's guarantee test."""
     if any(len(node.gpu_ids) > 1 for node in snapshot.nodes):
         return True
@@ -107,8 +109,6 @@ def berth_refuses(
         return True
     limits = estimates_by_job(config, is_predicted=False)
     for running in snapshot.running:
-        if running.job.is_checkpointable and is_reclaimable(running, excluded=_NOTHING):
-            return True
         if running.started_at + estimate_of(running.job, limits, config, is_predicted=False).hold_s <= t:
             return True
     if any(share.guaranteed for share in snapshot.projects):
@@ -122,22 +122,22 @@ def berth_until(
 ) -> float:
     """The first instant after ``t`` at which time alone could change berth's plan of
     ``snapshot`` (module docstring); ``t`` itself when the round must not be kept."""
-    pending = {job.id for job in snapshot.pending}
+    pending = {job.id: job for job in snapshot.pending}
     if any(r.start_at <= t and r.holder_id in pending for r in plan.reservations):
         return t  # a job's shadow from now on moves with now (a booking's start is fixed)
+    reclaimable = [
+        running
+        for running in snapshot.running
+        if running.job.is_checkpointable and is_reclaimable(running, excluded=_NOTHING)
+    ]
+    found = _reclaim_until(snapshot, plan, config, t, reclaimable, pending)
+    if found <= t:
+        return t
     limits = estimates_by_job(config, is_predicted=False)
-    found = min(
-        (
-            end
-            for running in snapshot.running
-            if (
-                end := running.started_at
-                + estimate_of(running.job, limits, config, is_predicted=False).hold_s
-            )
-            > t
-        ),
-        default=math.inf,
-    )
+    ends = {
+        running.started_at + estimate_of(running.job, limits, config, is_predicted=False).hold_s
+        for running in snapshot.running
+    }
     holds = {r.start_at for r in plan.reservations}
     for booking in snapshot.bookings:
         lead = booking.start_at - config.booking_lead_s
@@ -146,16 +146,98 @@ def berth_until(
     if forecast is not None:
         holds.update(forecast.starts)
         holds.add(forecast.starts[-1] + HOUR_S)
-    holds = {at for at in holds if at > t}
-    # instants that change a round by themselves: a booking's signal, lead and start, an hour
-    found = min(found, min(holds, default=math.inf))
     durations = _durations(snapshot, plan, config, free_gpus=free_gpus)
-    if durations:
-        for start in holds:
-            index = bisect_right(durations, start - t) - 1
-            if index >= 0:
-                found = min(found, start - durations[index])
-    return found - _MARGIN_S
+    # what is compared with a fixed instant: now (free GPUs, the hour, a booking's signal),
+    # now + a duration (a run's end) and, while checkpointing work may be reclaimed, now + the
+    # grace (when its GPUs could be back, `Round.avail_reclaim`) and that plus a duration
+    offsets = {0.0, *durations}
+    end_offsets = [0.0]
+    if reclaimable:
+        offsets.update([config.grace_s, *(config.grace_s + d for d in durations)])
+        end_offsets.append(config.grace_s)
+    found = min(found, _first_crossing(holds, sorted(offsets), t))
+    return min(found, _first_crossing(ends, end_offsets, t)) - _MARGIN_S
+
+
+@dataclass(frozen=True, slots=True)
+class _WorthAnything(Reclaim):
+    """Berth's reclaim stage, taking any reclaim for the top job as worth it."""
+
+    def is_worth_it(self, *_args: object, **_kwargs: object) -> bool:
+        """Always: `Reclaim.is_worth_it` weighs what moves with ``now``."""
+        return True
+
+
+def _first_crossing(instants: set[float], offsets: list[float], t: float) -> float:
+    """The first instant after ``t`` at which ``now + a`` reaches one of ``instants`` for one of
+    the (sorted) ``offsets`` ``a``: for each instant the largest offset still short of it at
+    ``t`` reaches it first."""
+    found = math.inf
+    for at in instants:
+        index = bisect_right(offsets, at - t) - 1
+        if index >= 0:
+            # ``t`` when one reaches it at ``t`` exactly: just after, ``<`` and ``<=`` differ
+            found = min(found, max(at - offsets[index], t))
+    return found
+
+
+def _reclaim_until(
+    snapshot: ClusterSnapshot,
+    plan: Plan,
+    config: PolicyConfig,
+    t: float,
+    reclaimable: list[RunningJob],
+    pending: dict[str, JobRequest],
+) -> float:
+    """While checkpointing work is reclaimable and no session waits: the first instant after
+    ``t`` at which the top job's suspension test (`stages.reclaim.Reclaim.suspendable_for`) or
+    the pool's count of work in reach (`headroom.headroom_need`) could change; ``t`` when the
+    top job may suspend some of it now (whether it does reads lost work, which moves) or when
+    some job's reclaim was planned or its shadow not found (the top job is not known)."""
+    if not reclaimable:
+        return math.inf
+    if any(e.reason in (PendingReason.PREEMPTING, PendingReason.CONSTRAINT) for e in plan.pending):
+        return t
+    grace, floor = config.grace_s, config.min_runtime_s
+    found = math.inf
+    for running in reclaimable:
+        # past these its kill (batch, then high class) is no longer bound by its minimum runtime
+        for at in (running.started_at + floor - grace, running.started_at + min(floor, grace) - grace):
+            if at > t:
+                found = min(found, at)
+    tops = [pending[r.holder_id] for r in plan.reservations if r.holder_id in pending]
+    if not tops:
+        return found  # no job was made the top job: nothing asked to suspend work
+    top = tops[0]
+    rnd = Round(snapshot, config, t, BERTH)
+    reclaim = BERTH.reclaim
+    assert reclaim is not None
+    reclaim.for_bookings(rnd)  # what the round did before (it signalled nothing: a still round)
+    types = rnd.types_for(top)
+    estimate = rnd.state.estimate(top)
+    single = rnd.is_single_node(types, top.gpu_count)
+    may_take = reclaim.suspendable_for(rnd, top, types, estimate, single)
+    if any(may_take(running) for running in reclaimable):
+        # it may suspend some: the round's reclaim failed either for want of GPUs (which the
+        # instants below and the fits of its runs bound) or as not worth it (gain and loss
+        # move with now): the latter if it succeeds when any gain is worth it
+        worth_anything = _WorthAnything(suspend_ratio=reclaim.suspend_ratio)
+        if worth_anything.for_demand(rnd, top, types, estimate, single=single):
+            return t
+    longer_than = reclaim.suspend_ratio * estimate.p50_s
+    predicted = estimates_by_job(config, is_predicted=True)
+    fraction = config.overrun_fraction
+    for running in reclaimable:
+        # its predicted remaining time (`cluster.running_ends`, p50 and p90 each at least a
+        # share of its age) passes ``longer_than`` only where one of its pieces does
+        own = estimate_of(running.job, predicted, config, is_predicted=True)
+        ages = [own.p50_s - longer_than, own.hold_s - longer_than]
+        if fraction > 0:
+            ages += [longer_than / (0.5 * fraction), longer_than / fraction]
+        for age in ages:
+            if running.started_at + age > t:
+                found = min(found, running.started_at + age)
+    return found
 
 
 def _durations(snapshot: ClusterSnapshot, plan: Plan, config: PolicyConfig, *, free_gpus: int) -> list[float]:
