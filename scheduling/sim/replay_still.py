@@ -44,15 +44,17 @@ from typing import TYPE_CHECKING
 from scheduling.engine import plan_round
 from scheduling.engine.cluster import RoundState, estimate_of, estimates_by_job
 from scheduling.engine.priority import priority_order
+from scheduling.engine.stages.order import guarantee_test
 from scheduling.sim.replay_still_berth import (
     berth_order,
     berth_refuses,
     berth_until,
     has_starved,
-    still_guarantees,
+    still_round,
 )
 
 if TYPE_CHECKING:
+    from scheduling.engine.round import Round
     from scheduling.engine.types import ClusterSnapshot, JobRequest, Plan, PolicyConfig
     from scheduling.sim.replay_setup import PlanFn
 
@@ -76,6 +78,7 @@ class _Still:
     until: float | None = None  # the first instant after ``at`` at which time alone could change the plan
     # berth: the still round's guarantee test, once a starved job asks it (`replay_still_berth`)
     guarantees: Callable[[JobRequest], bool] | None = None
+    round: Round | None = None  # berth: `replay_still_berth.still_round` of it, once asked
 
 
 class StillTickRule:
@@ -118,8 +121,16 @@ class StillTickRule:
         still = self._still
         assert still is not None
         if still.guarantees is None:
-            still.guarantees = still_guarantees(still.snapshot, still.config, still.at)
+            still.guarantees = guarantee_test(self._still_round())
         return still.guarantees
+
+    def _still_round(self) -> Round:
+        """`replay_still_berth.still_round` of the still round, built once."""
+        still = self._still
+        assert still is not None
+        if still.round is None:
+            still.round = still_round(still.snapshot, still.config, still.at)
+        return still.round
 
     def _is_still(self, snapshot: ClusterSnapshot, t: float) -> bool:
         """Whether a tick at ``t`` would plan what the last round planned (module docstring)."""
@@ -136,7 +147,14 @@ class StillTickRule:
             elif berth_refuses(last, self.config, still.at, self._still_guarantees):
                 still.until = still.at
             else:
-                still.until = berth_until(last, still.plan, self.config, still.at, free_gpus=still.free_gpus)
+                still.until = berth_until(
+                    last,
+                    still.plan,
+                    self.config,
+                    still.at,
+                    free_gpus=still.free_gpus,
+                    round_of=self._still_round,
+                )
         if t >= still.until:
             return False
         if still.order is None:

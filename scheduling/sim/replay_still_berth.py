@@ -48,7 +48,7 @@ from scheduling.engine.pool import HOUR_S, PoolForecast
 from scheduling.engine.preemption import is_reclaimable
 from scheduling.engine.priority import live_claims, slowdown_orders
 from scheduling.engine.round import Round
-from scheduling.engine.stages.order import SlowdownFirst, guarantee_test
+from scheduling.engine.stages.order import SlowdownFirst
 from scheduling.engine.stages.reclaim import Reclaim
 from scheduling.engine.types import JobKind, PendingReason
 
@@ -78,11 +78,12 @@ def has_starved(snapshot: ClusterSnapshot, t: float) -> bool:
     return False
 
 
-def still_guarantees(snapshot: ClusterSnapshot, config: PolicyConfig, t: float) -> GuaranteeTest:
-    """Berth's "within its project's guarantee" test of the still round (`order.guarantee_test`
-    of a round built on its snapshot): it reads the running work and the projects' quotas, the
-    same at every tick after it (no event in between, quotas are fixed)."""
-    return guarantee_test(Round(snapshot, config, t, BERTH))
+def still_round(snapshot: ClusterSnapshot, config: PolicyConfig, t: float) -> Round:
+    """A berth round built on the still round's snapshot, for what it answered before it
+    scheduled anything: whether a job runs within its project's guarantee (`guarantee_test`:
+    it reads the running work and the projects' quotas, the same at every tick after it) and
+    what the top job may suspend (`berth_until`)."""
+    return Round(snapshot, config, t, BERTH)
 
 
 def berth_order(
@@ -118,10 +119,17 @@ def berth_refuses(
 
 
 def berth_until(
-    snapshot: ClusterSnapshot, plan: Plan, config: PolicyConfig, t: float, *, free_gpus: int
+    snapshot: ClusterSnapshot,
+    plan: Plan,
+    config: PolicyConfig,
+    t: float,
+    *,
+    free_gpus: int,
+    round_of: Callable[[], Round],
 ) -> float:
     """The first instant after ``t`` at which time alone could change berth's plan of
-    ``snapshot`` (module docstring); ``t`` itself when the round must not be kept."""
+    ``snapshot`` (module docstring); ``t`` itself when the round must not be kept.
+    ``round_of``: gives `still_round` of the same, built once."""
     pending = {job.id: job for job in snapshot.pending}
     if any(r.start_at <= t and r.holder_id in pending for r in plan.reservations):
         return t  # a job's shadow from now on moves with now (a booking's start is fixed)
@@ -130,7 +138,7 @@ def berth_until(
         for running in snapshot.running
         if running.job.is_checkpointable and is_reclaimable(running, excluded=_NOTHING)
     ]
-    found = _reclaim_until(snapshot, plan, config, t, reclaimable, pending)
+    found = _reclaim_until(plan, config, t, reclaimable, pending, round_of)
     if found <= t:
         return t
     limits = estimates_by_job(config, is_predicted=False)
@@ -182,12 +190,12 @@ def _first_crossing(instants: set[float], offsets: list[float], t: float) -> flo
 
 
 def _reclaim_until(
-    snapshot: ClusterSnapshot,
     plan: Plan,
     config: PolicyConfig,
     t: float,
     reclaimable: list[RunningJob],
     pending: dict[str, JobRequest],
+    round_of: Callable[[], Round],
 ) -> float:
     """While checkpointing work is reclaimable and no session waits: the first instant after
     ``t`` at which the top job's suspension test (`stages.reclaim.Reclaim.suspendable_for`) or
@@ -209,7 +217,7 @@ def _reclaim_until(
     if not tops:
         return found  # no job was made the top job: nothing asked to suspend work
     top = tops[0]
-    rnd = Round(snapshot, config, t, BERTH)
+    rnd = round_of()
     reclaim = BERTH.reclaim
     assert reclaim is not None
     reclaim.for_bookings(rnd)  # what the round did before (it signalled nothing: a still round)
