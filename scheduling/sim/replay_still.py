@@ -1,7 +1,8 @@
 """Still ticks: a tick whose round would plan exactly what the last round planned is not planned.
 
 `Replay` (``scheduling.sim.replay``) mixes this in.  Under ``easy`` and ``static`` (the shipped
-engine, `scheduling.engine.plan_round`) a tick that follows a round which started and preempted
+engine, `scheduling.engine.plan_round`; ``berth``: what its round reads besides is bounded or
+refused in `scheduling.sim.replay_still_berth`) a tick that follows a round which started and preempted
 nothing, with no event of any kind in between, plans nothing new when time alone has crossed
 no threshold the round reads.  Between the two instants the pending jobs, the running jobs, the
 free GPUs, the bookings and the policy are the very same objects; what a round of these policies

@@ -11,12 +11,27 @@ plan only through:
   job's wait and the decaying usage move; the one-day starvation bound; claims expiring
   ``claim_hold_s`` past their kill): recomputed at the tick with berth's own order stage
   (`berth_order`) and compared job by job;
-* reclaim, for sessions, bookings, quota claims, the top job and wide jobs
-  (`stages.reclaim`, `fragmentation.reclaim_for_wide`), and the pool's count of work in reach
-  (`headroom.headroom_need`): their tests read minimum runtimes, work lost since the last
-  checkpoint and predicted remaining times, which all move with ``now``.  They all act on
-  reclaimable work (`preemption.is_reclaimable`: consenting batch work not in its grace), so
-  a tick is not skipped while any runs (`berth_refuses`), nor while a session waits;
+* reclaim for sessions, quota claims and wide jobs (`stages.reclaim`,
+  `fragmentation.reclaim_for_wide`) weighs the work a victim would lose, which grows with
+  ``now``, and drain-aware placement reads predicted ends that drift once a job outlives its
+  prediction: no tick is skipped while a session waits, while a pending batch job runs within
+  its project's guarantee (it would claim work back), or on a cluster with a node of several
+  GPUs (`berth_refuses`).  Restartable consenting work is taken by nothing else but a booking,
+  whose signal instant is a threshold;
+* checkpointing work that is reclaimable (`preemption.is_reclaimable`: consenting batch work
+  not in its grace): its GPUs count as back at its kill time (`Round.avail_reclaim`), which is
+  its minimum runtime until that passes and ``now`` + the grace after; the pool counts it as
+  in reach once its session kill fits in a grace (`headroom.headroom_need`); the top job may
+  suspend it once it is past its minimum runtime and either lent after the top job was queued
+  or predicted to run on more than ``suspend_ratio`` times the top job's p50
+  (`stages.reclaim.Reclaim.suspendable_for`).  Those minimum runtimes and the ages at which a
+  predicted remaining time (p50 and p90 pieces, each at least a share of the age past them,
+  `cluster.running_ends`) passes that bound are thresholds; ``now`` + the grace crossing a
+  fixed instant (a running job's limit, a hold) is one too.  If the top job may suspend some
+  of it already, the round's reclaim failed either for want of GPUs (bounded as above) or as
+  not worth it, which weighs gain and loss that move with ``now``: the tick is not skipped when
+  the reclaim succeeds with any gain taken as worth it (`_WorthAnything`); nor when some job's
+  reclaim was planned (it waits ``preempting``) or found no shadow (the top job is not known);
 * running jobs' expected ends: from the users' limits, fixed until a job passes its limit, after
   which berth moves the end later with the job's age (`overdue.correct_overdue`): no tick is
   skipped while a job is overdue, and the next limit is a threshold (`berth_until`).  A job in
@@ -26,8 +41,10 @@ plan only through:
   windows the pool's peak adds), the pool forecast's hour starts and its end (its level, peak,
   next rise and low-demand windows), with every duration berth places a job with: p50 (backfill
   before the shadow), p90 (the pool's peak, the next rise), the user's limit (a booking's
-  window), a lent start's ``min_runtime_s`` (checkpointing) or p90 (restartable) plus the grace;
-  the hour starts are thresholds in themselves too (the level held changes there).
+  window), a lent start's ``min_runtime_s`` (checkpointing) or p90 (restartable) plus the grace,
+  and each plus the grace while checkpointing work is reclaimable; the hour starts and the
+  booking instants are thresholds in themselves too, and one reached at the round's own
+  instant refuses (just after it, ``<`` and ``<=`` differ).
 
 A shadow at the round's own instant could move with ``now`` (a low-demand window that opens
 now): such a round is not kept.  `ReplayOptions.verify_still_ticks` plans every skipped tick
