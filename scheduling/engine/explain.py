@@ -78,8 +78,7 @@ def explain_pending(
     now = sched.now
     # per type: its profile, then the p50 and planning GPU-seconds queued ahead so far
     per_type: dict[str, list[Any]] = {}
-    estimate_of = sched.state.estimate
-    types_for = sched.types_for
+    estimate_of, types_for = sched.state.estimate, sched.types_for
     floor = [now, now]  # strict order: the ETAs (p50, p90) of the job ahead
     explanations: list[PendingExplanation] = []
     append = explanations.append
