@@ -114,11 +114,8 @@ class BookingDesk:
             # partition is sized for their demand); only one the partition cannot hold goes
             # elsewhere (the replay keeps every booking the overlay admitted)
             partition = frozenset(self.config.interactive_partition)
-            chosen = (
-                (partition and self._admission_choice(plan, t, nodes=partition))
-                or self._admission_choice(plan, t)
-                or chosen
-            )
+            in_partition = self._admission_choice(plan, t, nodes=partition) if partition else None
+            chosen = in_partition or self._admission_choice(plan, t) or chosen
         for gpu in chosen:
             self._booked_windows.setdefault(gpu, []).append((plan.start_at, plan.end_at))
         booking = Booking(
