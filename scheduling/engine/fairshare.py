@@ -8,16 +8,10 @@ exactly its share gets 0.5, an idle one 1.0, a heavy one tends to 0.
 from __future__ import annotations
 
 import math
-from operator import attrgetter
 
 from scheduling.engine.types import ClusterSnapshot, GpuType
 
 _RUNNING_HORIZON_H = 1.0  # running work counts as this many hours of usage "right now"
-
-_NAME = attrgetter("name")
-_WEIGHT = attrgetter("weight")
-_USAGE = attrgetter("decayed_usage")
-_PROJECT = attrgetter("project")
 
 
 def decay_usage(usage: float, *, elapsed_s: float, half_life_s: float) -> float:
@@ -47,10 +41,8 @@ def fairshare_factors(
     order asks for no others, and a portal may know many more projects than it queues for).
     """
     projects = snapshot.projects
-    # name -> weight and name -> usage built in C (every round, for every project); the same
-    # dicts as comprehensions (a repeated name: its first place, its last value)
-    weights: dict[str, float] = dict(zip(map(_NAME, projects), map(_WEIGHT, projects), strict=True))
-    usage: dict[str, float] = dict(zip(map(_NAME, projects), map(_USAGE, projects), strict=True))
+    weights: dict[str, float] = {share.name: share.weight for share in projects}
+    usage: dict[str, float] = {share.name: share.decayed_usage for share in projects}
     # max(x, 0.0) of every weight and usage, exactly: it changes only a value below 0.0, and
     # ``min`` is below 0.0 or NaN whenever one is (a NaN first hides the rest: fixed then too)
     if not min(weights.values(), default=0.0) >= 0.0:
@@ -58,7 +50,7 @@ def fairshare_factors(
     if not min(usage.values(), default=0.0) >= 0.0:
         usage = {name: max(used, 0.0) for name, used in usage.items()}
     # each project once, in order of first appearance (a queue has far more jobs than projects)
-    queued = dict.fromkeys(map(_PROJECT, snapshot.pending))
+    queued = dict.fromkeys([job.project for job in snapshot.pending])
     for project in queued:
         if project not in weights:
             weights[project] = 1.0

@@ -72,24 +72,22 @@ _LAST_ORDER: list[tuple[ClusterSnapshot, PolicyConfig, float, list[JobRequest]] 
 
 
 _ID = attrgetter("id")
-_PROJECT = attrgetter("project")
-_PRIORITY = attrgetter("priority")
-_KIND = attrgetter("kind")
 
 
 def _priority_order(state: RoundState) -> list[JobRequest]:
     pending = state.snapshot.pending
-    if len(set(map(_ID, pending))) != len(pending):
+    if len({job.id for job in pending}) != len(pending):
         return _ordered(pending, priority_scores(state))  # a repeated id: its last score for all
     factors = fairshare_factors(state.snapshot, state.types, state.gpu_type, queued_only=True)
+    submits = [job.first_submit_at for job in pending]
     # every first submit known and none NaN (nor inf - inf): those sort as the tuples compare
-    if None not in map(_FIRST_SUBMIT, pending) and not math.isnan(sum(map(_FIRST_SUBMIT, pending))):
-        by_submit = _by_first_submit(pending)
+    if None not in submits and not math.isnan(sum(submits)):  # type: ignore[arg-type]  # no None
+        by_submit = _by_first_submit(pending, submits)  # type: ignore[arg-type]  # no None
         negated = _negated_scores(state, factors, by_submit)
         if not math.isnan(sum(negated)):  # the same for the scores
             # `_ordered`'s key (-score, first submit, id, ...) with unique ids: the jobs by first
             # submit and id, then stably by -score alone (a sort of floats, no tuples)
-            return list(map(by_submit.__getitem__, sorted(range(len(negated)), key=negated.__getitem__)))
+            return [by_submit[i] for i in sorted(range(len(negated)), key=negated.__getitem__)]
     keyed = _keyed_one_by_one(state, factors)
     keyed.sort()
     return [item[4] for item in keyed]
@@ -99,14 +97,16 @@ def _priority_order(state: RoundState) -> list[JobRequest]:
 _LAST_BY_SUBMIT: list[tuple[tuple[JobRequest, ...], list[JobRequest]]] = []
 
 
-def _by_first_submit(pending: tuple[JobRequest, ...]) -> list[JobRequest]:
-    """``pending`` by first submit, then id: the last answer again for the very same jobs in the
-    same places (a replay's ticks and still-tick tests ask again with nothing arrived or started)."""
+def _by_first_submit(pending: tuple[JobRequest, ...], submits: list[float]) -> list[JobRequest]:
+    """``pending`` (first submits ``submits``, ids unique) by first submit, then id: the last
+    answer again for the very same jobs in the same places (a replay's ticks and still-tick
+    tests ask again with nothing arrived or started)."""
     if _LAST_BY_SUBMIT:
         last, order = _LAST_BY_SUBMIT[0]
         if last is pending or (len(last) == len(pending) and all(map(is_, last, pending))):
             return order
-    order = sorted(pending, key=_FIRST_SUBMIT_AND_ID)
+    keyed = sorted(zip(submits, [job.id for job in pending], range(len(pending)), strict=True))
+    order = [pending[item[2]] for item in keyed]
     _LAST_BY_SUBMIT[:] = [(pending, order)]
     return order
 
@@ -114,15 +114,18 @@ def _by_first_submit(pending: tuple[JobRequest, ...]) -> list[JobRequest]:
 def _negated_scores(state: RoundState, factors: dict[str, float], jobs: list[JobRequest]) -> list[float]:
     """-score of each of ``jobs`` (sorted by first submit, every one known), with the arithmetic
     of `_keyed_one_by_one`.  With a positive age weight the jobs whose age factor saturates
-    (score ``age_weight`` plus the rest) come first: found by bisection, and when none of them
-    has a class or is a session their -score is their project's, looked up in C."""
+    (score ``age_weight`` plus the rest) come first, found by bisection: up to the first of
+    them with a class or a session, their -score is their project's."""
     policy = state.policy
     max_age = policy.max_age_s if policy.max_age_s > 0 else 1.0
     age_weight = policy.age_weight / max_age
     cap = policy.age_weight
     fs_weight = policy.fairshare_weight
     now = state.now
-    saturated = 0
+    interactive = JobKind.INTERACTIVE
+    negated: list[float] = []
+    append = negated.append
+    done = 0
     if 0.0 < age_weight < math.inf:
         # the age term is monotone in the first submit: `cap < aged` (or equal: the same
         # score) holds for a prefix of ``jobs``
@@ -131,20 +134,16 @@ def _negated_scores(state: RoundState, factors: dict[str, float], jobs: list[Job
             return not (age if age > 0.0 else 0.0) * age_weight >= cap
 
         saturated = bisect_left(jobs, True, key=is_young)
-    negated: list[float] = []
-    if saturated:
-        old = jobs[:saturated]
-        if any(map(_PRIORITY, old)) or JobKind.INTERACTIVE in map(_KIND, old):
-            saturated = 0  # a class or a session among them: job by job below
-        else:
-            # ``score = cap; score += term``, per project, exactly as job by job
-            neg_cap = {project: -(cap + fs_weight * factor) for project, factor in factors.items()}
-            negated = list(map(neg_cap.__getitem__, map(_PROJECT, old)))
+        # ``score = cap; score += term``, per project, exactly as job by job
+        neg_cap = {project: -(cap + fs_weight * factor) for project, factor in factors.items()}
+        for job in jobs[:saturated]:
+            if job.priority or job.kind == interactive:
+                break  # job by job from here
+            append(neg_cap[job.project])
+        done = len(negated)
     bonus = policy.interactive_priority
-    interactive = JobKind.INTERACTIVE
     fair: dict[str, float] = {}
-    append = negated.append
-    for job in jobs[saturated:] if saturated else jobs:
+    for job in jobs[done:] if done else jobs:
         age = now - job.first_submit_at  # type: ignore[operator]  # every one known
         if not age > 0.0:  # max(0.0, age)
             age = 0.0
