@@ -76,13 +76,16 @@ _ID = attrgetter("id")
 
 def _priority_order(state: RoundState) -> list[JobRequest]:
     pending = state.snapshot.pending
-    if len({job.id for job in pending}) != len(pending):
-        return _ordered(pending, priority_scores(state))  # a repeated id: its last score for all
+    by_submit = _kept_by_submit(pending)
+    if by_submit is None:
+        if len({job.id for job in pending}) != len(pending):
+            return _ordered(pending, priority_scores(state))  # a repeated id: its last score for all
+        submits = [job.first_submit_at for job in pending]
+        # every first submit known and none NaN (nor inf - inf): those sort as the tuples compare
+        if None not in submits and not math.isnan(sum(submits)):  # type: ignore[arg-type]  # no None
+            by_submit = _by_first_submit(pending, submits)  # type: ignore[arg-type]  # no None
     factors = fairshare_factors(state.snapshot, state.types, state.gpu_type, queued_only=True)
-    submits = [job.first_submit_at for job in pending]
-    # every first submit known and none NaN (nor inf - inf): those sort as the tuples compare
-    if None not in submits and not math.isnan(sum(submits)):  # type: ignore[arg-type]  # no None
-        by_submit = _by_first_submit(pending, submits)  # type: ignore[arg-type]  # no None
+    if by_submit is not None:
         negated = _negated_scores(state, factors, by_submit)
         if not math.isnan(sum(negated)):  # the same for the scores
             # `_ordered`'s key (-score, first submit, id, ...) with unique ids: the jobs by first
@@ -93,18 +96,24 @@ def _priority_order(state: RoundState) -> list[JobRequest]:
     return [item[4] for item in keyed]
 
 
-# (pending jobs, those jobs by first submit and id) of the last `_by_first_submit`
+# (pending jobs, those jobs by first submit and id) of the last `_by_first_submit`: jobs whose
+# ids are unique and first submits known and not NaN
 _LAST_BY_SUBMIT: list[tuple[tuple[JobRequest, ...], list[JobRequest]]] = []
 
 
-def _by_first_submit(pending: tuple[JobRequest, ...], submits: list[float]) -> list[JobRequest]:
-    """``pending`` (first submits ``submits``, ids unique) by first submit, then id: the last
-    answer again for the very same jobs in the same places (a replay's ticks and still-tick
-    tests ask again with nothing arrived or started)."""
+def _kept_by_submit(pending: tuple[JobRequest, ...]) -> list[JobRequest] | None:
+    """The last `_by_first_submit` again for the very same jobs in the same places (immutable:
+    their ids and first submits passed its tests), else None.  A replay's ticks and still-tick
+    tests ask again with nothing arrived or started (56 % of static's calls on 3,000 jobs)."""
     if _LAST_BY_SUBMIT:
         last, order = _LAST_BY_SUBMIT[0]
         if last is pending or (len(last) == len(pending) and all(map(is_, last, pending))):
             return order
+    return None
+
+
+def _by_first_submit(pending: tuple[JobRequest, ...], submits: list[float]) -> list[JobRequest]:
+    """``pending`` (ids unique, first submits ``submits``, none NaN) by first submit, then id."""
     keyed = sorted(zip(submits, [job.id for job in pending], range(len(pending)), strict=True))
     order = [pending[item[2]] for item in keyed]
     _LAST_BY_SUBMIT[:] = [(pending, order)]
