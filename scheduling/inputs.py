@@ -141,20 +141,33 @@ def project_shares(specs: Sequence[ProjectSpec], *, usage: Mapping[str, float]) 
 
 
 _new = object.__new__
-# the slots of the frozen `ProjectShare`, in field order: filled directly by `ShareBuilder`
-_SHARE_SLOTS = tuple(
-    ProjectShare.__dict__[name].__set__
-    for name in ("name", "weight", "decayed_usage", "guaranteed", "borrow_limit", "borrow_limits")
-)
+
+
+class _ShareSlots:
+    """`ProjectShare`'s very slots, writable: `ShareBuilder` fills one of these and then makes
+    it a `ProjectShare` (``__class__`` assignment, allowed between classes of the same slots),
+    which gives the same object as the dataclass' ``__init__`` (that one goes through
+    ``object.__setattr__`` per field, the frozen route, several times slower)."""
+
+    __slots__ = ("name", "weight", "decayed_usage", "guaranteed", "borrow_limit", "borrow_limits")  # noqa: RUF023
+    name: str
+    weight: float
+    decayed_usage: float
+    guaranteed: tuple[tuple[str, int], ...]
+    borrow_limit: int | None
+    borrow_limits: tuple[tuple[str, int], ...]
+
+
+# a `ProjectShare` field added or moved must be mirrored above (or the assignment fails)
+assert _ShareSlots.__slots__ == ProjectShare.__slots__, "_ShareSlots must mirror ProjectShare"
 
 
 class ShareBuilder:
     """`project_shares` for one fixed list of specs, called again and again (a replay's rounds).
 
     The specs are sorted once; a project whose usage has not changed since the last call keeps
-    its `ProjectShare` object (equal anyway: it is immutable); the others are built by filling
-    the slots directly, which gives the same object as the dataclass' ``__init__`` (that one
-    goes through ``object.__setattr__`` per field, the frozen route, several times slower).
+    its `ProjectShare` object (equal anyway: it is immutable); the others are built through
+    `_ShareSlots` (a replay builds every project's share every round: its usage decays).
     """
 
     __slots__ = ("_last", "_specs")
@@ -165,7 +178,6 @@ class ShareBuilder:
 
     def shares(self, usage: Mapping[str, float]) -> tuple[ProjectShare, ...]:
         """Every spec with its decayed usage from ``usage`` (0 without history), in name order."""
-        set_name, set_weight, set_usage, set_guaranteed, set_borrow, set_borrows = _SHARE_SLOTS
         last = self._last
         get = usage.get
         for index, spec in enumerate(self._specs):
@@ -179,14 +191,15 @@ class ShareBuilder:
                     and (used != 0.0 or math.copysign(1.0, used) == math.copysign(1.0, old))
                 ):
                     continue  # the very same value: the same share
-            share = _new(ProjectShare)
-            set_name(share, spec.name)
-            set_weight(share, spec.weight)
-            set_usage(share, used)
-            set_guaranteed(share, spec.guaranteed)
-            set_borrow(share, spec.borrow_limit)
-            set_borrows(share, spec.borrow_limits)
-            last[index] = share
+            slots = _new(_ShareSlots)
+            slots.name = spec.name
+            slots.weight = spec.weight
+            slots.decayed_usage = used
+            slots.guaranteed = spec.guaranteed
+            slots.borrow_limit = spec.borrow_limit
+            slots.borrow_limits = spec.borrow_limits
+            slots.__class__ = ProjectShare  # type: ignore[assignment]  # the same slots, now frozen
+            last[index] = slots  # type: ignore[call-overload]  # a ProjectShare since the line above
         return tuple(last)  # type: ignore[arg-type]  # every entry was set above
 
 

@@ -41,12 +41,13 @@ def fairshare_factors(
     order asks for no others, and a portal may know many more projects than it queues for).
     """
     projects = snapshot.projects
-    # max(x, 0.0) of every weight and usage, exactly (a negative or NaN is rare: fixed after)
     weights: dict[str, float] = {share.name: share.weight for share in projects}
     usage: dict[str, float] = {share.name: share.decayed_usage for share in projects}
-    if not all(weight >= 0.0 for weight in weights.values()):
+    # max(x, 0.0) of every weight and usage, exactly: it changes only a value below 0.0, and
+    # ``min`` is below 0.0 or NaN whenever one is (a NaN first hides the rest: fixed then too)
+    if not min(weights.values(), default=0.0) >= 0.0:
         weights = {name: max(weight, 0.0) for name, weight in weights.items()}
-    if not all(used >= 0.0 for used in usage.values()):
+    if not min(usage.values(), default=0.0) >= 0.0:
         usage = {name: max(used, 0.0) for name, used in usage.items()}
     # each project once, in order of first appearance (a queue has far more jobs than projects)
     queued = dict.fromkeys([job.project for job in snapshot.pending])

@@ -162,7 +162,12 @@ def _next_fit_change(
     for job in snapshot.pending:
         if job.gpu_count > free_gpus and job.id not in holders:
             continue
-        estimate = estimate_of(job, estimates, config, is_predicted=False)
+        # `estimate_of`'s lookup written out (the very same job object: its kept estimate)
+        entry = estimates.get(job.id)
+        if entry is not None and entry[0] is job:
+            estimate = entry[1]
+        else:
+            estimate = estimate_of(job, estimates, config, is_predicted=False)
         made_of.add((estimate.p50_s, estimate.hold_s, job.requested_s))
     durations: set[float] = set()
     for p50_s, hold_s, requested_s in made_of:
