@@ -157,7 +157,7 @@ class Round:
             index, nodes = self.state.node_index, self.state.nodes
             partition = frozenset(index[n] for n in set(names) if n in index)
             found = derived[key] = (partition, frozenset(g for i in partition for g in nodes[i].gpu_ids))
-        return found  # type: ignore[no-any-return]  # ``derived`` holds any caller's values
+        return found
 
     def _pinned_by_type(self) -> dict[str, int]:
         """GPUs per type held by work sessions cannot take back (batch work without consent
