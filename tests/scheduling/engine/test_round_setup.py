@@ -76,10 +76,11 @@ def test_hold_each_leaves_the_pool_as_holding_one_gpu_at_a_time(seed: int) -> No
     for gpu_count in (1, 3, 4, 8, 12):
         for until in (NOW + 500.0, NOW + 5_000.0):
             for lent in (False, True):
-                query = {"until": until, "is_lent": lent, "is_checkpointing": lent}
-                assert at_once.find(["T4", "A100"], gpu_count, **query) == one_by_one.find(
-                    ["T4", "A100"], gpu_count, **query
-                )
+                found = [
+                    pool.find(["T4", "A100"], gpu_count, until=until, is_lent=lent, is_checkpointing=lent)
+                    for pool in (at_once, one_by_one)
+                ]
+                assert found[0] == found[1]
 
 
 @pytest.mark.parametrize("seed", range(30))
