@@ -143,6 +143,7 @@ class Topology:
     """
 
     __slots__ = (
+        "_type_counts",
         "all_gpus",
         "by_type",
         "derived",
@@ -191,9 +192,26 @@ class Topology:
         # anything else derived from the nodes alone that callers want to keep across rounds
         # (key: a tuple starting with the caller's name); bounded by what callers ask for
         self.derived: dict[tuple[Any, ...], Any] = {}
+        self._type_counts: dict[tuple[int, ...], tuple[tuple[str, int], ...]] = {}
+
+    def type_counts(self, gpu_ids: tuple[int, ...]) -> tuple[tuple[str, int], ...]:
+        """(GPU type, how many of ``gpu_ids`` are of it), types in the order the ids first name
+        them ("" for a GPU of no node); kept per id tuple: running jobs come back every round."""
+        found = self._type_counts.get(gpu_ids)
+        if found is None:
+            counts: dict[str, int] = {}
+            type_of = self.gpu_type.get
+            for gpu in gpu_ids:
+                name = type_of(gpu, "")
+                counts[name] = counts.get(name, 0) + 1
+            if len(self._type_counts) >= _TYPE_COUNTS_MAX:
+                self._type_counts.clear()
+            found = self._type_counts[gpu_ids] = tuple(counts.items())
+        return found
 
 
 _TOPOLOGIES: list[Topology] = []
+_TYPE_COUNTS_MAX = 1 << 16
 _TOPOLOGY_CACHE_SIZE = 8
 
 

@@ -12,6 +12,7 @@ guarantee is left", and records starts and preemptions.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from scheduling.engine.cluster import RoundState, running_ends
@@ -28,6 +29,7 @@ from scheduling.engine.types import (
     JobRequest,
     PolicyConfig,
     PreemptAction,
+    ProjectShare,
     RunningJob,
     StartAction,
 )
@@ -166,11 +168,11 @@ class Round:
         if self.pool_forecast is None:
             return pinned
         state = self.state
+        type_counts = state.topology.type_counts
         for running in state.snapshot.running:
             if running.job.kind == JobKind.BATCH and not is_consenting(running):
-                for gpu in running.gpu_ids:
-                    name = state.gpu_type.get(gpu, "")
-                    pinned[name] = pinned.get(name, 0) + 1
+                for name, count in type_counts(running.gpu_ids):
+                    pinned[name] = pinned.get(name, 0) + count
         return pinned
 
     def _pools(self, free: set[int], *, has_partition: bool) -> tuple[FreePool, FreePool]:
@@ -313,7 +315,10 @@ class Round:
 
     def _init_quotas(self) -> None:
         state = self.state
-        self.shares = {share.name: share for share in state.snapshot.projects}
+        projects = state.snapshot.projects
+        self.shares: dict[str, ProjectShare] = dict(
+            zip(map(attrgetter("name"), projects), projects, strict=True)
+        )
         self._limits: dict[str, int | None] = {}  # `limit` per project (the shares are fixed)
         self.used: dict[str, int] = {}
         self.guaranteed_used: dict[tuple[str, str], int] = {}
@@ -324,17 +329,17 @@ class Round:
             for share in self.shares.values()
         )
         used, used_by_type, guaranteed_used = self.used, self.used_by_type, self.guaranteed_used
-        type_of = state.gpu_type.get
+        type_counts = state.topology.type_counts
         for running in state.snapshot.running:
             project = running.job.project
             gpu_ids = running.gpu_ids
             used[project] = used.get(project, 0) + len(gpu_ids)
             is_guaranteed = has_quotas and not running.is_preemptible
-            for gpu in gpu_ids:
-                key = (project, type_of(gpu, ""))
-                used_by_type[key] = used_by_type.get(key, 0) + 1
+            for name, count in type_counts(gpu_ids):
+                key = (project, name)
+                used_by_type[key] = used_by_type.get(key, 0) + count
                 if is_guaranteed:
-                    guaranteed_used[key] = guaranteed_used.get(key, 0) + 1
+                    guaranteed_used[key] = guaranteed_used.get(key, 0) + count
 
     def limit(self, project: str) -> int | None:
         """A project's total GPU limit (guaranteed + borrowable), None without one."""

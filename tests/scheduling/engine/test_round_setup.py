@@ -16,8 +16,10 @@ import pytest
 
 from scheduling.engine import plan_round
 from scheduling.engine.placement import INF, FreePool, Hold
+from scheduling.engine.policies.berth import BERTH
+from scheduling.engine.round import Round
 from scheduling.engine.stages import reserve
-from scheduling.engine.types import Booking, JobKind, PolicyConfig
+from scheduling.engine.types import Booking, JobKind, PolicyConfig, ProjectShare
 from tests.scheduling.engine.conftest import job, make_nodes, running, snapshot
 
 NOW = 100_000.0
@@ -193,3 +195,32 @@ def test_recorded_bookings_follow_the_lead_and_the_grace(policy: str) -> None:
     for t, config, plan in warm:
         reserve._PLACED.clear()
         assert plan_round(snap, config, NOW + t) == plan, (t, config.booking_lead_s, config.grace_s)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_quota_counts_per_type_are_those_of_each_gpu(seed: int) -> None:
+    # `Topology.type_counts` (kept per GPU-id tuple) against a count GPU by GPU: jobs spanning
+    # both types, GPUs of no node, the same GPUs in two rounds
+    rng = random.Random(seed)
+    nodes = make_nodes(3, 4, gpu_type="T4") + make_nodes(2, 8, gpu_type="A100", first_gpu=12, prefix="a")
+    shares = (ProjectShare(name="p0", guaranteed=(("T4", 2),)), ProjectShare(name="p1"))
+    config = PolicyConfig(name="berth")
+    for _round in range(2):
+        gpus = rng.sample([*range(28), 40, 41], 24)
+        runs = []
+        while gpus:
+            taken, gpus = gpus[: rng.randint(1, 5)], gpus[5:]
+            request = job(f"r{len(runs)}", len(taken), project=rng.choice(["p0", "p1"]))
+            runs.append(running(request, taken, started_at=NOW - 60.0, is_preemptible=rng.random() < 0.3))
+        snap = snapshot(nodes, running_jobs=runs, projects=shares)
+        rnd = Round(snap, config, NOW, BERTH)
+        used_by_type: dict[tuple[str, str], int] = {}
+        guaranteed: dict[tuple[str, str], int] = {}
+        for run in runs:
+            for gpu in run.gpu_ids:
+                key = (run.job.project, rnd.state.gpu_type.get(gpu, ""))
+                used_by_type[key] = used_by_type.get(key, 0) + 1
+                if not run.is_preemptible:
+                    guaranteed[key] = guaranteed.get(key, 0) + 1
+        assert list(rnd.used_by_type.items()) == list(used_by_type.items())
+        assert list(rnd.guaranteed_used.items()) == list(guaranteed.items())
