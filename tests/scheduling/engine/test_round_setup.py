@@ -224,3 +224,16 @@ def test_quota_counts_per_type_are_those_of_each_gpu(seed: int) -> None:
                     guaranteed[key] = guaranteed.get(key, 0) + 1
         assert list(rnd.used_by_type.items()) == list(used_by_type.items())
         assert list(rnd.guaranteed_used.items()) == list(guaranteed.items())
+
+
+def test_the_pool_forecast_follows_the_policys_entries() -> None:
+    # `PoolForecast.of` keeps the last forecast while the very same entries come back
+    from scheduling.engine.pool import PoolForecast
+
+    first = ((0.0, "*", 2), (3_600.0, "*", 5), (3_600.0, "A100", 1))
+    second = ((0.0, "*", 1), (7_200.0, "T4", 3))
+    for entries in (first, second, first, (*first,), ()):
+        forecast = PoolForecast.of(PolicyConfig(name="berth", interactive_pool=entries))
+        assert forecast == (PoolForecast.build(entries) if entries else None)
+    policy = PolicyConfig(name="berth", interactive_pool=second)
+    assert PoolForecast.of(policy) is PoolForecast.of(policy)
