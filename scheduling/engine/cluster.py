@@ -143,7 +143,7 @@ class Topology:
     """
 
     __slots__ = (
-        "_type_counts",
+        "_of_gpus",
         "all_gpus",
         "by_type",
         "derived",
@@ -192,26 +192,39 @@ class Topology:
         # anything else derived from the nodes alone that callers want to keep across rounds
         # (key: a tuple starting with the caller's name); bounded by what callers ask for
         self.derived: dict[tuple[Any, ...], Any] = {}
-        self._type_counts: dict[tuple[int, ...], tuple[tuple[str, int], ...]] = {}
+        # GPU ids -> (`type_counts`, `nodes_of`) of them: running jobs come back every round
+        self._of_gpus: dict[tuple[int, ...], tuple[tuple[tuple[str, int], ...], tuple[int, ...]]] = {}
 
     def type_counts(self, gpu_ids: tuple[int, ...]) -> tuple[tuple[str, int], ...]:
         """(GPU type, how many of ``gpu_ids`` are of it), types in the order the ids first name
-        them ("" for a GPU of no node); kept per id tuple: running jobs come back every round."""
-        found = self._type_counts.get(gpu_ids)
-        if found is None:
-            counts: dict[str, int] = {}
-            type_of = self.gpu_type.get
-            for gpu in gpu_ids:
-                name = type_of(gpu, "")
-                counts[name] = counts.get(name, 0) + 1
-            if len(self._type_counts) >= _TYPE_COUNTS_MAX:
-                self._type_counts.clear()
-            found = self._type_counts[gpu_ids] = tuple(counts.items())
+        them ("" for a GPU of no node)."""
+        found = self._of_gpus.get(gpu_ids)
+        return (found or self._gpu_facts(gpu_ids))[0]
+
+    def nodes_of(self, gpu_ids: tuple[int, ...]) -> tuple[int, ...]:
+        """The node indexes of ``gpu_ids``, each once, in the order the ids first name them
+        (GPUs of no node left out)."""
+        found = self._of_gpus.get(gpu_ids)
+        return (found or self._gpu_facts(gpu_ids))[1]
+
+    def _gpu_facts(self, gpu_ids: tuple[int, ...]) -> tuple[tuple[tuple[str, int], ...], tuple[int, ...]]:
+        counts: dict[str, int] = {}
+        nodes: dict[int, None] = {}
+        type_of, node_of = self.gpu_type.get, self.gpu_node.get
+        for gpu in gpu_ids:
+            name = type_of(gpu, "")
+            counts[name] = counts.get(name, 0) + 1
+            node = node_of(gpu)
+            if node is not None:
+                nodes[node] = None
+        if len(self._of_gpus) >= _OF_GPUS_MAX:
+            self._of_gpus.clear()
+        found = self._of_gpus[gpu_ids] = (tuple(counts.items()), tuple(nodes))
         return found
 
 
 _TOPOLOGIES: list[Topology] = []
-_TYPE_COUNTS_MAX = 1 << 16
+_OF_GPUS_MAX = 1 << 16
 _TOPOLOGY_CACHE_SIZE = 8
 
 

@@ -15,11 +15,14 @@ import random
 import pytest
 
 from scheduling.engine import plan_round
+from scheduling.engine.cluster import estimates_by_job, running_ends_from
+from scheduling.engine.fragmentation import DrainAwareChooser
 from scheduling.engine.placement import INF, FreePool, Hold
 from scheduling.engine.policies.berth import BERTH
+from scheduling.engine.preemption import is_consenting
 from scheduling.engine.round import Round
 from scheduling.engine.stages import reserve
-from scheduling.engine.types import Booking, JobKind, PolicyConfig, ProjectShare
+from scheduling.engine.types import Booking, JobKind, PolicyConfig, ProjectShare, RunningJob
 from tests.scheduling.engine.conftest import job, make_nodes, running, snapshot
 
 NOW = 100_000.0
@@ -207,11 +210,14 @@ def test_quota_counts_per_type_are_those_of_each_gpu(seed: int) -> None:
     config = PolicyConfig(name="berth")
     for _round in range(2):
         gpus = rng.sample([*range(28), 40, 41], 24)
-        runs = []
+        runs: list[RunningJob] = []
         while gpus:
-            taken, gpus = gpus[: rng.randint(1, 5)], gpus[5:]
+            size = rng.randint(1, 5)
+            taken, gpus = gpus[:size], gpus[size:]
+            taken += rng.sample(taken, rng.randint(0, 1))  # a GPU named twice
             request = job(f"r{len(runs)}", len(taken), project=rng.choice(["p0", "p1"]))
-            runs.append(running(request, taken, started_at=NOW - 60.0, is_preemptible=rng.random() < 0.3))
+            started_at = NOW - rng.choice([60.0, 5_000.0])  # some past their p50
+            runs.append(running(request, taken, started_at=started_at, is_preemptible=rng.random() < 0.3))
         snap = snapshot(nodes, running_jobs=runs, projects=shares)
         rnd = Round(snap, config, NOW, BERTH)
         used_by_type: dict[tuple[str, str], int] = {}
@@ -224,6 +230,27 @@ def test_quota_counts_per_type_are_those_of_each_gpu(seed: int) -> None:
                     guaranteed[key] = guaranteed.get(key, 0) + 1
         assert list(rnd.used_by_type.items()) == list(used_by_type.items())
         assert list(rnd.guaranteed_used.items()) == list(guaranteed.items())
+        _assert_drain_of_each_gpu(rnd)
+
+
+def _assert_drain_of_each_gpu(rnd: Round) -> None:
+    """`DrainAwareChooser`'s drain times and pinned nodes (once per node, `Topology.nodes_of`)
+    against a pass GPU by GPU."""
+    state = rnd.state
+    predicted = estimates_by_job(state.policy, is_predicted=True)
+    drain: dict[int, float] = {}
+    pinned: list[int] = []
+    for run in state.snapshot.running:
+        end = running_ends_from(run, NOW, state.policy, True, predicted)[0]
+        for gpu in run.gpu_ids:
+            node = state.gpu_node.get(gpu)
+            if node is not None and drain.get(node, NOW) < end:
+                drain[node] = end
+            if node is not None and not is_consenting(run) and node not in pinned:
+                pinned.append(node)
+    chooser = DrainAwareChooser(state, {})
+    assert list(chooser._drain.items()) == list(drain.items())
+    assert chooser._pinned == set(pinned)
 
 
 def test_the_pool_forecast_follows_the_policys_entries() -> None:
