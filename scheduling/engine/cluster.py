@@ -135,6 +135,10 @@ def running_ends_from(
     return now + min(remaining_p50, remaining_hold), now + remaining_hold
 
 
+# (GPUs per type, node indexes) of a tuple of GPU ids (`Topology.gpu_facts`)
+GpuFacts = tuple[tuple[tuple[str, int], ...], tuple[int, ...]]
+
+
 class Topology:
     """Indexes that depend only on the node and type tuples of a snapshot.
 
@@ -143,7 +147,6 @@ class Topology:
     """
 
     __slots__ = (
-        "_of_gpus",
         "all_gpus",
         "by_type",
         "derived",
@@ -154,6 +157,7 @@ class Topology:
         "node_index",
         "node_types",
         "nodes",
+        "of_gpus",
         "schedulable",
         "type_order",
         "types",
@@ -192,22 +196,15 @@ class Topology:
         # anything else derived from the nodes alone that callers want to keep across rounds
         # (key: a tuple starting with the caller's name); bounded by what callers ask for
         self.derived: dict[tuple[Any, ...], Any] = {}
-        # GPU ids -> (`type_counts`, `nodes_of`) of them: running jobs come back every round
-        self._of_gpus: dict[tuple[int, ...], tuple[tuple[tuple[str, int], ...], tuple[int, ...]]] = {}
+        # GPU ids -> their `gpu_facts`, kept: running jobs come back every round (callers read
+        # it first, ``of_gpus.get(ids) or gpu_facts(ids)``: a method call per job would cost
+        # what it saves on one-GPU jobs)
+        self.of_gpus: dict[tuple[int, ...], GpuFacts] = {}
 
-    def type_counts(self, gpu_ids: tuple[int, ...]) -> tuple[tuple[str, int], ...]:
-        """(GPU type, how many of ``gpu_ids`` are of it), types in the order the ids first name
-        them ("" for a GPU of no node)."""
-        found = self._of_gpus.get(gpu_ids)
-        return (found or self._gpu_facts(gpu_ids))[0]
-
-    def nodes_of(self, gpu_ids: tuple[int, ...]) -> tuple[int, ...]:
-        """The node indexes of ``gpu_ids``, each once, in the order the ids first name them
-        (GPUs of no node left out)."""
-        found = self._of_gpus.get(gpu_ids)
-        return (found or self._gpu_facts(gpu_ids))[1]
-
-    def _gpu_facts(self, gpu_ids: tuple[int, ...]) -> tuple[tuple[tuple[str, int], ...], tuple[int, ...]]:
+    def gpu_facts(self, gpu_ids: tuple[int, ...]) -> GpuFacts:
+        """Of ``gpu_ids``: ((GPU type, how many are of it), ...) with "" for a GPU of no node,
+        and their node indexes, each once (GPUs of no node left out); both in the order the ids
+        first name them.  Kept in ``of_gpus``."""
         counts: dict[str, int] = {}
         nodes: dict[int, None] = {}
         type_of, node_of = self.gpu_type.get, self.gpu_node.get
@@ -217,9 +214,9 @@ class Topology:
             node = node_of(gpu)
             if node is not None:
                 nodes[node] = None
-        if len(self._of_gpus) >= _OF_GPUS_MAX:
-            self._of_gpus.clear()
-        found = self._of_gpus[gpu_ids] = (tuple(counts.items()), tuple(nodes))
+        if len(self.of_gpus) >= _OF_GPUS_MAX:
+            self.of_gpus.clear()
+        found = self.of_gpus[gpu_ids] = (tuple(counts.items()), tuple(nodes))
         return found
 
 

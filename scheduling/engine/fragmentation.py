@@ -83,14 +83,15 @@ class DrainAwareChooser:
         drain: dict[int, float] = {}
         policy = state.policy
         predicted = estimates_by_job(policy, is_predicted=True)
-        nodes_of = state.topology.nodes_of
+        of_gpus, gpu_facts = state.topology.of_gpus.get, state.topology.gpu_facts
         for running in state.snapshot.running:
             if running.grace_until is not None:
                 end = max(running.grace_until, now)
             else:
                 end = running_ends_from(running, now, policy, True, predicted)[0]
             # once per node (its other GPUs would compare the same end again)
-            nodes = nodes_of(running.gpu_ids)
+            gpu_ids = running.gpu_ids
+            nodes = (of_gpus(gpu_ids) or gpu_facts(gpu_ids))[1]
             for node in nodes:
                 if drain.get(node, now) < end:
                     drain[node] = end

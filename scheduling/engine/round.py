@@ -168,10 +168,11 @@ class Round:
         if self.pool_forecast is None:
             return pinned
         state = self.state
-        type_counts = state.topology.type_counts
+        of_gpus, gpu_facts = state.topology.of_gpus.get, state.topology.gpu_facts
         for running in state.snapshot.running:
             if running.job.kind == JobKind.BATCH and not is_consenting(running):
-                for name, count in type_counts(running.gpu_ids):
+                gpu_ids = running.gpu_ids
+                for name, count in (of_gpus(gpu_ids) or gpu_facts(gpu_ids))[0]:
                     pinned[name] = pinned.get(name, 0) + count
         return pinned
 
@@ -329,13 +330,13 @@ class Round:
             for share in self.shares.values()
         )
         used, used_by_type, guaranteed_used = self.used, self.used_by_type, self.guaranteed_used
-        type_counts = state.topology.type_counts
+        of_gpus, gpu_facts = state.topology.of_gpus.get, state.topology.gpu_facts
         for running in state.snapshot.running:
             project = running.job.project
             gpu_ids = running.gpu_ids
             used[project] = used.get(project, 0) + len(gpu_ids)
             is_guaranteed = has_quotas and not running.is_preemptible
-            for name, count in type_counts(gpu_ids):
+            for name, count in (of_gpus(gpu_ids) or gpu_facts(gpu_ids))[0]:
                 key = (project, name)
                 used_by_type[key] = used_by_type.get(key, 0) + count
                 if is_guaranteed:

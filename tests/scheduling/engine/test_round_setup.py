@@ -202,7 +202,7 @@ def test_recorded_bookings_follow_the_lead_and_the_grace(policy: str) -> None:
 
 @pytest.mark.parametrize("seed", range(10))
 def test_quota_counts_per_type_are_those_of_each_gpu(seed: int) -> None:
-    # `Topology.type_counts` (kept per GPU-id tuple) against a count GPU by GPU: jobs spanning
+    # `Topology.gpu_facts` (kept per GPU-id tuple) against a count GPU by GPU: jobs spanning
     # both types, GPUs of no node, the same GPUs in two rounds
     rng = random.Random(seed)
     nodes = make_nodes(3, 4, gpu_type="T4") + make_nodes(2, 8, gpu_type="A100", first_gpu=12, prefix="a")
@@ -234,7 +234,7 @@ def test_quota_counts_per_type_are_those_of_each_gpu(seed: int) -> None:
 
 
 def _assert_drain_of_each_gpu(rnd: Round) -> None:
-    """`DrainAwareChooser`'s drain times and pinned nodes (once per node, `Topology.nodes_of`)
+    """`DrainAwareChooser`'s drain times and pinned nodes (once per node, `Topology.gpu_facts`)
     against a pass GPU by GPU."""
     state = rnd.state
     predicted = estimates_by_job(state.policy, is_predicted=True)
