@@ -135,10 +135,6 @@ def running_ends_from(
     return now + min(remaining_p50, remaining_hold), now + remaining_hold
 
 
-# (GPUs per type, node indexes) of a tuple of GPU ids (`Topology.gpu_facts`)
-GpuFacts = tuple[tuple[tuple[str, int], ...], tuple[int, ...]]
-
-
 class Topology:
     """Indexes that depend only on the node and type tuples of a snapshot.
 
@@ -157,7 +153,6 @@ class Topology:
         "node_index",
         "node_types",
         "nodes",
-        "of_gpus",
         "schedulable",
         "type_order",
         "types",
@@ -196,32 +191,9 @@ class Topology:
         # anything else derived from the nodes alone that callers want to keep across rounds
         # (key: a tuple starting with the caller's name); bounded by what callers ask for
         self.derived: dict[tuple[Any, ...], Any] = {}
-        # GPU ids -> their `gpu_facts`, kept: running jobs come back every round (callers read
-        # it first, ``of_gpus.get(ids) or gpu_facts(ids)``: a method call per job would cost
-        # what it saves on one-GPU jobs)
-        self.of_gpus: dict[tuple[int, ...], GpuFacts] = {}
-
-    def gpu_facts(self, gpu_ids: tuple[int, ...]) -> GpuFacts:
-        """Of ``gpu_ids``: ((GPU type, how many are of it), ...) with "" for a GPU of no node,
-        and their node indexes, each once (GPUs of no node left out); both in the order the ids
-        first name them.  Kept in ``of_gpus``."""
-        counts: dict[str, int] = {}
-        nodes: dict[int, None] = {}
-        type_of, node_of = self.gpu_type.get, self.gpu_node.get
-        for gpu in gpu_ids:
-            name = type_of(gpu, "")
-            counts[name] = counts.get(name, 0) + 1
-            node = node_of(gpu)
-            if node is not None:
-                nodes[node] = None
-        if len(self.of_gpus) >= _OF_GPUS_MAX:
-            self.of_gpus.clear()
-        found = self.of_gpus[gpu_ids] = (tuple(counts.items()), tuple(nodes))
-        return found
 
 
 _TOPOLOGIES: list[Topology] = []
-_OF_GPUS_MAX = 1 << 16
 _TOPOLOGY_CACHE_SIZE = 8
 
 

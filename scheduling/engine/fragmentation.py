@@ -68,7 +68,7 @@ class DrainAwareChooser:
     def __init__(self, state: RoundState, active_bookings: Mapping[int, Booking]) -> None:
         """Drain times from the snapshot; the round reports its own starts (`note_start`)."""
         self._now = now = state.now
-        self._gpu_node = state.gpu_node
+        self._gpu_node = gpu_node = state.gpu_node
         # the same for every round of one inventory: kept on the (shared) topology
         derived = state.topology.derived
         node_gpus = derived.get(("drain_node_gpus",))
@@ -83,24 +83,24 @@ class DrainAwareChooser:
         drain: dict[int, float] = {}
         policy = state.policy
         predicted = estimates_by_job(policy, is_predicted=True)
-        of_gpus, gpu_facts = state.topology.of_gpus.get, state.topology.gpu_facts
         for running in state.snapshot.running:
             if running.grace_until is not None:
                 end = max(running.grace_until, now)
             else:
                 end = running_ends_from(running, now, policy, True, predicted)[0]
-            # once per node (its other GPUs would compare the same end again)
-            gpu_ids = running.gpu_ids
-            nodes = (of_gpus(gpu_ids) or gpu_facts(gpu_ids))[1]
-            for node in nodes:
+            is_pinning = not is_consenting(running)
+            for gpu in running.gpu_ids:
+                node = gpu_node.get(gpu)
+                if node is None:
+                    continue
                 if drain.get(node, now) < end:
                     drain[node] = end
-            if not is_consenting(running):
-                pinned.update(nodes)
+                if is_pinning:
+                    pinned.add(node)
         for gpu, booking in active_bookings.items():
-            booked = self._gpu_node.get(gpu)
-            if booked is not None and drain.get(booked, now) < booking.end_at:
-                drain[booked] = booking.end_at
+            node = self._gpu_node.get(gpu)
+            if node is not None and drain.get(node, now) < booking.end_at:
+                drain[node] = booking.end_at
         self._drain = drain
 
     def note_start(self, gpus: Sequence[int], *, is_lent: bool, end_at: float) -> None:

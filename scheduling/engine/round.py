@@ -168,12 +168,11 @@ class Round:
         if self.pool_forecast is None:
             return pinned
         state = self.state
-        of_gpus, gpu_facts = state.topology.of_gpus.get, state.topology.gpu_facts
         for running in state.snapshot.running:
             if running.job.kind == JobKind.BATCH and not is_consenting(running):
-                gpu_ids = running.gpu_ids
-                for name, count in (of_gpus(gpu_ids) or gpu_facts(gpu_ids))[0]:
-                    pinned[name] = pinned.get(name, 0) + count
+                for gpu in running.gpu_ids:
+                    name = state.gpu_type.get(gpu, "")
+                    pinned[name] = pinned.get(name, 0) + 1
         return pinned
 
     def _pools(self, free: set[int], *, has_partition: bool) -> tuple[FreePool, FreePool]:
@@ -330,17 +329,17 @@ class Round:
             for share in self.shares.values()
         )
         used, used_by_type, guaranteed_used = self.used, self.used_by_type, self.guaranteed_used
-        of_gpus, gpu_facts = state.topology.of_gpus.get, state.topology.gpu_facts
+        type_of = state.gpu_type.get
         for running in state.snapshot.running:
             project = running.job.project
             gpu_ids = running.gpu_ids
             used[project] = used.get(project, 0) + len(gpu_ids)
             is_guaranteed = has_quotas and not running.is_preemptible
-            for name, count in (of_gpus(gpu_ids) or gpu_facts(gpu_ids))[0]:
-                key = (project, name)
-                used_by_type[key] = used_by_type.get(key, 0) + count
+            for gpu in gpu_ids:
+                key = (project, type_of(gpu, ""))
+                used_by_type[key] = used_by_type.get(key, 0) + 1
                 if is_guaranteed:
-                    guaranteed_used[key] = guaranteed_used.get(key, 0) + count
+                    guaranteed_used[key] = guaranteed_used.get(key, 0) + 1
 
     def limit(self, project: str) -> int | None:
         """A project's total GPU limit (guaranteed + borrowable), None without one."""

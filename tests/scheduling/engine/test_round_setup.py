@@ -5,7 +5,8 @@
 * `reserve.booking_holds` merges each GPU's booking holds first; holding them once leaves the
   pools as holding the bookings one by one did;
 * `reserve.place_bookings` reuses what it recorded for the same booking objects, lead, grace
-  and started/over counts (`reserve._PLACED`): a warm cache gives the plans of a cold one.
+  and started/over counts (`reserve._PLACED`): a warm cache gives the plans of a cold one;
+* `PoolForecast.of` keeps the forecast of the last ``interactive_pool`` tuple.
 """
 
 from __future__ import annotations
@@ -15,14 +16,9 @@ import random
 import pytest
 
 from scheduling.engine import plan_round
-from scheduling.engine.cluster import estimates_by_job, running_ends_from
-from scheduling.engine.fragmentation import DrainAwareChooser
 from scheduling.engine.placement import INF, FreePool, Hold
-from scheduling.engine.policies.berth import BERTH
-from scheduling.engine.preemption import is_consenting
-from scheduling.engine.round import Round
 from scheduling.engine.stages import reserve
-from scheduling.engine.types import Booking, JobKind, PolicyConfig, ProjectShare, RunningJob
+from scheduling.engine.types import Booking, JobKind, PolicyConfig
 from tests.scheduling.engine.conftest import job, make_nodes, running, snapshot
 
 NOW = 100_000.0
@@ -198,59 +194,6 @@ def test_recorded_bookings_follow_the_lead_and_the_grace(policy: str) -> None:
     for t, config, plan in warm:
         reserve._PLACED.clear()
         assert plan_round(snap, config, NOW + t) == plan, (t, config.booking_lead_s, config.grace_s)
-
-
-@pytest.mark.parametrize("seed", range(10))
-def test_quota_counts_per_type_are_those_of_each_gpu(seed: int) -> None:
-    # `Topology.gpu_facts` (kept per GPU-id tuple) against a count GPU by GPU: jobs spanning
-    # both types, GPUs of no node, the same GPUs in two rounds
-    rng = random.Random(seed)
-    nodes = make_nodes(3, 4, gpu_type="T4") + make_nodes(2, 8, gpu_type="A100", first_gpu=12, prefix="a")
-    shares = (ProjectShare(name="p0", guaranteed=(("T4", 2),)), ProjectShare(name="p1"))
-    config = PolicyConfig(name="berth")
-    for _round in range(2):
-        gpus = rng.sample([*range(28), 40, 41], 24)
-        runs: list[RunningJob] = []
-        while gpus:
-            size = rng.randint(1, 5)
-            taken, gpus = gpus[:size], gpus[size:]
-            taken += rng.sample(taken, rng.randint(0, 1))  # a GPU named twice
-            request = job(f"r{len(runs)}", len(taken), project=rng.choice(["p0", "p1"]))
-            started_at = NOW - rng.choice([60.0, 5_000.0])  # some past their p50
-            runs.append(running(request, taken, started_at=started_at, is_preemptible=rng.random() < 0.3))
-        snap = snapshot(nodes, running_jobs=runs, projects=shares)
-        rnd = Round(snap, config, NOW, BERTH)
-        used_by_type: dict[tuple[str, str], int] = {}
-        guaranteed: dict[tuple[str, str], int] = {}
-        for run in runs:
-            for gpu in run.gpu_ids:
-                key = (run.job.project, rnd.state.gpu_type.get(gpu, ""))
-                used_by_type[key] = used_by_type.get(key, 0) + 1
-                if not run.is_preemptible:
-                    guaranteed[key] = guaranteed.get(key, 0) + 1
-        assert list(rnd.used_by_type.items()) == list(used_by_type.items())
-        assert list(rnd.guaranteed_used.items()) == list(guaranteed.items())
-        _assert_drain_of_each_gpu(rnd)
-
-
-def _assert_drain_of_each_gpu(rnd: Round) -> None:
-    """`DrainAwareChooser`'s drain times and pinned nodes (once per node, `Topology.gpu_facts`)
-    against a pass GPU by GPU."""
-    state = rnd.state
-    predicted = estimates_by_job(state.policy, is_predicted=True)
-    drain: dict[int, float] = {}
-    pinned: list[int] = []
-    for run in state.snapshot.running:
-        end = running_ends_from(run, NOW, state.policy, True, predicted)[0]
-        for gpu in run.gpu_ids:
-            node = state.gpu_node.get(gpu)
-            if node is not None and drain.get(node, NOW) < end:
-                drain[node] = end
-            if node is not None and not is_consenting(run) and node not in pinned:
-                pinned.append(node)
-    chooser = DrainAwareChooser(state, {})
-    assert list(chooser._drain.items()) == list(drain.items())
-    assert chooser._pinned == set(pinned)
 
 
 def test_the_pool_forecast_follows_the_policys_entries() -> None:
