@@ -8,7 +8,7 @@ use a reserved GPU only if it leaves it by the shadow time.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 INF = float("inf")
@@ -23,7 +23,7 @@ class Shadow:
     gpu_ids: tuple[int, ...]
 
 
-def first_gap(base: float, duration_s: float, windows: list[Window] | None) -> float:
+def first_gap(base: float, duration_s: float, windows: Sequence[Window] | None) -> float:
     """Earliest time >= ``base`` at which ``duration_s`` fits between booking windows."""
     if not windows:
         return base
@@ -43,7 +43,7 @@ def earliest_start(
     gpu_count: int,
     is_single_node: bool,
     duration_s: float,
-    windows: dict[int, list[Window]],
+    windows: Mapping[int, Sequence[Window]],
 ) -> Shadow | None:
     """Earliest (start, GPUs) for a gang of ``gpu_count`` over the given nodes, or None.
 
@@ -88,7 +88,7 @@ def _earliest_one(
     node_gpus: Iterable[tuple[int, tuple[int, ...]]],
     available: dict[int, float],
     duration_s: float,
-    windows: dict[int, list[Window]],
+    windows: Mapping[int, Sequence[Window]],
 ) -> Shadow | None:
     """`earliest_start` of one GPU, without a sort per node: the earliest GPU, ties to the
     earlier node and then the lower GPU id (what the general single-node search picks)."""

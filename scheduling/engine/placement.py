@@ -288,6 +288,48 @@ class FreePool:
                 held[gpu] = merged
                 groups.setdefault(merged, set()).add(gpu)
 
+    def hold_each(self, holds: Iterable[tuple[int, Hold]]) -> None:
+        """`hold` ([gpu], hold) for each pair in order, as one change of the pool (non-free GPUs
+        are ignored): the pool ends as after those calls, and a caller holding many GPUs under
+        many holds (bookings, every round) saves the per-call work."""
+        self._memo.clear()
+        self.holds += 1
+        free, held, gpu_node, node_types = self._free, self._held, self._gpu_node, self._node_type
+        type_plain, plain, buckets_of, held_nodes = (
+            self._type_plain,
+            self._plain,
+            self._buckets,
+            self._held_nodes,
+        )
+        # id(hold) -> (type, its group): hashing a Hold is not free (each hold is alive in ``holds``)
+        own_group: dict[int, tuple[str, set[int]]] = {}
+        for gpu, hold in holds:
+            node = gpu_node.get(gpu)
+            if node is None:
+                continue
+            node_free = free.get(node)
+            if node_free is None or gpu not in node_free:
+                continue
+            if gpu in held:
+                own_group.clear()  # the merge may drop or replace a group
+                self.hold((gpu,), hold)
+                continue
+            name = node_types[node]
+            type_plain[name] -= 1
+            # `_move` to one plain GPU fewer
+            buckets = buckets_of[name]
+            count = plain[node]
+            buckets[count].discard(node)
+            plain[node] = count - 1
+            if count > 1:
+                buckets[count - 1].add(node)
+            held_nodes[name].add(node)
+            found = own_group.get(id(hold))
+            if found is None or found[0] != name:
+                found = own_group[id(hold)] = (name, self._groups[name].setdefault(hold, set()))
+            found[1].add(gpu)
+            held[gpu] = hold
+
     def _move(self, node: int, name: str, count: int) -> None:
         buckets = self._buckets[name]
         buckets[self._plain[node]].discard(node)

@@ -49,13 +49,26 @@ class PoolForecast:
 
     @staticmethod
     def of(policy: PolicyConfig) -> PoolForecast | None:
-        """The forecast of a policy, or None when it has none."""
-        if not policy.interactive_pool:
+        """The forecast of a policy, or None when it has none; the same (immutable) forecast
+        again while the very same ``interactive_pool`` comes back (a replay changes it hourly
+        and plans many rounds in between)."""
+        entries = policy.interactive_pool
+        if not entries:
             return None
-        starts = tuple(sorted({at for at, _name, _gpus in policy.interactive_pool}))
+        last = _LAST[0]
+        if last is not None and last[0] is entries:  # the entry keeps ``entries`` alive
+            return last[1]
+        found = PoolForecast.build(entries)
+        _LAST[0] = (entries, found)
+        return found
+
+    @staticmethod
+    def build(entries: tuple[tuple[float, str, int], ...]) -> PoolForecast:
+        """The forecast of ``interactive_pool`` entries (see the module docstring)."""
+        starts = tuple(sorted({at for at, _name, _gpus in entries}))
         index = {at: i for i, at in enumerate(starts)}
         levels: dict[str, list[int]] = {}
-        for at, name, gpus in policy.interactive_pool:
+        for at, name, gpus in entries:
             row = levels.setdefault(name, [0] * len(starts))
             row[index[at]] += max(0, int(gpus))
         return PoolForecast(starts=starts, levels={k: tuple(v) for k, v in levels.items()})
@@ -142,6 +155,10 @@ class PoolForecast:
             if self.peak(types, start, start + duration_s, booked=booked) <= room:
                 return start
         return None
+
+
+# the last ``interactive_pool`` asked for and its forecast (`PoolForecast.of`)
+_LAST: list[tuple[tuple[tuple[float, str, int], ...], PoolForecast] | None] = [None]
 
 
 def ends_before_rise(forecast: PoolForecast, types: Collection[str], now: float, end_at: float) -> bool:

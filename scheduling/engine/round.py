@@ -12,6 +12,7 @@ guarantee is left", and records starts and preemptions.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from scheduling.engine.cluster import RoundState, running_ends
@@ -28,6 +29,7 @@ from scheduling.engine.types import (
     JobRequest,
     PolicyConfig,
     PreemptAction,
+    ProjectShare,
     RunningJob,
     StartAction,
 )
@@ -73,16 +75,14 @@ class Round:
                 sorted(order, key=lambda n: (state.types[n].value, state.types[n].memory_gib, order.index(n)))
             )
         self.type_rank = {name: i for i, name in enumerate(order)}
-        partition = set(policy.interactive_partition) if model.has_partition else set()
-        self.partition_nodes = (
-            frozenset(state.node_index[n] for n in partition if n in state.node_index)
-            if partition
-            else frozenset()
+        # static's partition: its node indexes and their GPUs
+        self.partition_nodes, self.partition_gpus = self._partition(
+            policy.interactive_partition if model.has_partition else ()
         )
         self.schedulable = state.topology.schedulable
         # GPU -> (p50 end, hold end) of jobs started this round (for profiles and ETAs)
         self.started_end: dict[int, tuple[float, float]] = {}
-        self.windows: dict[int, list[Window]] = {}
+        self.windows: dict[int, tuple[Window, ...]] = {}
         self.booking_gpus: dict[str, tuple[int, ...]] = {}
         self.active_booking_gpu: dict[int, Booking] = {}
         self.top: JobRequest | None = None
@@ -108,13 +108,13 @@ class Round:
         topology = state.topology
         self._max_size = topology.max_size
         free = set(topology.up_gpus.difference(state.running_by_gpu))
-        reserve.place_bookings(self, free)
+        booking_holds = reserve.place_bookings(self, free)
         self._init_availability(free)
         self.drain_chooser = (
             DrainAwareChooser(state, self.active_booking_gpu) if composition.place.is_drain_aware else None
         )
         self.inter_pool, self.batch_pool = self._pools(free, has_partition=model.has_partition)
-        reserve.hold_bookings(self)
+        reserve.hold_bookings(self, booking_holds, free)
         self._init_quotas()
         if model.has_partition and model.spans_wide_jobs:
             from scheduling.engine.stages.partition import open_span  # here: it imports this module
@@ -147,6 +147,20 @@ class Round:
         while deferred:
             deferred.pop(0)(self)
 
+    def _partition(self, names: tuple[str, ...]) -> tuple[frozenset[int], frozenset[int]]:
+        """The partition's node indexes and their GPUs: the same every round of one inventory,
+        kept on the (shared) topology."""
+        if not names:
+            return frozenset(), frozenset()
+        derived = self.state.topology.derived
+        key = ("partition", names)
+        found = derived.get(key)
+        if found is None:
+            index, nodes = self.state.node_index, self.state.nodes
+            partition = frozenset(index[n] for n in set(names) if n in index)
+            found = derived[key] = (partition, frozenset(g for i in partition for g in nodes[i].gpu_ids))
+        return found
+
     def _pinned_by_type(self) -> dict[str, int]:
         """GPUs per type held by work sessions cannot take back (batch work without consent
         that did not start lent: `preemption.is_consenting`); only with a pool forecast."""
@@ -165,8 +179,7 @@ class Round:
         """(interactive pool, batch pool): the partition's free GPUs and the rest (static), else
         one pool for both."""
         if has_partition:
-            nodes = self.state.nodes
-            partition_gpus = {g for i in self.partition_nodes for g in nodes[i].gpu_ids}
+            partition_gpus = self.partition_gpus
             return self._pool(free & partition_gpus), self._pool(free - partition_gpus)
         pool = self._pool(free)
         return pool, pool
@@ -302,7 +315,10 @@ class Round:
 
     def _init_quotas(self) -> None:
         state = self.state
-        self.shares = {share.name: share for share in state.snapshot.projects}
+        projects = state.snapshot.projects
+        self.shares: dict[str, ProjectShare] = dict(
+            zip(map(attrgetter("name"), projects), projects, strict=True)
+        )
         self._limits: dict[str, int | None] = {}  # `limit` per project (the shares are fixed)
         self.used: dict[str, int] = {}
         self.guaranteed_used: dict[tuple[str, str], int] = {}

@@ -131,9 +131,7 @@ def _is_wider_than_batch(rnd: Round, job: JobRequest) -> bool:
 
 def open_span(rnd: Round) -> None:
     """Build the span pool and find the wide batch jobs of the round (module docstring)."""
-    nodes = rnd.state.nodes
-    inter_gpus = frozenset(g for i in rnd.partition_nodes for g in nodes[i].gpu_ids)
-    rnd.span_pool = SpanPool(rnd.batch_pool, rnd.inter_pool, inter_gpus, rnd)
+    rnd.span_pool = SpanPool(rnd.batch_pool, rnd.inter_pool, rnd.partition_gpus, rnd)
     if rnd.partition_nodes:
         # the answer depends on the job's constraints and size, the nodes and the partition
         # alone: kept per shape on the (shared) topology, so a long queue costs a lookup per job

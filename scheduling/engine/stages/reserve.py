@@ -13,11 +13,12 @@
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from scheduling.engine.backfill import Shadow, earliest_start
+from scheduling.engine.backfill import Shadow, Window, earliest_start
 from scheduling.engine.booking_fit import cheapest_booking_gpus
 from scheduling.engine.fragmentation import reclaim_for_wide
 from scheduling.engine.headroom import headroom_need
@@ -71,9 +72,79 @@ def _booking_available(
     return available
 
 
-def place_bookings(rnd: Round, free: set[int]) -> None:
+BookingHolds = tuple[tuple[int, Hold], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Placed:
+    """What `place_bookings` records for bookings that all brought their GPUs (the portal
+    assigned them): then it depends on the bookings, the policy and which of them are active
+    or over only, not on what runs or is free, so rounds with the same bookings reuse it."""
+
+    bookings: tuple[Booking, ...]  # the snapshot's (kept: the cache key holds their ids)
+    booking_gpus: dict[str, tuple[int, ...]]
+    reservations: tuple[ReserveAction, ...]
+    active: dict[int, Booking]  # GPU -> its active booking, in the order `free` loses them
+    windows: dict[int, tuple[Window, ...]]
+    wakes: tuple[float, ...]  # the instants asked for (`Outcome.wake_at`), sorted
+    holds: BookingHolds  # `booking_holds`
+
+
+# (lead, grace or None, ids of the snapshot's bookings, how many started, how many not over)
+_PlacedKey = tuple[float, float | None, tuple[int, ...], int, int]
+_PLACED: dict[_PlacedKey, _Placed] = {}
+_PLACED_MAX = 64
+
+
+def place_bookings(rnd: Round, free: set[int]) -> BookingHolds:
     """Give every current or future booking its GPUs and record them (reservations, windows
-    that later starts must leave free, wake-ups); an active booking's GPUs leave ``free``."""
+    that later starts must leave free, wake-ups); an active booking's GPUs leave ``free``.
+    Returns what `hold_bookings` holds (`booking_holds`)."""
+    now = rnd.now
+    policy = rnd.policy
+    bookings = rnd.state.snapshot.bookings
+    if not bookings:
+        return ()
+    # Every input of `_Placed` is in the key: the booking objects (immutable; their ids stay
+    # valid while the entry keeps them), the policy's lead and grace, and `now` through which
+    # bookings have started and which are over (each a prefix of the bookings by start, end).
+    key = (
+        policy.booking_lead_s,
+        policy.grace_s if rnd.is_reclaiming else None,
+        tuple(map(id, bookings)),
+        sum(1 for b in bookings if b.start_at <= now),
+        sum(1 for b in bookings if b.end_at > now),
+    )
+    placed = _PLACED.get(key)
+    if placed is not None:
+        _record(rnd, free, placed)
+        return placed.holds
+    placed = _place(rnd, free)
+    if placed is None:
+        return booking_holds(rnd)  # the engine chose GPUs: this round's answer only
+    if len(_PLACED) >= _PLACED_MAX:
+        _PLACED.clear()
+    _PLACED[key] = placed
+    return placed.holds
+
+
+def _record(rnd: Round, free: set[int], placed: _Placed) -> None:
+    """Put a `_Placed` into the round, exactly as `_place` built it."""
+    rnd.booking_gpus = dict(placed.booking_gpus)
+    rnd.out.reservations.extend(placed.reservations)
+    rnd.active_booking_gpu = dict(placed.active)
+    for gpu in placed.active:
+        free.discard(gpu)
+    rnd.windows = dict(placed.windows)
+    wakes = placed.wakes
+    # `wake_at` keeps the earliest future instant: the first of the sorted ones after now
+    at = bisect_right(wakes, rnd.now)
+    if at < len(wakes):
+        rnd.out.wake_at(wakes[at], rnd.now)
+
+
+def _place(rnd: Round, free: set[int]) -> _Placed | None:
+    """Place the bookings into the round; their `_Placed` when every one brought its GPUs."""
     state = rnd.state
     now = rnd.now
     policy = rnd.policy
@@ -82,43 +153,17 @@ def place_bookings(rnd: Round, free: set[int]) -> None:
         key=lambda b: (b.start_at, b.id),
     )
     taken: list[tuple[Booking, tuple[int, ...]]] = [(b, b.gpu_ids) for b in bookings if b.gpu_ids]
+    is_given = len(taken) == len(bookings)
     ends: dict[int, float] = {}
+    windows: dict[int, list[Window]] = {}
+    reservations: list[ReserveAction] = []
+    wakes: list[float] = []
     for booking in bookings:
-        gpus = booking.gpu_ids
-        if not gpus:
-            blocked = {
-                g
-                for other, other_gpus in taken
-                if other.start_at < booking.end_at and booking.start_at < other.end_at
-                for g in other_gpus
-            }
-            types = state.booking_types(booking)
-            single = rnd.is_single_node(types, booking.gpu_count)
-            # with reclaim: GPUs that waste least until the booking (see booking_fit)
-            cheapest = (
-                cheapest_booking_gpus(rnd, booking, types, blocked, free) if rnd.is_reclaiming else None
-            )
-            shadow = (
-                Shadow(booking.start_at, cheapest)
-                if cheapest is not None
-                else earliest_start(
-                    node_gpus=rnd.node_gpus_for(None, types),
-                    available=_booking_available(rnd, types, blocked, free, ends),
-                    gpu_count=booking.gpu_count,
-                    is_single_node=single,
-                    duration_s=0.0,
-                    windows={},
-                )
-            )
-            if shadow is None:
-                rnd.out.notes.append(
-                    f"Booking {booking.id}: no {booking.gpu_count} GPUs of a fitting type exist."
-                )
-                continue
-            gpus = shadow.gpu_ids
-            taken.append((booking, gpus))
+        gpus = booking.gpu_ids or _choose(rnd, booking, taken, free, ends)
+        if gpus is None:
+            continue
         rnd.booking_gpus[booking.id] = gpus
-        rnd.out.reservations.append(
+        reservations.append(
             ReserveAction(
                 holder_id=booking.id, gpu_ids=gpus, start_at=booking.start_at, end_at=booking.end_at
             )
@@ -130,31 +175,75 @@ def place_bookings(rnd: Round, free: set[int]) -> None:
         else:
             lead_at = booking.start_at - policy.booking_lead_s
             for gpu in gpus:
-                rnd.windows.setdefault(gpu, []).append((lead_at, booking.end_at))
-            rnd.out.wake_at(booking.start_at, now)
+                windows.setdefault(gpu, []).append((lead_at, booking.end_at))
+            wakes.append(booking.start_at)
             if rnd.is_reclaiming:
-                rnd.out.wake_at(lead_at - policy.grace_s, now)
-    for windows in rnd.windows.values():
-        windows.sort()
+                wakes.append(lead_at - policy.grace_s)
+    rnd.windows = {gpu: tuple(sorted(gpu_windows)) for gpu, gpu_windows in windows.items()}
+    rnd.out.reservations.extend(reservations)
+    for at in wakes:
+        rnd.out.wake_at(at, now)
+    if not is_given:
+        return None
+    return _Placed(
+        bookings=state.snapshot.bookings,
+        booking_gpus=dict(rnd.booking_gpus),
+        reservations=tuple(reservations),
+        active=dict(rnd.active_booking_gpu),
+        windows=dict(rnd.windows),
+        wakes=tuple(sorted(wakes)),
+        holds=booking_holds(rnd),
+    )
 
 
-def hold_bookings(rnd: Round) -> None:
-    """Hold future bookings' free GPUs until their lead time in the pools.
+def _choose(
+    rnd: Round,
+    booking: Booking,
+    taken: list[tuple[Booking, tuple[int, ...]]],
+    free: set[int],
+    ends: dict[int, float],
+) -> tuple[int, ...] | None:
+    """GPUs for a booking the portal gave none (appended to ``taken``), or None with a note."""
+    state = rnd.state
+    blocked = {
+        g
+        for other, other_gpus in taken
+        if other.start_at < booking.end_at and booking.start_at < other.end_at
+        for g in other_gpus
+    }
+    types = state.booking_types(booking)
+    single = rnd.is_single_node(types, booking.gpu_count)
+    # with reclaim: GPUs that waste least until the booking (see booking_fit)
+    cheapest = cheapest_booking_gpus(rnd, booking, types, blocked, free) if rnd.is_reclaiming else None
+    shadow = (
+        Shadow(booking.start_at, cheapest)
+        if cheapest is not None
+        else earliest_start(
+            node_gpus=rnd.node_gpus_for(None, types),
+            available=_booking_available(rnd, types, blocked, free, ends),
+            gpu_count=booking.gpu_count,
+            is_single_node=single,
+            duration_s=0.0,
+            windows={},
+        )
+    )
+    if shadow is None:
+        rnd.out.notes.append(f"Booking {booking.id}: no {booking.gpu_count} GPUs of a fitting type exist.")
+        return None
+    taken.append((booking, shadow.gpu_ids))
+    return shadow.gpu_ids
 
-    A pool ignores the GPUs that are not free in it, so it is not asked for a booking none of
-    whose GPUs it has free (most are: a future booking's GPUs are often busy, and with a
-    partition each lies on one side only), which changes no hold."""
-    pools = [rnd.inter_pool] if rnd.batch_pool is rnd.inter_pool else [rnd.inter_pool, rnd.batch_pool]
-    # each pool with its free GPUs (taking none: holds only mark free GPUs)
-    with_free = [(pool, set(pool.free_gpus())) for pool in pools]
+
+def booking_holds(rnd: Round) -> BookingHolds:
+    """Each GPU of a future booking with its hold until the booking's lead time, in the order
+    the bookings and their GPUs first name it; a GPU of several bookings gets their holds
+    merged in that order (`Hold.merge`), as holding them one booking at a time would."""
+    merged: dict[int, Hold] = {}
+    lead_s = rnd.policy.booking_lead_s
     for booking in rnd.state.snapshot.bookings:
         if booking.start_at <= rnd.now or booking.id not in rnd.booking_gpus:
             continue
-        gpus = rnd.booking_gpus[booking.id]
-        asked = [pool for pool, free in with_free if not free.isdisjoint(gpus)]
-        if not asked:
-            continue
-        lead_at = booking.start_at - rnd.policy.booking_lead_s
+        lead_at = booking.start_at - lead_s
         # lent work is evicted when the booking starts: only checkpointing work may borrow
         hold = Hold(
             holder=booking.id,
@@ -163,8 +252,24 @@ def hold_bookings(rnd: Round) -> None:
             is_strict=True,
             is_checkpoint_only=True,
         )
-        for pool in asked:
-            pool.hold(gpus, hold)
+        for gpu in rnd.booking_gpus[booking.id]:
+            previous = merged.get(gpu)
+            merged[gpu] = hold if previous is None else previous.merge(hold)
+    return tuple(merged.items())
+
+
+def hold_bookings(rnd: Round, holds: BookingHolds, free: set[int]) -> None:
+    """Hold future bookings' free GPUs until their lead time in the pools (``holds``: from
+    `place_bookings`).  A pool ignores the GPUs that are not free in it; every GPU is held
+    once with its bookings' merged hold, which leaves the pool as holding the bookings one
+    by one would (`FreePool.hold_each`)."""
+    # most booked GPUs are busy: only the free ones (``free``: both pools') are offered
+    held = [pair for pair in holds if pair[0] in free]
+    if not held:
+        return
+    pools = [rnd.inter_pool] if rnd.batch_pool is rnd.inter_pool else [rnd.inter_pool, rnd.batch_pool]
+    for pool in pools:
+        pool.hold_each(held)
 
 
 # ---- the interactive pool ----
