@@ -40,7 +40,7 @@ from scheduling.engine.cluster import Estimate, RoundState, estimates_by_job, ru
 from scheduling.engine.outcome import claim_label, fmt_s
 from scheduling.engine.placement import FreePool
 from scheduling.engine.preemption import is_consenting, kill_time, plan_reclaim
-from scheduling.engine.types import Booking, JobRequest, PendingReason
+from scheduling.engine.types import Booking, JobKind, JobRequest, PendingReason
 
 if TYPE_CHECKING:
     from scheduling.engine.round import Round
@@ -206,7 +206,9 @@ def reclaim_for_wide(sched: Round, job: JobRequest, types: Sequence[str], estima
     Only work started lent (preemptible, on capacity that delayed a node's drain, see
     `DrainAwareChooser.delays_drain`) is taken, only once it is past its minimum runtime (the
     job waits only the grace), and only when the job gains more GPU-time than the victims lose:
-    the free GPUs of the node would otherwise idle until the node's expected drain.
+    the free GPUs of the node would otherwise idle until the node's expected drain.  They would
+    not idle while a smaller pending job could use them (`_smaller_job_fits`): then nothing is
+    reclaimed and the backfill gets them.
     """
     chooser = sched.drain_chooser
     if chooser is None or job.gpu_count < 2 or not sched.is_single_node(types, job.gpu_count):
@@ -227,6 +229,8 @@ def reclaim_for_wide(sched: Round, job: JobRequest, types: Sequence[str], estima
         may_take=lambda running: kill_time(state, running) <= latest_kill,
     )
     if reclaim is None or not reclaim.victims:
+        return False
+    if _smaller_job_fits(sched, job, types, pool.free_in(types)):
         return False
     node = state.gpu_node[reclaim.incoming_gpus[0]]
     gained = len(reclaim.free_gpus) * (chooser.drain_at(node) - reclaim.ready_at)
@@ -253,3 +257,29 @@ def reclaim_for_wide(sched: Round, job: JobRequest, types: Sequence[str], estima
     )
     sched.out.wake_at(reclaim.ready_at, now)
     return True
+
+
+def _smaller_job_fits(sched: Round, job: JobRequest, types: Sequence[str], free: int) -> bool:
+    """Whether another pending batch job smaller than ``job`` (not started this round) could
+    run on ``free`` GPUs of ``types``.
+
+    The gain `reclaim_for_wide` weighs against the victims' loss is the free GPUs' idle time
+    until the node drains; with such a job waiting they are not idle (the backfill starts it),
+    so reclaiming would trade work already running for a wide start that gains no GPU-time,
+    and under overload it fills whole nodes with wide work while small jobs queue (Alibaba 2 %
+    x8, seeds 0-15: docs/benchmarks.md, "Alibaba short pods II").
+    """
+    if free <= 0:
+        return False
+    smaller = [
+        other
+        for other in sched.state.snapshot.pending
+        if other.kind == JobKind.BATCH
+        and other.gpu_count <= free
+        and other.gpu_count < job.gpu_count
+        and (other.gpu_type is None or other.gpu_type in types)
+    ]
+    if not smaller:
+        return False
+    started = {start.job_id for start in sched.out.starts}
+    return any(other.id not in started for other in smaller)

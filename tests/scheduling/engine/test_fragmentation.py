@@ -138,6 +138,31 @@ def test_berth_wide_job_reclaims_lent_work_past_its_minimum_runtime_only() -> No
     assert plan_round(snap, PolicyConfig(name="easy"), NOW).preemptions == ()
 
 
+def test_berth_wide_job_reclaims_no_lent_work_while_a_smaller_job_could_use_the_free_gpus() -> None:
+    # the free GPUs next to the lent job would not idle until the node drains: the small job
+    # waiting behind the wide one takes one of them, so nothing is worth evicting
+    nodes = make_nodes(2, 8)
+    fixed = running(job("fixed", 1, requested_s=30 * 86_400.0), (0,), started_at=NOW - 86_400.0)
+    lent = running(
+        job("lent", 1, requested_s=30 * 86_400.0, is_preemptible=True),
+        (8,),
+        started_at=NOW - 86_400.0,
+        is_preemptible=True,
+    )
+    wide = job("wide", 8, submit_at=NOW - 60.0)
+    small = job("small", 1, submit_at=NOW - 30.0, requested_s=30 * 86_400.0)
+    policy = PolicyConfig(name="berth")
+    plan = plan_round(snapshot(nodes, running_jobs=[fixed, lent], pending=[wide, small]), policy, NOW)
+    assert plan.preemptions == ()
+    assert "small" in started(plan)
+    # a small job that needs another GPU type, or one as wide as the wide job, is no reason
+    typed = job("typed", 1, submit_at=NOW - 30.0, gpu_type="H100")
+    as_wide = job("as-wide", 8, submit_at=NOW - 30.0)
+    for other in (typed, as_wide):
+        plan = plan_round(snapshot(nodes, running_jobs=[fixed, lent], pending=[wide, other]), policy, NOW)
+        assert [(p.job_id, p.for_id) for p in plan.preemptions] == [("lent", "wide")]
+
+
 def test_idle_gpus_are_fragmentation_only_while_enough_gpus_stay_free_in_total() -> None:
     nodes = make_nodes(2, 8)
     soon = running(job("soon", 1, requested_s=3_600.0), (0,), started_at=NOW)
