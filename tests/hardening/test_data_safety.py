@@ -53,13 +53,17 @@ def _drop(dbname: str, *, attempts: int = 5) -> None:
     once ("being accessed by other users": a backend still starting, e.g. pg_restore's last
     connection closing): terminate them explicitly and retry with a short backoff.  The last
     attempt's error is raised, so a drop that really cannot happen still fails the test.
+    Only client backends are terminated here: an autovacuum worker analysing the freshly
+    restored tables advertises no role, so PostgreSQL (before 18) refuses to let a non-superuser
+    signal it ("must be a superuser to terminate superuser process", seen under load); the
+    drop itself stops autovacuum workers in the database.
     """
     for attempt in range(attempts):
         try:
             with psycopg.connect(_url("postgres"), autocommit=True) as conn:
                 conn.execute(
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                    " WHERE datname = %s AND pid <> pg_backend_pid()",
+                    " WHERE datname = %s AND pid <> pg_backend_pid() AND backend_type = 'client backend'",
                     [dbname],
                 )
                 conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
