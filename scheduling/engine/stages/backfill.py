@@ -105,11 +105,11 @@ def backfill(rnd: Round, rest: Sequence[JobRequest]) -> None:
     delaying anything held, sessions may reclaim, the others are told why they wait; at most
     ``PolicyConfig.backfill_depth`` of them are considered (`beyond_window` for the rest).
 
-    Most candidates of a long queue start nothing and get a verdict shared by many (too few
-    GPUs free, or a static wide job behind the top job): `CheapVerdicts` gives those without trying a
+    Most candidates of a long queue start nothing and get a verdict shared by many (too few GPUs
+    free, or a static wide job behind the top job): `CheapVerdicts` gives those without trying a
     start, and for the common job (batch, unconstrained, of a project without a limit, once the
-    interactive pool is held) `Admitted` and `CheapVerdicts` are written out here, with no call per job
-    (a queue can be thousands long every round); the others go through `consider`."""
+    interactive pool is held) it is written out here, with no call per job (a queue can be
+    thousands long every round); the others go through `consider`."""
     verdicts = rnd.out.verdicts
     admitted = Admitted(rnd)
     cheap = CheapVerdicts(rnd)
@@ -117,11 +117,10 @@ def backfill(rnd: Round, rest: Sequence[JobRequest]) -> None:
     depth = rnd.policy.backfill_depth
     wide = rnd.wide
     batch = JobKind.BATCH
-    limited = cheap.limited
-    admits = cheap.admits
+    limited, admits, refused = cheap.limited, cheap.admits, cheap.by_size
     # without a project's total limit (the overlay's case) the common job's project needs no test
     any_limit = any(share.borrow_limit is not None for share in rnd.shares.values())
-    held = rnd.headroom_done
+    held = rnd.headroom_done  # (it changes only in `_candidate`)
     # the common job's `CheapVerdicts.plain_epoch`, read again at its next job after a call
     # (``stale``) that took GPUs (the pool's takes) or made a top job
     stale, pool, takes, top = True, rnd.batch_pool, -1, _UNASKED
@@ -155,21 +154,23 @@ def backfill(rnd: Round, rest: Sequence[JobRequest]) -> None:
                 verdicts[job_id] = known
                 continue
             scanned += 1
-            if wide and job_id in wide:
-                _wide(rnd, job, cheap)
-                stale = True
-                continue
             if stale and (pool.takes != takes or rnd.top is not top):
                 takes, top = pool.takes, rnd.top
                 free, top_id, top_user, few = cheap.plain_epoch(job)
             stale = False
             size = job.gpu_count
+            if wide and job_id in wide:
+                verdict = refused.get(size) if top is not None else None
+                if verdict is not None:
+                    verdicts[job_id] = verdict  # behind the top job (`_wide`)
+                    continue
+                stale = _wide(rnd, job, cheap)
+                continue
             if size <= free:
                 cheap.consider(job, rnd.types_for(job))
                 stale = True
                 continue
-            # too few GPUs free: `too_few`'s verdict, one per size for a job neither the top job
-            # nor of its owner
+            # too few free: `too_few`'s verdict, one per size for a job not the top's nor its owner's
             verdict = few.get(size) if job_id != top_id and job.user != top_user else None
             if verdict is None:
                 verdict = too_few(rnd, job, rnd.types_for(job), free, cheap.too_few)
@@ -177,9 +178,8 @@ def backfill(rnd: Round, rest: Sequence[JobRequest]) -> None:
                     few[size] = verdict
             verdicts[job_id] = verdict
             continue
-        stale = True
         scanned += _candidate(rnd, job, admitted, cheap)
-        held = rnd.headroom_done
+        stale, held = True, rnd.headroom_done
 
 
 def _candidate(rnd: Round, job: JobRequest, admitted: Admitted, cheap: CheapVerdicts) -> int:
@@ -195,14 +195,16 @@ def _candidate(rnd: Round, job: JobRequest, admitted: Admitted, cheap: CheapVerd
     return 1
 
 
-def _wide(rnd: Round, job: JobRequest, cheap: CheapVerdicts) -> None:
+def _wide(rnd: Round, job: JobRequest, cheap: CheapVerdicts) -> bool:
     """Static's wide candidate (admitted): considered while there is no top job (it draws
-    from both sides, `Round.pool_for`), else it waits for the top job, one verdict per size."""
+    from both sides, `Round.pool_for`), else it waits for the top job, one verdict per size.
+    True: the free GPUs or the top job may have changed (``stale`` in `backfill`)."""
     if rnd.top is None:
         consider(rnd, job, rnd.types_for(job))
     else:
         verdict = cheap.by_size.get(job.gpu_count)
         rnd.out.verdicts[job.id] = verdict if verdict is not None else cheap.refused(job)
+    return True
 
 
 class Admitted:
