@@ -101,9 +101,7 @@ def test_random_queues_with_starts_between_too_few_jobs(
     pending = [job("top", 24, submit_at=0.0, user="a", name="head")]
     for i in range(60):
         roll = rng.random()
-        extra: dict[str, object] = {}
-        if roll < 0.05:
-            extra["gpu_type"] = "A100"
+        extra: dict[str, str] = {"gpu_type": "A100"} if roll < 0.05 else {}
         pending.append(
             job(
                 f"j{i}",
