@@ -119,7 +119,7 @@ def backfill(rnd: Round, rest: Sequence[JobRequest]) -> None:
     batch = JobKind.BATCH
     limited, admits, refused = cheap.limited, cheap.admits, cheap.by_size
     # without a project's total limit (the overlay's case) the common job's project needs no test
-    any_limit = any(share.borrow_limit is not None for share in rnd.shares.values())
+    any_limit = rnd.has_limits()
     held = rnd.headroom_done  # (it changes only in `_candidate`)
     # the common job's `CheapVerdicts.plain_epoch`, read again at its next job after a call
     # (``stale``) that took GPUs (the pool's takes) or made a top job
@@ -454,7 +454,7 @@ def _is_tail_apart(rnd: Round) -> bool:
     project has a total limit (admit reads what a project runs, which a session's start
     changes, only under one) and no two pending jobs share an id (the session pass records
     verdicts of sessions only)."""
-    if any(share.borrow_limit is not None for share in rnd.shares.values()):
+    if rnd.has_limits():
         return False
     pending = rnd.state.snapshot.pending
     return len(set(map(_ID, pending))) == len(pending)
