@@ -105,11 +105,11 @@ def backfill(rnd: Round, rest: Sequence[JobRequest]) -> None:
     delaying anything held, sessions may reclaim, the others are told why they wait; at most
     ``PolicyConfig.backfill_depth`` of them are considered (`beyond_window` for the rest).
 
-    Most candidates of a long queue start nothing and get a verdict shared by many (too few
-    GPUs free, or a static wide job behind the top job): `CheapVerdicts` gives those without trying a
+    Most candidates of a long queue start nothing and get a verdict shared by many (too few GPUs
+    free, or a static wide job behind the top job): `CheapVerdicts` gives those without trying a
     start, and for the common job (batch, unconstrained, of a project without a limit, once the
-    interactive pool is held) `Admitted` and `CheapVerdicts` are written out here, with no call per job
-    (a queue can be thousands long every round); the others go through `consider`."""
+    interactive pool is held) it is written out here, with no call per job (a queue can be
+    thousands long every round); the others go through `consider`."""
     verdicts = rnd.out.verdicts
     admitted = Admitted(rnd)
     cheap = CheapVerdicts(rnd)
@@ -117,9 +117,15 @@ def backfill(rnd: Round, rest: Sequence[JobRequest]) -> None:
     depth = rnd.policy.backfill_depth
     wide = rnd.wide
     batch = JobKind.BATCH
-    limited = cheap.limited
-    admits = cheap.admits
-    refused = cheap.by_size
+    limited, admits, refused = cheap.limited, cheap.admits, cheap.by_size
+    # without a project's total limit (the overlay's case) the common job's project needs no test
+    any_limit = rnd.has_limits()
+    held = rnd.headroom_done  # (it changes only in `_candidate`)
+    # the common job's `CheapVerdicts.plain_epoch`, read again at its next job after a call
+    # (``stale``) that took GPUs (the pool's takes) or made a top job
+    stale, pool, takes, top = True, rnd.batch_pool, -1, _UNASKED
+    free, top_id, top_user = 0, _UNASKED, _UNASKED
+    few: dict[int, Verdict] = {}
     for index, job in enumerate(rest):
         if scanned >= depth:
             # every job admitted from here on is beyond the window
@@ -135,8 +141,8 @@ def backfill(rnd: Round, rest: Sequence[JobRequest]) -> None:
             and job.gpu_type is None
             and not job.precisions
             and job.min_memory_gib <= 0
-            and rnd.headroom_done
-            and not (limited[project] if project in limited else cheap.has_limit(project))
+            and held
+            and not (any_limit and (limited[project] if project in limited else cheap.has_limit(project)))
         ):
             # what `Admit.__call__` reads of such a job: its size and project (and whether no
             # type satisfies it or it can never start: its memory and precisions)
@@ -148,37 +154,57 @@ def backfill(rnd: Round, rest: Sequence[JobRequest]) -> None:
                 verdicts[job_id] = known
                 continue
             scanned += 1
+            if stale and (pool.takes != takes or rnd.top is not top):
+                takes, top = pool.takes, rnd.top
+                free, top_id, top_user, few = cheap.plain_epoch(job)
+            stale = False
+            size = job.gpu_count
             if wide and job_id in wide:
-                if rnd.top is None:  # it draws from both sides (`Round.pool_for`)
-                    consider(rnd, job, rnd.types_for(job))
-                else:
-                    verdict = refused.get(job.gpu_count)
-                    verdicts[job_id] = verdict if verdict is not None else cheap.refused(job)
+                verdict = refused.get(size) if top is not None else None
+                if verdict is not None:
+                    verdicts[job_id] = verdict  # behind the top job (`_wide`)
+                    continue
+                stale = _wide(rnd, job, cheap)
                 continue
-            few = cheap.plain_few(job)
-            if few is None:
+            if size <= free:
                 cheap.consider(job, rnd.types_for(job))
+                stale = True
                 continue
-            # too few GPUs free: `too_few`'s verdict, by what its sentence reads of the job
-            top = rnd.top
-            shared = (
-                job.gpu_count,
-                top is not None and top.user == job.user,
-                top is not None and top.id == job_id,
-            )
-            verdict = few.get(shared)
+            # too few free: `too_few`'s verdict, one per size for a job not the top's nor its owner's
+            verdict = few.get(size) if job_id != top_id and job.user != top_user else None
             if verdict is None:
-                verdict = few[shared] = too_few(rnd, job, rnd.types_for(job), cheap.plain_free, cheap.too_few)
+                verdict = too_few(rnd, job, rnd.types_for(job), free, cheap.too_few)
+                if job_id != top_id and job.user != top_user:
+                    few[size] = verdict
             verdicts[job_id] = verdict
             continue
-        if not admitted(job):
-            continue
-        scanned += 1
-        verdict = cheap.verdict(job)
-        if verdict is not None:
-            verdicts[job_id] = verdict
-            continue
+        scanned += _candidate(rnd, job, admitted, cheap)
+        stale, held = True, rnd.headroom_done
+
+
+def _candidate(rnd: Round, job: JobRequest, admitted: Admitted, cheap: CheapVerdicts) -> int:
+    """A backfill candidate that is not the common job: admitted (1) or not (0), and then
+    given its shared verdict or considered."""
+    if not admitted(job):
+        return 0
+    verdict = cheap.verdict(job)
+    if verdict is not None:
+        rnd.out.verdicts[job.id] = verdict
+    else:
         cheap.consider(job, rnd.types_for(job))
+    return 1
+
+
+def _wide(rnd: Round, job: JobRequest, cheap: CheapVerdicts) -> bool:
+    """Static's wide candidate (admitted): considered while there is no top job (it draws
+    from both sides, `Round.pool_for`), else it waits for the top job, one verdict per size.
+    True: the free GPUs or the top job may have changed (``stale`` in `backfill`)."""
+    if rnd.top is None:
+        consider(rnd, job, rnd.types_for(job))
+    else:
+        verdict = cheap.by_size.get(job.gpu_count)
+        rnd.out.verdicts[job.id] = verdict if verdict is not None else cheap.refused(job)
+    return True
 
 
 class Admitted:
@@ -428,7 +454,7 @@ def _is_tail_apart(rnd: Round) -> bool:
     project has a total limit (admit reads what a project runs, which a session's start
     changes, only under one) and no two pending jobs share an id (the session pass records
     verdicts of sessions only)."""
-    if any(share.borrow_limit is not None for share in rnd.shares.values()):
+    if rnd.has_limits():
         return False
     pending = rnd.state.snapshot.pending
     return len(set(map(_ID, pending))) == len(pending)

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 # `CheapVerdicts.memos`: project -> has a limit, common job's key -> admission, project -> quotas
 Memos = tuple[dict[str, bool], dict[tuple[object, ...], "Verdict | None"], dict[str, object]]
 _KEPT_ADMITTED = 1 << 14  # admitted shapes kept per inventory and admit stage across rounds
+_NO_TOP = object()  # `CheapVerdicts.plain_epoch` without a top job: equal to no id or owner
 
 
 class CheapVerdicts:
@@ -44,7 +45,6 @@ class CheapVerdicts:
         "_blocked",
         "_counts",
         "_kept",
-        "_plain",
         "_quotas",
         "admits",
         "by_size",
@@ -76,9 +76,6 @@ class CheapVerdicts:
         if kept is None or len(kept) > _KEPT_ADMITTED:
             kept = derived[kept_key] = set()
         self._kept: set[tuple[object, ...]] = kept
-        # for unconstrained batch jobs: (the batch pool's takes, the top job, free GPUs, the
-        # too-few verdicts given at that count) (`plain_few`)
-        self._plain: tuple[int, JobRequest | None, int, dict[tuple[int, bool, bool], Verdict]] | None = None
         # what `consider` read of a job -> ((the pool's takes, holds), the top job, the verdict
         # the job got, its types list)
         self._blocked: dict[
@@ -143,22 +140,19 @@ class CheapVerdicts:
             counted = self._counts[key] = (pool.takes, types, free)
         return counted[2]
 
-    @property
-    def plain_free(self) -> int:
-        """The free count `plain_few` last compared with."""
-        assert self._plain is not None
-        return self._plain[2]
-
-    def plain_few(self, job: JobRequest) -> dict[tuple[int, bool, bool], Verdict] | None:
-        """For an unconstrained batch job that is not wide: None if enough GPUs of its types
-        are free (held ones included), else the too-few verdicts of the current free count and
-        top job by (size, same owner as the top job, is the top job)."""
+    def plain_epoch(self, job: JobRequest) -> tuple[int, object, object, dict[int, Verdict]]:
+        """For the unconstrained batch jobs that are not wide, from ``job`` (one of them) on
+        until the next start or the next top job: the free GPUs of their types (held ones
+        included; such a job wider than that cannot start), the top job's id and owner (a
+        marker that equals no job's when there is none) and an empty map for their too-few
+        verdicts by size (a job neither the top job nor of its owner: `too_few`'s sentence then
+        reads nothing else of it)."""
         rnd = self.rnd
-        pool = rnd.batch_pool
-        plain = self._plain
-        if plain is None or plain[0] != pool.takes or plain[1] is not rnd.top:
-            plain = self._plain = (pool.takes, rnd.top, self.free(job, rnd.types_for(job)), {})
-        return None if plain[2] >= job.gpu_count else plain[3]
+        top = rnd.top
+        free = self.free(job, rnd.types_for(job))
+        if top is None:
+            return free, _NO_TOP, _NO_TOP, {}
+        return free, top.id, top.user, {}
 
     def consider(self, job: JobRequest, types: Sequence[str]) -> None:
         """`consider`, or, under a policy whose failed start changes nothing (no reclaim, no

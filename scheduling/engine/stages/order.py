@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -66,11 +67,20 @@ class SlowdownFirst:
         # project, size and type constraints: asked once per such shape (on a long-starved
         # queue most of the queue is starved, every round)
         answers: dict[tuple[str, int, str | None, float, frozenset[str]], bool] = {}
+        # project -> the most guaranteed GPUs left on any type (`_most_left`): a job wider than
+        # that is within its guarantee on none of its types, whatever they are
+        most_left: dict[str, float] = {}
 
         def is_guaranteed(job: JobRequest) -> bool:  # asked of starved jobs only
-            if job.kind != JobKind.BATCH or job.project not in shares:
+            project = job.project
+            if job.kind != JobKind.BATCH or project not in shares:
                 return False
-            shape = (job.project, job.gpu_count, job.gpu_type, job.min_memory_gib, job.precisions)
+            left = most_left.get(project)
+            if left is None:
+                left = most_left[project] = _most_left(rnd, project)
+            if job.gpu_count > left:
+                return False
+            shape = (project, job.gpu_count, job.gpu_type, job.min_memory_gib, job.precisions)
             answer = answers.get(shape)
             if answer is None:
                 answer = answers[shape] = rnd.is_within_guarantee(job, rnd.types_for(job))
@@ -79,3 +89,11 @@ class SlowdownFirst:
         state = rnd.state
         claims = live_claims(state.snapshot, state.policy.claim_hold_s, state.now)
         return slowdown_orders(state, self.params, is_guaranteed, claims)
+
+
+def _most_left(rnd: Round, project: str) -> float:
+    """The most guaranteed GPUs a project has left on any GPU type of the inventory
+    (`Round.guarantee_left`; -inf without quotas): `Round.is_within_guarantee` is False for a
+    job wider than that, since its types are some of those."""
+    lefts = [left for name in rnd.state.type_order if (left := rnd.guarantee_left(project, name)) is not None]
+    return max(lefts, default=-math.inf)

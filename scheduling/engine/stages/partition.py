@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
+from operator import is_
 from typing import TYPE_CHECKING
 
 from scheduling.engine.placement import FreePool, Hold, gang_from_nodes
@@ -146,8 +147,20 @@ def open_span(rnd: Round) -> None:
         if by_size is None:
             by_size = derived[("wide_sizes", rnd.partition_nodes)] = {}
         batch = JobKind.BATCH
+        pending = rnd.state.snapshot.pending
+        # the last round's pending jobs and their wide ids: a replay's queue keeps its order
+        # (ends and arrivals leave it as it was or add jobs behind it), and a job (immutable)
+        # that comes back as the very same object is as wide as it was
+        last_key = ("wide_last", rnd.partition_nodes)
+        last = derived.get(last_key)
+        done = 0
         wide: list[str] = []
-        for job in rnd.state.snapshot.pending:
+        if last is not None and len(last[0]) <= len(pending) and all(map(is_, last[0], pending)):
+            done, wide = len(last[0]), list(last[1])
+            if done == len(pending):
+                rnd.wide = last[2]
+                return
+        for job in pending[done:] if done else pending:
             if job.kind != batch:
                 continue
             if job.gpu_type is None and not job.precisions and job.min_memory_gib <= 0:
@@ -162,6 +175,7 @@ def open_span(rnd: Round) -> None:
             if is_wide:
                 wide.append(job.id)
         rnd.wide = frozenset(wide)
+        derived[last_key] = (pending, wide, rnd.wide)
 
 
 def refuse_wide(rnd: Round, job: JobRequest) -> None:
