@@ -24,10 +24,18 @@ ROOT = Path(__file__).resolve().parents[2]
 GUNICORN = Path(sys.executable).with_name("gunicorn")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct free loopback ports, all bound at once while they are picked: two
+    calls one after the other can be given the same port (the first socket is closed by then),
+    and a ``DATABASE_URL`` on gunicorn's own port makes its single worker wait on itself."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def _request(
@@ -43,11 +51,11 @@ def _request(
 
 @pytest.fixture(params=["production", "debug"])
 def server(request):
-    port = _free_port()
+    port, db_port = _free_ports(2)
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
-        "DATABASE_URL": f"postgres://berth:berth@127.0.0.1:{_free_port()}/berth",
+        "DATABASE_URL": f"postgres://berth:berth@127.0.0.1:{db_port}/berth",
         "DJANGO_ALLOWED_HOSTS": "127.0.0.1",
         "LOG_LEVEL": "ERROR",
         "REDIS_URL": "redis://user:redis-secret-do-not-show@127.0.0.1:1/0",
