@@ -271,15 +271,12 @@ def _smaller_job_fits(sched: Round, job: JobRequest, types: Sequence[str], free:
     """
     if free <= 0:
         return False
-    smaller = [
-        other
-        for other in sched.state.snapshot.pending
-        if other.kind == JobKind.BATCH
+    started = {start.job_id for start in sched.out.starts}
+    return any(
+        other.kind == JobKind.BATCH
         and other.gpu_count <= free
         and other.gpu_count < job.gpu_count
         and (other.gpu_type is None or other.gpu_type in types)
-    ]
-    if not smaller:
-        return False
-    started = {start.job_id for start in sched.out.starts}
-    return any(other.id not in started for other in smaller)
+        and other.id not in started
+        for other in sched.state.snapshot.pending
+    )

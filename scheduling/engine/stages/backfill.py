@@ -111,12 +111,9 @@ def backfill(rnd: Round, rest: Sequence[JobRequest]) -> None:
     interactive pool is held) it is written out here, with no call per job (a queue can be
     thousands long every round); the others go through `consider`."""
     verdicts = rnd.out.verdicts
-    admitted = Admitted(rnd)
-    cheap = CheapVerdicts(rnd)
-    scanned = 0
-    depth = rnd.policy.backfill_depth
-    wide = rnd.wide
-    batch = JobKind.BATCH
+    admitted, cheap = Admitted(rnd), CheapVerdicts(rnd)
+    scanned, depth = 0, rnd.policy.backfill_depth
+    wide, batch = rnd.wide, JobKind.BATCH
     limited, admits, refused = cheap.limited, cheap.admits, cheap.by_size
     # without a project's total limit (the overlay's case) the common job's project needs no test
     any_limit = rnd.has_limits()
@@ -156,7 +153,8 @@ def backfill(rnd: Round, rest: Sequence[JobRequest]) -> None:
             scanned += 1
             if stale and (pool.takes != takes or rnd.top is not top):
                 takes, top = pool.takes, rnd.top
-                free, top_id, top_user, few = cheap.plain_epoch(job)
+                free, top_id, top_user = cheap.plain_epoch(job)
+                few = {}
             stale = False
             size = job.gpu_count
             if wide and job_id in wide:
@@ -164,17 +162,19 @@ def backfill(rnd: Round, rest: Sequence[JobRequest]) -> None:
                 if verdict is not None:
                     verdicts[job_id] = verdict  # behind the top job (`_wide`)
                     continue
-                stale = _wide(rnd, job, cheap)
+                _wide(rnd, job, cheap)
+                stale = True
                 continue
             if size <= free:
                 cheap.consider(job, rnd.types_for(job))
                 stale = True
                 continue
             # too few free: `too_few`'s verdict, one per size for a job not the top's nor its owner's
-            verdict = few.get(size) if job_id != top_id and job.user != top_user else None
+            shared = job_id != top_id and job.user != top_user
+            verdict = few.get(size) if shared else None
             if verdict is None:
                 verdict = too_few(rnd, job, rnd.types_for(job), free, cheap.too_few)
-                if job_id != top_id and job.user != top_user:
+                if shared:
                     few[size] = verdict
             verdicts[job_id] = verdict
             continue
@@ -195,16 +195,15 @@ def _candidate(rnd: Round, job: JobRequest, admitted: Admitted, cheap: CheapVerd
     return 1
 
 
-def _wide(rnd: Round, job: JobRequest, cheap: CheapVerdicts) -> bool:
+def _wide(rnd: Round, job: JobRequest, cheap: CheapVerdicts) -> None:
     """Static's wide candidate (admitted): considered while there is no top job (it draws
     from both sides, `Round.pool_for`), else it waits for the top job, one verdict per size.
-    True: the free GPUs or the top job may have changed (``stale`` in `backfill`)."""
+    The free GPUs or the top job may have changed after it (``stale`` in `backfill`)."""
     if rnd.top is None:
         consider(rnd, job, rnd.types_for(job))
     else:
         verdict = cheap.by_size.get(job.gpu_count)
         rnd.out.verdicts[job.id] = verdict if verdict is not None else cheap.refused(job)
-    return True
 
 
 class Admitted:

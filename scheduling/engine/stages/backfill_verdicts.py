@@ -140,19 +140,19 @@ class CheapVerdicts:
             counted = self._counts[key] = (pool.takes, types, free)
         return counted[2]
 
-    def plain_epoch(self, job: JobRequest) -> tuple[int, object, object, dict[int, Verdict]]:
+    def plain_epoch(self, job: JobRequest) -> tuple[int, object, object]:
         """For the unconstrained batch jobs that are not wide, from ``job`` (one of them) on
         until the next start or the next top job: the free GPUs of their types (held ones
-        included; such a job wider than that cannot start), the top job's id and owner (a
-        marker that equals no job's when there is none) and an empty map for their too-few
-        verdicts by size (a job neither the top job nor of its owner: `too_few`'s sentence then
-        reads nothing else of it)."""
+        included; such a job wider than that cannot start) and the top job's id and owner (a
+        marker that equals no job's when there is none).  The too-few verdict of a job neither
+        the top job nor of its owner is shared by size within that span: `too_few`'s sentence
+        then reads nothing else of it."""
         rnd = self.rnd
         top = rnd.top
         free = self.free(job, rnd.types_for(job))
         if top is None:
-            return free, _NO_TOP, _NO_TOP, {}
-        return free, top.id, top.user, {}
+            return free, _NO_TOP, _NO_TOP
+        return free, top.id, top.user
 
     def consider(self, job: JobRequest, types: Sequence[str]) -> None:
         """`consider`, or, under a policy whose failed start changes nothing (no reclaim, no

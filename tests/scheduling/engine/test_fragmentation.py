@@ -6,7 +6,7 @@ import pytest
 
 from scheduling.engine import plan_round
 from scheduling.engine.fragmentation import cost_class
-from scheduling.engine.types import GpuType, IdleReason, Plan, PolicyConfig
+from scheduling.engine.types import GpuType, IdleReason, Plan, PolicyConfig, RunningJob
 from scheduling.sim.arrivals import scale_arrivals
 from scheduling.sim.trace import Trace, TraceJob
 from tests.scheduling.engine.conftest import job, make_nodes, running, snapshot
@@ -112,15 +112,22 @@ def test_berth_starts_preemptible_work_that_pins_a_node_lent_and_keeps_fixed_wor
     assert not any(s.is_preemptible for s in easy.starts)
 
 
-def test_berth_wide_job_reclaims_lent_work_past_its_minimum_runtime_only() -> None:
-    nodes = make_nodes(2, 8)
+def _fixed_and_lent(lent_id: str) -> tuple[RunningJob, RunningJob]:
+    """Two nodes' month-long work, a day old: a non-preemptible job on GPU 0 and a lent
+    (preemptible) one on GPU 8, so each node has 7 free GPUs and a wide job must reclaim."""
     fixed = running(job("fixed", 1, requested_s=30 * 86_400.0), (0,), started_at=NOW - 86_400.0)
-    lent_old = running(
-        job("lent-old", 1, requested_s=30 * 86_400.0, is_preemptible=True),
+    lent = running(
+        job(lent_id, 1, requested_s=30 * 86_400.0, is_preemptible=True),
         (8,),
         started_at=NOW - 86_400.0,
         is_preemptible=True,
     )
+    return fixed, lent
+
+
+def test_berth_wide_job_reclaims_lent_work_past_its_minimum_runtime_only() -> None:
+    nodes = make_nodes(2, 8)
+    fixed, lent_old = _fixed_and_lent("lent-old")
     wide = job("wide", 8, submit_at=NOW - 60.0)
     snap = snapshot(nodes, running_jobs=[fixed, lent_old], pending=[wide])
     plan = plan_round(snap, PolicyConfig(name="berth"), NOW)
@@ -142,13 +149,7 @@ def test_berth_wide_job_reclaims_no_lent_work_while_a_smaller_job_could_use_the_
     # the free GPUs next to the lent job would not idle until the node drains: the small job
     # waiting behind the wide one takes one of them, so nothing is worth evicting
     nodes = make_nodes(2, 8)
-    fixed = running(job("fixed", 1, requested_s=30 * 86_400.0), (0,), started_at=NOW - 86_400.0)
-    lent = running(
-        job("lent", 1, requested_s=30 * 86_400.0, is_preemptible=True),
-        (8,),
-        started_at=NOW - 86_400.0,
-        is_preemptible=True,
-    )
+    fixed, lent = _fixed_and_lent("lent")
     wide = job("wide", 8, submit_at=NOW - 60.0)
     small = job("small", 1, submit_at=NOW - 30.0, requested_s=30 * 86_400.0)
     policy = PolicyConfig(name="berth")
