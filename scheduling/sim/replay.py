@@ -18,7 +18,7 @@ or a pending job is no wider than the free GPUs (30 s, doubling up to ``max_tick
 rounds change nothing, reset by any other event).  `plan_round` runs after every event batch
 except batch arrivals while no GPU is free (nothing could start, and batch arrivals cannot
 trigger a preemption: the replay configures no guaranteed quotas), the patience check of a
-session that already started (it changes nothing) and, under easy and static, a tick that would
+session that already started (it changes nothing) and, under easy, static and berth, a tick that would
 plan what the last round did (`scheduling.sim.replay_still`).  Claims: `scheduling.sim.claims`.
 Bookings (admission, seating owners, no-shows): `scheduling.sim.replay_bookings`; options,
 per-policy set-up and arguments: `scheduling.sim.replay_setup` (re-exported).

@@ -1,7 +1,8 @@
 """Still ticks: a tick whose round would plan exactly what the last round planned is not planned.
 
 `Replay` (``scheduling.sim.replay``) mixes this in.  Under ``easy`` and ``static`` (the shipped
-engine, `scheduling.engine.plan_round`) a tick that follows a round which started and preempted
+engine, `scheduling.engine.plan_round`; ``berth``: what its round reads besides is bounded or
+refused in `scheduling.sim.replay_still_berth`) a tick that follows a round which started and preempted
 nothing, with no event of any kind in between, plans nothing new when time alone has crossed
 no threshold the round reads.  Between the two instants the pending jobs, the running jobs, the
 free GPUs, the bookings and the policy are the very same objects; what a round of these policies
@@ -37,20 +38,31 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from scheduling.engine import plan_round
 from scheduling.engine.cluster import RoundState, estimate_of, estimates_by_job
 from scheduling.engine.priority import priority_order
+from scheduling.engine.stages.order import guarantee_test
+from scheduling.sim.replay_still_berth import (
+    berth_order,
+    berth_refuses,
+    berth_until,
+    has_starved,
+    still_round,
+)
 
 if TYPE_CHECKING:
+    from scheduling.engine.round import Round
     from scheduling.engine.types import ClusterSnapshot, JobRequest, Plan, PolicyConfig
     from scheduling.sim.replay_setup import PlanFn
 
 # the policies whose rounds read ``now`` only as the module docstring says (no predictions,
-# no reclaim, no interactive pool, no forecast)
-STILL_POLICIES = frozenset({"easy", "static"})
+# no reclaim, no interactive pool, no forecast), and berth, whose other reads of it
+# `replay_still_berth` bounds or refuses
+STILL_POLICIES = frozenset({"easy", "static", "berth"})
 
 
 @dataclass(slots=True)
@@ -62,8 +74,12 @@ class _Still:
     snapshot: ClusterSnapshot
     plan: Plan
     free_gpus: int  # GPUs free at ``at`` (and until the next event)
+    config: PolicyConfig  # the policy of that round (berth's is rebuilt from its forecast)
     order: list[JobRequest] | None = None  # the queue order at ``at``
     until: float | None = None  # the first instant after ``at`` at which time alone could change the plan
+    # berth: the still round's guarantee test, once a starved job asks it (`replay_still_berth`)
+    guarantees: Callable[[JobRequest], bool] | None = None
+    round: Round | None = None  # berth: `replay_still_berth.still_round` of it, once asked
 
 
 class StillTickRule:
@@ -74,9 +90,11 @@ class StillTickRule:
     _still_order: tuple[float, ClusterSnapshot, list[JobRequest]] | None
     _skips_still_ticks: bool
     _rounds_skipped: int
+    _still_is_berth: bool
 
     def _init_still(self, policy: str, plan_fn: PlanFn, *, enabled: bool) -> None:
         self._skips_still_ticks = enabled and policy in STILL_POLICIES and plan_fn is plan_round
+        self._still_is_berth = policy == "berth"
         self._still = None
         self._still_order = None  # (instant, snapshot, queue order) of the last `_order_at`
         self._rounds_skipped = 0
@@ -88,21 +106,56 @@ class StillTickRule:
         kept = self._still_order
         if kept is not None and kept[0] == t and kept[1] is snapshot:
             return kept[2]
-        order = priority_order(RoundState(snapshot, self.config, t, is_predicted=False))
+        if self._still_is_berth:
+            still = self._still
+            guarantees = None
+            if still is not None and has_starved(snapshot, t):
+                guarantees = self._still_guarantees()
+            order = berth_order(snapshot, self.config, t, guarantees)
+        else:
+            order = priority_order(RoundState(snapshot, self.config, t, is_predicted=False))
         self._still_order = (t, snapshot, order)
         return order
+
+    def _still_guarantees(self) -> Callable[[JobRequest], bool]:
+        """Berth's guarantee test of the still round, built once (`replay_still_berth`)."""
+        still = self._still
+        assert still is not None
+        if still.guarantees is None:
+            still.guarantees = guarantee_test(self._still_round())
+        return still.guarantees
+
+    def _still_round(self) -> Round:
+        """`replay_still_berth.still_round` of the still round, built once."""
+        still = self._still
+        assert still is not None
+        if still.round is None:
+            still.round = still_round(still.snapshot, still.config, still.at)
+        return still.round
 
     def _is_still(self, snapshot: ClusterSnapshot, t: float) -> bool:
         """Whether a tick at ``t`` would plan what the last round planned (module docstring)."""
         still = self._still
-        if still is None or snapshot.bookings != still.snapshot.bookings:
+        if still is None or snapshot.bookings != still.snapshot.bookings or self.config is not still.config:
             return False
         if still.until is None:
             last = still.snapshot
-            still.until = min(
-                _next_overdue(last, self.config, still.at),
-                _next_fit_change(last, still.plan, self.config, still.at, free_gpus=still.free_gpus),
-            )
+            if not self._still_is_berth:
+                still.until = min(
+                    _next_overdue(last, self.config, still.at),
+                    _next_fit_change(last, still.plan, self.config, still.at, free_gpus=still.free_gpus),
+                )
+            elif berth_refuses(last, self.config, still.at, self._still_guarantees):
+                still.until = still.at
+            else:
+                still.until = berth_until(
+                    last,
+                    still.plan,
+                    self.config,
+                    still.at,
+                    free_gpus=still.free_gpus,
+                    round_of=self._still_round,
+                )
         if t >= still.until:
             return False
         if still.order is None:
@@ -113,7 +166,11 @@ class StillTickRule:
         self, snapshot: ClusterSnapshot, plan: Plan, t: float, *, acted: bool, free_gpus: int
     ) -> None:
         """After a planned round: keep it for the ticks after it, if it did nothing."""
-        self._still = None if acted or not self._skips_still_ticks else _Still(t, snapshot, plan, free_gpus)
+        self._still = (
+            None
+            if acted or not self._skips_still_ticks
+            else _Still(t, snapshot, plan, free_gpus, self.config)
+        )
 
 
 def _next_overdue(snapshot: ClusterSnapshot, config: PolicyConfig, t: float) -> float:

@@ -1,0 +1,349 @@
+"""Still ticks under berth: when a tick provably plans what the last (no-op) round planned.
+
+`scheduling.sim.replay_still` holds the rule and its proof for easy and static; this module adds
+what berth reads of ``now`` besides.  Between a berth round that started and preempted nothing
+and a tick with no event in between, the pending and running jobs, the free GPUs, the bookings
+and the claims are the same; the policy (interactive headroom and pool, rebuilt by the replay
+from its forecast every round) must be the very same object.  Time alone then changes berth's
+plan only through:
+
+* the queue order (expected slowdown ``(wait + p50) / p50`` x fair share, which every waiting
+  job's wait and the decaying usage move; the one-day starvation bound; claims expiring
+  ``claim_hold_s`` past their kill): recomputed at the tick with berth's own order stage
+  (`berth_order`) and compared job by job;
+* reclaim for sessions, quota claims and wide jobs (`stages.reclaim`,
+  `fragmentation.reclaim_for_wide`) weighs the work a victim would lose, which grows with
+  ``now``, and drain-aware placement reads predicted ends that drift once a job outlives its
+  prediction: no tick is skipped while a session waits, while a pending batch job runs within
+  its project's guarantee (it would claim work back), or on a cluster with a node of several
+  GPUs (`berth_refuses`).  Restartable consenting work is taken by nothing else but a booking,
+  whose signal instant is a threshold;
+* checkpointing work that is reclaimable (`preemption.is_reclaimable`: consenting batch work
+  not in its grace): its GPUs count as back at its kill time (`Round.avail_reclaim`), which is
+  its minimum runtime until that passes and ``now`` + the grace after; the pool counts it as
+  in reach once its session kill fits in a grace (`headroom.headroom_need`); the top job may
+  suspend it once it is past its minimum runtime and either lent after the top job was queued
+  or predicted to run on more than ``suspend_ratio`` times the top job's p50
+  (`stages.reclaim.Reclaim.suspendable_for`).  Those minimum runtimes and the ages at which a
+  predicted remaining time (p50 and p90 pieces, each at least a share of the age past them,
+  `cluster.running_ends`) passes that bound are thresholds; ``now`` + the grace crossing a
+  fixed instant (a running job's limit, a hold) is one too.  If the top job may suspend some
+  of it already, the round's reclaim failed either for want of GPUs (bounded as above) or as
+  not worth it, which weighs gain and loss that move with ``now``: the tick is not skipped when
+  the reclaim succeeds with any gain taken as worth it (`_WorthAnything`); nor when some job's
+  reclaim was planned (it waits ``preempting``) or found no shadow (the top job is not known);
+* running jobs' expected ends: from the users' limits, fixed until a job passes its limit, after
+  which berth moves the end later with the job's age (`overdue.correct_overdue`): no tick is
+  skipped while a job is overdue, and the next limit is a threshold (`berth_until`).  A job in
+  its grace is gone at its kill, an event;
+* whether a run fits before an instant something is held from (`berth_until`): the top job's
+  shadow, a booking's reclaim signal, lead time, start and end (its window, and the booked
+  windows the pool's peak adds), the pool forecast's hour starts and its end (its level, peak,
+  next rise and low-demand windows), with every duration berth places a job with: p50 (backfill
+  before the shadow), p90 (the pool's peak, the next rise), the user's limit (a booking's
+  window), a lent start's ``min_runtime_s`` (checkpointing) or p90 (restartable) plus the grace,
+  and each plus the grace while checkpointing work is reclaimable; the hour starts and the
+  booking instants are thresholds in themselves too, and one reached at the round's own
+  instant refuses (just after it, ``<`` and ``<=`` differ).
+
+A shadow at the round's own instant could move with ``now`` (a low-demand window that opens
+now): such a round is not kept.  `ReplayOptions.verify_still_ticks` plans every skipped tick
+anyway and raises if it differs (`tests/scheduling/sim/test_replay_still_berth.py`).
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from scheduling.engine.cluster import RoundState, estimate_of, estimates_by_job, job_estimate, running_ends
+from scheduling.engine.policies.berth import BERTH
+from scheduling.engine.pool import HOUR_S, PoolForecast
+from scheduling.engine.preemption import is_reclaimable
+from scheduling.engine.priority import live_claims, slowdown_orders
+from scheduling.engine.round import Round
+from scheduling.engine.stages.order import SlowdownFirst
+from scheduling.engine.stages.reclaim import Reclaim
+from scheduling.engine.types import JobKind, PendingReason
+
+if TYPE_CHECKING:
+    from scheduling.engine.types import ClusterSnapshot, JobRequest, Plan, PolicyConfig, RunningJob
+
+_NOTHING: set[str] = set()
+_MARGIN_S = 1e-3  # float rounding of ``now + d`` against an instant: stop a little early
+
+GuaranteeTest = Callable[["JobRequest"], bool]
+
+
+def _order_stage() -> SlowdownFirst:
+    order = BERTH.order
+    assert isinstance(order, SlowdownFirst)
+    return order
+
+
+def has_starved(snapshot: ClusterSnapshot, t: float) -> bool:
+    """Whether some pending job is past berth's starvation bound at ``t`` (only then does the
+    order ask whether a job runs within its project's guarantee)."""
+    starve = _order_stage().params.starvation_s
+    for job in snapshot.pending:
+        submitted = job.first_submit_at if job.first_submit_at is not None else job.submit_at
+        if t - submitted >= starve:
+            return True
+    return False
+
+
+def still_round(snapshot: ClusterSnapshot, config: PolicyConfig, t: float) -> Round:
+    """A berth round built on the still round's snapshot, for what it answered before it
+    scheduled anything: whether a job runs within its project's guarantee (`guarantee_test`:
+    it reads the running work and the projects' quotas, the same at every tick after it) and
+    what the top job may suspend (`berth_until`)."""
+    return Round(snapshot, config, t, BERTH)
+
+
+def berth_order(
+    snapshot: ClusterSnapshot, config: PolicyConfig, t: float, guarantees: GuaranteeTest | None
+) -> list[JobRequest]:
+    """Berth's queue order of ``snapshot`` at ``t`` (`stages.order.SlowdownFirst`), with the
+    guarantee test ``guarantees`` (asked of starved jobs only: None when none is starved)."""
+    state = RoundState(snapshot, config, t, is_predicted=True, is_running_predicted=False)
+    claims = live_claims(snapshot, config.claim_hold_s, t)
+    return slowdown_orders(state, _order_stage().params, guarantees, claims)[0]
+
+
+def berth_refuses(
+    snapshot: ClusterSnapshot, config: PolicyConfig, t: float, guarantees: Callable[[], GuaranteeTest]
+) -> bool:
+    """Whether a round of ``snapshot`` at ``t`` may read ``now`` in a way `berth_until` does not
+    bound (module docstring): a session waits, some running work is overdue, some pending batch
+    job runs within its project's guarantee (it would claim consenting work back, losing work
+    that grows with time), or a node has several GPUs (wide jobs' reclaim, drain-aware
+    placement on predicted ends).  ``guarantees``: gives the still round's guarantee test."""
+    if any(len(node.gpu_ids) > 1 for node in snapshot.nodes):
+        return True
+    if any(job.kind == JobKind.INTERACTIVE for job in snapshot.pending):
+        return True
+    limits = estimates_by_job(config, is_predicted=False)
+    for running in snapshot.running:
+        if running.started_at + estimate_of(running.job, limits, config, is_predicted=False).hold_s <= t:
+            return True
+    if any(share.guaranteed for share in snapshot.projects) and _may_be_guaranteed(snapshot):
+        is_guaranteed = guarantees()
+        return any(job.kind == JobKind.BATCH and is_guaranteed(job) for job in snapshot.pending)
+    return False
+
+
+def _may_be_guaranteed(snapshot: ClusterSnapshot) -> bool:
+    """Whether some pending batch job may run within its project's guarantee; False only when
+    each is wider than the most guaranteed GPUs its project has left on any GPU type of the
+    snapshot (`Round.guarantee_left`, as `stages.order._most_left` reads it): then
+    `Round.is_within_guarantee` is False for it on any of its types, and no `Round` need be
+    built to ask (the still test's costliest part)."""
+    shares = {share.name: share for share in snapshot.projects}
+    if not any(s.guaranteed or s.borrow_limit is not None or s.borrow_limits for s in shares.values()):
+        return False  # no quotas: every `guarantee_left` is None
+    type_of = {gpu: node.gpu_type for node in snapshot.nodes for gpu in node.gpu_ids}
+    used: dict[tuple[str, str], int] = {}  # `Round.guaranteed_used`
+    for running in snapshot.running:
+        if not running.is_preemptible:
+            project = running.job.project
+            for gpu in running.gpu_ids:
+                key = (project, type_of.get(gpu, ""))
+                used[key] = used.get(key, 0) + 1
+    names = [gpu_type.name for gpu_type in snapshot.gpu_types]
+    most_left: dict[str, float] = {}
+    for job in snapshot.pending:
+        share = shares.get(job.project)
+        if job.kind != JobKind.BATCH or share is None:
+            continue
+        left = most_left.get(job.project)
+        if left is None:
+            if share.guaranteed or share.borrow_limit is not None or share.borrow_limits:
+                left = max(
+                    (
+                        sum(n for t, n in share.guaranteed if t in (name, "*"))
+                        - used.get((job.project, name), 0)
+                        for name in names
+                    ),
+                    default=-math.inf,
+                )
+            else:
+                left = -math.inf
+            most_left[job.project] = left
+        if job.gpu_count <= left:
+            return True
+    return False
+
+
+def berth_until(
+    snapshot: ClusterSnapshot,
+    plan: Plan,
+    config: PolicyConfig,
+    t: float,
+    *,
+    free_gpus: int,
+    round_of: Callable[[], Round],
+) -> float:
+    """The first instant after ``t`` at which time alone could change berth's plan of
+    ``snapshot`` (module docstring); ``t`` itself when the round must not be kept.
+    ``round_of``: gives `still_round` of the same, built once."""
+    pending = {job.id: job for job in snapshot.pending}
+    if any(r.start_at <= t and r.holder_id in pending for r in plan.reservations):
+        return t  # a job's shadow from now on moves with now (a booking's start is fixed)
+    reclaimable = [
+        running
+        for running in snapshot.running
+        if running.job.is_checkpointable and is_reclaimable(running, excluded=_NOTHING)
+    ]
+    found = _reclaim_until(plan, config, t, reclaimable, pending, round_of)
+    if found <= t:
+        return t
+    limits = estimates_by_job(config, is_predicted=False)
+    ends = {
+        running.started_at + estimate_of(running.job, limits, config, is_predicted=False).hold_s
+        for running in snapshot.running
+    }
+    holds = {r.start_at for r in plan.reservations}
+    for booking in snapshot.bookings:
+        lead = booking.start_at - config.booking_lead_s
+        holds.update((lead - config.grace_s, lead, booking.start_at, booking.end_at))
+    forecast = PoolForecast.of(config)
+    if forecast is not None:
+        holds.update(forecast.starts)
+        holds.add(forecast.starts[-1] + HOUR_S)
+    durations = _durations(snapshot, plan, config, free_gpus=free_gpus)
+    # what is compared with a fixed instant: now (free GPUs, the hour, a booking's signal),
+    # now + a duration (a run's end) and, while checkpointing work may be reclaimed, now + the
+    # grace (when its GPUs could be back, `Round.avail_reclaim`) and that plus a duration
+    offsets = {0.0, *durations}
+    end_offsets = [0.0]
+    if reclaimable:
+        offsets.update([config.grace_s, *(config.grace_s + d for d in durations)])
+        end_offsets.append(config.grace_s)
+    found = min(found, _first_crossing(holds, sorted(offsets), t))
+    return min(found, _first_crossing(ends, end_offsets, t)) - _MARGIN_S
+
+
+@dataclass(frozen=True, slots=True)
+class _WorthAnything(Reclaim):
+    """Berth's reclaim stage, taking any reclaim for the top job as worth it."""
+
+    def is_worth_it(self, *_args: object, **_kwargs: object) -> bool:
+        """Always: `Reclaim.is_worth_it` weighs what moves with ``now``."""
+        return True
+
+
+def _first_crossing(instants: set[float], offsets: list[float], t: float) -> float:
+    """The first instant after ``t`` at which ``now + a`` reaches one of ``instants`` for one of
+    the (sorted) ``offsets`` ``a``: for each instant the largest offset still short of it at
+    ``t`` reaches it first."""
+    found = math.inf
+    for at in instants:
+        index = bisect_right(offsets, at - t) - 1
+        if index >= 0:
+            # ``t`` when one reaches it at ``t`` exactly: just after, ``<`` and ``<=`` differ
+            found = min(found, max(at - offsets[index], t))
+    return found
+
+
+def _reclaim_until(
+    plan: Plan,
+    config: PolicyConfig,
+    t: float,
+    reclaimable: list[RunningJob],
+    pending: dict[str, JobRequest],
+    round_of: Callable[[], Round],
+) -> float:
+    """While checkpointing work is reclaimable and no session waits: the first instant after
+    ``t`` at which the top job's suspension test (`stages.reclaim.Reclaim.suspendable_for`) or
+    the pool's count of work in reach (`headroom.headroom_need`) could change; ``t`` when the
+    top job may suspend some of it now (whether it does reads lost work, which moves) or when
+    some job's reclaim was planned or its shadow not found (the top job is not known)."""
+    if not reclaimable:
+        return math.inf
+    if any(e.reason in (PendingReason.PREEMPTING, PendingReason.CONSTRAINT) for e in plan.pending):
+        return t
+    grace, floor = config.grace_s, config.min_runtime_s
+    found = math.inf
+    for running in reclaimable:
+        # past these its kill (batch, then high class) is no longer bound by its minimum runtime
+        for at in (running.started_at + floor - grace, running.started_at + min(floor, grace) - grace):
+            if at > t:
+                found = min(found, at)
+    tops = [pending[r.holder_id] for r in plan.reservations if r.holder_id in pending]
+    if not tops:
+        return found  # no job was made the top job: nothing asked to suspend work
+    top = tops[0]
+    reclaim = BERTH.reclaim
+    assert reclaim is not None
+    predicted = estimates_by_job(config, is_predicted=True)
+    estimate = estimate_of(top, predicted, config, is_predicted=True)  # `RoundState.estimate`
+    if _may_suspend(reclaimable, top, estimate.p50_s * reclaim.suspend_ratio, config, t):
+        rnd = round_of()
+        reclaim.for_bookings(rnd)  # what the round did before (it signalled nothing: a still round)
+        types = rnd.types_for(top)
+        single = rnd.is_single_node(types, top.gpu_count)
+        may_take = reclaim.suspendable_for(rnd, top, types, rnd.state.estimate(top), single)
+        if any(may_take(running) for running in reclaimable):
+            # it may suspend some: the round's reclaim failed either for want of GPUs (which
+            # the instants below and the fits of its runs bound) or as not worth it (gain and
+            # loss move with now): the latter if it succeeds when any gain is worth it
+            worth_anything = _WorthAnything(suspend_ratio=reclaim.suspend_ratio)
+            if worth_anything.for_demand(rnd, top, types, rnd.state.estimate(top), single=single):
+                return t
+    longer_than = reclaim.suspend_ratio * estimate.p50_s
+    fraction = config.overrun_fraction
+    for running in reclaimable:
+        # its predicted remaining time (`cluster.running_ends`, p50 and p90 each at least a
+        # share of its age) passes ``longer_than`` only where one of its pieces does
+        own = estimate_of(running.job, predicted, config, is_predicted=True)
+        ages = [own.p50_s - longer_than, own.hold_s - longer_than]
+        if fraction > 0:
+            ages += [longer_than / (0.5 * fraction), longer_than / fraction]
+        for age in ages:
+            if running.started_at + age > t:
+                found = min(found, running.started_at + age)
+    return found
+
+
+def _may_suspend(
+    reclaimable: list[RunningJob], top: JobRequest, longer_than: float, config: PolicyConfig, t: float
+) -> bool:
+    """Whether the top job may suspend some of ``reclaimable`` at ``t`` by every term of
+    `stages.reclaim.Reclaim.suspendable_for` but the last (expected to run past the top job's
+    shadow, which needs a round): past its minimum runtime within the grace (``kill_time`` at
+    most ``now`` + the grace) and predicted to end after ``now`` + ``longer_than`` or lent
+    after the top job was queued.  False: ``suspendable_for`` takes none, and no round need be
+    built to ask it."""
+    latest_kill = t + config.grace_s
+    floor = config.min_runtime_s  # `preemption.min_runtime_s` of a batch demand
+    for running in reclaimable:
+        if running.started_at + floor > latest_kill:
+            continue
+        if running.is_preemptible and running.started_at >= top.submit_at:
+            return True
+        if running_ends(running, t, config, is_predicted=True)[0] > t + longer_than:
+            return True
+    return False
+
+
+def _durations(snapshot: ClusterSnapshot, plan: Plan, config: PolicyConfig, *, free_gpus: int) -> list[float]:
+    """Every duration berth fits a pending job's run with (module docstring), of the jobs that
+    could use the free GPUs or those in grace, and of the plan's reservation holders; sorted."""
+    in_grace = sum(len(r.gpu_ids) for r in snapshot.running if r.grace_until is not None)
+    holders = {r.holder_id for r in plan.reservations}
+    predicted = estimates_by_job(config, is_predicted=True)
+    grace, floor = config.grace_s, config.min_runtime_s
+    durations: set[float] = set()
+    for job in snapshot.pending:
+        if job.gpu_count > free_gpus + in_grace and job.id not in holders:
+            continue
+        estimate = estimate_of(job, predicted, config, is_predicted=True)
+        limit = job_estimate(job, config, is_predicted=False).hold_s
+        p90 = estimate.hold_s
+        durations.update((estimate.p50_s, p90, limit, max(p90, job.requested_s or 0.0)))
+        if job.is_preemptible:
+            durations.add((floor if job.is_checkpointable else max(p90, floor)) + grace)
+    return sorted(durations)
