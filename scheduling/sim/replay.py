@@ -480,7 +480,7 @@ class Replay(BookingDesk, TickRule, StillTickRule):
                 self._verify_still(snapshot, t)
             return False
         started = time.perf_counter()
-        plan = self.plan_fn(snapshot, policy=config, now=t)
+        plan = self._plan(snapshot, config, t)
         self.record.round_ms.append((time.perf_counter() - started) * 1000.0)
         results = self.backend.apply(plan)
         acted = False

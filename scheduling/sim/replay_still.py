@@ -44,15 +44,11 @@ from typing import TYPE_CHECKING
 
 from scheduling.engine import plan_round
 from scheduling.engine.cluster import RoundState, estimate_of, estimates_by_job
+from scheduling.engine.policies.berth import BERTH
 from scheduling.engine.priority import priority_order
+from scheduling.engine.stages.compose import plan_and_round
 from scheduling.engine.stages.order import guarantee_test
-from scheduling.sim.replay_still_berth import (
-    berth_order,
-    berth_refuses,
-    berth_until,
-    has_starved,
-    still_round,
-)
+from scheduling.sim.replay_still_berth import berth_order, berth_refuses, berth_until, has_starved
 
 if TYPE_CHECKING:
     from scheduling.engine.round import Round
@@ -79,22 +75,25 @@ class _Still:
     until: float | None = None  # the first instant after ``at`` at which time alone could change the plan
     # berth: the still round's guarantee test, once a starved job asks it (`replay_still_berth`)
     guarantees: Callable[[JobRequest], bool] | None = None
-    round: Round | None = None  # berth: `replay_still_berth.still_round` of it, once asked
+    round: Round | None = None  # berth: the round that planned ``plan`` (`plan_and_round`)
 
 
 class StillTickRule:
     """The still-tick half of `Replay` (module docstring); the attributes are `Replay`'s."""
 
     config: PolicyConfig
+    plan_fn: PlanFn
     _still: _Still | None
     _still_order: tuple[float, ClusterSnapshot, list[JobRequest]] | None
     _skips_still_ticks: bool
     _rounds_skipped: int
     _still_is_berth: bool
+    _planned: tuple[Round, list[JobRequest]] | None
 
     def _init_still(self, policy: str, plan_fn: PlanFn, *, enabled: bool) -> None:
         self._skips_still_ticks = enabled and policy in STILL_POLICIES and plan_fn is plan_round
         self._still_is_berth = policy == "berth"
+        self._planned = None  # (round, queue order) of the last berth plan (`_plan`)
         self._still = None
         self._still_order = None  # (instant, snapshot, queue order) of the last `_order_at`
         self._rounds_skipped = 0
@@ -126,12 +125,21 @@ class StillTickRule:
         return still.guarantees
 
     def _still_round(self) -> Round:
-        """`replay_still_berth.still_round` of the still round, built once."""
+        """The round that planned the still round (berth: `stages.compose.plan_and_round`)."""
         still = self._still
         assert still is not None
-        if still.round is None:
-            still.round = still_round(still.snapshot, still.config, still.at)
+        assert still.round is not None
         return still.round
+
+    def _plan(self, snapshot: ClusterSnapshot, config: PolicyConfig, t: float) -> Plan:
+        """``plan_fn``'s plan; under berth with still ticks skipped, `plan_round`'s very plan
+        through `plan_and_round` (what `plan_berth` runs), keeping its round and queue order
+        for `_remember_still`."""
+        if self._still_is_berth and self._skips_still_ticks and config.name == "berth":
+            plan, rnd, queue = plan_and_round(BERTH, snapshot, config, t)
+            self._planned = (rnd, queue)
+            return plan
+        return self.plan_fn(snapshot, policy=config, now=t)
 
     def _is_still(self, snapshot: ClusterSnapshot, t: float) -> bool:
         """Whether a tick at ``t`` would plan what the last round planned (module docstring)."""
@@ -154,7 +162,7 @@ class StillTickRule:
                     self.config,
                     still.at,
                     free_gpus=still.free_gpus,
-                    round_of=self._still_round,
+                    rnd=self._still_round(),
                 )
         if t >= still.until:
             return False
@@ -166,11 +174,15 @@ class StillTickRule:
         self, snapshot: ClusterSnapshot, plan: Plan, t: float, *, acted: bool, free_gpus: int
     ) -> None:
         """After a planned round: keep it for the ticks after it, if it did nothing."""
-        self._still = (
-            None
-            if acted or not self._skips_still_ticks
-            else _Still(t, snapshot, plan, free_gpus, self.config)
-        )
+        if acted or not self._skips_still_ticks:
+            self._still = self._planned = None
+            return
+        still = _Still(t, snapshot, plan, free_gpus, self.config)
+        if self._planned is not None:
+            # berth: its round, and its queue order at ``t`` (the order the tick compares)
+            still.round, still.order = self._planned
+            self._planned = None
+        self._still = still
 
 
 def _next_overdue(snapshot: ClusterSnapshot, config: PolicyConfig, t: float) -> float:

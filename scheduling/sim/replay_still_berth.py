@@ -27,11 +27,13 @@ plan only through:
   (`stages.reclaim.Reclaim.suspendable_for`).  Those minimum runtimes and the ages at which a
   predicted remaining time (p50 and p90 pieces, each at least a share of the age past them,
   `cluster.running_ends`) passes that bound are thresholds; ``now`` + the grace crossing a
-  fixed instant (a running job's limit, a hold) is one too.  If the top job may suspend some
-  of it already, the round's reclaim failed either for want of GPUs (bounded as above) or as
-  not worth it, which weighs gain and loss that move with ``now``: the tick is not skipped when
-  the reclaim succeeds with any gain taken as worth it (`_WorthAnything`); nor when some job's
-  reclaim was planned (it waits ``preempting``) or found no shadow (the top job is not known);
+  fixed instant (a running job's limit, a hold) is one too.  The still round's own reclaim for
+  the top job (`stages.reclaim.Reclaim.for_demand`) either found no plan, for want of victims
+  or GPUs (bounded as above), or found one and refused it as not worth it, which weighs gain
+  and loss that move with ``now``: the round records the latter (`Outcome.worth_refused`, read
+  from the finished round, `stages.compose.plan_and_round`) and the tick is then not skipped;
+  nor when some job's reclaim was planned (it waits ``preempting``) or found no shadow (the
+  top job is not known);
 * running jobs' expected ends: from the users' limits, fixed until a job passes its limit, after
   which berth moves the end later with the job's age (`overdue.correct_overdue`): no tick is
   skipped while a job is overdue, and the next limit is a threshold (`berth_until`).  A job in
@@ -56,17 +58,15 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from scheduling.engine.cluster import RoundState, estimate_of, estimates_by_job, job_estimate, running_ends
+from scheduling.engine.cluster import RoundState, estimate_of, estimates_by_job, job_estimate
 from scheduling.engine.policies.berth import BERTH
 from scheduling.engine.pool import HOUR_S, PoolForecast
 from scheduling.engine.preemption import is_reclaimable
 from scheduling.engine.priority import live_claims, slowdown_orders
 from scheduling.engine.round import Round
 from scheduling.engine.stages.order import SlowdownFirst
-from scheduling.engine.stages.reclaim import Reclaim
 from scheduling.engine.types import JobKind, PendingReason
 
 if TYPE_CHECKING:
@@ -93,14 +93,6 @@ def has_starved(snapshot: ClusterSnapshot, t: float) -> bool:
         if t - submitted >= starve:
             return True
     return False
-
-
-def still_round(snapshot: ClusterSnapshot, config: PolicyConfig, t: float) -> Round:
-    """A berth round built on the still round's snapshot, for what it answered before it
-    scheduled anything: whether a job runs within its project's guarantee (`guarantee_test`:
-    it reads the running work and the projects' quotas, the same at every tick after it) and
-    what the top job may suspend (`berth_until`)."""
-    return Round(snapshot, config, t, BERTH)
 
 
 def berth_order(
@@ -184,11 +176,11 @@ def berth_until(
     t: float,
     *,
     free_gpus: int,
-    round_of: Callable[[], Round],
+    rnd: Round,
 ) -> float:
     """The first instant after ``t`` at which time alone could change berth's plan of
     ``snapshot`` (module docstring); ``t`` itself when the round must not be kept.
-    ``round_of``: gives `still_round` of the same, built once."""
+    ``rnd``: the round that planned ``plan`` (`stages.compose.plan_and_round`)."""
     pending = {job.id: job for job in snapshot.pending}
     if any(r.start_at <= t and r.holder_id in pending for r in plan.reservations):
         return t  # a job's shadow from now on moves with now (a booking's start is fixed)
@@ -197,7 +189,7 @@ def berth_until(
         for running in snapshot.running
         if running.job.is_checkpointable and is_reclaimable(running, excluded=_NOTHING)
     ]
-    found = _reclaim_until(plan, config, t, reclaimable, pending, round_of)
+    found = _reclaim_until(plan, config, t, reclaimable, pending, rnd)
     if found <= t:
         return t
     limits = estimates_by_job(config, is_predicted=False)
@@ -226,15 +218,6 @@ def berth_until(
     return min(found, _first_crossing(ends, end_offsets, t)) - _MARGIN_S
 
 
-@dataclass(frozen=True, slots=True)
-class _WorthAnything(Reclaim):
-    """Berth's reclaim stage, taking any reclaim for the top job as worth it."""
-
-    def is_worth_it(self, *_args: object, **_kwargs: object) -> bool:
-        """Always: `Reclaim.is_worth_it` weighs what moves with ``now``."""
-        return True
-
-
 def _first_crossing(instants: set[float], offsets: list[float], t: float) -> float:
     """The first instant after ``t`` at which ``now + a`` reaches one of ``instants`` for one of
     the (sorted) ``offsets`` ``a``: for each instant the largest offset still short of it at
@@ -254,13 +237,18 @@ def _reclaim_until(
     t: float,
     reclaimable: list[RunningJob],
     pending: dict[str, JobRequest],
-    round_of: Callable[[], Round],
+    rnd: Round,
 ) -> float:
     """While checkpointing work is reclaimable and no session waits: the first instant after
     ``t`` at which the top job's suspension test (`stages.reclaim.Reclaim.suspendable_for`) or
     the pool's count of work in reach (`headroom.headroom_need`) could change; ``t`` when the
-    top job may suspend some of it now (whether it does reads lost work, which moves) or when
-    some job's reclaim was planned or its shadow not found (the top job is not known)."""
+    round (``rnd``) refused a reclaim as not worth it (`Outcome.worth_refused`: gain and loss
+    move with now) or when some job's reclaim was planned or its shadow not found (the top
+    job is not known)."""
+    if rnd.out.worth_refused:
+        # the top job's reclaim found a plan and was refused on its worth; had it failed for
+        # want of victims or GPUs, only the instants below could change that
+        return t
     if not reclaimable:
         return math.inf
     if any(e.reason in (PendingReason.PREEMPTING, PendingReason.CONSTRAINT) for e in plan.pending):
@@ -275,24 +263,11 @@ def _reclaim_until(
     tops = [pending[r.holder_id] for r in plan.reservations if r.holder_id in pending]
     if not tops:
         return found  # no job was made the top job: nothing asked to suspend work
-    top = tops[0]
     reclaim = BERTH.reclaim
     assert reclaim is not None
     predicted = estimates_by_job(config, is_predicted=True)
-    estimate = estimate_of(top, predicted, config, is_predicted=True)  # `RoundState.estimate`
-    if _may_suspend(reclaimable, top, estimate.p50_s * reclaim.suspend_ratio, config, t):
-        rnd = round_of()
-        reclaim.for_bookings(rnd)  # what the round did before (it signalled nothing: a still round)
-        types = rnd.types_for(top)
-        single = rnd.is_single_node(types, top.gpu_count)
-        may_take = reclaim.suspendable_for(rnd, top, types, rnd.state.estimate(top), single)
-        if any(may_take(running) for running in reclaimable):
-            # it may suspend some: the round's reclaim failed either for want of GPUs (which
-            # the instants below and the fits of its runs bound) or as not worth it (gain and
-            # loss move with now): the latter if it succeeds when any gain is worth it
-            worth_anything = _WorthAnything(suspend_ratio=reclaim.suspend_ratio)
-            if worth_anything.for_demand(rnd, top, types, rnd.state.estimate(top), single=single):
-                return t
+    # `RoundState.estimate` of the top job
+    estimate = estimate_of(tops[0], predicted, config, is_predicted=True)
     longer_than = reclaim.suspend_ratio * estimate.p50_s
     fraction = config.overrun_fraction
     for running in reclaimable:
@@ -306,27 +281,6 @@ def _reclaim_until(
             if running.started_at + age > t:
                 found = min(found, running.started_at + age)
     return found
-
-
-def _may_suspend(
-    reclaimable: list[RunningJob], top: JobRequest, longer_than: float, config: PolicyConfig, t: float
-) -> bool:
-    """Whether the top job may suspend some of ``reclaimable`` at ``t`` by every term of
-    `stages.reclaim.Reclaim.suspendable_for` but the last (expected to run past the top job's
-    shadow, which needs a round): past its minimum runtime within the grace (``kill_time`` at
-    most ``now`` + the grace) and predicted to end after ``now`` + ``longer_than`` or lent
-    after the top job was queued.  False: ``suspendable_for`` takes none, and no round need be
-    built to ask it."""
-    latest_kill = t + config.grace_s
-    floor = config.min_runtime_s  # `preemption.min_runtime_s` of a batch demand
-    for running in reclaimable:
-        if running.started_at + floor > latest_kill:
-            continue
-        if running.is_preemptible and running.started_at >= top.submit_at:
-            return True
-        if running_ends(running, t, config, is_predicted=True)[0] > t + longer_than:
-            return True
-    return False
 
 
 def _durations(snapshot: ClusterSnapshot, plan: Plan, config: PolicyConfig, *, free_gpus: int) -> list[float]:
