@@ -153,7 +153,7 @@ class StillTickRule:
                     _next_overdue(last, self.config, still.at),
                     _next_fit_change(last, still.plan, self.config, still.at, free_gpus=still.free_gpus),
                 )
-            elif berth_refuses(last, self.config, still.at, self._still_guarantees):
+            elif berth_refuses(last, self.config, still.at):
                 still.until = still.at
             else:
                 still.until = berth_until(

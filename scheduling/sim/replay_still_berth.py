@@ -73,6 +73,9 @@ if TYPE_CHECKING:
     from scheduling.engine.types import ClusterSnapshot, JobRequest, Plan, PolicyConfig, RunningJob
 
 _NOTHING: set[str] = set()
+# a job's reclaim was planned (it waits for GPUs arriving) or its shadow was not found: the top
+# job is not known
+_TOP_UNKNOWN = frozenset({PendingReason.PREEMPTING, PendingReason.CONSTRAINT})
 _MARGIN_S = 1e-3  # float rounding of ``now + d`` against an instant: stop a little early
 
 GuaranteeTest = Callable[["JobRequest"], bool]
@@ -105,14 +108,10 @@ def berth_order(
     return slowdown_orders(state, _order_stage().params, guarantees, claims)[0]
 
 
-def berth_refuses(
-    snapshot: ClusterSnapshot, config: PolicyConfig, t: float, guarantees: Callable[[], GuaranteeTest]
-) -> bool:
+def berth_refuses(snapshot: ClusterSnapshot, config: PolicyConfig, t: float) -> bool:
     """Whether a round of ``snapshot`` at ``t`` may read ``now`` in a way `berth_until` does not
-    bound (module docstring): a session waits, some running work is overdue, some pending batch
-    job runs within its project's guarantee (it would claim consenting work back, losing work
-    that grows with time), or a node has several GPUs (wide jobs' reclaim, drain-aware
-    placement on predicted ends).  ``guarantees``: gives the still round's guarantee test."""
+    bound (module docstring): a session waits, some running work is overdue, or a node has
+    several GPUs (wide jobs' reclaim, drain-aware placement on predicted ends)."""
     if any(len(node.gpu_ids) > 1 for node in snapshot.nodes):
         return True
     if any(job.kind == JobKind.INTERACTIVE for job in snapshot.pending):
@@ -120,51 +119,6 @@ def berth_refuses(
     limits = estimates_by_job(config, is_predicted=False)
     for running in snapshot.running:
         if running.started_at + estimate_of(running.job, limits, config, is_predicted=False).hold_s <= t:
-            return True
-    if any(share.guaranteed for share in snapshot.projects) and _may_be_guaranteed(snapshot):
-        is_guaranteed = guarantees()
-        return any(job.kind == JobKind.BATCH and is_guaranteed(job) for job in snapshot.pending)
-    return False
-
-
-def _may_be_guaranteed(snapshot: ClusterSnapshot) -> bool:
-    """Whether some pending batch job may run within its project's guarantee; False only when
-    each is wider than the most guaranteed GPUs its project has left on any GPU type of the
-    snapshot (`Round.guarantee_left`, as `stages.order._most_left` reads it): then
-    `Round.is_within_guarantee` is False for it on any of its types, and no `Round` need be
-    built to ask (the still test's costliest part)."""
-    shares = {share.name: share for share in snapshot.projects}
-    if not any(s.guaranteed or s.borrow_limit is not None or s.borrow_limits for s in shares.values()):
-        return False  # no quotas: every `guarantee_left` is None
-    type_of = {gpu: node.gpu_type for node in snapshot.nodes for gpu in node.gpu_ids}
-    used: dict[tuple[str, str], int] = {}  # `Round.guaranteed_used`
-    for running in snapshot.running:
-        if not running.is_preemptible:
-            project = running.job.project
-            for gpu in running.gpu_ids:
-                key = (project, type_of.get(gpu, ""))
-                used[key] = used.get(key, 0) + 1
-    names = [gpu_type.name for gpu_type in snapshot.gpu_types]
-    most_left: dict[str, float] = {}
-    for job in snapshot.pending:
-        share = shares.get(job.project)
-        if job.kind != JobKind.BATCH or share is None:
-            continue
-        left = most_left.get(job.project)
-        if left is None:
-            if share.guaranteed or share.borrow_limit is not None or share.borrow_limits:
-                left = max(
-                    (
-                        sum(n for t, n in share.guaranteed if t in (name, "*"))
-                        - used.get((job.project, name), 0)
-                        for name in names
-                    ),
-                    default=-math.inf,
-                )
-            else:
-                left = -math.inf
-            most_left[job.project] = left
-        if job.gpu_count <= left:
             return True
     return False
 
@@ -249,10 +203,16 @@ def _reclaim_until(
         # the top job's reclaim found a plan and was refused on its worth; had it failed for
         # want of victims or GPUs, only the instants below could change that
         return t
+    # a pending job's explanation gives its verdict's reason (`explain.explain_pending`; none
+    # started in a still round): read from the verdicts, without explaining the plan
+    rnd.settle()
+    verdicts = rnd.out.verdicts
+    for job_id in pending:
+        verdict = verdicts.get(job_id)
+        if verdict is not None and verdict.reason in _TOP_UNKNOWN:
+            return t
     if not reclaimable:
         return math.inf
-    if any(e.reason in (PendingReason.PREEMPTING, PendingReason.CONSTRAINT) for e in plan.pending):
-        return t
     grace, floor = config.grace_s, config.min_runtime_s
     found = math.inf
     for running in reclaimable:

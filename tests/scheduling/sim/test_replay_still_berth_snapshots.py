@@ -122,7 +122,7 @@ def _until(snap: ClusterSnapshot, config: PolicyConfig, t: float) -> tuple[Plan,
     plan, rnd, queue = plan_and_round(BERTH, snap, config, t)
     assert not plan.starts
     assert not plan.preemptions
-    if berth_refuses(snap, config, t, lambda: guarantee_test(rnd)):
+    if berth_refuses(snap, config, t):
         return plan, queue, t
     return plan, queue, berth_until(snap, plan, config, t, free_gpus=_free_gpus(snap), rnd=rnd)
 
