@@ -67,7 +67,7 @@ from scheduling.engine.preemption import is_reclaimable
 from scheduling.engine.priority import live_claims, slowdown_orders
 from scheduling.engine.round import Round
 from scheduling.engine.stages.order import SlowdownFirst
-from scheduling.engine.types import JobKind, PendingReason
+from scheduling.engine.types import PendingReason
 
 if TYPE_CHECKING:
     from scheduling.engine.types import ClusterSnapshot, JobRequest, Plan, PolicyConfig, RunningJob
@@ -110,11 +110,9 @@ def berth_order(
 
 def berth_refuses(snapshot: ClusterSnapshot, config: PolicyConfig, t: float) -> bool:
     """Whether a round of ``snapshot`` at ``t`` may read ``now`` in a way `berth_until` does not
-    bound (module docstring): a session waits, some running work is overdue, or a node has
-    several GPUs (wide jobs' reclaim, drain-aware placement on predicted ends)."""
+    bound (module docstring): some running work is overdue, or a node has several GPUs (wide
+    jobs' reclaim, drain-aware placement on predicted ends)."""
     if any(len(node.gpu_ids) > 1 for node in snapshot.nodes):
-        return True
-    if any(job.kind == JobKind.INTERACTIVE for job in snapshot.pending):
         return True
     limits = estimates_by_job(config, is_predicted=False)
     for running in snapshot.running:
