@@ -11,11 +11,18 @@ plan only through:
   job's wait and the decaying usage move; the one-day starvation bound; claims expiring
   ``claim_hold_s`` past their kill): recomputed at the tick with berth's own order stage
   (`berth_order`) and compared job by job;
-* reclaim for sessions, quota claims and wide jobs (`stages.reclaim`,
-  `fragmentation.reclaim_for_wide`) weighs the work a victim would lose, which grows with
-  ``now``, and drain-aware placement reads predicted ends that drift once a job outlives its
-  prediction: no tick is skipped while a session waits, while a pending batch job runs within
-  its project's guarantee (it would claim work back), or on a cluster with a node of several
+* reclaim for sessions and quota claims (`stages.reclaim.Reclaim.for_demand`, high class, no
+  worth test) may take checkpointing work always and restartable work only while the work it
+  would lose (`RoundState.lost_work_s`, all it did) is at most the GPU-time the demand asks
+  for (`preemption.demand_may_take`): that set only shrinks as ``now`` grows; every victim is
+  ready at ``now`` + the grace (a high-class minimum runtime is at most the grace); the free
+  GPUs a demand may use for its run only shrink as its end ``now`` + its hold passes the fixed
+  instants things are held from; what arrives (work in grace) changes only at its kill, an
+  event.  So a session's or a claim's reclaim that found no plan in the still round finds none
+  at the tick (and one that found a plan signalled someone, or waits ``preempting`` on
+  arriving GPUs: not kept, `_reclaim_until`).  Wide jobs' reclaim
+  (`fragmentation.reclaim_for_wide`) and drain-aware placement read predicted ends that drift
+  once a job outlives its prediction: no tick is skipped on a cluster with a node of several
   GPUs (`berth_refuses`).  Restartable consenting work is taken by nothing else but a booking,
   whose signal instant is a threshold;
 * checkpointing work that is reclaimable (`preemption.is_reclaimable`: consenting batch work
@@ -191,7 +198,7 @@ def _reclaim_until(
     pending: dict[str, JobRequest],
     rnd: Round,
 ) -> float:
-    """While checkpointing work is reclaimable and no session waits: the first instant after
+    """While checkpointing work is reclaimable: the first instant after
     ``t`` at which the top job's suspension test (`stages.reclaim.Reclaim.suspendable_for`) or
     the pool's count of work in reach (`headroom.headroom_need`) could change; ``t`` when the
     round (``rnd``) refused a reclaim as not worth it (`Outcome.worth_refused`: gain and loss
