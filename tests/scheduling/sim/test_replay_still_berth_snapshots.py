@@ -14,7 +14,15 @@ from scheduling.engine import plan_round
 from scheduling.engine.policies.berth import BERTH
 from scheduling.engine.stages.compose import plan_and_round
 from scheduling.engine.stages.order import guarantee_test
-from scheduling.engine.types import Booking, ClusterSnapshot, JobRequest, Plan, PolicyConfig
+from scheduling.engine.types import (
+    Booking,
+    ClusterSnapshot,
+    JobKind,
+    JobRequest,
+    Plan,
+    PolicyConfig,
+    ProjectShare,
+)
 from scheduling.sim import replay_still_berth
 from scheduling.sim.replay_still_berth import berth_order, berth_refuses, berth_until, has_starved
 from tests.scheduling.engine.conftest import job, make_nodes, running, snapshot
@@ -231,3 +239,59 @@ def test_plan_and_round_gives_plan_rounds_plan_and_berths_order(name: str) -> No
         plan, _rnd, queue = plan_and_round(BERTH, snap, config, at)
         assert plan == plan_round(snap, config, at)
         assert queue == berth_order(snap, config, at, None)
+
+
+def _reclaim_demand(
+    demand: JobRequest, *, victim_age: float, projects: tuple[ProjectShare, ...] = ()
+) -> ClusterSnapshot:
+    """No GPU free; the demand may take the restartable work on GPU 0 only while what it
+    would lose (its age) is at most the demand's GPU-time (3,600 s)."""
+    victim = job(
+        "w",
+        1,
+        submit_at=T - 20_000,
+        requested_s=100_000,
+        project="other",
+        is_preemptible=True,
+        predicted_p50_s=50_000.0,
+        predicted_p90_s=90_000.0,
+    )
+    other = job("r", 1, submit_at=T - 20_000, requested_s=100_000)
+    return snapshot(
+        make_nodes(2, 1),
+        running_jobs=[
+            running(victim, [0], started_at=T - victim_age, is_preemptible=True),
+            running(other, [1], started_at=T - 10_000),
+        ],
+        pending=[demand],
+        projects=projects,
+    )
+
+
+_SESSION = job("s", 1, submit_at=T - 100, requested_s=3_600, kind=JobKind.INTERACTIVE)
+_CLAIM = job(
+    "g",
+    1,
+    submit_at=T - 100,
+    requested_s=3_600,
+    project="own",
+    predicted_p50_s=1_000.0,
+    predicted_p90_s=3_600.0,
+)
+_QUOTAS = (ProjectShare(name="own", guaranteed=(("A100", 1),)), ProjectShare(name="other"))
+
+
+@pytest.mark.parametrize(
+    ("demand", "projects"), [(_SESSION, ()), (_CLAIM, _QUOTAS)], ids=["session", "quota_claim"]
+)
+def test_a_failed_session_or_claim_reclaim_stays_failed(
+    demand: JobRequest, projects: tuple[ProjectShare, ...]
+) -> None:
+    # the restartable victim costs more than the demand asks for, and costs more as it runs:
+    # the still round is kept while a session waits or a job within its guarantee does
+    costly = _reclaim_demand(demand, victim_age=10_000.0, projects=projects)
+    assert _until(costly, BERTH_CONFIG, T)[2] > T + 3_600
+    assert _check_skips(costly, BERTH_CONFIG) > 0
+    # the same demand takes it while it has run less than the demand's GPU-time
+    cheap = _reclaim_demand(demand, victim_age=1_000.0, projects=projects)
+    assert [p.job_id for p in plan_round(cheap, BERTH_CONFIG, T).preemptions] == ["w"]
