@@ -135,7 +135,12 @@ class StillTickRule:
         """``plan_fn``'s plan; under berth with still ticks skipped, `plan_round`'s very plan
         through `plan_and_round` (what `plan_berth` runs), keeping its round and queue order
         for `_remember_still`."""
-        if self._still_is_berth and self._skips_still_ticks and config.name == "berth":
+        if (
+            self._still_is_berth
+            and self._skips_still_ticks
+            and self.plan_fn is plan_round  # not a caller's own, set after `_init_still`
+            and config.name == "berth"
+        ):
             plan, rnd, queue = plan_and_round(BERTH, snapshot, config, t)
             self._planned = (rnd, queue)
             return plan
@@ -146,6 +151,8 @@ class StillTickRule:
         still = self._still
         if still is None or snapshot.bookings != still.snapshot.bookings or self.config is not still.config:
             return False
+        if self._still_is_berth and still.round is None:
+            return False  # berth's round was not kept (another ``plan_fn``): nothing is known of it
         if still.until is None:
             last = still.snapshot
             if not self._still_is_berth:
