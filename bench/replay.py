@@ -97,7 +97,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--still-ticks",
         choices=("skip", "plan", "verify"),
         default="skip",
-        help="easy and static: a tick that would plan what the last round planned is skipped "
+        help="easy, static and berth: a tick that would plan what the last round planned is skipped "
         "(default), planned like any round, or planned and checked to be the no-op skipping "
         "assumes (an error if not); the metrics are the same (scheduling/sim/replay_still.py)",
     )

@@ -84,6 +84,10 @@ class Outcome:
     promised: set[int] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
     next_round_at: float | None = None
+    # a reclaim this round found a plan and was refused as not worth it (`stages.reclaim.
+    # Reclaim.is_worth_it` weighs gain against loss, both of which move with ``now``): read by
+    # the replay's still ticks (`scheduling.sim.replay_still_berth`), never by the plan
+    worth_refused: bool = False
 
     def wake_at(self, at: float, now: float) -> None:
         """Ask for another round at ``at`` (only future instants count)."""

@@ -18,7 +18,7 @@ or a pending job is no wider than the free GPUs (30 s, doubling up to ``max_tick
 rounds change nothing, reset by any other event).  `plan_round` runs after every event batch
 except batch arrivals while no GPU is free (nothing could start, and batch arrivals cannot
 trigger a preemption: the replay configures no guaranteed quotas), the patience check of a
-session that already started (it changes nothing) and, under easy and static, a tick that would
+session that already started (it changes nothing) and, under easy, static and berth, a tick that would
 plan what the last round did (`scheduling.sim.replay_still`).  Claims: `scheduling.sim.claims`.
 Bookings (admission, seating owners, no-shows): `scheduling.sim.replay_bookings`; options,
 per-policy set-up and arguments: `scheduling.sim.replay_setup` (re-exported).
@@ -480,7 +480,7 @@ class Replay(BookingDesk, TickRule, StillTickRule):
                 self._verify_still(snapshot, t)
             return False
         started = time.perf_counter()
-        plan = self.plan_fn(snapshot, policy=config, now=t)
+        plan = self._plan(snapshot, config, t)
         self.record.round_ms.append((time.perf_counter() - started) * 1000.0)
         results = self.backend.apply(plan)
         acted = False

@@ -40,7 +40,7 @@ class ReplayOptions:
     # Stop at this simulated instant (what is running or queued then stays so in the record);
     # the demo lab's history replay ends at "now".  inf: until every job is done.
     stop_at_s: float = math.inf
-    # easy and static: a tick that would plan what the last round planned is not planned
+    # easy, static and berth: a tick that would plan what the last round planned is not planned
     # (`scheduling.sim.replay_still`); verify: plan it anyway and raise if it differs
     skip_still_ticks: bool = True
     verify_still_ticks: bool = False

@@ -1,7 +1,8 @@
 """Still ticks: a tick whose round would plan exactly what the last round planned is not planned.
 
 `Replay` (``scheduling.sim.replay``) mixes this in.  Under ``easy`` and ``static`` (the shipped
-engine, `scheduling.engine.plan_round`) a tick that follows a round which started and preempted
+engine, `scheduling.engine.plan_round`; ``berth``: what its round reads besides is bounded or
+refused in `scheduling.sim.replay_still_berth`) a tick that follows a round which started and preempted
 nothing, with no event of any kind in between, plans nothing new when time alone has crossed
 no threshold the round reads.  Between the two instants the pending jobs, the running jobs, the
 free GPUs, the bookings and the policy are the very same objects; what a round of these policies
@@ -37,20 +38,27 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from scheduling.engine import plan_round
 from scheduling.engine.cluster import RoundState, estimate_of, estimates_by_job
+from scheduling.engine.policies.berth import BERTH
 from scheduling.engine.priority import priority_order
+from scheduling.engine.stages.compose import plan_and_round
+from scheduling.engine.stages.order import guarantee_test
+from scheduling.sim.replay_still_berth import berth_order, berth_refuses, berth_until, has_starved
 
 if TYPE_CHECKING:
+    from scheduling.engine.round import Round
     from scheduling.engine.types import ClusterSnapshot, JobRequest, Plan, PolicyConfig
     from scheduling.sim.replay_setup import PlanFn
 
 # the policies whose rounds read ``now`` only as the module docstring says (no predictions,
-# no reclaim, no interactive pool, no forecast)
-STILL_POLICIES = frozenset({"easy", "static"})
+# no reclaim, no interactive pool, no forecast), and berth, whose other reads of it
+# `replay_still_berth` bounds or refuses
+STILL_POLICIES = frozenset({"easy", "static", "berth"})
 
 
 @dataclass(slots=True)
@@ -62,21 +70,30 @@ class _Still:
     snapshot: ClusterSnapshot
     plan: Plan
     free_gpus: int  # GPUs free at ``at`` (and until the next event)
+    config: PolicyConfig  # the policy of that round (berth's is rebuilt from its forecast)
     order: list[JobRequest] | None = None  # the queue order at ``at``
     until: float | None = None  # the first instant after ``at`` at which time alone could change the plan
+    # berth: the still round's guarantee test, once a starved job asks it (`replay_still_berth`)
+    guarantees: Callable[[JobRequest], bool] | None = None
+    round: Round | None = None  # berth: the round that planned ``plan`` (`plan_and_round`)
 
 
 class StillTickRule:
     """The still-tick half of `Replay` (module docstring); the attributes are `Replay`'s."""
 
     config: PolicyConfig
+    plan_fn: PlanFn
     _still: _Still | None
     _still_order: tuple[float, ClusterSnapshot, list[JobRequest]] | None
     _skips_still_ticks: bool
     _rounds_skipped: int
+    _still_is_berth: bool
+    _planned: tuple[Round, list[JobRequest]] | None
 
     def _init_still(self, policy: str, plan_fn: PlanFn, *, enabled: bool) -> None:
         self._skips_still_ticks = enabled and policy in STILL_POLICIES and plan_fn is plan_round
+        self._still_is_berth = policy == "berth"
+        self._planned = None  # (round, queue order) of the last berth plan (`_plan`)
         self._still = None
         self._still_order = None  # (instant, snapshot, queue order) of the last `_order_at`
         self._rounds_skipped = 0
@@ -88,21 +105,72 @@ class StillTickRule:
         kept = self._still_order
         if kept is not None and kept[0] == t and kept[1] is snapshot:
             return kept[2]
-        order = priority_order(RoundState(snapshot, self.config, t, is_predicted=False))
+        if self._still_is_berth:
+            still = self._still
+            guarantees = None
+            if still is not None and has_starved(snapshot, t):
+                guarantees = self._still_guarantees()
+            order = berth_order(snapshot, self.config, t, guarantees)
+        else:
+            order = priority_order(RoundState(snapshot, self.config, t, is_predicted=False))
         self._still_order = (t, snapshot, order)
         return order
+
+    def _still_guarantees(self) -> Callable[[JobRequest], bool]:
+        """Berth's guarantee test of the still round, built once (`replay_still_berth`)."""
+        still = self._still
+        assert still is not None
+        if still.guarantees is None:
+            still.guarantees = guarantee_test(self._still_round())
+        return still.guarantees
+
+    def _still_round(self) -> Round:
+        """The round that planned the still round (berth: `stages.compose.plan_and_round`)."""
+        still = self._still
+        assert still is not None
+        assert still.round is not None
+        return still.round
+
+    def _plan(self, snapshot: ClusterSnapshot, config: PolicyConfig, t: float) -> Plan:
+        """``plan_fn``'s plan; under berth with still ticks skipped, `plan_round`'s very plan
+        through `plan_and_round` (what `plan_berth` runs), keeping its round and queue order
+        for `_remember_still`."""
+        if (
+            self._still_is_berth
+            and self._skips_still_ticks
+            and self.plan_fn is plan_round  # not a caller's own, set after `_init_still`
+            and config.name == "berth"
+        ):
+            plan, rnd, queue = plan_and_round(BERTH, snapshot, config, t)
+            self._planned = (rnd, queue)
+            return plan
+        return self.plan_fn(snapshot, policy=config, now=t)
 
     def _is_still(self, snapshot: ClusterSnapshot, t: float) -> bool:
         """Whether a tick at ``t`` would plan what the last round planned (module docstring)."""
         still = self._still
-        if still is None or snapshot.bookings != still.snapshot.bookings:
+        if still is None or snapshot.bookings != still.snapshot.bookings or self.config is not still.config:
             return False
+        if self._still_is_berth and still.round is None:
+            return False  # berth's round was not kept (another ``plan_fn``): nothing is known of it
         if still.until is None:
             last = still.snapshot
-            still.until = min(
-                _next_overdue(last, self.config, still.at),
-                _next_fit_change(last, still.plan, self.config, still.at, free_gpus=still.free_gpus),
-            )
+            if not self._still_is_berth:
+                still.until = min(
+                    _next_overdue(last, self.config, still.at),
+                    _next_fit_change(last, still.plan, self.config, still.at, free_gpus=still.free_gpus),
+                )
+            elif berth_refuses(last, self.config, still.at):
+                still.until = still.at
+            else:
+                still.until = berth_until(
+                    last,
+                    still.plan,
+                    self.config,
+                    still.at,
+                    free_gpus=still.free_gpus,
+                    rnd=self._still_round(),
+                )
         if t >= still.until:
             return False
         if still.order is None:
@@ -113,7 +181,15 @@ class StillTickRule:
         self, snapshot: ClusterSnapshot, plan: Plan, t: float, *, acted: bool, free_gpus: int
     ) -> None:
         """After a planned round: keep it for the ticks after it, if it did nothing."""
-        self._still = None if acted or not self._skips_still_ticks else _Still(t, snapshot, plan, free_gpus)
+        if acted or not self._skips_still_ticks:
+            self._still = self._planned = None
+            return
+        still = _Still(t, snapshot, plan, free_gpus, self.config)
+        if self._planned is not None:
+            # berth: its round, and its queue order at ``t`` (the order the tick compares)
+            still.round, still.order = self._planned
+            self._planned = None
+        self._still = still
 
 
 def _next_overdue(snapshot: ClusterSnapshot, config: PolicyConfig, t: float) -> float:

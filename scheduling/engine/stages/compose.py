@@ -75,7 +75,16 @@ def schedule(rnd: Round) -> list[JobRequest]:
 def plan_with(composition: Composition, snapshot: ClusterSnapshot, policy: PolicyConfig, now: float) -> Plan:
     """One round of ``composition`` on ``snapshot`` at ``now``: build, schedule, explain
     (with the cyclic collector paused: `collector`)."""
+    return plan_and_round(composition, snapshot, policy, now)[0]
+
+
+def plan_and_round(
+    composition: Composition, snapshot: ClusterSnapshot, policy: PolicyConfig, now: float
+) -> tuple[Plan, Round, list[JobRequest]]:
+    """`plan_with`, also giving the finished round and its queue in priority order: for a
+    caller that asks what the round read (the replay's still ticks, `scheduling.sim.
+    replay_still_berth`).  Nothing of the round changes once the plan is built."""
     with collector_paused():
         rnd = Round(snapshot, policy, now, composition)
         queue = schedule(rnd)
-        return composition.explain(rnd, queue)
+        return composition.explain(rnd, queue), rnd, queue

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -62,33 +63,39 @@ class SlowdownFirst:
         """(priority order, backfill order) from `priority.slowdown_orders`: starved jobs within
         their project's guarantee (`Round.is_within_guarantee`) before the other starved, a job
         evicted for a live claim no higher than behind its claimant (`priority.live_claims`)."""
-        shares = rnd.shares
-        # nothing has started yet when the order is made, so the answer reads only the job's
-        # project, size and type constraints: asked once per such shape (on a long-starved
-        # queue most of the queue is starved, every round)
-        answers: dict[tuple[str, int, str | None, float, frozenset[str]], bool] = {}
-        # project -> the most guaranteed GPUs left on any type (`_most_left`): a job wider than
-        # that is within its guarantee on none of its types, whatever they are
-        most_left: dict[str, float] = {}
-
-        def is_guaranteed(job: JobRequest) -> bool:  # asked of starved jobs only
-            project = job.project
-            if job.kind != JobKind.BATCH or project not in shares:
-                return False
-            left = most_left.get(project)
-            if left is None:
-                left = most_left[project] = _most_left(rnd, project)
-            if job.gpu_count > left:
-                return False
-            shape = (project, job.gpu_count, job.gpu_type, job.min_memory_gib, job.precisions)
-            answer = answers.get(shape)
-            if answer is None:
-                answer = answers[shape] = rnd.is_within_guarantee(job, rnd.types_for(job))
-            return answer
-
         state = rnd.state
         claims = live_claims(state.snapshot, state.policy.claim_hold_s, state.now)
-        return slowdown_orders(state, self.params, is_guaranteed, claims)
+        return slowdown_orders(state, self.params, guarantee_test(rnd), claims)
+
+
+def guarantee_test(rnd: Round) -> Callable[[JobRequest], bool]:
+    """Whether a batch job runs within its project's guarantee (`Round.is_within_guarantee`),
+    as berth's order asks it of starved jobs, before anything has started this round."""
+    shares = rnd.shares
+    # nothing has started yet when the order is made, so the answer reads only the job's
+    # project, size and type constraints: asked once per such shape (on a long-starved
+    # queue most of the queue is starved, every round)
+    answers: dict[tuple[str, int, str | None, float, frozenset[str]], bool] = {}
+    # project -> the most guaranteed GPUs left on any type (`_most_left`): a job wider than
+    # that is within its guarantee on none of its types, whatever they are
+    most_left: dict[str, float] = {}
+
+    def is_guaranteed(job: JobRequest) -> bool:  # asked of starved jobs only
+        project = job.project
+        if job.kind != JobKind.BATCH or project not in shares:
+            return False
+        left = most_left.get(project)
+        if left is None:
+            left = most_left[project] = _most_left(rnd, project)
+        if job.gpu_count > left:
+            return False
+        shape = (project, job.gpu_count, job.gpu_type, job.min_memory_gib, job.precisions)
+        answer = answers.get(shape)
+        if answer is None:
+            answer = answers[shape] = rnd.is_within_guarantee(job, rnd.types_for(job))
+        return answer
+
+    return is_guaranteed
 
 
 def _most_left(rnd: Round, project: str) -> float:

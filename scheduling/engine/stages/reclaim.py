@@ -121,6 +121,7 @@ class Reclaim:
         if not is_high_class and not self.is_worth_it(
             rnd, job, types, estimate, reclaim, single, shadow_memo
         ):
+            out.worth_refused = True
             return False
         _commit(rnd, job, reclaim, pool, is_quota_claim=is_quota_claim, is_high_class=is_high_class)
         return True
