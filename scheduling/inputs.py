@@ -140,9 +140,6 @@ def project_shares(specs: Sequence[ProjectSpec], *, usage: Mapping[str, float]) 
     return ShareBuilder(specs).shares(usage)
 
 
-_new = object.__new__
-
-
 class _ShareSlots:
     """`ProjectShare`'s very slots, writable: `ShareBuilder` fills one of these and then makes
     it a `ProjectShare` (``__class__`` assignment, allowed between classes of the same slots),
@@ -191,7 +188,7 @@ class ShareBuilder:
                     and (used != 0.0 or math.copysign(1.0, used) == math.copysign(1.0, old))
                 ):
                     continue  # the very same value: the same share
-            slots = _new(_ShareSlots)
+            slots = _ShareSlots()  # the type call: faster than ``object.__new__(_ShareSlots)``
             slots.name = spec.name
             slots.weight = spec.weight
             slots.decayed_usage = used
