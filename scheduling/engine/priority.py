@@ -7,10 +7,11 @@ from bisect import bisect_left
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from operator import attrgetter, is_
+from typing import Protocol
 
-from scheduling.engine.cluster import RoundState
+from scheduling.engine.cluster import RoundState, topology_of
 from scheduling.engine.fairshare import fairshare_factors
-from scheduling.engine.types import ClusterSnapshot, JobKind, JobRequest, PolicyConfig
+from scheduling.engine.types import ClusterSnapshot, GpuType, JobKind, JobRequest, PolicyConfig
 
 
 def submitted_at(job: JobRequest) -> float:
@@ -31,7 +32,38 @@ def fifo_order(jobs: tuple[JobRequest, ...]) -> list[JobRequest]:
     return sorted(jobs, key=lambda job: (submitted_at(job), job.id))
 
 
-def priority_scores(state: RoundState) -> dict[str, float]:
+class OrderInputs(Protocol):
+    """What the multifactor order reads of a `RoundState` (`order_inputs` gives just these)."""
+
+    @property
+    def snapshot(self) -> ClusterSnapshot: ...
+    @property
+    def policy(self) -> PolicyConfig: ...
+    @property
+    def now(self) -> float: ...
+    @property
+    def types(self) -> dict[str, GpuType]: ...
+    @property
+    def gpu_type(self) -> dict[int, str]: ...
+
+
+@dataclass(slots=True)
+class _OrderInputs:
+    snapshot: ClusterSnapshot
+    policy: PolicyConfig
+    now: float
+    types: dict[str, GpuType]
+    gpu_type: dict[int, str]
+
+
+def order_inputs(snapshot: ClusterSnapshot, policy: PolicyConfig, now: float) -> OrderInputs:
+    """`priority_order`'s inputs without a whole `RoundState` (which also indexes every running
+    job's ends, which the order never reads): a replay's still-tick test asks for the order alone."""
+    topology = topology_of(snapshot)
+    return _OrderInputs(snapshot, policy, now, topology.types, topology.gpu_type)
+
+
+def priority_scores(state: OrderInputs) -> dict[str, float]:
     """Multifactor score per pending job id (easy, static); higher runs first.
 
     Interactive sessions get ``interactive_priority``; ``JobRequest.priority`` adds its class
@@ -50,7 +82,7 @@ def _ordered(jobs: tuple[JobRequest, ...], score: dict[str, float]) -> list[JobR
     return [item[4] for item in keyed]
 
 
-def priority_order(state: RoundState) -> list[JobRequest]:
+def priority_order(state: OrderInputs) -> list[JobRequest]:
     """Pending jobs by multifactor priority, highest first; ties by original submit, then id.
 
     `_ordered` of `priority_scores` in one pass: every round orders the whole queue (static's
@@ -74,7 +106,7 @@ _LAST_ORDER: list[tuple[ClusterSnapshot, PolicyConfig, float, list[JobRequest]] 
 _ID = attrgetter("id")
 
 
-def _priority_order(state: RoundState) -> list[JobRequest]:
+def _priority_order(state: OrderInputs) -> list[JobRequest]:
     pending = state.snapshot.pending
     by_submit = _kept_by_submit(pending)
     if by_submit is None:
@@ -120,7 +152,7 @@ def _by_first_submit(pending: tuple[JobRequest, ...], submits: list[float]) -> l
     return order
 
 
-def _negated_scores(state: RoundState, factors: dict[str, float], jobs: list[JobRequest]) -> list[float]:
+def _negated_scores(state: OrderInputs, factors: dict[str, float], jobs: list[JobRequest]) -> list[float]:
     """-score of each of ``jobs`` (sorted by first submit, every one known), with the arithmetic
     of `_keyed_one_by_one`.  With a positive age weight the jobs whose age factor saturates
     (score ``age_weight`` plus the rest) come first, found by bisection: up to the first of
@@ -172,7 +204,7 @@ def _negated_scores(state: RoundState, factors: dict[str, float], jobs: list[Job
 
 
 def _keyed_one_by_one(
-    state: RoundState, factors: dict[str, float]
+    state: OrderInputs, factors: dict[str, float]
 ) -> list[tuple[float, float, str, int, JobRequest]]:
     """`_ordered`'s sort keys of `priority_scores`, job by job (``min``/``max`` written out as
     comparisons that pick the same operand; each project's fair-share term computed once)."""

@@ -43,9 +43,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from scheduling.engine import plan_round
-from scheduling.engine.cluster import RoundState, estimate_of, estimates_by_job
+from scheduling.engine.cluster import estimate_of, estimates_by_job
 from scheduling.engine.policies.berth import BERTH
-from scheduling.engine.priority import priority_order
+from scheduling.engine.priority import order_inputs, priority_order
 from scheduling.engine.stages.compose import plan_and_round
 from scheduling.engine.stages.order import guarantee_test
 from scheduling.sim.replay_still_berth import berth_order, berth_refuses, berth_until, has_starved
@@ -112,7 +112,7 @@ class StillTickRule:
                 guarantees = self._still_guarantees()
             order = berth_order(snapshot, self.config, t, guarantees)
         else:
-            order = priority_order(RoundState(snapshot, self.config, t, is_predicted=False))
+            order = priority_order(order_inputs(snapshot, self.config, t))
         self._still_order = (t, snapshot, order)
         return order
 
