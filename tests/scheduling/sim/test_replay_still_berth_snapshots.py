@@ -45,20 +45,26 @@ def _checkpointing(job_id: str, gpus: int, *, p50: float, p90: float) -> JobRequ
     )
 
 
-def _minimum_runtime() -> tuple[ClusterSnapshot, PolicyConfig, float]:
-    """The top job may suspend lent checkpointing work once it passes its minimum runtime
-    (less the grace): at T + 170."""
+def _lent_victim_and_top(*, victim_started_at: float, other_requested_s: int) -> ClusterSnapshot:
+    """Five 1-GPU nodes: lent checkpointing work on 0-1, other work on 2-3, a 3-GPU top job
+    pending that could suspend the lent work."""
     victim = _checkpointing("v", 2, p50=150_000.0, p90=190_000.0)
-    other = job("r", 2, submit_at=T - 20_000, requested_s=50_000)
+    other = job("r", 2, submit_at=T - 20_000, requested_s=other_requested_s)
     top = job("j", 3, submit_at=T - 500, requested_s=1_200, predicted_p50_s=600.0, predicted_p90_s=900.0)
-    snap = snapshot(
+    return snapshot(
         make_nodes(5, 1),
         running_jobs=[
-            running(victim, [0, 1], started_at=T - 100, is_preemptible=True),
+            running(victim, [0, 1], started_at=victim_started_at, is_preemptible=True),
             running(other, [2, 3], started_at=T - 1_000),
         ],
         pending=[top],
     )
+
+
+def _minimum_runtime() -> tuple[ClusterSnapshot, PolicyConfig, float]:
+    """The top job may suspend lent checkpointing work once it passes its minimum runtime
+    (less the grace): at T + 170."""
+    snap = _lent_victim_and_top(victim_started_at=T - 100, other_requested_s=50_000)
     return snap, BERTH_CONFIG, T + 170
 
 
@@ -214,17 +220,7 @@ def test_without_the_reading_a_skipped_instant_would_plan_anew(
 def test_a_reclaim_refused_as_not_worth_it_is_not_still() -> None:
     # the top job could suspend lent work now but the gain (its other GPUs free at T + 300) is
     # not worth the loss: gain and loss move with now, so the round is not kept
-    victim = _checkpointing("v", 2, p50=150_000.0, p90=190_000.0)
-    other = job("r", 2, submit_at=T - 20_000, requested_s=1_300)
-    top = job("j", 3, submit_at=T - 500, requested_s=1_200, predicted_p50_s=600.0, predicted_p90_s=900.0)
-    snap = snapshot(
-        make_nodes(5, 1),
-        running_jobs=[
-            running(victim, [0, 1], started_at=T - 1_000, is_preemptible=True),
-            running(other, [2, 3], started_at=T - 1_000),
-        ],
-        pending=[top],
-    )
+    snap = _lent_victim_and_top(victim_started_at=T - 1_000, other_requested_s=1_300)
     _plan, rnd, _queue = plan_and_round(BERTH, snap, BERTH_CONFIG, T)
     assert rnd.out.worth_refused
     assert _until(snap, BERTH_CONFIG, T)[2] == T
