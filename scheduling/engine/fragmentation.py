@@ -230,7 +230,7 @@ def reclaim_for_wide(sched: Round, job: JobRequest, types: Sequence[str], estima
     )
     if reclaim is None or not reclaim.victims:
         return False
-    if _smaller_job_fits(sched, job, types, pool.free_in(types)):
+    if _smaller_job_fits(sched, job, types, pool):
         return False
     node = state.gpu_node[reclaim.incoming_gpus[0]]
     gained = len(reclaim.free_gpus) * (chooser.drain_at(node) - reclaim.ready_at)
@@ -259,24 +259,32 @@ def reclaim_for_wide(sched: Round, job: JobRequest, types: Sequence[str], estima
     return True
 
 
-def _smaller_job_fits(sched: Round, job: JobRequest, types: Sequence[str], free: int) -> bool:
+def _smaller_job_fits(sched: Round, job: JobRequest, types: Sequence[str], pool: FreePool) -> bool:
     """Whether another pending batch job smaller than ``job`` (not started this round) could
-    run on ``free`` GPUs of ``types``.
+    run on the free GPUs of ``pool`` among ``types``: enough free GPUs of the types it may use
+    (its type, memory and precision constraints, `Round.types_for`).
 
     The gain `reclaim_for_wide` weighs against the victims' loss is the free GPUs' idle time
     until the node drains; with such a job waiting they are not idle (the backfill starts it),
     so reclaiming would trade work already running for a wide start that gains no GPU-time,
     and under overload it fills whole nodes with wide work while small jobs queue (Alibaba 2 %
-    x8, seeds 0-15: docs/benchmarks.md, "Alibaba short pods II").
+    x8, seeds 0-15: docs/benchmarks.md, "Alibaba short pods II").  A job whose constraints no
+    free GPU of ``types`` meets does not use them, so it does not count.
     """
+    free = pool.free_in(types)
     if free <= 0:
         return False
     started = {start.job_id for start in sched.out.starts}
-    return any(
-        other.kind == JobKind.BATCH
-        and other.gpu_count <= free
-        and other.gpu_count < job.gpu_count
-        and (other.gpu_type is None or other.gpu_type in types)
-        and other.id not in started
-        for other in sched.state.snapshot.pending
-    )
+    wide_types = set(types)
+    for other in sched.state.snapshot.pending:
+        if (
+            other.kind != JobKind.BATCH
+            or other.gpu_count > free
+            or other.gpu_count >= job.gpu_count
+            or other.id in started
+        ):
+            continue
+        usable = [t for t in sched.types_for(other) if t in wide_types]
+        if usable and pool.free_in(usable) >= other.gpu_count:
+            return True
+    return False

@@ -164,6 +164,30 @@ def test_berth_wide_job_reclaims_no_lent_work_while_a_smaller_job_could_use_the_
         assert [(p.job_id, p.for_id) for p in plan.preemptions] == [("lent", "wide")]
 
 
+def test_berth_wide_job_reclaims_while_the_smaller_job_cannot_use_the_free_gpus() -> None:
+    # the free GPUs are A100s (40 GiB); the small jobs behind the wide one need a T4, whose
+    # node is full of work that cannot be taken, or 80 GiB of memory: the free GPUs would
+    # idle until the node drains, so the lent job is reclaimed for the wide one
+    a100 = make_nodes(2, 8)
+    t4 = make_nodes(1, 8, gpu_type="T4", first_gpu=16, prefix="t")
+    types = [GpuType(name="A100", memory_gib=40.0), GpuType(name="T4", memory_gib=16.0, value=0.2)]
+    fixed, lent = _fixed_and_lent("lent")
+    month = job("t4-full", 8, requested_s=30 * 86_400.0)
+    full = running(month, tuple(range(16, 24)), started_at=NOW - 86_400.0)
+    wide = job("wide", 8, submit_at=NOW - 60.0)
+    needs_t4 = job("needs-t4", 1, submit_at=NOW - 30.0, gpu_type="T4")
+    needs_memory = job("needs-80g", 1, submit_at=NOW - 30.0, min_memory_gib=80.0)
+    policy = PolicyConfig(name="berth")
+    for other in (needs_t4, needs_memory):
+        snap = snapshot(a100 + t4, running_jobs=[fixed, lent, full], pending=[wide, other], gpu_types=types)
+        plan = plan_round(snap, policy, NOW)
+        assert [(p.job_id, p.for_id) for p in plan.preemptions] == [("lent", "wide")], other.id
+    # a small job the free A100s do suit is still a reason not to reclaim
+    fits = job("fits", 1, submit_at=NOW - 30.0, min_memory_gib=32.0)
+    snap = snapshot(a100 + t4, running_jobs=[fixed, lent, full], pending=[wide, fits], gpu_types=types)
+    assert plan_round(snap, policy, NOW).preemptions == ()
+
+
 def test_idle_gpus_are_fragmentation_only_while_enough_gpus_stay_free_in_total() -> None:
     nodes = make_nodes(2, 8)
     soon = running(job("soon", 1, requested_s=3_600.0), (0,), started_at=NOW)
