@@ -29,10 +29,10 @@ answers decide where it ends), then the jobs behind it go to `backfill.beyond_wi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from scheduling.engine.outcome import Verdict
 from scheduling.engine.stages.backfill_verdicts import CheapVerdicts, Memos, too_few
@@ -99,24 +99,13 @@ def walk_lazily(
         return False
     top = rnd.top
     epochs: list[Epoch] = [(0, batch_pool.free_counts(), inter_pool.free_counts())]
-    takes = (batch_pool.takes, inter_pool.takes)
-    stop, position, runs = end, 0, len(active)
-    while position < runs:
-        first = last = active[position]
-        position += 1
-        while position < runs and active[position] == last + 1:
-            last = active[position]
-            position += 1
-        walk(rnd, rest[first : last + 1], admitted, cheap)
-        if rnd.top is not top:
-            # not expected (nothing in the walk sets a top job without reclaim): the rest of the
-            # window is walked as it is
-            stop = last + 1
-            walk(rnd, rest[stop:end], admitted, cheap)
-            break
-        if (batch_pool.takes, inter_pool.takes) != takes:
-            takes = (batch_pool.takes, inter_pool.takes)
-            epochs.append((last + 1, batch_pool.free_counts(), inter_pool.free_counts()))
+    walked = _Walked(rnd, rest, active, epochs, end)
+    walk(rnd, walked, admitted, cheap)
+    stop = walked.stop
+    if stop < end:
+        # not expected (nothing in the walk sets a top job without reclaim): the rest of the
+        # window is walked as it is
+        walk(rnd, rest[stop:end], admitted, cheap)
     # the pass's memos go along, not the pass's objects: those hold the round
     rnd.deferred.append(
         partial(
@@ -136,6 +125,55 @@ def walk_lazily(
         beyond = f"{depth} other jobs are considered first; it is beyond this round's backfill window."
         beyond_window(admitted, rest[end:], beyond, cheap)
     return True
+
+
+class _Walked(Sequence[JobRequest]):
+    """The candidates `walk_lazily` walks, for one `backfill.walk` in queue order.  Between two
+    of them it notes the pools' free counts when the one before took GPUs (``epochs``: they
+    apply from the next queue index on), and it ends the walk there if the top job changed
+    (``stop``: the queue index the walk over all resumes at; ``end`` if it did not)."""
+
+    __slots__ = ("_active", "_epochs", "_rest", "_rnd", "stop")
+
+    def __init__(
+        self, rnd: Round, rest: Sequence[JobRequest], active: list[int], epochs: list[Epoch], end: int
+    ) -> None:
+        self._rnd, self._rest, self._active, self._epochs = rnd, rest, active, epochs
+        self.stop = end
+
+    def __len__(self) -> int:
+        return len(self._active)
+
+    @overload
+    def __getitem__(self, index: int) -> JobRequest: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[JobRequest]: ...
+
+    def __getitem__(self, index: int | slice) -> JobRequest | list[JobRequest]:
+        rest = self._rest
+        if isinstance(index, slice):
+            return [rest[position] for position in self._active[index]]
+        return rest[self._active[index]]
+
+    def __iter__(self) -> Iterator[JobRequest]:
+        rnd, rest, epochs = self._rnd, self._rest, self._epochs
+        batch_pool, inter_pool = rnd.batch_pool, rnd.inter_pool
+        batch_takes, inter_takes, top = batch_pool.takes, inter_pool.takes, rnd.top
+        after = 0  # the queue index after the last one walked
+        for index in self._active:
+            if batch_pool.takes != batch_takes or inter_pool.takes != inter_takes:
+                batch_takes, inter_takes = batch_pool.takes, inter_pool.takes
+                epochs.append((after, batch_pool.free_counts(), inter_pool.free_counts()))
+            if rnd.top is not top:
+                self.stop = after
+                return
+            yield rest[index]
+            after = index + 1
+        if batch_pool.takes != batch_takes or inter_pool.takes != inter_takes:
+            epochs.append((after, batch_pool.free_counts(), inter_pool.free_counts()))
+        if rnd.top is not top:
+            self.stop = after
 
 
 def _window_end(
