@@ -177,6 +177,14 @@ class FreePool:
             return type_free.get(types[0], 0)
         return sum(type_free.get(t, 0) for t in types)
 
+    def free_counts(self) -> dict[str, int]:
+        """Free GPUs per type, held ones included, as they are now (a copy)."""
+        return dict(self._type_free)
+
+    def free_total(self) -> int:
+        """Free GPUs of every type, held ones included: no `free_in` is larger."""
+        return sum(self._type_free.values())
+
     def hold_of(self, gpu: int) -> Hold | None:
         return self._held.get(gpu)
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from scheduling.engine.outcome import Verdict
 from scheduling.engine.stages.admit import hold_pool
+from scheduling.engine.stages.backfill_lazy import walk_lazily
 from scheduling.engine.stages.backfill_verdicts import (
     CheapVerdicts,
     Memos,
@@ -109,9 +110,19 @@ def backfill(rnd: Round, rest: Sequence[JobRequest]) -> None:
     free, or a static wide job behind the top job): `CheapVerdicts` gives those without trying a
     start, and for the common job (batch, unconstrained, of a project without a limit, once the
     interactive pool is held) it is written out here, with no call per job (a queue can be
-    thousands long every round); the others go through `consider`."""
-    verdicts = rnd.out.verdicts
+    thousands long every round); the others go through `consider`.
+
+    Under a policy that never reclaims (easy, static) the candidates too wide for any free GPU
+    start nothing and change nothing: only the others are walked now, and the verdicts of those
+    are recorded when first read (`backfill_lazy.walk_lazily`)."""
     admitted, cheap = Admitted(rnd), CheapVerdicts(rnd)
+    if not walk_lazily(rnd, rest, admitted, cheap, walk):
+        walk(rnd, rest, admitted, cheap)
+
+
+def walk(rnd: Round, rest: Sequence[JobRequest], admitted: Admitted, cheap: CheapVerdicts) -> None:
+    """`backfill`'s walk over every candidate of ``rest`` in turn, with the pass's memos."""
+    verdicts = rnd.out.verdicts
     scanned, depth = 0, rnd.policy.backfill_depth
     wide, batch = rnd.wide, JobKind.BATCH
     limited, admits, refused = cheap.limited, cheap.admits, cheap.by_size
@@ -173,7 +184,7 @@ def backfill(rnd: Round, rest: Sequence[JobRequest]) -> None:
             shared = job_id != top_id and job.user != top_user
             verdict = few.get(size) if shared else None
             if verdict is None:
-                verdict = too_few(rnd, job, rnd.types_for(job), free, cheap.too_few)
+                verdict = too_few(rnd, job, rnd.types_for(job), free, cheap.too_few, rnd.top)
                 if shared:
                     few[size] = verdict
             verdicts[job_id] = verdict

@@ -214,7 +214,7 @@ class CheapVerdicts:
         free = self.free(job, types)
         if free >= job.gpu_count:
             return None
-        return too_few(rnd, job, types, free, self.too_few)
+        return too_few(rnd, job, types, free, self.too_few, rnd.top)
 
 
 def consider(rnd: Round, job: JobRequest, types: Sequence[str]) -> None:
@@ -242,16 +242,16 @@ def too_few(
     types: Sequence[str],
     free: int,
     kept: dict[tuple[object, ...], Verdict],
+    top: JobRequest | None,
 ) -> Verdict:
     """`explain_blocked`'s verdict for a job with fewer fitting GPUs free than it needs, one
-    per distinct sentence of the round (``kept``)."""
-    top = rnd.top
+    per distinct sentence of the round (``kept``); ``top``: the pass's top job (`Round.top`)."""
     same_owner = top is not None and top.user == job.user
     is_top = top is not None and top.id == job.id
     key = (job.gpu_count, tuple(types), free, same_owner, is_top)
     verdict = kept.get(key)
     if verdict is None:
-        verdict = kept[key] = Verdict(*_too_few_sentence(rnd, job, types, free))
+        verdict = kept[key] = Verdict(*_too_few_sentence(job, types, free, top))
     return verdict
 
 
@@ -287,14 +287,13 @@ def explain_blocked(rnd: Round, job: JobRequest, types: Sequence[str], estimate:
             f"{free} fitting GPUs are free in total, but no node has {job.gpu_count} of them together.",
         )
         return
-    rnd.out.wait(job.id, *_too_few_sentence(rnd, job, types, free))
+    rnd.out.wait(job.id, *_too_few_sentence(job, types, free, top))
 
 
 def _too_few_sentence(
-    rnd: Round, job: JobRequest, types: Sequence[str], free: int
+    job: JobRequest, types: Sequence[str], free: int, top: JobRequest | None
 ) -> tuple[PendingReason, str]:
-    """Why a job with fewer fitting GPUs free than it needs waits."""
-    top = rnd.top
+    """Why a job with fewer fitting GPUs free than it needs waits (``top``: the top job)."""
     ahead = (
         "; the next free GPUs go to the job first in line, "
         + job_label(top.id, top.name, same_owner=top.user == job.user)

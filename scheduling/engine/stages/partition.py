@@ -182,9 +182,12 @@ def refuse_wide(rnd: Round, job: JobRequest) -> None:
     """A wide job behind the batch top job waits: it runs only as the head of the batch queue."""
     top = rnd.top
     assert top is not None
-    rnd.out.wait(
-        job.id,
-        PendingReason.PRIORITY,
+    rnd.out.wait(job.id, PendingReason.PRIORITY, wide_sentence(job, top))
+
+
+def wide_sentence(job: JobRequest, top: JobRequest) -> str:
+    """`refuse_wide`'s sentence for ``job`` behind the batch top job ``top``."""
+    return (
         f"Needs {job.gpu_count} GPUs, more than the batch partition has; it runs across the "
-        f"interactive partition once it is first in the batch queue (top job now: {top.id}).",
+        f"interactive partition once it is first in the batch queue (top job now: {top.id})."
     )
