@@ -49,6 +49,8 @@ from typing import TYPE_CHECKING
 from scheduling.engine import plan_round
 from scheduling.engine.cluster import estimate_of, estimates_by_job
 from scheduling.engine.policies.berth import BERTH
+from scheduling.engine.policies.easy import EASY
+from scheduling.engine.policies.static import STATIC
 from scheduling.engine.priority import order_inputs, priority_order
 from scheduling.engine.stages.compose import plan_and_round
 from scheduling.engine.stages.order import guarantee_test
@@ -64,6 +66,8 @@ if TYPE_CHECKING:
 # no reclaim, no interactive pool, no forecast), and berth, whose other reads of it
 # `replay_still_berth` bounds or refuses
 STILL_POLICIES = frozenset({"easy", "static", "berth"})
+# what `plan_round` runs for each of them (`_plan` keeps the round)
+_COMPOSITIONS = {"easy": EASY, "static": STATIC, "berth": BERTH}
 
 
 @dataclass(slots=True)
@@ -80,7 +84,7 @@ class _Still:
     until: float | None = None  # the first instant after ``at`` at which time alone could change the plan
     # berth: the still round's guarantee test, once a starved job asks it (`replay_still_berth`)
     guarantees: Callable[[JobRequest], bool] | None = None
-    round: Round | None = None  # berth: the round that planned ``plan`` (`plan_and_round`)
+    round: Round | None = None  # the round that planned ``plan`` (`plan_and_round`)
     # easy, static: each pass's queue in the still order and its top job's index (`pass_heads`)
     passes: Passes | None = None  # ([] when the plan does not tell)
 
@@ -141,16 +145,16 @@ class StillTickRule:
         return still.round
 
     def _plan(self, snapshot: ClusterSnapshot, config: PolicyConfig, t: float) -> Plan:
-        """``plan_fn``'s plan; under berth with still ticks skipped, `plan_round`'s very plan
-        through `plan_and_round` (what `plan_berth` runs), keeping its round and queue order
-        for `_remember_still`."""
+        """``plan_fn``'s plan; with still ticks skipped, `plan_round`'s very plan through
+        `plan_and_round` (what `plan_easy`, `plan_static` and `plan_berth` run), keeping its
+        round and queue order for `_remember_still`."""
+        composition = _COMPOSITIONS.get(config.name)
         if (
-            self._still_is_berth
+            composition is not None
             and self._skips_still_ticks
             and self.plan_fn is plan_round  # not a caller's own, set after `_init_still`
-            and config.name == "berth"
         ):
-            plan, rnd, queue = plan_and_round(BERTH, snapshot, config, t)
+            plan, rnd, queue = plan_and_round(composition, snapshot, config, t)
             self._planned = (rnd, queue)
             return plan
         return self.plan_fn(snapshot, policy=config, now=t)
@@ -201,7 +205,17 @@ class StillTickRule:
         ):
             return False
         if still.passes is None:
-            still.passes = pass_heads(still.order, still.plan, still.snapshot, split=self._still_splits) or []
+            still.passes = (
+                pass_heads(
+                    still.order,
+                    still.plan,
+                    still.snapshot,
+                    split=self._still_splits,
+                    depth=self.config.backfill_depth,
+                    rnd=still.round,
+                )
+                or []
+            )
         return bool(still.passes) and decides_alike(
             order, still.passes, self.config.backfill_depth, split=self._still_splits
         )

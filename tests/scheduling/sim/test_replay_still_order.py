@@ -12,10 +12,13 @@ from collections import Counter
 import pytest
 
 from scheduling.engine import plan_round
+from scheduling.engine.policies.easy import EASY as EASY_ROUND
+from scheduling.engine.round import Round
 from scheduling.engine.stages import order as order_stage
+from scheduling.engine.stages.compose import plan_and_round
 from scheduling.engine.types import ClusterSnapshot, JobKind, JobRequest, Plan, PolicyConfig
 from scheduling.sim import replay_still
-from scheduling.sim.replay_still_order import decides_alike, pass_heads
+from scheduling.sim.replay_still_order import _window_end, decides_alike, pass_heads
 from tests.scheduling.engine.conftest import job, make_nodes, running, snapshot
 
 T = 100_000.0
@@ -83,6 +86,15 @@ def _plan(
     return plan_round(snap, policy=config, now=at)
 
 
+def _plan_and_round(
+    monkeypatch: pytest.MonkeyPatch, snap: ClusterSnapshot, order: list[JobRequest]
+) -> tuple[Plan, Round]:
+    """`_plan` under easy, with the round (what the replay keeps of a still round)."""
+    monkeypatch.setattr(order_stage, "priority_order", lambda _state: list(order))
+    plan, rnd, _queue = plan_and_round(EASY_ROUND, snap, EASY, T)
+    return plan, rnd
+
+
 def _read(plan: Plan) -> tuple[tuple[str, ...], int, Counter[str], float | None]:
     """What the replay reads of a plan (`replay_still.still_plan_difference`)."""
     reasons = Counter(reason.value for _gpu, reason in plan.idle)
@@ -112,7 +124,7 @@ def test_easy_reorders(
     still = _plan(monkeypatch, snap, EASY, still_order)
     assert not still.starts
     assert not still.preemptions
-    passes = pass_heads(still_order, still, snap, split=False)
+    passes = pass_heads(still_order, still, snap, split=False, depth=DEPTH)
     assert passes is not None
     assert passes[0][1] == 0  # W is the top job
     order = _ids(jobs, tick)
@@ -130,7 +142,7 @@ def test_a_window_that_holds_the_whole_rest_takes_any_reorder(monkeypatch: pytes
     snap = snapshot(snap.nodes, running_jobs=snap.running, pending=_ids(jobs, "W A B X"))
     still_order = _ids(jobs, "W A B X")
     still = _plan(monkeypatch, snap, EASY, still_order)
-    passes = pass_heads(still_order, still, snap, split=False)
+    passes = pass_heads(still_order, still, snap, split=False, depth=DEPTH)
     assert passes is not None
     for tick in ("W X B A", "W B X A", "W X A B"):
         order = _ids(jobs, tick)
@@ -157,9 +169,9 @@ def test_static_reorders(
     still = _plan(monkeypatch, snap, STATIC, still_order)
     assert not still.starts
     assert not still.preemptions
-    passes = pass_heads(still_order, still, snap, split=True)
+    passes = pass_heads(still_order, still, snap, split=True, depth=DEPTH)
     assert passes is not None
-    assert [top for _queue, top in passes] == [0, 0]  # W, S1
+    assert [top for _queue, top, _window in passes] == [0, 0]  # W, S1
     order = _ids(jobs, tick)
     assert decides_alike(order, passes, DEPTH, split=True) is alike
     planned = _plan(monkeypatch, snap, STATIC, order)
@@ -192,3 +204,65 @@ def test_a_plan_that_starts_keeps_every_duration(monkeypatch: pytest.MonkeyPatch
     plan = _plan(monkeypatch, snap, EASY, _ids(jobs, "W D A B X"))
     assert [s.job_id for s in plan.starts] == ["D"]
     assert not replay_still._acted_on_nothing(plan)
+
+
+def _long_tail() -> tuple[ClusterSnapshot, dict[str, JobRequest]]:
+    """`_easy` with more jobs behind the window: E and F (3 GPUs) find too few free, N asks
+    for a GPU type the cluster lacks (admit refuses it: it is not counted in the window)."""
+    snap, jobs = _easy()
+    more = {
+        "E": job("E", 3, submit_at=T - 450, requested_s=3_600),
+        "F": job("F", 3, submit_at=T - 440, requested_s=3_600),
+        "N": job("N", 1, submit_at=T - 430, requested_s=100, gpu_type="H100"),
+    }
+    jobs.update(more)
+    return snapshot(snap.nodes, running_jobs=snap.running, pending=list(jobs.values())), jobs
+
+
+@pytest.mark.parametrize(
+    ("still_at", "tick", "alike", "starts"),
+    [
+        ("W A B X E D F", "W A B X F E D", True, ()),  # only the jobs beyond the window reorder
+        ("W A B X E D F", "W X A B D F E", True, ()),  # both
+        ("W A B X E D F", "W A B D X E F", False, ("D",)),  # D comes into the window
+        ("W A B X E D F", "W A B X E D F", True, ()),
+        # N, refused by admit, is not counted: the window ends after X, D is the first beyond it
+        ("W A B X N D E F", "W A B N X D E F", True, ()),
+        ("W A B X N D E F", "W A N B D X E F", False, ("D",)),
+    ],
+)
+def test_the_window_read_from_the_still_round(
+    monkeypatch: pytest.MonkeyPatch, still_at: str, tick: str, alike: bool, starts: tuple[str, ...]
+) -> None:
+    snap, jobs = _long_tail()
+    if "N" not in still_at:
+        snap = snapshot(
+            snap.nodes, running_jobs=snap.running, pending=[j for j in snap.pending if j.id != "N"]
+        )
+    still_order = _ids(jobs, still_at)
+    still, rnd = _plan_and_round(monkeypatch, snap, still_order)
+    assert not still.starts
+    passes = pass_heads(still_order, still, snap, split=False, depth=DEPTH, rnd=rnd)
+    assert passes is not None
+    order = _ids(jobs, tick)
+    assert decides_alike(order, passes, DEPTH, split=False) is alike
+    planned = _plan(monkeypatch, snap, EASY, order)
+    if alike:
+        assert _read(planned) == _read(still)
+    else:
+        assert tuple(s.job_id for s in planned.starts) == starts
+    # without the round (its verdicts) only a reorder within the depth's places is taken
+    strict = pass_heads(still_order, still, snap, split=False, depth=DEPTH)
+    assert strict is not None
+    tail_moves = order[1 + DEPTH :] != still_order[1 + DEPTH :]
+    assert decides_alike(order, strict, DEPTH, split=False) is (alike and not tail_moves)
+
+
+def test_the_window_end_is_the_engines_beyond_window_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
+    # `_window_end` reads the engine's own verdict for the first job beyond the window
+    snap, jobs = _long_tail()
+    still_order = _ids(jobs, "W A B X N D E F")
+    _still, rnd = _plan_and_round(monkeypatch, snap, still_order)
+    assert _window_end(rnd, still_order, 0, DEPTH) == still_order.index(jobs["D"])
+    # a queue the depth covers has no window end to read
+    assert _window_end(rnd, still_order[:4], 0, DEPTH) is None
