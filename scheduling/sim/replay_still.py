@@ -10,7 +10,9 @@ reads of ``now`` is then:
 
 * the queue order (age saturating at ``max_age_s``, fair share from usage that decays while
   work runs): recomputed at the tick with the engine's own `priority.priority_order` and
-  compared job by job;
+  compared job by job, or, when the still round started and preempted nothing, only where the
+  round reads it: each pass's queue through its top job, and which jobs fill the backfill
+  window behind it (`scheduling.sim.replay_still_order`);
 * the bookings passed to the engine (those starting within the replay's horizon): compared;
 * running jobs' expected ends (the user's estimate; one past it is seen as ending
   ``overdue_epsilon_s`` from now): no running job may pass its estimate in between (the seen
@@ -23,8 +25,10 @@ reads of ``now`` is then:
   start of a reservation the last plan made (the top job's shadow).  A job of
   duration ``d`` (any of a pending job's estimates, plus ``overdue_epsilon_s`` for a GPU whose
   overdue job frees it "soon") fits before ``s`` until ``now`` passes ``s - d``: no such
-  instant may lie between the two rounds.  A booking's start, end, lead and release are events
-  of their own (they end the stillness).
+  instant may lie between the two rounds.  When the still round started and preempted nothing
+  only the top jobs' durations count: a job that did not start then cannot start later for time
+  alone, nor wait for another reason (`_acted_on_nothing`).  A booking's start, end, lead and
+  release are events of their own (they end the stillness).
 
 So the skipped round would start nothing, preempt nothing, explain the idle GPUs as the last
 round did and ask for the same wake-up: the replay keeps the last round's idle counts and
@@ -45,10 +49,13 @@ from typing import TYPE_CHECKING
 from scheduling.engine import plan_round
 from scheduling.engine.cluster import estimate_of, estimates_by_job
 from scheduling.engine.policies.berth import BERTH
+from scheduling.engine.policies.easy import EASY
+from scheduling.engine.policies.static import STATIC
 from scheduling.engine.priority import order_inputs, priority_order
 from scheduling.engine.stages.compose import plan_and_round
 from scheduling.engine.stages.order import guarantee_test
 from scheduling.sim.replay_still_berth import berth_order, berth_refuses, berth_until, has_starved
+from scheduling.sim.replay_still_order import Passes, decides_alike, pass_heads
 
 if TYPE_CHECKING:
     from scheduling.engine.round import Round
@@ -59,6 +66,8 @@ if TYPE_CHECKING:
 # no reclaim, no interactive pool, no forecast), and berth, whose other reads of it
 # `replay_still_berth` bounds or refuses
 STILL_POLICIES = frozenset({"easy", "static", "berth"})
+# what `plan_round` runs for each of them (`_plan` keeps the round)
+_COMPOSITIONS = {"easy": EASY, "static": STATIC, "berth": BERTH}
 
 
 @dataclass(slots=True)
@@ -75,7 +84,9 @@ class _Still:
     until: float | None = None  # the first instant after ``at`` at which time alone could change the plan
     # berth: the still round's guarantee test, once a starved job asks it (`replay_still_berth`)
     guarantees: Callable[[JobRequest], bool] | None = None
-    round: Round | None = None  # berth: the round that planned ``plan`` (`plan_and_round`)
+    round: Round | None = None  # the round that planned ``plan`` (`plan_and_round`)
+    # easy, static: each pass's queue in the still order and its top job's index (`pass_heads`)
+    passes: Passes | None = None  # ([] when the plan does not tell)
 
 
 class StillTickRule:
@@ -88,11 +99,13 @@ class StillTickRule:
     _skips_still_ticks: bool
     _rounds_skipped: int
     _still_is_berth: bool
+    _still_splits: bool
     _planned: tuple[Round, list[JobRequest]] | None
 
     def _init_still(self, policy: str, plan_fn: PlanFn, *, enabled: bool) -> None:
         self._skips_still_ticks = enabled and policy in STILL_POLICIES and plan_fn is plan_round
         self._still_is_berth = policy == "berth"
+        self._still_splits = policy == "static"  # `SplitPass`: a batch pass, then a session pass
         self._planned = None  # (round, queue order) of the last berth plan (`_plan`)
         self._still = None
         self._still_order = None  # (instant, snapshot, queue order) of the last `_order_at`
@@ -132,16 +145,16 @@ class StillTickRule:
         return still.round
 
     def _plan(self, snapshot: ClusterSnapshot, config: PolicyConfig, t: float) -> Plan:
-        """``plan_fn``'s plan; under berth with still ticks skipped, `plan_round`'s very plan
-        through `plan_and_round` (what `plan_berth` runs), keeping its round and queue order
-        for `_remember_still`."""
+        """``plan_fn``'s plan; with still ticks skipped, `plan_round`'s very plan through
+        `plan_and_round` (what `plan_easy`, `plan_static` and `plan_berth` run), keeping its
+        round and queue order for `_remember_still`."""
+        composition = _COMPOSITIONS.get(config.name)
         if (
-            self._still_is_berth
+            composition is not None
             and self._skips_still_ticks
             and self.plan_fn is plan_round  # not a caller's own, set after `_init_still`
-            and config.name == "berth"
         ):
-            plan, rnd, queue = plan_and_round(BERTH, snapshot, config, t)
+            plan, rnd, queue = plan_and_round(composition, snapshot, config, t)
             self._planned = (rnd, queue)
             return plan
         return self.plan_fn(snapshot, policy=config, now=t)
@@ -158,7 +171,14 @@ class StillTickRule:
             if not self._still_is_berth:
                 still.until = min(
                     _next_overdue(last, self.config, still.at),
-                    _next_fit_change(last, still.plan, self.config, still.at, free_gpus=still.free_gpus),
+                    _next_fit_change(
+                        last,
+                        still.plan,
+                        self.config,
+                        still.at,
+                        free_gpus=still.free_gpus,
+                        holders_only=_acted_on_nothing(still.plan),
+                    ),
                 )
             elif berth_refuses(last, self.config, still.at):
                 still.until = still.at
@@ -175,7 +195,30 @@ class StillTickRule:
             return False
         if still.order is None:
             still.order = self._order_at(still.snapshot, still.at)
-        return self._order_at(snapshot, t) == still.order
+        order = self._order_at(snapshot, t)
+        if order == still.order:
+            return True
+        if (
+            self._still_is_berth
+            or not _acted_on_nothing(still.plan)
+            or snapshot.pending != still.snapshot.pending  # (the same jobs: no event came between)
+        ):
+            return False
+        if still.passes is None:
+            still.passes = (
+                pass_heads(
+                    still.order,
+                    still.plan,
+                    still.snapshot,
+                    split=self._still_splits,
+                    depth=self.config.backfill_depth,
+                    rnd=still.round,
+                )
+                or []
+            )
+        return bool(still.passes) and decides_alike(
+            order, still.passes, self.config.backfill_depth, split=self._still_splits
+        )
 
     def _remember_still(
         self, snapshot: ClusterSnapshot, plan: Plan, t: float, *, acted: bool, free_gpus: int
@@ -215,13 +258,24 @@ def _next_overdue(snapshot: ClusterSnapshot, config: PolicyConfig, t: float) -> 
 
 
 def _next_fit_change(
-    snapshot: ClusterSnapshot, plan: Plan, config: PolicyConfig, t: float, *, free_gpus: int
+    snapshot: ClusterSnapshot,
+    plan: Plan,
+    config: PolicyConfig,
+    t: float,
+    *,
+    free_gpus: int,
+    holders_only: bool = False,
 ) -> float:
     """The first instant after ``t`` at which some job's run stops fitting before a time
     something is held from (module docstring); inf when nothing is held ahead.  The jobs whose
     runs are placed against those times: those no wider than the ``free_gpus`` (the others
     cannot start, and their verdict says so whatever the time) and the holders of the plan's
-    reservations (the top jobs: where their shadow falls)."""
+    reservations (the top jobs: where their shadow falls).
+
+    ``holders_only`` (the plan started and preempted nothing): only the holders.  A job that
+    did not start at ``t`` does not start later for time alone (`_acted_on_nothing`), and
+    the reason it waits does not read ``now``, so only where the top jobs' shadows fall can
+    change what the round explains."""
     holds = {r.start_at for r in plan.reservations if r.start_at > t}
     for booking in snapshot.bookings:
         if booking.start_at > t:
@@ -236,7 +290,7 @@ def _next_fit_change(
     # has a few hundred)
     made_of: set[tuple[float, float, float | None]] = set()
     for job in snapshot.pending:
-        if job.gpu_count > free_gpus and job.id not in holders:
+        if (holders_only or job.gpu_count > free_gpus) and job.id not in holders:
             continue
         # `estimate_of`'s lookup written out (the very same job object: its kept estimate)
         entry = estimates.get(job.id)
@@ -257,6 +311,23 @@ def _next_fit_change(
         if index >= 0:
             found = min(found, start - ordered[index])
     return found - _MARGIN_S
+
+
+def _acted_on_nothing(plan: Plan) -> bool:
+    """Whether ``plan`` starts and preempts nothing (the replay's still round may also be one
+    whose starts the backend refused: then only the base rule applies).
+
+    Then every job of an easy or static round that did not start failed `Place.try_start`
+    (or admit, or had no shadow) on a round state no start changed, and later, for time alone,
+    it fails again with the same reason: its run ``[now, now + d]`` may use a held free GPU only
+    while ``now + d`` is at most the hold's end (`FreePool._hold_allows`, normal starts: easy
+    and static lend nothing), so the GPUs it may use only shrink as ``now`` grows and
+    `FreePool.find` fails on fewer GPUs where it failed on more (the interactive pool's holds,
+    which sessions may use whatever the time, are berth's); a failed start's verdict reads the
+    free GPUs with holds ignored (`explain_blocked`, `too_few`), the job's size, types and
+    quota and the top job, none of which move with ``now``; a top job's shadow is bounded by
+    its own durations (kept) and `_next_overdue`."""
+    return not plan.starts and not plan.preemptions
 
 
 _MARGIN_S = 1e-3  # float rounding of ``now + d`` against ``start``: stop a little early
