@@ -18,7 +18,7 @@ from scheduling.engine.stages import order as order_stage
 from scheduling.engine.stages.compose import plan_and_round
 from scheduling.engine.types import ClusterSnapshot, JobKind, JobRequest, Plan, PolicyConfig
 from scheduling.sim import replay_still
-from scheduling.sim.replay_still_order import _window_end, decides_alike, pass_heads
+from scheduling.sim.replay_still_order import Passes, _window_end, decides_alike, pass_heads
 from tests.scheduling.engine.conftest import job, make_nodes, running, snapshot
 
 T = 100_000.0
@@ -105,6 +105,32 @@ def _ids(jobs: dict[str, JobRequest], names: str) -> list[JobRequest]:
     return [jobs[name] for name in names.split()]
 
 
+def _check_reorder(
+    monkeypatch: pytest.MonkeyPatch,
+    snap: ClusterSnapshot,
+    policy: PolicyConfig,
+    still_order: list[JobRequest],
+    order: list[JobRequest],
+    alike: bool,
+    starts: tuple[str, ...],
+) -> Passes:
+    """Plan ``still_order`` (a no-op), then ``order``: `decides_alike` says ``alike``, and the
+    plan of ``order`` is the still no-op when it does, else it starts ``starts``; the passes."""
+    split = policy.name == "static"
+    still = _plan(monkeypatch, snap, policy, still_order)
+    assert not still.starts
+    assert not still.preemptions
+    passes = pass_heads(still_order, still, snap, split=split, depth=DEPTH)
+    assert passes is not None
+    assert decides_alike(order, passes, DEPTH, split=split) is alike
+    planned = _plan(monkeypatch, snap, policy, order)
+    if alike:
+        assert _read(planned) == _read(still)
+    else:
+        assert tuple(s.job_id for s in planned.starts) == starts
+    return passes
+
+
 @pytest.mark.parametrize(
     ("tick", "alike", "starts"),
     [
@@ -120,20 +146,8 @@ def test_easy_reorders(
     monkeypatch: pytest.MonkeyPatch, tick: str, alike: bool, starts: tuple[str, ...]
 ) -> None:
     snap, jobs = _easy()
-    still_order = _ids(jobs, "W A B X D")
-    still = _plan(monkeypatch, snap, EASY, still_order)
-    assert not still.starts
-    assert not still.preemptions
-    passes = pass_heads(still_order, still, snap, split=False, depth=DEPTH)
-    assert passes is not None
+    passes = _check_reorder(monkeypatch, snap, EASY, _ids(jobs, "W A B X D"), _ids(jobs, tick), alike, starts)
     assert passes[0][1] == 0  # W is the top job
-    order = _ids(jobs, tick)
-    assert decides_alike(order, passes, DEPTH, split=False) is alike
-    planned = _plan(monkeypatch, snap, EASY, order)
-    if alike:
-        assert _read(planned) == _read(still)
-    else:
-        assert tuple(s.job_id for s in planned.starts) == starts
 
 
 def test_a_window_that_holds_the_whole_rest_takes_any_reorder(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -166,19 +180,8 @@ def test_static_reorders(
 ) -> None:
     snap, jobs = _static()
     still_order = _ids(jobs, "S1 W S2 S4 S5 S3 A B X D")
-    still = _plan(monkeypatch, snap, STATIC, still_order)
-    assert not still.starts
-    assert not still.preemptions
-    passes = pass_heads(still_order, still, snap, split=True, depth=DEPTH)
-    assert passes is not None
+    passes = _check_reorder(monkeypatch, snap, STATIC, still_order, _ids(jobs, tick), alike, starts)
     assert [top for _queue, top, _window in passes] == [0, 0]  # W, S1
-    order = _ids(jobs, tick)
-    assert decides_alike(order, passes, DEPTH, split=True) is alike
-    planned = _plan(monkeypatch, snap, STATIC, order)
-    if alike:
-        assert _read(planned) == _read(still)
-    else:
-        assert tuple(s.job_id for s in planned.starts) == starts
 
 
 def test_a_fit_change_of_a_job_that_did_not_start_is_no_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
