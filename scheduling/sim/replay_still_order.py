@@ -47,6 +47,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from scheduling.engine.stages.backfill_verdicts import beyond_window_sentence
 from scheduling.engine.types import JobKind, PendingReason
 
 if TYPE_CHECKING:
@@ -104,13 +105,13 @@ def _window_end(rnd: Round, queue: list[JobRequest], top: int, depth: int) -> in
     ``depth`` (the window closed there).  None when no job is beyond it (then a reorder behind
     the top job keeps the window's jobs only when ``depth`` places cover them: the caller's
     first test) or the pass has more jobs behind the top job than ``depth`` allows but no such
-    verdict is found (a window that never closed, or a sentence changed: not read as a
-    window)."""
+    verdict is found (a window that never closed: not read as a window).  The verdict is
+    told by `backfill_verdicts.beyond_window_sentence`, the sentence the engine writes."""
     if len(queue) <= top + 1 + depth:
         return None
     rnd.settle()
     verdicts = rnd.out.verdicts
-    beyond = f"{depth} other jobs are considered first; it is beyond this round's backfill window."
+    beyond = beyond_window_sentence(depth)
     priority = PendingReason.PRIORITY
     # at least ``depth`` jobs come before the first beyond the window
     for index in range(top + 1 + depth, len(queue)):

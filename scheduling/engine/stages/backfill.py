@@ -25,6 +25,7 @@ from scheduling.engine.stages.backfill_lazy import walk_lazily
 from scheduling.engine.stages.backfill_verdicts import (
     CheapVerdicts,
     Memos,
+    beyond_window_sentence,
     consider,
     too_few,
 )
@@ -137,7 +138,7 @@ def walk(rnd: Round, rest: Sequence[JobRequest], admitted: Admitted, cheap: Chea
     for index, job in enumerate(rest):
         if scanned >= depth:
             # every job admitted from here on is beyond the window
-            beyond = f"{depth} other jobs are considered first; it is beyond this round's backfill window."
+            beyond = beyond_window_sentence(depth)
             beyond_window(admitted, rest[index:], beyond, cheap)
             return
         job_id = job.id

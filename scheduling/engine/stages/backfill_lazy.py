@@ -35,7 +35,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any, overload
 
 from scheduling.engine.outcome import Verdict
-from scheduling.engine.stages.backfill_verdicts import CheapVerdicts, Memos, too_few
+from scheduling.engine.stages.backfill_verdicts import CheapVerdicts, Memos, beyond_window_sentence, too_few
 from scheduling.engine.stages.partition import wide_sentence
 from scheduling.engine.types import JobKind, JobRequest, PendingReason
 
@@ -122,7 +122,7 @@ def walk_lazily(
     if end < count:
         from scheduling.engine.stages.backfill import beyond_window  # here: it imports this module
 
-        beyond = f"{depth} other jobs are considered first; it is beyond this round's backfill window."
+        beyond = beyond_window_sentence(depth)
         beyond_window(admitted, rest[end:], beyond, cheap)
     return True
 

@@ -28,6 +28,12 @@ _KEPT_ADMITTED = 1 << 14  # admitted shapes kept per inventory and admit stage a
 _NO_TOP = object()  # `CheapVerdicts.plain_epoch` without a top job: equal to no id or owner
 
 
+def beyond_window_sentence(depth: int) -> str:
+    """The verdict sentence of a job left behind a backfill window of ``depth`` jobs
+    (`backfill.beyond_window`); the replay's still-tick test finds the window's end by it."""
+    return f"{depth} other jobs are considered first; it is beyond this round's backfill window."
+
+
 class CheapVerdicts:
     """The verdicts `backfill` gives without trying a start, each shared by the jobs it fits.
 
