@@ -123,12 +123,16 @@ def _check_reorder(
     passes = pass_heads(still_order, still, snap, split=split, depth=DEPTH)
     assert passes is not None
     assert decides_alike(order, passes, DEPTH, split=split) is alike
-    planned = _plan(monkeypatch, snap, policy, order)
+    _assert_planned(_plan(monkeypatch, snap, policy, order), still, alike, starts)
+    return passes
+
+
+def _assert_planned(planned: Plan, still: Plan, alike: bool, starts: tuple[str, ...]) -> None:
+    """A tick's plan: the still no-op when its order decides alike, else it starts ``starts``."""
     if alike:
         assert _read(planned) == _read(still)
     else:
         assert tuple(s.job_id for s in planned.starts) == starts
-    return passes
 
 
 @pytest.mark.parametrize(
@@ -249,11 +253,7 @@ def test_the_window_read_from_the_still_round(
     assert passes is not None
     order = _ids(jobs, tick)
     assert decides_alike(order, passes, DEPTH, split=False) is alike
-    planned = _plan(monkeypatch, snap, EASY, order)
-    if alike:
-        assert _read(planned) == _read(still)
-    else:
-        assert tuple(s.job_id for s in planned.starts) == starts
+    _assert_planned(_plan(monkeypatch, snap, EASY, order), still, alike, starts)
     # without the round (its verdicts) only a reorder within the depth's places is taken
     strict = pass_heads(still_order, still, snap, split=False, depth=DEPTH)
     assert strict is not None
