@@ -477,7 +477,9 @@ QUEUED_JOBS: tuple[tuple[str, str, str, int, str | None, float, bool, bool], ...
     ("donald", "language", "eval-harness", 1, None, 1, False, False),
     ("frances", "robotics", "sim2real-batch", 2, "G2", 1, True, False),
     # Short, preemptible and any type: it backfills a free GPU in the first round (the "fast
-    # start" a watcher sees), even when the history left every pool queued.
+    # start" a watcher sees), even when the history left every pool queued, as long as one GPU
+    # is free then.  At some times of week the history leaves every GPU busy at "now" (the
+    # trace's own peaks); it then waits, with its reason, like the rest.
     ("alan", "vision", "smoke-test-notebook", 1, None, 0.25, True, False),
 )
 
