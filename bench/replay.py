@@ -20,8 +20,9 @@ the JSON gives the fits and their cost); fits are cached on disk by the hash of 
 code (``--forecast-cache``), so a re-run of the same workload skips them.
 
 Policies replay independently, so they run in parallel worker processes (``--workers``, by
-default one per policy up to the CPUs this process may use); each policy's ``wall_s`` is
-measured inside its worker, and the JSON is the same whatever the number of workers.
+default one per replay, `_default_workers`); each policy's ``wall_s`` is measured inside its
+worker (so it includes time shared with the others), and the JSON is the same whatever the
+number of workers.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--workers",
         type=int,
         default=None,
-        help="parallel processes (default: one per policy, at most the CPUs; 1: all in this process)",
+        help="parallel replay processes (default: one per replay, at most 4 per CPU; 1: all in this process)",
     )
     parser.add_argument("--no-bounds", action="store_true", help="skip the bounds (faster)")
     parser.add_argument(
@@ -178,6 +179,20 @@ def _usable_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+def _default_workers(replays: int, cpus: int) -> int:
+    """One process per replay, at most four per CPU.
+
+    The replays are unequal and none can be split, so a pool of one worker per CPU leaves CPUs
+    idle at the end: on two CPUs the whole-trace overlay run (easy, static, berth) put easy
+    after static on one worker, about static + easy = 305 s, while three processes sharing the
+    two CPUs took 284-286 s (docs/benchmarks.md, "Issue 11 targets at a glance").  With one
+    process each, the kernel shares the CPUs and the wall time approaches max(longest replay,
+    total CPU / CPUs), the least any order reaches.  Four per CPU bounds the memory (each
+    worker holds its own replay state).
+    """
+    return max(1, min(replays, 4 * cpus))
 
 
 # Which replays usually take longest (CPU per replay on the KTH runs of docs/benchmarks.md,
@@ -259,7 +274,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         skip_still_ticks=args.still_ticks != "plan",
         verify_still_ticks=args.still_ticks == "verify",
     )
-    workers = args.workers if args.workers is not None else _usable_cpus()
+    cpus = _usable_cpus()
+    replays = len(policies) + (0 if args.no_bounds else 1)  # the oracle replays like a policy
+    workers = args.workers if args.workers is not None else _default_workers(replays, cpus)
     started = time.perf_counter()
     cpu_started = time.process_time()
     span_end = max((job.submit_at for job in trace.jobs), default=0.0)
@@ -272,7 +289,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             inventory,
             end_at=span_end,
             week_phase_s=trace.week_phase_s,
-            workers=workers,
+            workers=min(workers, cpus),
             cache_dir=args.forecast_cache or None,
         )
         print(

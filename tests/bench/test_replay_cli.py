@@ -43,6 +43,8 @@ def test_replay_cli_writes_the_contract(tmp_path: Path, capsys: pytest.CaptureFi
     assert document["jobs"] == 80
     assert document["capacity_gpus"] == 100
     assert set(document["policies"]) == {"fifo", "easy"}
+    # By default one process per replay: the two policies and the oracle bound, whatever the CPUs.
+    assert document["run"]["workers"] == 3
     for metrics in document["policies"].values():
         assert set(metrics) >= POLICY_KEYS
         assert set(metrics["idle_gpu_hours"]) >= {"no_demand", "fragmentation", "reserved_unused"}
@@ -136,3 +138,10 @@ def test_parallel_replays_are_dispatched_longest_first() -> None:
     # berth is the long replay: started last, it would run alone at the end
     assert replay._longest_first(["fifo", "easy", "static", "berth"]) == ["berth", "static", "easy", "fifo"]
     assert replay._longest_first(["fifo", "mine", "berth"]) == ["berth", "mine", "fifo"]
+
+
+def test_default_workers_are_one_per_replay_up_to_four_per_cpu() -> None:
+    assert replay._default_workers(3, 2) == 3  # more processes than CPUs: the kernel shares them
+    assert replay._default_workers(1, 8) == 1
+    assert replay._default_workers(20, 2) == 8
+    assert replay._default_workers(0, 2) == 1
