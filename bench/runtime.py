@@ -17,6 +17,8 @@ prediction sees the future.  Scores (DESIGN §8):
 * ``p90_coverage``: fraction of jobs whose runtime is at or below the p90;
 * ``under_2x_share``: fraction of jobs that ran longer than twice the p50 (what hurts
   backfill: the reservation behind them slips);
+* ``rank_corr``: Spearman's rank correlation of the p50 and the runtime (what an order or a
+  backfill by predicted length uses; None when either side is constant);
 
 for ``predictor`` (:class:`forecasting.core.runtime.HistoryRuntimePredictor`, the shipped
 model), ``user_estimate`` (the trace's ``requested_time`` as both p50 and p90; only jobs
@@ -41,6 +43,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from forecasting.core.runtime import DEFAULT_LEVELS, HistoryRuntimePredictor
 from scheduling.engine.types import JobRequest
@@ -83,7 +86,7 @@ def _jobs_from_csv(path: str | Path) -> tuple[list[JobRequest], list[float], lis
 def _score(pred: np.ndarray, actual: np.ndarray, p90: np.ndarray | None = None) -> dict[str, float | None]:
     if not len(actual):
         # No job to score (a trace without requested times has no user estimates).
-        keys = ("within_2x", "mae_s", "median_ae_s", "p90_coverage", "under_2x_share")
+        keys = ("within_2x", "mae_s", "median_ae_s", "p90_coverage", "under_2x_share", "rank_corr")
         return {**dict.fromkeys(keys), "n": 0}
     p = np.maximum(pred, _FLOOR_S)
     a = np.maximum(actual, _FLOOR_S)
@@ -95,8 +98,23 @@ def _score(pred: np.ndarray, actual: np.ndarray, p90: np.ndarray | None = None) 
         "median_ae_s": float(np.median(np.abs(p - a))),
         "p90_coverage": float(np.mean(a <= q90)),
         "under_2x_share": float(np.mean(a > 2.0 * p)),
+        "rank_corr": _rank_corr(p, a),
         "n": len(a),
     }
+
+
+def _rank_corr(pred: np.ndarray, actual: np.ndarray) -> float | None:
+    """Spearman's rank correlation of predictions and runtimes (ties share their mean rank).
+
+    What berth's order and backfill use is the ranking (which job is shorter), which
+    ``within_2x`` does not see: a predictor that gives every job of a class the same value can be
+    within 2x as often as one with independent noise around each job's runtime and rank far
+    worse (docs/benchmarks.md, "What runtime knowledge is worth on Alibaba").  None when either
+    side is constant.
+    """
+    if len(actual) < 2 or np.ptp(pred) == 0 or np.ptp(actual) == 0:
+        return None
+    return float(stats.spearmanr(pred, actual).statistic)
 
 
 class LastTwo:
@@ -214,7 +232,10 @@ def run(
 
 def _print_table(doc: dict[str, Any]) -> None:
     print(f"{doc['trace']}: {doc['jobs']} jobs")
-    print(f"{'model':<16}{'within_2x':>10}{'mae_s':>10}{'median_ae_s':>13}{'p90_cov':>9}{'under_2x':>10}")
+    print(
+        f"{'model':<16}{'within_2x':>10}{'mae_s':>10}{'median_ae_s':>13}{'p90_cov':>9}{'under_2x':>10}"
+        f"{'rank_corr':>10}"
+    )
     for name in ("predictor", "predictor_static", "user_estimate", "last_two"):
         if name not in doc:
             continue
@@ -225,6 +246,7 @@ def _print_table(doc: dict[str, Any]) -> None:
         print(
             f"{name:<16}{r['within_2x']:>10.3f}{r['mae_s']:>10.0f}{r['median_ae_s']:>13.0f}"
             f"{r['p90_coverage']:>9.3f}{r['under_2x_share']:>10.3f}"
+            f"{'-' if r['rank_corr'] is None else format(r['rank_corr'], '.3f'):>10}"
         )
     p = doc["predictor"]
     print(

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from bench import forecast as bench_forecast
@@ -218,3 +220,19 @@ def test_bench_runtime_without_requested_times_scores_no_user_estimate(tmp_path:
     # Job 1 has no history (1 h default), job 2 learns job 1's 100 s (a hit), job 3 of
     # another class only has the global 100 s for its 3600 s.
     assert doc["predictor"]["within_2x"] == pytest.approx(1 / 3)
+
+
+def test_rank_corr_sees_the_ranking_that_within_2x_does_not() -> None:
+    actual = np.array([10.0, 20.0, 40.0, 80.0, 160.0, 320.0])
+    # Both predictors are within 2x for the same three jobs; one keeps the order, one reverses it.
+    in_order = np.array([10.0, 20.0, 40.0, 320.0, 640.0, 1280.0])
+    reversed_ = np.array([10.0, 20.0, 40.0, 5.0, 2.5, 1.25])
+    kept, flipped = bench_runtime._score(in_order, actual), bench_runtime._score(reversed_, actual)
+    assert kept["within_2x"] == flipped["within_2x"] == 0.5
+    assert kept["rank_corr"] == pytest.approx(1.0)
+    assert flipped["rank_corr"] < 0.0
+    # Ties share their mean rank; a constant prediction ranks nothing.
+    assert bench_runtime._score(np.full(6, 50.0), actual)["rank_corr"] is None
+    tied = bench_runtime._score(np.array([1.0, 1.0, 1.0, 9.0, 9.0, 9.0]), actual)["rank_corr"]
+    # mean ranks 2, 2, 2, 5, 5, 5 against 1..6: covariance 13.5, variances 13.5 and 17.5
+    assert tied == pytest.approx(math.sqrt(13.5 / 17.5))
