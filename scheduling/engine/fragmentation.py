@@ -259,10 +259,66 @@ def reclaim_for_wide(sched: Round, job: JobRequest, types: Sequence[str], estima
     return True
 
 
-def _smaller_job_fits(sched: Round, job: JobRequest, types: Sequence[str], pool: FreePool) -> bool:
+def defers_wide_borrower(sched: Round, job: JobRequest, types: Sequence[str], wait_s: float) -> bool:
+    """Berth: whether a wide batch job that would run on borrowed GPUs waits for guaranteed work.
+
+    A job that needs several GPUs on one node and would borrow (its project has a quota that
+    does not cover the job: it would run lent, `Admit.must_lend`) takes a whole node's worth
+    of capacity nobody promised it, for a runtime the prediction often gets wrong by orders of
+    magnitude (a pod of days predicted at a minute).  Borrowed capacity is capacity no
+    guaranteed work wants: while a smaller pending batch job within its own project's
+    guarantee could run on the free GPUs of the wide job's types (`_smaller_job_fits`), the
+    wide job would take GPUs that job is owed and would be claimed back as soon as it started
+    (a quota claim).  So it neither starts nor becomes the top job (no reservation, no drain,
+    no reclaim) until it has waited ``wait_s`` since its first submission (berth: its
+    starvation bound; it then heads the queue and gets the reservation like any starved job).
+    Within a guarantee a job's claim stands; with no such smaller job waiting, it starts as
+    before.
+
+    Records the job's verdict and notes it in `Round.deferred_wide` when it waits.
+    """
+    if job.kind != JobKind.BATCH or job.gpu_count < 2 or not sched.is_single_node(types, job.gpu_count):
+        return False
+    first = job.first_submit_at if job.first_submit_at is not None else job.submit_at
+    waited = sched.now - first
+    if waited >= wait_s:
+        return False
+    # borrowing: its project has a quota of every type it may use and none covers it
+    # (`Admit.must_lend`); without a quota there is nothing to borrow from
+    if any((left := sched.guarantee_left(job.project, t)) is None or left >= job.gpu_count for t in types):
+        return False
+    pool = sched.pool_for(job)
+    if not _smaller_job_fits(sched, job, types, pool, is_guaranteed_only=True):
+        return False
+    sched.deferred_wide.add(job.id)
+    free = pool.free_in(types)
+    together = pool.find(types, job.gpu_count, until=-math.inf, strict_until=-math.inf)
+    if free >= job.gpu_count and together is None:
+        # not together on one node either: what it would wait for anyway (and what the idle
+        # GPUs of its types are counted as, `explain.idle_reasons`)
+        sched.out.wait(
+            job.id,
+            PendingReason.FRAGMENTATION,
+            f"{free} fitting GPUs are free in total, but no node has {job.gpu_count} of them together.",
+        )
+        return True
+    sched.out.wait(
+        job.id,
+        PendingReason.PRIORITY,
+        f"Needs {job.gpu_count} GPUs on one node beyond its project's guarantee (borrowed GPUs): it "
+        f"waits while smaller jobs within their guarantees can use the free GPUs, at most "
+        f"{fmt_s(wait_s - waited)} more.",
+    )
+    return True
+
+
+def _smaller_job_fits(
+    sched: Round, job: JobRequest, types: Sequence[str], pool: FreePool, *, is_guaranteed_only: bool = False
+) -> bool:
     """Whether another pending batch job smaller than ``job`` (not started this round) could
     run on the free GPUs of ``pool`` among ``types``: enough free GPUs of the types it may use
-    (its type, memory and precision constraints, `Round.types_for`).
+    (its type, memory and precision constraints, `Round.types_for`); with
+    ``is_guaranteed_only``, only a job within its project's guarantee on those types counts.
 
     The gain `reclaim_for_wide` weighs against the victims' loss is the free GPUs' idle time
     until the node drains; with such a job waiting they are not idle (the backfill starts it),
@@ -285,6 +341,10 @@ def _smaller_job_fits(sched: Round, job: JobRequest, types: Sequence[str], pool:
         ):
             continue
         usable = [t for t in sched.types_for(other) if t in wide_types]
-        if usable and pool.free_in(usable) >= other.gpu_count:
+        if (
+            usable
+            and pool.free_in(usable) >= other.gpu_count
+            and (not is_guaranteed_only or sched.is_within_guarantee(other, usable))
+        ):
             return True
     return False

@@ -98,6 +98,8 @@ class Round:
         self._booked: BookedWindows | None = None
         # non-preemptible jobs `admit.pool_admits` refused -> the low-demand window it found
         self.low_windows: dict[str, float] = {}
+        # wide jobs that would borrow and wait for smaller work (`fragmentation.defers_wide_borrower`)
+        self.deferred_wide: set[str] = set()
         self.pinned_by_type = self._pinned_by_type()
         self._init_caches()
         # static: batch jobs wider than the batch partition, which may span both sides

@@ -27,11 +27,15 @@ Order of a round:
    top job, non-preemptible work starts if its predicted median ends in time; on a booking's,
    only if the user's limit does; checkpointing preemptible work may borrow those GPUs and the
    pool as lent work;
-7. work above a project's guaranteed quota runs only as preemptible.
+7. work above a project's guaranteed quota runs only as preemptible, and a job of several GPUs
+   on one node that would run so waits (no start, not the top job) while a smaller job within
+   its own project's guarantee could use the free GPUs, at most the starvation bound
+   (`fragmentation.defers_wide_borrower`).
 """
 
 from __future__ import annotations
 
+from scheduling.engine.priority import SlowdownOrder
 from scheduling.engine.stages.admit import Admit
 from scheduling.engine.stages.backfill import EasyPass
 from scheduling.engine.stages.compose import Composition, Model, plan_with
@@ -61,7 +65,11 @@ BERTH = Composition(
     # are really needed (on the full KTH replay it beat the p90 on wait, slowdown and
     # utilization; the first 4,000 jobs alone, with one 60-hour job predicted at a few hours
     # holding a 94-GPU reservation, favoured the p90).
-    place=Place(fits_on_p50=True, lends=True, is_drain_aware=True),
+    # A wide job that would borrow waits while smaller jobs within their guarantees can use the
+    # free GPUs, at most the order's starvation bound (`fragmentation.defers_wide_borrower`).
+    place=Place(
+        fits_on_p50=True, lends=True, is_drain_aware=True, wide_borrower_wait_s=SlowdownOrder().starvation_s
+    ),
     explain=Explain(),
 )
 

@@ -69,6 +69,8 @@ class EasyPass:
             estimate = state.estimate(job)
             if try_start(rnd, job, types, estimate):
                 continue
+            if job.id in rnd.deferred_wide:
+                continue  # a wide job that would borrow waits for smaller work (`Place`)
             low_window = rnd.low_windows.get(job.id)
             if low_window is not None:
                 # non-preemptible and kept out of the pool's peak: it heads the queue, so it

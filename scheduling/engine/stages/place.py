@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from scheduling.engine.fragmentation import defers_wide_borrower
 from scheduling.engine.headroom import may_use_headroom
 from scheduling.engine.placement import INF
 from scheduling.engine.preemption import is_costly_start
@@ -34,6 +35,9 @@ class Place:
     fits_on_p50: bool = False
     lends: bool = False
     is_drain_aware: bool = False
+    # > 0: a wide job that would borrow waits while smaller jobs within their guarantees can use
+    # the free GPUs, at most this long from its first submission (`fragmentation.defers_wide_borrower`)
+    wide_borrower_wait_s: float = 0.0
 
     def lent_until(self, rnd: Round, job: JobRequest, estimate: Estimate) -> float:
         """Earliest time a lent start of this job could be off its GPUs again.
@@ -52,6 +56,9 @@ class Place:
             from scheduling.engine.stages.partition import refuse_wide  # here: it imports place
 
             refuse_wide(rnd, job)
+            return False
+        wait_s = self.wide_borrower_wait_s
+        if wait_s > 0.0 and defers_wide_borrower(rnd, job, types, wait_s):
             return False
         pool = rnd.pool_for(job)
         free = pool.free_in(types)
