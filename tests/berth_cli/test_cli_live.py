@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pytest
 from django.contrib.auth.models import User
@@ -127,7 +128,11 @@ def test_avail_counts_what_the_server_counts(
     human = berth("avail", "-t", "A100", "--at", _iso(start), "--hours", "2")
     assert human.exit_code == 0, human.output
     assert "5 of 8 free for the whole window" in human.output
-    assert "+01:00" in human.output  # local zone (Europe/Berlin in winter) with its offset
+    # The start in the local zone (Europe/Berlin, see conftest) with its offset: +01:00 in winter,
+    # +02:00 in summer (a fixed "+01:00" failed from the end of March to the end of October).
+    local = start.astimezone(ZoneInfo("Europe/Berlin"))
+    offset = local.strftime("%z")
+    assert f"{local:%a %d %b %H:%M} {offset[:3]}:{offset[3:]}" in human.output
     every = berth("avail", "--hours", "1")
     assert "A100" in every.output
     assert every.exit_code == 0
