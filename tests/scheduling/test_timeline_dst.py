@@ -1,6 +1,7 @@
-"""The availability timeline in a site time zone with summer time (``TIME_ZONE`` is UTC by
-default; a site may set its own): on a change day the local day has 23 or 25 real hours, and
-each hour's count must be the count of the hour it is labelled with.
+"""The availability timeline and the booking form's default start in a site time zone with
+summer time (``TIME_ZONE`` is UTC by default; a site may set its own): on a change day the local
+day has 23 or 25 real hours, and each hour's count must be the count of the hour it is labelled
+with.
 
 Python adds and subtracts times of one zone on the wall clock, so local midnight + 24 h is the
 next local midnight and "local midnight + h hours" skips or repeats nothing: the timeline
@@ -22,11 +23,10 @@ from portal.accounts.models import Project
 from scheduling.models import GpuType, Node
 from scheduling.services import booking_create
 
-pytestmark = pytest.mark.django_db
-
 HTMX = {"HTTP_HX_REQUEST": "true"}
 
 
+@pytest.mark.django_db
 @pytest.mark.parametrize(
     ("day", "booked_utc", "labels", "booked_columns"),
     [
@@ -78,3 +78,21 @@ def test_a_summer_time_change_day_has_its_real_hours_each_with_its_own_count(
     assert [int(n) for n, _ in cells] == [6 if i in booked_columns else 8 for i in range(len(labels))]
     header = re.findall(r'<th scope="col" class="num">(\d\d)</th>', html)
     assert header == [label[:2] for label in labels]
+
+
+@pytest.mark.parametrize(
+    ("now", "start"),
+    [
+        ("2027-03-28T00:50:00+00:00", "2027-03-28T03:00"),  # 01:50 CET: the next quarter is 03:00 CEST
+        ("2027-03-28T00:40:00+00:00", "2027-03-28T01:45"),
+        ("2027-07-01T10:07:00+00:00", "2027-07-01T12:15"),
+    ],
+)
+def test_the_booking_form_default_start_exists_on_the_local_clock(settings, now: str, start: str) -> None:
+    """The empty form's start is the next quarter hour; on the night summer time starts, from
+    01:45 to 02:00 CET that was "02:00", an hour that does not exist there (the form refused it)."""
+    from scheduling.forms import booking_form_initial
+
+    settings.TIME_ZONE = "Europe/Berlin"
+    initial = booking_form_initial(project_slug=None, gpu_type_name=None, now=datetime.fromisoformat(now))
+    assert initial["start_at"] == start
