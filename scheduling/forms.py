@@ -129,7 +129,9 @@ def booking_form_initial(
     hours, one GPU.  Being strings, they serve both as ``initial`` and as data to preview
     availability before the user changes anything.
     """
-    start = next_quarter_hour(timezone.localtime(now or timezone.now()))
+    # The quarter hour in real time, then shown locally: on the wall clock of a zone with
+    # summer time, 01:50 + 10 min is 02:00 on the night that skips it, a start the form refuses.
+    start = timezone.localtime(next_quarter_hour(now or timezone.now()))
     initial = {
         "start_at": start.strftime(DATETIME_LOCAL_FORMAT),
         "duration_h": DEFAULT_DURATION_H,

@@ -301,6 +301,14 @@ def _validate_query_window(*, start_at: datetime, end_at: datetime, step_s: int)
     return steps
 
 
+def _in_utc(value: datetime) -> datetime:
+    """An aware time in UTC (a naive one unchanged, for the validation to refuse).  Python adds
+    and subtracts times of one zone on the wall clock: in a zone with summer time, local
+    midnight + 24 h or + 3 h over the change night is not 24 h or 3 h later, and the steps would
+    be labelled an hour off the counts the database computed in real time."""
+    return value.astimezone(UTC) if timezone.is_aware(value) else value
+
+
 def _epoch_s(value: datetime) -> Decimal:
     """Seconds since the epoch, exactly (a float loses microseconds at today's epoch)."""
     delta = value - _EPOCH
@@ -483,6 +491,7 @@ def availability_get(
 ) -> Availability:
     """Free GPUs of one type per time step over ``[start_at, end_at)``, through the
     per-process cache described above (same answer as ``availability_compute``)."""
+    start_at, end_at = _in_utc(start_at), _in_utc(end_at)
     ttl = float(settings.BERTH_AVAILABILITY_CACHE_S)
     generation = None
     if ttl > 0 and not connection.in_atomic_block:
@@ -527,6 +536,7 @@ def availability_compute(
     a step's count is what one could book for that whole step.  One query (capacity and the
     steps each overlapping allocation touches) and a sweep in Python: O(allocations + steps).
     """
+    start_at, end_at = _in_utc(start_at), _in_utc(end_at)
     steps = _validate_query_window(start_at=start_at, end_at=end_at, step_s=step_s)
     rows = queries.availability_rows(
         {

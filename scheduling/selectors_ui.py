@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -278,6 +278,7 @@ def availability_outlook(*, start_at: datetime, hours: int) -> list[TypeOutlook]
     newest stored GPU-type demand forecast of each active cluster, summed over clusters.
     """
     now = timezone.now()
+    start_at = start_at.astimezone(UTC)  # hours are real hours, also over a summer-time change
     port = prediction_port()
     clusters = list(Cluster.objects.filter(is_active=True).order_by("pk"))
     headroom = _headroom_by_hour(clusters=clusters, start_at=start_at, hours=hours)

@@ -17,6 +17,7 @@ import time
 from typing import Any
 from urllib.parse import urlencode
 
+import jwt
 import requests
 from cachetools import TLRUCache
 from django.contrib.auth import get_user_model
@@ -191,6 +192,42 @@ class OidcBackend(OIDCAuthenticationBackend):  # type: ignore[misc]
             ) from exc
         except IntegrityError as exc:  # two first sign-ins of one person at once
             raise OidcError("Your account was being set up by another sign-in. Start again.") from exc
+
+    def _verify_jws(self, payload: str, key: Any) -> dict[str, Any]:
+        """The parent's check of the signature and of ``iat``/``nbf``/``exp``, with
+        ``BERTH_OIDC_CLOCK_SKEW_S`` of leeway: without it a provider whose clock is one second
+        ahead issues tokens "not yet valid", and a token outside the leeway raised an uncaught
+        PyJWT error (a 500) instead of a page that says what went wrong."""
+        try:
+            alg = jwt.get_unverified_header(payload).get("alg")
+        except jwt.InvalidTokenError as exc:
+            raise SuspiciousOperation(f"Unreadable ID token header: {exc}") from exc
+        if alg != self.OIDC_RP_SIGN_ALGO:
+            raise SuspiciousOperation(f"The provider algorithm {alg!r} does not match BERTH_OIDC_SIGN_ALGO")
+        try:
+            decoded: dict[str, Any] = jwt.decode(
+                payload,
+                key,
+                algorithms=[alg],
+                options={"verify_aud": False},  # checked in verify_token, against our client id
+                leeway=self.config.clock_skew_s,
+            )
+        except (jwt.ExpiredSignatureError, jwt.ImmatureSignatureError) as exc:
+            logger.warning(
+                "OIDC ID token outside its validity (%s); now %s, leeway %s s: the provider's or "
+                "Berth's clock is off",
+                exc,
+                time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                self.config.clock_skew_s,
+            )
+            raise OidcError(
+                f"The sign-in answer from {self.config.provider_name} is dated outside Berth's "
+                "clock (expired or not yet valid). Start again; if this repeats, the provider's "
+                "or Berth's server clock is wrong."
+            ) from exc
+        except jwt.InvalidTokenError as exc:
+            raise SuspiciousOperation(f"JWS token verification failed: {exc}") from exc
+        return decoded
 
     def verify_token(self, token: str, **kwargs: Any) -> dict[str, Any]:
         """The parent checks the signature, expiry and nonce; this adds issuer and audience."""

@@ -75,6 +75,7 @@ class OidcConfig:
     timeout_s: float
     discovery_cache_s: int
     verify_tls: bool
+    clock_skew_s: int = 60
 
     @property
     def is_enabled(self) -> bool:
@@ -134,6 +135,7 @@ def oidc_config() -> OidcConfig:
         timeout_s=settings.BERTH_OIDC_TIMEOUT_S,
         discovery_cache_s=settings.BERTH_OIDC_DISCOVERY_CACHE_S,
         verify_tls=settings.BERTH_OIDC_VERIFY_TLS,
+        clock_skew_s=settings.BERTH_OIDC_CLOCK_SKEW_S,
     )
 
 

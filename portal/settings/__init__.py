@@ -280,6 +280,8 @@ BERTH_OIDC_LINK_EXISTING = env.str("BERTH_OIDC_LINK_EXISTING", default="none")
 BERTH_OIDC_TIMEOUT_S = env.float("BERTH_OIDC_TIMEOUT_S", default=5.0)
 BERTH_OIDC_DISCOVERY_CACHE_S = env.int("BERTH_OIDC_DISCOVERY_CACHE_S", default=3600)
 BERTH_OIDC_VERIFY_TLS = env.bool("BERTH_OIDC_VERIFY_TLS", default=True)
+# How far the provider's clock may be from ours when the ID token's iat / nbf / exp are checked.
+BERTH_OIDC_CLOCK_SKEW_S = env.int("BERTH_OIDC_CLOCK_SKEW_S", default=60)
 if IS_PRODUCTION and BERTH_OIDC_CLIENT_ID:
     _oidc_secret = BERTH_OIDC_CLIENT_SECRET
     if len(_oidc_secret) < 16 or _oidc_secret.lower().startswith(("change-me", "changeme", "secret", "xxx")):

@@ -69,8 +69,11 @@ def availability_timeline(request: HtmxHttpRequest) -> HttpResponse:
     # Bookings open from today to BERTH_BOOKING_MAX_ADVANCE_S ahead; keep the view in that range.
     last_day = today + timedelta(seconds=settings.BERTH_BOOKING_MAX_ADVANCE_S)
     day = min(max(day, today), last_day)
-    start = timezone.make_aware(datetime.combine(day, time.min))
-    end = start + timedelta(days=1)
+    # The local day's real hours (23 or 25 on a summer-time change day), in UTC: local
+    # midnight + 1 day is the next local midnight, but + 24 h on the wall clock is not.
+    start = timezone.make_aware(datetime.combine(day, time.min)).astimezone(UTC)
+    end = timezone.make_aware(datetime.combine(day + timedelta(days=1), time.min)).astimezone(UTC)
+    hours = [start + timedelta(hours=h) for h in range(int((end - start) / timedelta(hours=1)))]
     now = timezone.now()
     rows: list[TimelineRow] = []
     for gpu_type in gpu_type_list().filter(nodes__cluster__is_active=True).distinct():
@@ -94,7 +97,7 @@ def availability_timeline(request: HtmxHttpRequest) -> HttpResponse:
         "day": day,
         "previous_day": day - timedelta(days=1) if day > today else None,
         "next_day": day + timedelta(days=1) if day < last_day else None,
-        "hours": [start + timedelta(hours=h) for h in range(24)],
+        "hours": hours,
         "rows": rows,
         "now": now,
     }

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -49,17 +49,24 @@ def _recent_history(cluster: Cluster, gpu_type: GpuType, *, days: int = 3) -> No
     )
 
 
+def _clock_in_this_hour(monkeypatch: pytest.MonkeyPatch) -> list[datetime]:
+    """Django's clock pinned to :30 of the current hour (the test moves it by setting ``[0]``):
+    run at an hour's last second, the runs would fall in two hours (they used to skip then)."""
+    at = [hour_floor(timezone.now()) + timedelta(minutes=30)]
+    monkeypatch.setattr(timezone, "now", lambda: at[0])
+    return at
+
+
 @override_settings(BERTH_FORECAST_HORIZON_H=12)
 def test_forecast_refresh_task_twice_in_an_hour_stores_once(
-    cluster: Cluster, nodes: list[Node], a100: GpuType
+    cluster: Cluster, nodes: list[Node], a100: GpuType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    clock = _clock_in_this_hour(monkeypatch)
     _recent_history(cluster, a100)
 
-    hour = hour_floor(timezone.now())
     first = tasks.forecast_refresh(cluster.pk)
+    clock[0] += timedelta(minutes=25)  # :55, the same hour
     second = tasks.forecast_refresh(cluster.pk)
-    if hour_floor(timezone.now()) != hour:
-        pytest.skip("the clock crossed an hour between the two runs: they are different hours")
 
     assert first["created"] == 3  # A100, the cluster total and the project
     assert second["created"] == 0
@@ -72,16 +79,16 @@ def test_forecast_refresh_task_twice_in_an_hour_stores_once(
 @pytest.mark.slow
 @override_settings(BERTH_FORECAST_HORIZON_H=12, BERTH_FORECAST_BACKTEST_DAYS=2)
 def test_forecast_refit_task_stores_backtest_metrics_and_replaces_the_hour(
-    cluster: Cluster, nodes: list[Node], a100: GpuType
+    cluster: Cluster, nodes: list[Node], a100: GpuType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    clock = _clock_in_this_hour(monkeypatch)
     _recent_history(cluster, a100)
-    hour = hour_floor(timezone.now())
     tasks.forecast_refresh(cluster.pk)
 
+    clock[0] += timedelta(minutes=10)
     tasks.forecast_refit(cluster.pk)
+    clock[0] += timedelta(minutes=10)
     tasks.forecast_refit(cluster.pk)
-    if hour_floor(timezone.now()) != hour:
-        pytest.skip("the clock crossed an hour between the runs: they are different hours")
 
     runs = list(ForecastRun.objects.filter(cluster=cluster))
     assert len(runs) == 3

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime, timedelta, tzinfo
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
@@ -244,3 +245,54 @@ def test_id_token_with_several_audiences_needs_berth_among_them(client, settings
     page = attempt(["other-app", "berth-portal"])
     assert page.status_code == 302
     assert User.objects.filter(username="grace").exists()
+
+
+# ---- the provider's clock against Berth's ----
+
+
+def _berth_clock_moved(monkeypatch: pytest.MonkeyPatch, offset: timedelta) -> None:
+    """Berth's clock, as PyJWT reads it to check ``iat``/``nbf``/``exp``, moved by ``offset``
+    against the provider's (another process on the real clock)."""
+    import jwt.api_jwt
+
+    real = jwt.api_jwt.datetime
+
+    class Moved(real):  # type: ignore[misc,valid-type]
+        @classmethod
+        def now(cls, tz: tzinfo | None = None) -> datetime:  # type: ignore[override]
+            return real.now(tz) + offset
+
+    monkeypatch.setattr(jwt.api_jwt, "datetime", Moved)
+
+
+@pytest.mark.django_db
+def test_a_provider_clock_a_little_ahead_still_signs_in(client, settings, sso, projects, monkeypatch):
+    """The provider's clock 20 s ahead of Berth's: its ID token is "issued" 20 s in Berth's
+    future.  Within BERTH_OIDC_CLOCK_SKEW_S that signs in (it was a 500, ImmatureSignatureError,
+    with any provider clock a second ahead); with no leeway it is a page that names the clocks."""
+    _berth_clock_moved(monkeypatch, -timedelta(seconds=20))
+    page = sign_in(client, "alice")
+    assert page.status_code == 302
+    assert int(client.session["_auth_user_id"]) == User.objects.get(username="alice").pk
+
+    client.logout()
+    settings.BERTH_OIDC_CLOCK_SKEW_S = 0
+    page = sign_in(client, "bob")
+    assert page.status_code == 400
+    assert "server clock is wrong" in page.content.decode()
+    assert "_auth_user_id" not in client.session
+    assert not User.objects.filter(username="bob").exists()
+
+
+@pytest.mark.django_db
+def test_an_expired_id_token_is_a_page_not_a_500(client, sso, projects, monkeypatch):
+    """Berth's clock two days ahead of the provider's: the ID token has expired by Berth's clock."""
+    _berth_clock_moved(monkeypatch, timedelta(days=2))
+    page = sign_in(client, "alice")
+    assert page.status_code == 400
+    text = page.content.decode()
+    assert "server clock is wrong" in text
+    assert "Start again" in text
+    assert "_auth_user_id" not in client.session
+    assert not User.objects.filter(username="alice").exists()
+    assert not OidcIdentity.objects.exists()
