@@ -183,9 +183,7 @@ def test_id_token_issued_for_another_client_is_refused(client, settings, sso, pr
     text = page.content.decode()
     assert "could not be verified" in text
     assert "Start again" in text
-    assert "_auth_user_id" not in client.session
-    assert not User.objects.filter(username="alice").exists()
-    assert not OidcIdentity.objects.exists()
+    _assert_no_sign_in(client, "alice")
     assert not Membership.objects.exists()
     assert "Signed in as" not in client.get("/", follow=True).content.decode()
 
@@ -293,6 +291,11 @@ def test_an_expired_id_token_is_a_page_not_a_500(client, sso, projects, monkeypa
     text = page.content.decode()
     assert "server clock is wrong" in text
     assert "Start again" in text
+    _assert_no_sign_in(client, "alice")
+
+
+def _assert_no_sign_in(client, username: str) -> None:
+    """The refused sign-in left no session, no account and no linked identity."""
     assert "_auth_user_id" not in client.session
-    assert not User.objects.filter(username="alice").exists()
+    assert not User.objects.filter(username=username).exists()
     assert not OidcIdentity.objects.exists()
